@@ -1,0 +1,61 @@
+# ParallelHue — `make demo` to see it, `make test` to check everything.
+# Both bootstrap from nothing: a .venv is created when absent.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Real vLLM (CPU build) lives in its own cached venv outside the source tree.
+VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
+export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
+
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native
+
+all: native
+
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "maturin>=1.7,<2" "httpx>=0.27" "rich>=13.7" "prometheus_client>=0.20" \
+	    "pytest>=8" "pytest-benchmark>=4" "hypothesis>=6.100" "ruff>=0.6" "mypy>=1.10" \
+	    "pytest-timeout>=2.3"
+	touch $@
+
+# Build the extension in release mode and install the project editable into the venv.
+native: $(VENV)/.deps
+	$(VENV)/bin/maturin develop --release -q
+
+demo: native
+	$(PY) -m parallelhue demo
+
+lint: $(VENV)/.deps
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python plugin tests benches
+	$(VENV)/bin/ruff format --check python plugin tests benches
+	$(VENV)/bin/mypy
+
+rust-test:
+	cargo test -p parallelhue-core
+
+py-test: native
+	$(PY) -m pytest -q -m "not vllm" tests
+
+vllm-venv:
+	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
+
+vllm-test: native vllm-venv
+	$(PY) -m pytest -q -m vllm tests
+
+# Everything CI runs, the real-vLLM tier included.
+test: lint rust-test py-test vllm-test
+
+# Everything except the real-vLLM tier.
+test-fast: lint rust-test py-test
+
+bench: native
+	$(PY) -m pytest -q benches --benchmark-only
+	cargo bench -p parallelhue-core
+
+clean:
+	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+"""ParallelHue: see what speculative decoding does, one verified step at a time."""
+
+__version__ = "0.1.0"

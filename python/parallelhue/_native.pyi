@@ -1,0 +1,1 @@
+PROTOCOL_VERSION: int
