@@ -1,3 +1,18 @@
 //! ParallelHue core: telemetry frame decoding, per-source sequence tracking,
 //! the three-witness reconciler and SSE parsing. No Python here: `cargo test`
-//! runs without an interpreter.
+//! runs without an interpreter. See docs/PROTOCOL.md for the contract.
+
+pub mod describe;
+pub mod encode;
+pub mod protocol;
+#[cfg(target_os = "linux")]
+pub mod receiver;
+pub mod reconcile;
+pub mod sequence;
+pub mod sse;
+pub mod stats;
+pub mod window;
+pub mod workload;
+
+pub use protocol::{decode, DecodeError, Frame};
+pub use reconcile::{Event, Reconciler, Verdict};

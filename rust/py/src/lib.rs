@@ -1,8 +1,528 @@
+//! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`.
+//!
+//! The Python API of `Reconciler` is exactly the one of docs/PROTOCOL.md
+//! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
+//! Batch entry points release the GIL (`py.detach`); single small calls do not.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use parallelhue_core::describe::frame_meaning;
+use parallelhue_core::protocol;
+use parallelhue_core::reconcile::{self as core, ArgError, Event, Verdict};
+use parallelhue_core::sse::{self, SseError, SseEvent};
+use parallelhue_core::stats::{Stats, STAT_KEYS};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+};
+use serde_json::Value;
+
+fn value_error(e: impl ToString) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// Python's `str()` of an object, for messages.
+fn repr_str(obj: &Bound<'_, PyAny>) -> String {
+    obj.str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The three-witness reconciler of one run (docs/PROTOCOL.md "Reconciliation").
+#[pyclass(module = "parallelhue._native", frozen)]
+struct Reconciler {
+    inner: Arc<Mutex<core::Reconciler>>,
+    num_streams: u16,
+}
+
+impl Reconciler {
+    fn lock(&self) -> PyResult<MutexGuard<'_, core::Reconciler>> {
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("reconciler poisoned by a panic"))
+    }
+
+    fn stream(&self, stream: &Bound<'_, PyAny>) -> PyResult<u16> {
+        let bad = || ArgError::Stream {
+            stream: repr_str(stream),
+            n: self.num_streams,
+        };
+        let s: i64 = stream.extract().map_err(|_| value_error(bad()))?;
+        if s < 0 || s >= i64::from(self.num_streams) {
+            return Err(value_error(bad()));
+        }
+        Ok(s as u16)
+    }
+}
+
+fn frame_bytes<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "frame must be bytes, not {}",
+        obj.get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    )))
+}
+
+fn token_ids(list: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::new();
+    for item in list.try_iter()? {
+        let item = item?;
+        match item.extract::<u32>() {
+            Ok(v) => out.push(v),
+            Err(_) => {
+                // Only ints get the range message; other types a TypeError.
+                item.cast::<PyInt>()?;
+                return Err(value_error(ArgError::TokenId(repr_str(&item))));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let hist = PyDict::new(py);
+    for (k, n) in s.hist_items() {
+        hist.set_item(k, n)?;
+    }
+    let values = [
+        s.tokens,
+        s.steps,
+        0,
+        s.drafts_scheduled,
+        s.drafts_padded,
+        s.plain,
+        s.accepted,
+        s.target,
+        s.bonus,
+        s.surplus_tokens,
+        s.surplus_accepted,
+        s.surplus_target,
+        s.surplus_bonus,
+        s.surplus_plain,
+        s.mixed_spans,
+        s.bytes,
+    ];
+    for (key, v) in STAT_KEYS.iter().zip(values) {
+        if *key == "hist" {
+            d.set_item(key, &hist)?;
+        } else {
+            d.set_item(key, v)?;
+        }
+    }
+    Ok(d)
+}
+
+fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyTuple>> {
+    match e {
+        Event::Span {
+            stream,
+            byte_start,
+            text,
+            step,
+            first_offset,
+            n_tokens,
+        } => PyTuple::new(
+            py,
+            [
+                "span".into_pyobject(py)?.into_any(),
+                stream.into_pyobject(py)?.into_any(),
+                byte_start.into_pyobject(py)?.into_any(),
+                PyString::new(py, &text).into_any(),
+                step.into_pyobject(py)?.into_any(),
+                first_offset.into_pyobject(py)?.into_any(),
+                n_tokens.into_pyobject(py)?.into_any(),
+            ],
+        ),
+        Event::Exact { stream } => PyTuple::new(
+            py,
+            [
+                "exact".into_pyobject(py)?.into_any(),
+                stream.into_pyobject(py)?.into_any(),
+            ],
+        ),
+        Event::Failed { stream, reason } => PyTuple::new(
+            py,
+            [
+                "failed".into_pyobject(py)?.into_any(),
+                stream.into_pyobject(py)?.into_any(),
+                reason.into_pyobject(py)?.into_any(),
+            ],
+        ),
+        Event::Run { message } => PyTuple::new(
+            py,
+            [
+                "run".into_pyobject(py)?.into_any(),
+                message.into_pyobject(py)?.into_any(),
+            ],
+        ),
+    }
+}
+
+#[pymethods]
+impl Reconciler {
+    #[new]
+    fn new(run_id: &Bound<'_, PyAny>, num_streams: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let run = match run_id.cast::<PyString>() {
+            Ok(s) => s.to_string(),
+            Err(_) => return Err(value_error(ArgError::RunId(repr_str(run_id)))),
+        };
+        let n: u32 = match num_streams.extract::<i64>() {
+            Ok(n) if (1..=i64::from(core::MAX_STREAMS)).contains(&n) => n as u32,
+            _ => return Err(value_error(ArgError::NumStreams(repr_str(num_streams)))),
+        };
+        let r = core::Reconciler::new(&run, n).map_err(value_error)?;
+        Ok(Reconciler {
+            inner: Arc::new(Mutex::new(r)),
+            num_streams: n as u16,
+        })
+    }
+
+    /// Push one datagram (already uid-checked).
+    fn push_frame(&self, frame: &Bound<'_, PyAny>) -> PyResult<()> {
+        let data = frame_bytes(frame)?;
+        self.lock()?.push_frame(data);
+        Ok(())
+    }
+
+    /// Push several datagrams; the GIL is released meanwhile.
+    fn push_frames(&self, py: Python<'_>, frames: &Bound<'_, PyAny>) -> PyResult<()> {
+        let items: Vec<Bound<'_, PyAny>> = frames.try_iter()?.collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = items.iter().map(frame_bytes).collect::<PyResult<_>>()?;
+        let inner = &self.inner;
+        py.detach(|| match inner.lock() {
+            Ok(mut r) => {
+                for s in &slices {
+                    r.push_frame(s);
+                }
+                Ok(())
+            }
+            Err(_) => Err("reconciler poisoned by a panic"),
+        })
+        .map_err(PyRuntimeError::new_err)
+    }
+
+    /// One SSE delta of one stream: the choice's text and its token_ids.
+    fn push_sse(
+        &self,
+        stream: &Bound<'_, PyAny>,
+        text: &str,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        let ids = self::token_ids(token_ids)?;
+        self.lock()?.push_sse(s, text, &ids);
+        Ok(())
+    }
+
+    /// The stream's SSE ended normally.
+    fn finish_sse(&self, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        self.lock()?.finish_sse(s);
+        Ok(())
+    }
+
+    /// Every stream that is not yet exact gets its verdict.
+    fn finalize(&self) -> PyResult<()> {
+        self.lock()?.finalize();
+        Ok(())
+    }
+
+    /// The events since the previous call, in order.
+    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.lock()?.drain();
+        let list = PyList::empty(py);
+        for e in events {
+            list.append(event_tuple(py, e)?)?;
+        }
+        Ok(list)
+    }
+
+    fn stream_stats<'py>(
+        &self,
+        py: Python<'py>,
+        stream: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.stream(stream)?;
+        let stats = self.lock()?.stream_stats(s).clone();
+        stats_dict(py, &stats)
+    }
+
+    fn totals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.lock()?.totals();
+        stats_dict(py, &stats)
+    }
+
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.lock()?.counters().clone();
+        let d = PyDict::new(py);
+        for (k, v) in c.items() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    fn sources<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let infos = self.lock()?.sources().to_vec();
+        let list = PyList::empty(py);
+        for s in infos {
+            let d = PyDict::new(py);
+            d.set_item("source_id", s.source_id)?;
+            d.set_item("role", s.role_name())?;
+            d.set_item("engine", s.engine_name())?;
+            d.set_item("role_derivation", s.role_derivation_name())?;
+            d.set_item("async_scheduling", s.async_scheduling)?;
+            d.set_item("num_speculative_tokens", s.num_speculative_tokens)?;
+            d.set_item("plugin_version", &s.plugin_version)?;
+            d.set_item("engine_version", &s.engine_version)?;
+            d.set_item("spec_method", &s.spec_method)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    fn verdict(&self, stream: &Bound<'_, PyAny>) -> PyResult<(&'static str, Option<String>)> {
+        let s = self.stream(stream)?;
+        Ok(match self.lock()?.verdict(s) {
+            Verdict::Pending => ("pending", None),
+            Verdict::Exact => ("exact", None),
+            Verdict::Failed(r) => ("failed", Some(r)),
+        })
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        let r = self.lock()?;
+        Ok(format!(
+            "<parallelhue._native.Reconciler run {} streams {}>",
+            core::run_id_hex(r.run_id()),
+            r.num_streams()
+        ))
+    }
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let list = PyList::empty(py);
+            for x in a {
+                list.append(json_to_py(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// Decode one datagram into the vectors' decoded-meaning dict; raises
+/// ValueError with the protocol's exact decoder message.
+#[pyfunction]
+fn decode_frame<'py>(py: Python<'py>, frame: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let data: &[u8] = if let Ok(b) = frame.cast::<PyBytes>() {
+        b.as_bytes()
+    } else if let Ok(b) = frame.cast::<PyByteArray>() {
+        // Copy: a bytearray may change under us.
+        let owned = b.to_vec();
+        return match protocol::decode(&owned) {
+            Ok(f) => json_to_py(py, &frame_meaning(&f)),
+            Err(e) => Err(value_error(e)),
+        };
+    } else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "decode_frame expects bytes",
+        ));
+    };
+    match protocol::decode(data) {
+        Ok(f) => json_to_py(py, &frame_meaning(&f)),
+        Err(e) => Err(value_error(e)),
+    }
+}
+
+fn sse_event_dict<'py>(
+    py: Python<'py>,
+    e: Result<SseEvent, SseError>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    match e {
+        Ok(SseEvent::Done) => d.set_item("kind", "done")?,
+        Ok(SseEvent::Other { event, data }) => {
+            d.set_item("kind", "other")?;
+            d.set_item("event", event)?;
+            d.set_item("data", data)?;
+        }
+        Err(err) => {
+            d.set_item("kind", "error")?;
+            d.set_item("message", err.to_string())?;
+        }
+        Ok(SseEvent::Chunk(c)) => {
+            d.set_item("kind", "chunk")?;
+            d.set_item("id", c.id)?;
+            let choices = PyList::empty(py);
+            for ch in c.choices {
+                let cd = PyDict::new(py);
+                cd.set_item("index", ch.index)?;
+                cd.set_item("text", ch.text)?;
+                cd.set_item("token_ids", ch.token_ids)?;
+                cd.set_item("finish_reason", ch.finish_reason)?;
+                choices.append(cd)?;
+            }
+            d.set_item("choices", choices)?;
+            match c.usage {
+                None => d.set_item("usage", py.None())?,
+                Some(u) => {
+                    let ud = PyDict::new(py);
+                    ud.set_item("prompt_tokens", u.prompt_tokens)?;
+                    ud.set_item("completion_tokens", u.completion_tokens)?;
+                    ud.set_item("total_tokens", u.total_tokens)?;
+                    d.set_item("usage", ud)?;
+                }
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// Incremental parser of an OpenAI chat/completions SSE body.
+#[pyclass(module = "parallelhue._native")]
+struct SseParser {
+    inner: sse::SseParser,
+}
+
+#[pymethods]
+impl SseParser {
+    #[new]
+    fn new() -> Self {
+        SseParser {
+            inner: sse::SseParser::new(),
+        }
+    }
+
+    /// Feed body bytes (split anywhere); returns the events they complete.
+    fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let events = self.inner.feed(data);
+        let list = PyList::empty(py);
+        for e in events {
+            list.append(sse_event_dict(py, e)?)?;
+        }
+        Ok(list)
+    }
+
+    /// The body ended: reports an unterminated event as an error.
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.inner.finish();
+        let list = PyList::empty(py);
+        for e in events {
+            list.append(sse_event_dict(py, e)?)?;
+        }
+        Ok(list)
+    }
+}
+
+/// The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
+/// SO_PASSCRED) and pushes every datagram from this uid into `reconciler`
+/// from a Rust thread that never takes the GIL.
+#[pyclass(module = "parallelhue._native", frozen)]
+struct Receiver {
+    inner: Mutex<parallelhue_core::receiver::Receiver>,
+    path: PathBuf,
+}
+
+#[pymethods]
+impl Receiver {
+    #[new]
+    #[pyo3(signature = (path, reconciler, rcvbuf = 8 << 20))]
+    fn new(path: PathBuf, reconciler: &Bound<'_, Reconciler>, rcvbuf: usize) -> PyResult<Self> {
+        let sink = Arc::clone(&reconciler.get().inner);
+        let rx = parallelhue_core::receiver::Receiver::bind(&path, rcvbuf, sink)?;
+        Ok(Receiver {
+            inner: Mutex::new(rx),
+            path,
+        })
+    }
+
+    /// The socket path.
+    #[getter]
+    fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    /// Stop the thread (after it pushed what was already queued), close the
+    /// socket and unlink its path. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| match self.inner.lock() {
+            Ok(mut rx) => rx.close(),
+            Err(_) => Ok(()),
+        })?;
+        Ok(())
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)
+    }
+
+    /// Counters: datagrams, bytes, rejected_uid, oversized, batches, errors, rcvbuf.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("receiver poisoned"))?
+            .stats();
+        let d = PyDict::new(py);
+        d.set_item("datagrams", st.received)?;
+        d.set_item("bytes", st.bytes)?;
+        d.set_item("rejected_uid", st.rejected_uid)?;
+        d.set_item("oversized", st.oversized)?;
+        d.set_item("batches", st.batches)?;
+        d.set_item("errors", st.errors)?;
+        d.set_item("rcvbuf", st.rcvbuf)?;
+        Ok(d)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
 
 /// The native half of ParallelHue (see docs/PROTOCOL.md).
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("PROTOCOL_VERSION", 1u8)?;
+    m.add("PROTOCOL_VERSION", protocol::PROTOCOL_VERSION)?;
+    m.add("MAX_FRAME_BYTES", protocol::MAX_FRAME_BYTES)?;
+    m.add("REORDER_WINDOW", parallelhue_core::sequence::REORDER_WINDOW)?;
+    m.add_class::<Reconciler>()?;
+    m.add_class::<SseParser>()?;
+    m.add_class::<Receiver>()?;
+    m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     Ok(())
 }

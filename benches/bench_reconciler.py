@@ -1,0 +1,301 @@
+"""Rust reconciler vs the pure-Python reference on the same workload (pytest-benchmark).
+
+Workload: 64 streams x 2,000 tokens (tests/workloads.py, fixed length), steps of
+1-6 tokens (K = 5, per-stream acceptance), CJK and emoji split across tokens,
+SSE chunks one per step or coalesced. The side-by-side test times both
+reconcilers alternately in one run and writes docs/benchmarks/reconciler.md.
+
+    .venv/bin/python -m pytest -q benches/bench_reconciler.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import workloads  # noqa: E402
+from parallelhue.reference import Reconciler as ReferenceReconciler  # noqa: E402
+
+try:
+    from parallelhue._native import Reconciler as NativeReconciler  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on `make native`
+    NativeReconciler = None
+
+needs_native = pytest.mark.skipif(
+    NativeReconciler is None, reason="parallelhue._native.Reconciler is not built (make native)"
+)
+
+STREAMS = 64
+TOKENS = 2000
+K = 5
+SHAPES = {"per_step": 0.0, "coalesced": 0.5}  # probability that a chunk merges the next step
+REFERENCE_ROUNDS = int(os.environ.get("PH_BENCH_REFERENCE_ROUNDS", "3"))
+NATIVE_ROUNDS = int(os.environ.get("PH_BENCH_NATIVE_ROUNDS", "15"))
+REPORT = ROOT / "docs" / "benchmarks" / "reconciler.md"
+
+
+def make_workload(shape: str) -> workloads.Workload:
+    return workloads.generate(
+        20261129,
+        num_streams=STREAMS,
+        tokens=TOKENS,
+        k=K,
+        coalesce=SHAPES[shape],
+        fixed_length=True,
+        jitter=1.0,
+        async_probability=0.0,
+    )
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def workload(request: Any) -> workloads.Workload:
+    return make_workload(request.param)
+
+
+def run(cls: Any, workload: workloads.Workload, batch: bool) -> Any:
+    rec = cls(workload.run_id, workload.num_streams)
+    workloads.feed(rec, workload.inputs, batch_frames=batch)
+    rec.finalize()
+    return rec
+
+
+def _check(rec: Any, workload: workloads.Workload) -> None:
+    assert [rec.verdict(i)[0] for i in range(workload.num_streams)] == ["exact"] * STREAMS
+    assert rec.totals()["tokens"] == workload.total_tokens
+
+
+def test_reference(benchmark: Any, workload: workloads.Workload) -> None:
+    rec = benchmark.pedantic(
+        run, args=(ReferenceReconciler, workload, False), rounds=REFERENCE_ROUNDS, iterations=1
+    )
+    _check(rec, workload)
+
+
+@needs_native
+def test_native(benchmark: Any, workload: workloads.Workload) -> None:
+    rec = benchmark.pedantic(
+        run, args=(NativeReconciler, workload, True), rounds=NATIVE_ROUNDS, iterations=1
+    )
+    _check(rec, workload)
+
+
+def _timed(cls: Any, workload: workloads.Workload, batch: bool) -> float:
+    gc.collect()  # neither run pays for the other's garbage
+    start = time.perf_counter()
+    rec = run(cls, workload, batch)
+    elapsed = time.perf_counter() - start
+    _check(rec, workload)
+    return elapsed
+
+
+def _breakdown(workload: workloads.Workload) -> dict[str, float]:
+    """Where a native run spends its time: frame batches, SSE calls, the Python feed loop."""
+    rec = NativeReconciler(workload.run_id, workload.num_streams)
+    spent = {"push_frames": 0.0, "push_sse": 0.0, "finish_sse+finalize": 0.0}
+    clock = time.perf_counter
+    start_all = clock()
+    batch: list[bytes] = []
+    for item in workload.inputs:
+        if item[0] == "frame":
+            batch.append(item[1])
+            continue
+        if batch:
+            t = clock()
+            rec.push_frames(batch)
+            spent["push_frames"] += clock() - t
+            batch = []
+        t = clock()
+        if item[0] == "sse":
+            rec.push_sse(item[1], item[2], item[3])
+            spent["push_sse"] += clock() - t
+        else:
+            rec.finish_sse(item[1])
+            spent["finish_sse+finalize"] += clock() - t
+    t = clock()
+    if batch:
+        rec.push_frames(batch)
+    rec.finalize()
+    spent["finish_sse+finalize"] += clock() - t
+    spent["total"] = clock() - start_all
+    # The same loop calling a do-nothing method: the interpreter's share.
+    noop = _Noop()
+    t = clock()
+    workloads.feed(noop, workload.inputs, batch_frames=True)
+    spent["same loop, no-op methods"] = clock() - t
+    return spent
+
+
+class _Noop:
+    def push_frames(self, frames: list[bytes]) -> None:
+        pass
+
+    def push_sse(self, stream: int, text: str, ids: list[int]) -> None:
+        pass
+
+    def finish_sse(self, stream: int) -> None:
+        pass
+
+
+def _versions() -> dict[str, str]:
+    def command(*args: str) -> str:
+        try:
+            return subprocess.run(args, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "rustc": command("rustc", "--version"),
+        "os": platform.platform(),
+    }
+
+
+@needs_native
+def test_side_by_side_report() -> None:
+    rows = []
+    breakdowns = {}
+    for shape in sorted(SHAPES):
+        workload = make_workload(shape)
+        reference_times: list[float] = []
+        native_times: list[float] = []
+        per_reference = max(1, NATIVE_ROUNDS // max(1, REFERENCE_ROUNDS))
+        # Alternate so that both see the same machine load.
+        for _ in range(REFERENCE_ROUNDS):
+            reference_times.append(_timed(ReferenceReconciler, workload, False))
+            native_times.extend(
+                _timed(NativeReconciler, workload, True) for _ in range(per_reference)
+            )
+        tokens = workload.total_tokens
+        ref_median = statistics.median(reference_times)
+        nat_median = statistics.median(native_times)
+        rows.append(
+            {
+                "shape": shape,
+                "tokens": tokens,
+                "inputs": len(workload.inputs),
+                "frames": sum(1 for item in workload.inputs if item[0] == "frame"),
+                "sse": sum(1 for item in workload.inputs if item[0] == "sse"),
+                "mixed": sum(t.mixed_spans for t in workload.truth),
+                "ref_n": len(reference_times),
+                "nat_n": len(native_times),
+                "ref_s": ref_median,
+                "nat_s": nat_median,
+                "ref_tps": tokens / ref_median,
+                "nat_tps": tokens / nat_median,
+                "ratio": ref_median / nat_median,
+                "ref_min": min(reference_times),
+                "nat_min": min(native_times),
+            }
+        )
+        breakdowns[shape] = _breakdown(workload)
+    _write_report(rows, breakdowns)
+    for row in rows:
+        assert row["ratio"] > 1.0  # sanity only; targets are reported, not asserted
+
+
+def _write_report(rows: list[dict[str, Any]], breakdowns: dict[str, dict[str, float]]) -> None:
+    versions = _versions()
+    lines = [
+        "# Reconciler benchmark: Rust (`parallelhue._native`) vs the Python reference",
+        "",
+        "Generated by `benches/bench_reconciler.py::test_side_by_side_report`; both",
+        "reconcilers run alternately in one process on the same inputs, so the ratio",
+        "is measured side by side. Regenerate with",
+        "`.venv/bin/python -m pytest -q benches/bench_reconciler.py -k side_by_side`.",
+        "",
+        "## Conditions",
+        f"- Machine: {versions['cpu']}, {versions['cores']} cores, no GPU; {versions['os']}.",
+        "  Other jobs shared the machine (it is a 2-core build box): absolute numbers are",
+        "  noisy, the alternating measurement keeps the ratio fair.",
+        f"- Python {versions['python']}; {versions['rustc']}; extension built by",
+        "  `maturin develop --release`.",
+        f"- Workload: `tests/workloads.py` `generate(20261129, num_streams={STREAMS}, "
+        f"tokens={TOKENS}, k={K}, fixed_length=True)`: {STREAMS} streams x {TOKENS} tokens,",
+        "  steps of 1-6 tokens (K = 5 drafts, per-stream acceptance 0.2-1.0, some steps",
+        "  without drafts), byte-level tokens of 1-5 bytes over ASCII/CJK/Hangul/emoji/",
+        "  combining-mark text (characters split across tokens and steps), stop-string",
+        "  holdback on about a third of the streams, one provenance and one text frame per",
+        "  engine step for all streams; `per_step`: one SSE chunk per step; `coalesced`:",
+        "  each chunk merges the next step with probability 0.5. All streams end `exact`.",
+        "- Timed: constructing the reconciler, feeding every input in arrival order",
+        "  (native: consecutive frames batched through `push_frames`; reference:",
+        "  `push_frame` one by one), `finalize()`. Workload generation is not timed.",
+        "- Single thread (one core) for both.",
+        "",
+        "## Results",
+        "",
+        "| SSE shape | tokens | frames | SSE chunks | mixed spans | reference median (n) "
+        "| Rust median (n) | reference tokens/s | Rust tokens/s | Rust / reference "
+        "| best-of-n ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['shape']} | {row['tokens']:,} | {row['frames']:,} | {row['sse']:,} "
+            f"| {row['mixed']:,} | {row['ref_s']:.3f} s ({row['ref_n']}) "
+            f"| {row['nat_s'] * 1000:.1f} ms ({row['nat_n']}) | {row['ref_tps']:,.0f} "
+            f"| {row['nat_tps']:,.0f} | {row['ratio']:.0f}x "
+            f"| {row['ref_min'] / row['nat_min']:.0f}x |"
+        )
+    lines += [
+        "",
+        "Targets: Rust >= 50x the reference and >= 5,000,000 tokens/s on one core.",
+    ]
+    for row in rows:
+        met = []
+        met.append("ratio met" if row["ratio"] >= 50 else "ratio MISSED")
+        met.append("throughput met" if row["nat_tps"] >= 5_000_000 else "throughput MISSED")
+        lines.append(f"- {row['shape']}: {', '.join(met)}.")
+    lines += ["", "## Where the Rust run's time goes (one instrumented run)", ""]
+    lines.append("| SSE shape | push_frames | push_sse | finish_sse + finalize | total "
+                 "| same Python loop with no-op methods |")  # fmt: skip
+    lines.append("|---|---|---|---|---|---|")
+    for shape, spent in breakdowns.items():
+        lines.append(
+            f"| {shape} | {spent['push_frames'] * 1000:.1f} ms | {spent['push_sse'] * 1000:.1f} ms "
+            f"| {spent['finish_sse+finalize'] * 1000:.1f} ms | {spent['total'] * 1000:.1f} ms "
+            f"| {spent['same loop, no-op methods'] * 1000:.1f} ms |"
+        )
+    lines += ["", "Derived from the instrumented run:", ""]
+    for shape, spent in breakdowns.items():
+        row = next(r for r in rows if r["shape"] == shape)
+        per_sse = spent["push_sse"] / row["sse"] * 1e6
+        per_frame = spent["push_frames"] / row["frames"] * 1e6
+        ceiling = row["tokens"] / spent["same loop, no-op methods"]
+        lines.append(
+            f"- {shape}: {per_sse:.2f} us per `push_sse` call, {per_frame:.1f} us per frame "
+            f"(each frame carries up to {STREAMS} records); the Python feeding loop alone "
+            f"caps any reconciler fed this way at {ceiling:,.0f} tokens/s."
+        )
+    lines += [
+        "",
+        "The instrumented run adds two clock reads per call. The last column is the",
+        "cost of the Python feeding loop itself (tuple unpacking, method calls with the",
+        "same arguments) with no work behind the calls: the floor for any",
+        "reconciler driven one SSE chunk at a time from Python.",
+        "",
+    ]
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text("\n".join(lines), encoding="utf-8")

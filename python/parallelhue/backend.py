@@ -1,0 +1,90 @@
+"""Which decoding the server runs, decided from evidence only.
+
+Evidence, strongest first: the plugin's hello frames (the engine itself says
+which speculative method runs, with K and how roles were derived), then the
+server's /metrics (spec-decode counters exist), else nothing: generic and
+monochrome. The model name is never looked at. `--backend` overrides the
+verdict and the screen says it was declared by the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .metrics import MetricsSnapshot
+from .sanitize import one_line
+
+__all__ = ["Backend", "detect_backend"]
+
+_DERIVATION_TEXT = {
+    "draft_ids": "roles from real draft ids",
+    "counts": "roles from counts only",
+    "none": "no drafts",
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # speculative method, "generic", or "speculative (method unknown)"
+    speculative: bool  # colors are only used for speculative servers
+    evidence: str  # where the verdict came from, shown on screen
+    simulated: bool = False
+
+    def describe(self) -> str:
+        prefix = "SIMULATED ENGINE · " if self.simulated else ""
+        return f"{prefix}backend {self.name} ({self.evidence})"
+
+
+def _from_hello(sources: Sequence[dict[str, Any]]) -> Backend | None:
+    schedulers = [s for s in sources if s.get("role") == "scheduler"] or list(sources)
+    if not schedulers:
+        return None
+    hello = schedulers[0]
+    simulated = any(s.get("engine") == "simulated" for s in sources)
+    engine = "simulated engine" if hello.get("engine") == "simulated" else "vLLM"
+    version = one_line(str(hello.get("engine_version", "")), 40)
+    method = one_line(str(hello.get("spec_method", "")), 40)
+    k = int(hello.get("num_speculative_tokens", 0) or 0)
+    if not method:
+        return Backend(
+            name="no speculative decoding",
+            speculative=False,
+            evidence=f"plugin hello: {engine} {version}, no speculative method",
+            simulated=simulated,
+        )
+    derivation = _DERIVATION_TEXT.get(str(hello.get("role_derivation")), "roles unknown")
+    return Backend(
+        name=method,
+        speculative=True,
+        evidence=f"plugin hello: {engine} {version}, K={k}, {derivation}",
+        simulated=simulated,
+    )
+
+
+def detect_backend(
+    override: str,
+    sources: Sequence[dict[str, Any]],
+    metrics: MetricsSnapshot | None,
+) -> Backend:
+    """The backend verdict from the evidence at hand (call again as hellos arrive)."""
+    simulated = any(s.get("engine") == "simulated" for s in sources)
+    if override == "generic":
+        return Backend("generic", False, "user-declared with --backend generic", simulated)
+    if override != "auto":
+        return Backend(override, True, f"user-declared with --backend {override}", simulated)
+    from_hello = _from_hello(sources)
+    if from_hello is not None:
+        return from_hello
+    if metrics is not None and metrics.has_spec_decode:
+        return Backend(
+            "speculative (method unknown)",
+            True,
+            "server /metrics has spec-decode counters",
+        )
+    if metrics is not None:
+        evidence = "no plugin hello; /metrics has no spec-decode counters"
+    else:
+        evidence = "no plugin hello; no /metrics"
+    return Backend("generic", False, evidence)

@@ -1,0 +1,177 @@
+"""--measurement FILE: one JSON record of a run, following docs/MEASUREMENTS.md.
+
+A number without its conditions is not reported: the record always carries
+the hardware, the software, the request shape and n next to the results, and
+says plainly when the engine was simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from importlib import metadata
+from typing import Any
+
+from .config import RunConfig
+from .state import RunModel, acceptance_of
+from .summary import summary_lines
+
+__all__ = ["MeasurementError", "build_measurement", "write_measurement"]
+
+SCHEMA = "parallelhue-measurement/1"
+
+
+class MeasurementError(Exception):
+    """The record could not be written; one line."""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def hardware() -> dict[str, Any]:
+    return {
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
+        "machine": platform.machine(),
+        "gpu": "not detected by the client (it never uses one); the server's GPU, if any, "
+        "must be stated by whoever publishes the number",
+    }
+
+
+def software(model: RunModel) -> dict[str, Any]:
+    from parallelhue import __version__
+
+    engine = [
+        {
+            "role": source.get("role"),
+            "engine": source.get("engine"),
+            "engine_version": source.get("engine_version"),
+            "plugin_version": source.get("plugin_version"),
+            "spec_method": source.get("spec_method"),
+            "num_speculative_tokens": source.get("num_speculative_tokens"),
+        }
+        for source in model.sources
+    ]
+    return {
+        "parallelhue": __version__,
+        "python": sys.version.split()[0],
+        "os": f"{platform.system()} {platform.release()}",
+        "httpx": _version("httpx"),
+        "rich": _version("rich"),
+        "reconciler": model.reconciler_kind,
+        "server_hello": engine,
+    }
+
+
+def _stream_result(model: RunModel, index: int) -> dict[str, Any]:
+    state = model.streams[index]
+    gaps = state.inter_step_gaps()
+    return {
+        "stream": index,
+        "label": state.label,
+        "verdict": state.verdict,
+        "reason": state.reason,
+        "error": state.error,
+        "sse_tokens": state.sse_tokens,
+        "confirmed_tokens": int(state.stats.get("tokens", 0)),
+        "steps": int(state.stats.get("steps", 0)),
+        "acceptance": acceptance_of(state.stats),
+        "roles": {k: int(state.stats.get(k, 0)) for k in ("accepted", "target", "bonus", "plain")},
+        "mixed_spans": int(state.stats.get("mixed_spans", 0)),
+        "ttft_s": state.ttft,
+        "inter_step_mean_s": statistics.fmean(gaps) if gaps else None,
+    }
+
+
+def build_measurement(model: RunModel, config: RunConfig, model_name: str | None) -> dict[str, Any]:
+    totals = model.totals
+    steps = int(totals.get("steps", 0))
+    wall = (model.ended_at - model.started_at) if model.ended_at is not None else None
+    sse_tokens = sum(s.sse_tokens for s in model.streams)
+    hist = {str(k): int(v) for k, v in dict(totals.get("hist") or {}).items()}
+    return {
+        "schema": SCHEMA,
+        "recorded_unix": time.time(),
+        "simulated": model.simulated or model.backend.simulated,
+        "engine_note": (
+            "SIMULATED ENGINE: every number below comes from the embedded simulator, "
+            "not from a real model"
+            if model.simulated or model.backend.simulated
+            else "numbers from the server named under software.server_hello and request.endpoint"
+        ),
+        "hardware": hardware(),
+        "software": software(model),
+        "request": {
+            "endpoint_kind": "chat" if "chat/completions" in config.endpoint else "completions",
+            "model": model_name,
+            "max_tokens": config.max_tokens,
+            "temperature": config.temperature,
+            "seed_base": config.seed,
+            "concurrency": config.concurrency,
+            "distinct_prompts": len(set(config.prompts)),
+            "prompt_chars": [len(p) for p in config.prompts],
+            "mode": config.mode,
+        },
+        "n": {
+            "runs": 1,
+            "streams": len(model.streams),
+            "note": "one run; no repetition, so no spread is reported",
+        },
+        "backend": {"name": model.backend.name, "evidence": model.backend.evidence},
+        "results": {
+            "wall_seconds": wall,
+            "sse_tokens": sse_tokens,
+            "client_tokens_per_second": (sse_tokens / wall) if wall else None,
+            "confirmed_tokens": int(totals.get("tokens", 0)),
+            "steps": steps,
+            "mean_tokens_per_step": (int(totals.get("tokens", 0)) / steps) if steps else None,
+            "tokens_per_step_histogram": hist,
+            "acceptance": acceptance_of(totals),
+            "labels": model.count_labels(),
+            "streams": [_stream_result(model, i) for i in range(len(model.streams))],
+            "server_wide_metrics_deltas": {
+                "note": "server-wide: every request on the server during the run",
+                "values": dict(model.server_deltas),
+            },
+            "summary_lines": summary_lines(model),
+        },
+    }
+
+
+def write_measurement(
+    path: str, model: RunModel, config: RunConfig, model_name: str | None
+) -> None:
+    record = build_measurement(model, config, model_name)
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+    except OSError as error:
+        raise MeasurementError(f"--measurement: cannot write {path}: {error.strerror}") from None

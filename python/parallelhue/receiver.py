@@ -1,0 +1,144 @@
+"""The telemetry socket: bind it, receive datagrams, check the sender's uid.
+
+Two implementations behind one small interface:
+- `NativeReceiver` wraps `parallelhue._native.Receiver`, a Rust thread that
+  pushes frames straight into the Rust reconciler without the GIL;
+- `PyReceiver` reads the socket from the asyncio loop (no thread) and hands
+  frames to the session, which feeds the reconciler and, with --record, logs
+  them. It is used with --reconciler python and whenever a run is recorded,
+  because the recording needs every raw frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import socket
+import struct
+import sys
+from typing import Any, Protocol
+
+__all__ = ["FrameSource", "NativeReceiver", "PyReceiver", "ReceiverError"]
+
+RCVBUF_BYTES = 8 << 20
+# One more than the protocol's largest datagram, so an oversized one is seen whole
+# enough for the decoder to reject it instead of being silently cut to size.
+_RECV_BYTES = 65536 + 1
+_UCRED = struct.Struct("iII")  # pid, uid, gid
+
+
+class ReceiverError(Exception):
+    """The socket could not be bound; one line naming the fix."""
+
+
+class FrameSource(Protocol):
+    def take(self) -> list[bytes]:
+        """Frames received since the last call that the session must push itself."""
+        ...
+
+    def close(self) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class NativeReceiver:
+    """The Rust receiver thread; frames never pass through Python."""
+
+    def __init__(self, path: str, reconciler: Any) -> None:
+        try:
+            # Typed as Any: the stub file belongs to the Rust crate and may lag behind.
+            native: Any = importlib.import_module("parallelhue._native")
+        except ImportError as error:
+            raise ReceiverError(
+                f"the Rust receiver is not built: run `make native` ({error})"
+            ) from None
+        try:
+            self._receiver = native.Receiver(path, reconciler)
+        except (OSError, ValueError) as error:
+            raise ReceiverError(f"cannot bind telemetry socket {path}: {error}") from None
+        self.path = path
+
+    def take(self) -> list[bytes]:
+        return []
+
+    def close(self) -> None:
+        self._receiver.close()
+
+    def stats(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in dict(self._receiver.stats()).items()}
+
+
+class PyReceiver:
+    """A datagram socket read from the asyncio loop; other users' datagrams are dropped."""
+
+    def __init__(self, path: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.path = path
+        self._frames: list[bytes] = []
+        self._stats = {"datagrams": 0, "rejected_uid": 0, "bytes": 0}
+        self._uid = os.geteuid()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self._passcred = sys.platform.startswith("linux")
+            if self._passcred:
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+            old_umask = os.umask(0o177)  # the socket is born 0600
+            try:
+                self._sock.bind(path)
+            finally:
+                os.umask(old_umask)
+            os.chmod(path, 0o600)
+            self._sock.setblocking(False)
+        except OSError as error:
+            self._sock.close()
+            raise ReceiverError(
+                f"cannot bind telemetry socket {path}: {error.strerror or error}"
+            ) from None
+        self._loop = loop or asyncio.get_running_loop()
+        self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        self._closed = False
+
+    def _sender_uid(self, ancillary: list[tuple[int, int, bytes]]) -> int | None:
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                if len(data) >= _UCRED.size:
+                    return int(_UCRED.unpack_from(data)[1])
+        return None
+
+    def _on_readable(self) -> None:
+        cmsg_size = socket.CMSG_SPACE(_UCRED.size) if self._passcred else 0
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self._sock.recvmsg(_RECV_BYTES, cmsg_size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._stats["datagrams"] += 1
+            if self._passcred and self._sender_uid(ancillary) != self._uid:
+                self._stats["rejected_uid"] += 1
+                continue
+            self._stats["bytes"] += len(data)
+            self._frames.append(data)
+
+    def take(self) -> list[bytes]:
+        if not self._closed:
+            self._on_readable()  # whatever the kernel holds right now, too
+        frames, self._frames = self._frames, []
+        return frames
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)

@@ -1,0 +1,663 @@
+"""Pure-Python reference reconciler (docs/PROTOCOL.md, "Reconciliation").
+
+This is the oracle the Rust reconciler is checked against, so it is written to
+be read next to the protocol text: one small method per rule, no caching
+beyond what the rules themselves describe.
+
+Readings of the protocol text that this file commits to (the wording is quoted
+where it was open to more than one reading):
+
+- `frames` counts every datagram passed to push_frame/push_frames.
+- "rejected frame: …" messages are emitted as ("run", message) events and
+  counted in `rejected_frames`; duplicates and foreign records are counters only.
+- A second hello from a source is rejected: counted in `rejected_frames`, event
+  `rejected frame: second hello from source {id:016x}`.
+- A source whose first released frame is not a hello is a run-level failure:
+  ("run", "source {id:016x}: {kind} frame before its hello"), every pending
+  stream fails with that message, and its later frames are ignored.
+- A run-level failure (wrong kind for the source's role, missing hello) emits
+  a ("run", message) event, then fails every pending stream with the message.
+  Frames lost (dropped counter, gap) fail the pending streams without a run event.
+- "every stream of the run that is not yet complete" means every stream
+  without a verdict yet.
+- After a gap the source resumes at its lowest buffered sequence number.
+- A stream's later inputs are ignored once it has a verdict (its statistics
+  stop changing too).
+- A provenance step ordinal is the index of the provenance record within the
+  stream. Ids are compared scheduler vs detokenizer and detokenizer vs SSE only
+  (there is no scheduler-vs-SSE message); within a record, tokens are checked
+  one by one in order: against the other witnesses, then span_back.
+- "byte mismatch at offset {o}": {o} is the offset of the token that carries
+  the fragment (the last of its span_back group).
+- On settling, `hist[confirmed tokens] += 1` also for a record with no
+  confirmed tokens (hist[0]).
+- finalize rule 1 does not count a gap in `gaps`; sources are examined in the
+  order their first frame was admitted. If no rule matches, rule 9 applies.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue_vllm.wire import (
+    ALL_STREAMS,
+    KIND_HELLO,
+    KIND_PROVENANCE,
+    KIND_TEXT,
+    ROLE_ACCEPTED,
+    ROLE_BONUS,
+    ROLE_PLAIN,
+    ROLE_TARGET,
+    SOURCE_FRONTEND,
+    SOURCE_SCHEDULER,
+    NoticeRecord,
+    ProvenanceRecord,
+    TextRecord,
+)
+
+REORDER_WINDOW = 64
+MAX_STREAMS = 65535
+U32_MAX = 0xFFFFFFFF
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+ROLE_NAMES = {SOURCE_SCHEDULER: "scheduler", SOURCE_FRONTEND: "frontend"}
+ENGINE_NAMES = {1: "vllm", 2: "simulated"}
+DERIVATION_NAMES = {0: "none", 1: "draft_ids", 2: "counts"}
+TOKEN_ROLE_NAMES = {
+    ROLE_PLAIN: "plain",
+    ROLE_ACCEPTED: "accepted",
+    ROLE_TARGET: "target",
+    ROLE_BONUS: "bonus",
+}
+STAT_KEYS = (
+    "tokens",
+    "steps",
+    "hist",
+    "drafts_scheduled",
+    "drafts_padded",
+    "plain",
+    "accepted",
+    "target",
+    "bonus",
+    "surplus_tokens",
+    "surplus_accepted",
+    "surplus_target",
+    "surplus_bonus",
+    "surplus_plain",
+    "mixed_spans",
+    "bytes",
+)
+COUNTER_KEYS = (
+    "frames",
+    "rejected_frames",
+    "duplicate_frames",
+    "foreign_records",
+    "dropped_reported",
+    "gaps",
+)
+
+Event = tuple[Any, ...]
+
+
+class _Failed(Exception):
+    """Raised inside per-stream processing to stop at the first failure."""
+
+
+@dataclass
+class _Source:
+    source_id: int
+    next_seq: int = 0
+    buffered: dict[int, Frame] = field(default_factory=dict)
+    role: int | None = None  # set by its hello
+    broken: bool = False  # first frame was not a hello: ignore the rest
+
+
+@dataclass
+class _ProvenanceStep:
+    offset: int
+    roles: list[int]
+    drafts_scheduled: int
+    drafts_padded: int
+    ordinal: int
+
+
+@dataclass
+class _Fragment:
+    offset: int  # the token that carries the bytes
+    span_back: int
+    start: int  # byte positions in the stream's text
+    end: int
+
+
+@dataclass
+class _Stream:
+    index: int
+    verdict: str = "pending"
+    reason: str | None = None
+    # P: provenance
+    p_source: int | None = None
+    p_ids: list[int] = field(default_factory=list)
+    p_ordinals: list[int] = field(default_factory=list)
+    p_steps: list[_ProvenanceStep] = field(default_factory=list)
+    settled_steps: int = 0
+    # T: text
+    t_source: int | None = None
+    t_ids: list[int] = field(default_factory=list)
+    t_finished: bool = False
+    t_truncated: bool = False
+    pending_empty: int = 0
+    fragments: list[_Fragment] = field(default_factory=list)
+    proven_fragments: int = 0
+    proven_bytes: int = 0
+    fragment_bytes: bytearray = field(default_factory=bytearray)  # F
+    http_bytes: bytearray = field(default_factory=bytearray)  # H
+    # Q and S: what the client's own SSE stream received
+    q_ids: list[int] = field(default_factory=list)
+    sse_bytes: bytearray = field(default_factory=bytearray)  # S
+    sse_finished: bool = False
+    stats: dict[str, Any] = field(default_factory=lambda: _empty_stats())
+
+    @property
+    def confirmed_end(self) -> int:
+        # Ids are compared as soon as two witnesses hold an offset and a mismatch fails
+        # the stream, so while it is pending every offset all three hold is confirmed.
+        return min(len(self.p_ids), len(self.t_ids), len(self.q_ids))
+
+    @property
+    def surplus_from(self) -> int | None:
+        """First offset whose provenance is surplus, once the text ended on a stop string."""
+        if self.t_finished and self.t_truncated:
+            return len(self.t_ids)
+        return None
+
+
+def _empty_stats() -> dict[str, Any]:
+    stats: dict[str, Any] = dict.fromkeys(STAT_KEYS, 0)
+    stats["hist"] = {}
+    return stats
+
+
+class Reconciler:
+    """Joins scheduler provenance, detokenizer text and the client's SSE stream per stream."""
+
+    def __init__(self, run_id: str, num_streams: int) -> None:
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            raise ValueError(f"invalid run id '{run_id}': expected 32 lowercase hex characters")
+        if not 1 <= num_streams <= MAX_STREAMS:
+            raise ValueError(f"num_streams {num_streams} out of range 1..=65535")
+        self.run_id = run_id
+        self.num_streams = num_streams
+        self._run_bytes = bytes.fromhex(run_id)
+        self._streams = [_Stream(i) for i in range(num_streams)]
+        self._sources: dict[int, _Source] = {}
+        self._hellos: list[dict[str, object]] = []
+        self._events: list[Event] = []
+        self._counters = dict.fromkeys(COUNTER_KEYS, 0)
+        self._admitted_any = False
+
+    # ----------------------------------------------------------------- API
+
+    def push_frame(self, frame: bytes) -> None:
+        self._counters["frames"] += 1
+        try:
+            decoded = decode_frame(bytes(frame))
+        except FrameError as error:
+            self._reject(str(error))
+            return
+        if decoded.header.run_id != self._run_bytes:
+            self._reject(f"frame for run {decoded.header.run_id.hex()}, expected {self.run_id}")
+            return
+        self._admitted_any = True
+        self._admit(decoded)
+
+    def push_frames(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            self.push_frame(frame)
+
+    def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
+        self._check_stream_index(stream)
+        for token_id in token_ids:
+            if not 0 <= token_id <= U32_MAX:
+                raise ValueError(f"token id {token_id} out of range 0..=4294967295")
+        state = self._streams[stream]
+        if state.verdict != "pending":
+            return
+        try:
+            for token_id in token_ids:
+                offset = len(state.q_ids)
+                state.q_ids.append(token_id)
+                if offset < len(state.t_ids) and state.t_ids[offset] != token_id:
+                    raise self._fail(
+                        state,
+                        f"token mismatch at offset {offset}: "
+                        f"detokenizer {state.t_ids[offset]}, SSE {token_id}",
+                    )
+            state.sse_bytes += text.encode("utf-8")
+            self._check_sse_within_http(state)
+            self._progress(state)
+        except _Failed:
+            pass
+
+    def finish_sse(self, stream: int) -> None:
+        self._check_stream_index(stream)
+        state = self._streams[stream]
+        if state.verdict != "pending":
+            return
+        state.sse_finished = True
+        try:
+            self._progress(state)
+        except _Failed:
+            pass
+
+    def finalize(self) -> None:
+        for state in self._streams:
+            if state.verdict == "pending":
+                self._set_failed(state, self._finalize_reason(state))
+
+    def drain(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def stream_stats(self, stream: int) -> dict[str, object]:
+        self._check_stream_index(stream)
+        stats = dict(self._streams[stream].stats)
+        stats["hist"] = dict(stats["hist"])
+        return stats
+
+    def totals(self) -> dict[str, object]:
+        totals = _empty_stats()
+        for state in self._streams:
+            for key in STAT_KEYS:
+                if key == "hist":
+                    for size, count in state.stats["hist"].items():
+                        totals["hist"][size] = totals["hist"].get(size, 0) + count
+                else:
+                    totals[key] += state.stats[key]
+        return totals
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._counters)
+
+    def sources(self) -> list[dict[str, object]]:
+        return [dict(hello) for hello in self._hellos]
+
+    def verdict(self, stream: int) -> tuple[str, str | None]:
+        self._check_stream_index(stream)
+        state = self._streams[stream]
+        return state.verdict, state.reason
+
+    # ------------------------------------------------------ frame admission
+
+    def _check_stream_index(self, stream: int) -> None:
+        if not 0 <= stream < self.num_streams:
+            raise ValueError(f"stream {stream} out of range 0..{self.num_streams}")
+
+    def _reject(self, message: str) -> None:
+        self._counters["rejected_frames"] += 1
+        self._events.append(("run", f"rejected frame: {message}"))
+
+    def _admit(self, frame: Frame) -> None:
+        source_id = frame.header.source_id
+        source = self._sources.get(source_id)
+        if source is None:
+            source = self._sources[source_id] = _Source(source_id)
+        seq = frame.header.seq
+        if seq < source.next_seq or seq in source.buffered:
+            self._counters["duplicate_frames"] += 1
+            return
+        source.buffered[seq] = frame
+        self._release_in_order(source)
+        if len(source.buffered) > REORDER_WINDOW:
+            missing = source.next_seq
+            self._counters["gaps"] += 1
+            self._fail_pending(f"frames lost: gap in source {source_id:016x} at seq {missing}")
+            source.next_seq = min(source.buffered)
+            self._release_in_order(source)
+
+    def _release_in_order(self, source: _Source) -> None:
+        while source.next_seq in source.buffered:
+            frame = source.buffered.pop(source.next_seq)
+            source.next_seq += 1
+            self._release(source, frame)
+
+    def _release(self, source: _Source, frame: Frame) -> None:
+        header = frame.header
+        kind_name = KIND_NAMES[frame.kind]
+        if source.broken:
+            return
+        if frame.kind == KIND_HELLO:
+            if source.role is not None:
+                self._reject(f"second hello from source {source.source_id:016x}")
+                return
+            self._register_hello(source, frame)
+        elif source.role is None:
+            source.broken = True
+            self._run_failure(f"source {source.source_id:016x}: {kind_name} frame before its hello")
+            return
+        elif (frame.kind == KIND_PROVENANCE and source.role != SOURCE_SCHEDULER) or (
+            frame.kind == KIND_TEXT and source.role != SOURCE_FRONTEND
+        ):
+            role_name = ROLE_NAMES[source.role]
+            self._run_failure(
+                f"source {source.source_id:016x}: {kind_name} frame from a {role_name} source"
+            )
+            return
+        self._counters["dropped_reported"] += header.dropped
+        if header.dropped > 0:
+            self._fail_pending(
+                f"frames lost: source {source.source_id:016x} dropped {header.dropped} "
+                f"frames before seq {header.seq}"
+            )
+        for record in frame.records:
+            if isinstance(record, NoticeRecord):
+                self._notice(source, record)
+                continue
+            if record.stream >= self.num_streams:
+                self._counters["foreign_records"] += 1
+                continue
+            state = self._streams[record.stream]
+            if state.verdict != "pending":
+                continue
+            try:
+                if isinstance(record, ProvenanceRecord):
+                    self._provenance(state, source, record)
+                else:
+                    self._text(state, source, record)
+                self._progress(state)
+            except _Failed:
+                pass
+
+    def _register_hello(self, source: _Source, frame: Frame) -> None:
+        hello = frame.hello
+        assert hello is not None
+        source.role = hello.role
+        self._hellos.append(
+            {
+                "source_id": source.source_id,
+                "role": ROLE_NAMES[hello.role],
+                "engine": ENGINE_NAMES[hello.engine],
+                "role_derivation": DERIVATION_NAMES[hello.role_derivation],
+                "async_scheduling": hello.async_scheduling,
+                "num_speculative_tokens": hello.num_speculative_tokens,
+                "plugin_version": hello.plugin_version,
+                "engine_version": hello.engine_version,
+                "spec_method": hello.spec_method,
+            }
+        )
+
+    def _run_failure(self, message: str) -> None:
+        self._events.append(("run", message))
+        self._fail_pending(message)
+
+    def _fail_pending(self, reason: str) -> None:
+        for state in self._streams:
+            if state.verdict == "pending":
+                self._set_failed(state, reason)
+
+    def _notice(self, source: _Source, record: NoticeRecord) -> None:
+        reason = (
+            f"not exact: {record.message} (notice {record.code} from source "
+            f"{source.source_id:016x})"
+        )
+        if record.stream == ALL_STREAMS:
+            self._fail_pending(reason)
+        elif record.stream >= self.num_streams:
+            self._counters["foreign_records"] += 1
+        elif self._streams[record.stream].verdict == "pending":
+            self._set_failed(self._streams[record.stream], reason)
+
+    # ------------------------------------------------------ per-stream rules
+
+    def _set_failed(self, state: _Stream, reason: str) -> None:
+        state.verdict = "failed"
+        state.reason = reason
+        self._events.append(("failed", state.index, reason))
+
+    def _fail(self, state: _Stream, reason: str) -> _Failed:
+        self._set_failed(state, reason)
+        return _Failed(reason)
+
+    def _provenance(self, state: _Stream, source: _Source, record: ProvenanceRecord) -> None:
+        stream = state.index
+        if state.p_source is None:
+            state.p_source = source.source_id
+        elif state.p_source != source.source_id:
+            raise self._fail(
+                state, f"stream {stream}: provenance from a second source {source.source_id:016x}"
+            )
+        expected = len(state.p_ids)
+        if record.offset != expected:
+            raise self._fail(
+                state, f"provenance offset {record.offset} for stream {stream}, expected {expected}"
+            )
+        ordinal = len(state.p_steps)
+        state.p_steps.append(
+            _ProvenanceStep(
+                record.offset,
+                list(record.roles),
+                record.drafts_scheduled,
+                record.drafts_padded,
+                ordinal,
+            )
+        )
+        for token_id in record.token_ids:
+            offset = len(state.p_ids)
+            state.p_ids.append(token_id)
+            state.p_ordinals.append(ordinal)
+            self._check_provenance_token(state, offset)
+
+    def _check_provenance_token(self, state: _Stream, offset: int) -> None:
+        if offset < len(state.t_ids):
+            scheduler, detokenizer = state.p_ids[offset], state.t_ids[offset]
+            if scheduler != detokenizer:
+                raise self._fail(
+                    state,
+                    f"token mismatch at offset {offset}: "
+                    f"scheduler {scheduler}, detokenizer {detokenizer}",
+                )
+        elif state.t_finished and not state.t_truncated:
+            raise self._fail(
+                state,
+                f"stream {state.index}: provenance beyond the end of the request "
+                f"at offset {offset}",
+            )
+
+    def _text(self, state: _Stream, source: _Source, record: TextRecord) -> None:
+        stream = state.index
+        if state.t_source is None:
+            state.t_source = source.source_id
+        elif state.t_source != source.source_id:
+            raise self._fail(
+                state, f"stream {stream}: text from a second source {source.source_id:016x}"
+            )
+        if state.t_finished:
+            raise self._fail(state, f"stream {stream}: text after finish")
+        expected = len(state.t_ids)
+        if record.offset != expected:
+            raise self._fail(
+                state, f"text offset {record.offset} for stream {stream}, expected {expected}"
+            )
+        for token in record.tokens:
+            offset = len(state.t_ids)
+            state.t_ids.append(token.token_id)
+            self._check_text_token(state, offset)
+            if not token.fragment:
+                state.pending_empty += 1
+                continue
+            if token.span_back > state.pending_empty:
+                raise self._fail(
+                    state,
+                    f"stream {stream}: span_back {token.span_back} at offset {offset} "
+                    f"exceeds {state.pending_empty} pending tokens",
+                )
+            state.pending_empty = 0
+            start = len(state.fragment_bytes)
+            state.fragment_bytes += token.fragment
+            state.fragments.append(
+                _Fragment(offset, token.span_back, start, len(state.fragment_bytes))
+            )
+        state.http_bytes += record.http_delta
+        if len(state.http_bytes) > len(state.fragment_bytes):
+            raise self._fail(
+                state,
+                f"stream {stream}: HTTP text extends beyond the detokenized fragments "
+                f"at byte {len(state.fragment_bytes)}",
+            )
+        if record.finished:
+            state.t_finished = True
+            state.t_truncated = record.text_truncated
+            end = len(state.t_ids)
+            if len(state.p_ids) > end and not state.t_truncated:
+                raise self._fail(
+                    state,
+                    f"stream {stream}: provenance beyond the end of the request at offset {end}",
+                )
+            self._check_sse_within_http(state)
+
+    def _check_text_token(self, state: _Stream, offset: int) -> None:
+        detokenizer = state.t_ids[offset]
+        if offset < len(state.p_ids) and state.p_ids[offset] != detokenizer:
+            raise self._fail(
+                state,
+                f"token mismatch at offset {offset}: "
+                f"scheduler {state.p_ids[offset]}, detokenizer {detokenizer}",
+            )
+        if offset < len(state.q_ids) and state.q_ids[offset] != detokenizer:
+            raise self._fail(
+                state,
+                f"token mismatch at offset {offset}: "
+                f"detokenizer {detokenizer}, SSE {state.q_ids[offset]}",
+            )
+
+    def _check_sse_within_http(self, state: _Stream) -> None:
+        if state.t_finished and len(state.sse_bytes) > len(state.http_bytes):
+            raise self._fail(
+                state,
+                f"stream {state.index}: SSE text extends beyond the HTTP text "
+                f"at byte {len(state.http_bytes)}",
+            )
+
+    def _progress(self, state: _Stream) -> None:
+        """After any new evidence: settle records, prove fragments, maybe declare exact."""
+        self._settle(state)
+        self._prove(state)
+        if self._is_exact(state):
+            state.verdict = "exact"
+            self._events.append(("exact", state.index))
+
+    def _settle(self, state: _Stream) -> None:
+        confirmed_end = state.confirmed_end
+        surplus_from = state.surplus_from
+        while state.settled_steps < len(state.p_steps):
+            step = state.p_steps[state.settled_steps]
+            end = step.offset + len(step.roles)
+            boundary = end if surplus_from is None else min(end, surplus_from)
+            if confirmed_end < boundary:
+                return  # some token is neither confirmed nor surplus yet
+            stats = state.stats
+            confirmed = 0
+            for position, role in enumerate(step.roles):
+                name = TOKEN_ROLE_NAMES[role]
+                if step.offset + position < confirmed_end:
+                    confirmed += 1
+                    stats[name] += 1
+                else:
+                    stats["surplus_tokens"] += 1
+                    stats[f"surplus_{name}"] += 1
+            stats["tokens"] += confirmed
+            if confirmed:
+                stats["steps"] += 1
+            stats["hist"][confirmed] = stats["hist"].get(confirmed, 0) + 1
+            stats["drafts_scheduled"] += step.drafts_scheduled
+            stats["drafts_padded"] += step.drafts_padded
+            state.settled_steps += 1
+
+    def _prove(self, state: _Stream) -> None:
+        confirmed_end = state.confirmed_end
+        http, sse, fragment_bytes = state.http_bytes, state.sse_bytes, state.fragment_bytes
+        http_final = state.t_finished and state.t_truncated
+        while state.proven_fragments < len(state.fragments):
+            fragment = state.fragments[state.proven_fragments]
+            if confirmed_end <= fragment.offset:
+                return  # its tokens (the carrier and its span_back predecessors) not confirmed
+            if http_final and fragment.start >= len(http):
+                state.proven_fragments += 1  # cut by the stop string: not output
+                continue
+            end = min(fragment.end, len(http)) if http_final else fragment.end
+            if len(http) < end or len(sse) < end:
+                return
+            for position in range(fragment.start, end):
+                if fragment_bytes[position] != http[position]:
+                    raise self._fail(
+                        state,
+                        f"byte mismatch at offset {fragment.offset} (byte {position}): "
+                        "detokenizer fragment vs HTTP delta",
+                    )
+            for position in range(fragment.start, end):
+                if http[position] != sse[position]:
+                    raise self._fail(
+                        state,
+                        f"byte mismatch at offset {fragment.offset} (byte {position}): "
+                        "HTTP delta vs SSE",
+                    )
+            state.proven_fragments += 1
+            state.proven_bytes = end
+            if end > fragment.start:
+                self._emit_span(state, fragment, end)
+
+    def _emit_span(self, state: _Stream, fragment: _Fragment, end: int) -> None:
+        first = fragment.offset - fragment.span_back
+        ordinals = set(state.p_ordinals[first : fragment.offset + 1])
+        step_index = ordinals.pop() if len(ordinals) == 1 else None
+        text = bytes(state.fragment_bytes[fragment.start : end]).decode("utf-8")
+        state.stats["bytes"] += end - fragment.start
+        if step_index is None:
+            state.stats["mixed_spans"] += 1
+        self._events.append(
+            ("span", state.index, fragment.start, text, step_index, first, fragment.span_back + 1)
+        )
+
+    def _is_exact(self, state: _Stream) -> bool:
+        text_end = len(state.t_ids)
+        return (
+            state.sse_finished
+            and state.t_finished
+            and len(state.q_ids) == text_end
+            and len(state.p_ids) >= text_end
+            and len(state.sse_bytes) == len(state.http_bytes)
+            and state.proven_bytes >= len(state.sse_bytes)
+            and state.settled_steps == len(state.p_steps)
+        )
+
+    # ------------------------------------------------------------ finalize
+
+    def _finalize_reason(self, state: _Stream) -> str:
+        stream = state.index
+        for source in self._sources.values():
+            if source.buffered:
+                return (
+                    f"frames lost: gap in source {source.source_id:016x} at seq {source.next_seq}"
+                )
+        if not self._admitted_any:
+            return "missing telemetry: no frames received for this run"
+        if not state.sse_finished:
+            return f"stream {stream}: SSE did not finish"
+        p_end, t_end, q_end = len(state.p_ids), len(state.t_ids), len(state.q_ids)
+        if max(q_end, t_end) > p_end:
+            return f"missing telemetry: no provenance for offset {p_end}"
+        if q_end > t_end:
+            return f"missing telemetry: no text frame for offset {t_end}"
+        if not state.t_finished:
+            return f"missing telemetry: text not finished at offset {t_end}"
+        sse_len, http_len = len(state.sse_bytes), len(state.http_bytes)
+        if sse_len < http_len:
+            return (
+                f"stream {stream}: SSE text shorter than the HTTP text "
+                f"({sse_len} of {http_len} bytes)"
+            )
+        if q_end != t_end:
+            return f"stream {stream}: {q_end} SSE tokens, {t_end} detokenized tokens"
+        return f"stream {stream}: unproven bytes from byte {state.proven_bytes}"

@@ -1,0 +1,156 @@
+"""`parallelhue replay FILE`: re-feed a recording into a fresh reconciler and view.
+
+Inputs go to the reconciler in the recorded order, paced by the recorded
+times divided by --speed (or without waiting with --speed max). Times shown
+in the summary are the recorded ones. At the end the replayed verdicts are
+compared with the recorded ones; a difference is reported and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from rich.console import Console
+
+from .backend import detect_backend
+from .config import ReplayConfig
+from .metrics import MetricsSnapshot
+from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
+from .record import Recording, RecordingError, decode_frame_field, read_recording
+from .session import RunDriver, SetupError, outcome
+from .state import RunModel, StreamState
+from .views import REFRESH_HZ, make_view
+
+__all__ = ["replay"]
+
+
+def _metrics_evidence(footer: dict[str, Any] | None) -> MetricsSnapshot | None:
+    """Stand-in for the original run's /metrics: only whether spec-decode counters existed."""
+    if footer is None or "metrics_has_spec_decode" not in footer:
+        return None
+    families = {"vllm:spec_decode_num_drafts"} if footer["metrics_has_spec_decode"] else set()
+    return MetricsSnapshot(samples={}, families=frozenset(families))
+
+
+def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDriver]:
+    header = recording.header
+    try:
+        run_id = str(header["run_id"])
+        count = int(header["num_streams"])
+        mode = str(header["mode"])
+    except (KeyError, TypeError, ValueError):
+        raise RecordingError("replay: the recording's header is incomplete") from None
+    if config.view == "stream" and count > 1:
+        raise SetupError(
+            f"--view stream shows one stream, but the recording has {count}: use --view grid"
+        )
+    prompts = header.get("prompts") or [""] * count
+    reconciler: ReconcilerLike | None = None
+    if mode != "chunk":
+        try:
+            reconciler = make_reconciler(config.reconciler, run_id, count)
+        except ReconcilerError as error:
+            raise SetupError(str(error)) from None
+    override = str(header.get("backend_override", "auto"))
+    metrics = _metrics_evidence(recording.footer)
+    model = RunModel(
+        streams=[
+            StreamState(index=i, mode=mode, prompt=str(prompts[i] if i < len(prompts) else ""))
+            for i in range(count)
+        ],
+        mode=mode,
+        backend=detect_backend(override, [], metrics),
+        no_color=config.no_color,
+        title="ParallelHue replay",
+        simulated=bool(header.get("simulated", False)),
+        reconciler_kind=config.reconciler,
+    )
+    model.started_at = 0.0
+    driver = RunDriver(model, reconciler, None, override, metrics)
+    return model, driver
+
+
+def _apply(driver: RunDriver, event: list[Any]) -> bool:
+    """Feed one recorded input; True when it was the finalize call."""
+    kind = event[1]
+    if kind == "start":
+        driver.start(int(event[2]))
+    elif kind == "sse":
+        driver.on_delta(int(event[2]), str(event[3]), [int(t) for t in event[4]])
+    elif kind == "fin":
+        driver.on_finish(int(event[2]), str(event[3]))
+    elif kind == "err":
+        driver.on_error(int(event[2]), str(event[3]))
+    elif kind == "frame":
+        driver.frames([decode_frame_field(str(event[2]))])
+    elif kind == "finalize":
+        driver.finalize()
+        return True
+    return False
+
+
+def _compare(model: RunModel, footer: dict[str, Any] | None) -> str | None:
+    if footer is None or "verdicts" not in footer:
+        return None
+    for state, recorded in zip(model.streams, footer["verdicts"], strict=False):
+        if [state.verdict, state.reason] != list(recorded):
+            return (
+                f"replay differs from the recording: stream {state.index} was "
+                f"{recorded[0]} ({recorded[1]}), replayed {state.verdict} ({state.reason})"
+            )
+    return None
+
+
+async def replay(config: ReplayConfig, console: Console) -> tuple[int, str | None, RunModel, Any]:
+    recording = read_recording(config.path)
+    model, driver = _build(recording, config)
+    now = [0.0]
+    driver.clock = lambda: now[0]
+    view = make_view(config.view, model, console)
+    view.start()
+    finalized = False
+    completed = False
+    try:
+        wall_start = time.monotonic()
+        last_refresh = 0.0
+        for event in recording.iter_events():
+            try:
+                at = float(event[0])
+                if not math.isinf(config.speed):
+                    delay = wall_start + at / config.speed - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                now[0] = at
+                finalized = _apply(driver, event) or finalized
+            except (IndexError, TypeError, ValueError):
+                raise RecordingError(
+                    f"replay: malformed {str(event[1])[:20]} event at t={event[0]}"
+                ) from None
+            driver.apply_events()
+            if time.monotonic() - last_refresh >= 1.0 / REFRESH_HZ:
+                driver.update_stats()
+                view.refresh()
+                last_refresh = time.monotonic()
+        if not finalized:
+            driver.finalize()
+        driver.apply_events()
+        driver.update_stats()
+        footer = recording.footer or {}
+        model.server_deltas = [(str(k), float(v)) for k, v in footer.get("server_deltas", [])]
+        wall = footer.get("wall_seconds")
+        model.ended_at = float(wall) if isinstance(wall, int | float) else now[0]
+        model.finished = True
+        completed = True
+    finally:
+        if completed:
+            view.stop()
+        else:
+            view.abort()
+    mismatch = _compare(model, recording.footer)
+    if mismatch is not None:
+        return 1, mismatch, model, view
+    code, message = outcome(model)
+    return code, message, model, view

@@ -1,0 +1,661 @@
+"""SimServer: the simulated engine behind an OpenAI-compatible streaming API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import resource
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import parallelhue_vllm
+from parallelhue_vllm import paths, wire
+from parallelhue_vllm.emitter import Emitter
+
+from .config import SimConfig, acceptance_for_stream
+from .engine import ContentFaultHook, Engine, SimRequest, request_seed
+from .faults import ContentFaults, FaultProxy, send_as_other_uid
+from .http import HttpError, HttpRequest, HttpResponder, serve_connection
+from .metrics import SimMetrics
+from .vocab import Vocabulary, build_vocabulary
+
+__all__ = ["ENGINE_VERSION", "OWNED_BY", "SimServer"]
+
+log = logging.getLogger("parallelhue.sim")
+
+ENGINE_VERSION = "sim-1"
+OWNED_BY = "parallelhue-simulated"
+SPEC_METHOD = "simulated"
+# Bytes waiting in a connection's write buffer beyond which outputs are merged
+# (the consumer lags), as vLLM's collector merges when its consumer is slow.
+BACKLOG_BYTES = 16_384
+# A run without requests for this long is ended in the emitters (sockets closed).
+RUN_IDLE_SECONDS = 30.0
+
+_VOCAB: Vocabulary | None = None
+
+
+def shared_vocabulary() -> Vocabulary:
+    """Built once per process (a few milliseconds), shared by every server."""
+    global _VOCAB
+    if _VOCAB is None:
+        _VOCAB = build_vocabulary()
+    return _VOCAB
+
+
+@dataclass(slots=True)
+class _Params:
+    """A validated generation request."""
+
+    chat: bool
+    prompt: str
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    max_tokens: int
+    stop: tuple[str, ...]
+    seed: int
+    base_id: str
+
+
+def _json_dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HttpError(400, f"'{name}' must be an integer, got {_json_dumps(value)}")
+    if value < low:
+        raise HttpError(400, f"'{name}' must be >= {low}, got {value}")
+    return value
+
+
+def _bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise HttpError(400, f"'{name}' must be a boolean, got {_json_dumps(value)}")
+    return value
+
+
+def _chat_prompt(messages: object) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "'messages' must be a non-empty list of {role, content} objects")
+    lines: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise HttpError(400, "each message must be an object with a string 'role'")
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = [
+                part.get("text", "")
+                for part in content
+                if isinstance(part, dict) and part.get("type") == "text"
+            ]
+            content = "".join(text for text in texts if isinstance(text, str))
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise HttpError(400, "message 'content' must be a string or a list of text parts")
+        lines.append(f"<|{message['role']}|>{content}")
+    lines.append("<|assistant|>")
+    return "\n".join(lines)
+
+
+class SimServer:
+    """The embedded simulated engine. `url = await start()`, then `await stop()`.
+
+    Runs in the caller's event loop: the scheduler is one task whose steps
+    cost tens of microseconds, telemetry is encoded and sent by the emitters'
+    own threads.
+    """
+
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        self.config.validate()
+        self.metrics = SimMetrics(self.config.model, self.config.draft_len)
+        self.vocab = shared_vocabulary()
+        self.scheduler_emitter: Emitter | None = None
+        self.frontend_emitter: Emitter | None = None
+        self.fault_proxy: FaultProxy | None = None
+        self.content_faults: ContentFaults | None = None
+        self.other_uid_results: dict[str, str] = {}
+        self._runs: set[str] = set()
+        self._run_requests: dict[str, int] = {}  # requests in flight per run
+        self._server: asyncio.Server | None = None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._created = int(time.time())
+        self.engine = self._build_engine()
+        self.url = ""
+
+    # --------------------------------------------------------------- lifecycle
+    def _build_engine(self) -> Engine:
+        config = self.config
+        faults = config.faults
+        hook: ContentFaultHook | None = None
+        if faults is not None:
+            self.content_faults = ContentFaults(faults)
+            hook = self.content_faults
+        provenance_sink = None
+        text_sink = None
+        if config.telemetry:
+            emitter_dir = config.socket_dir
+            if faults is not None and faults.datagram_faults:
+                self.fault_proxy = FaultProxy(faults, config.socket_dir or _default_dir())
+                emitter_dir = self.fault_proxy.proxy_dir
+            self.scheduler_emitter = self._emitter(wire.SOURCE_SCHEDULER, emitter_dir)
+            self.frontend_emitter = self._emitter(wire.SOURCE_FRONTEND, emitter_dir)
+            scheduler_submit = self.scheduler_emitter.submit
+            frontend_submit = self.frontend_emitter.submit
+
+            def provenance_sink(run_id: str, step: int, records: list[wire.Record]) -> None:
+                scheduler_submit(run_id, wire.KIND_PROVENANCE, step, records)
+
+            def text_sink(run_id: str, step: int, records: list[wire.Record]) -> None:
+                frontend_submit(run_id, wire.KIND_TEXT, step, records)
+
+        return Engine(
+            config,
+            self.vocab,
+            self.metrics,
+            provenance_sink=provenance_sink,
+            text_sink=text_sink,
+            content_faults=hook,
+        )
+
+    def _emitter(self, role: int, socket_dir: str | None) -> Emitter:
+        draft_len = self.config.draft_len
+        return Emitter(
+            role=role,
+            engine=wire.ENGINE_SIMULATED,
+            engine_version=ENGINE_VERSION,
+            plugin_version=parallelhue_vllm.__version__,
+            spec_method=SPEC_METHOD if draft_len else "",
+            num_speculative_tokens=draft_len,
+            role_derivation=wire.DERIVATION_DRAFT_IDS if draft_len else wire.DERIVATION_NONE,
+            async_scheduling=False,
+            socket_dir=socket_dir,
+            queue_size=self.config.emitter_queue_size,
+            # The sender thread may wait for a busy receiver: the queue absorbs
+            # bursts, the engine loop never waits.
+            send_timeout=self.config.send_timeout,
+        )
+
+    async def start(self) -> str:
+        """Listen and start the scheduler; returns the base URL."""
+        config = self.config
+        try:
+            self._server = await asyncio.start_server(
+                self._on_connection, config.host, config.port, reuse_address=True
+            )
+        except OSError as error:
+            raise OSError(
+                f"cannot listen on {config.host}:{config.port} ({error.strerror}): "
+                "choose another --port"
+            ) from None
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://{config.host}:{port}"
+        self._engine_task = asyncio.create_task(self.engine.run(), name="phsim-engine")
+        log.info(
+            "SIMULATED engine listening on %s (draft_len=%d, step_ms=%s, telemetry=%s)",
+            self.url,
+            config.draft_len,
+            config.step_ms,
+            "on" if config.telemetry else "off",
+        )
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening, end open streams, flush telemetry."""
+        self.engine.stop()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._engine_task is not None:
+            await asyncio.gather(self._engine_task, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        loop = asyncio.get_running_loop()
+        for emitter in (self.scheduler_emitter, self.frontend_emitter):
+            if emitter is not None:
+                await loop.run_in_executor(None, emitter.close, 1.0)
+        if self.fault_proxy is not None:
+            await loop.run_in_executor(None, self.fault_proxy.close)
+
+    def telemetry_stats(self) -> dict[str, dict[str, int]]:
+        """Emitter counters per source, and the fault proxy's when there is one."""
+        result: dict[str, dict[str, int]] = {}
+        if self.scheduler_emitter is not None:
+            result["scheduler"] = self.scheduler_emitter.stats()
+        if self.frontend_emitter is not None:
+            result["frontend"] = self.frontend_emitter.stats()
+        if self.fault_proxy is not None:
+            result["faults"] = dict(self.fault_proxy.stats)
+        return result
+
+    def stats(self) -> dict[str, object]:
+        """Engine-side figures (GET /sim/stats): steps, step records, telemetry, CPU."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "simulated": True,
+            "steps": self.engine.step_count,
+            "step_records": self.engine.step_records,
+            "active_seconds": self.engine.active_seconds,
+            "full_batch_seconds": self.engine.full_batch_seconds,
+            "full_batch_steps": self.engine.full_batch_steps,
+            "full_batch_records": self.engine.full_batch_records,
+            "active_requests": len(self.engine.active),
+            "generation_tokens": self.metrics.generation_tokens,
+            "telemetry": self.telemetry_stats(),
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "peak_rss_kib": usage.ru_maxrss,
+        }
+
+    # ------------------------------------------------------------------- HTTP
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await serve_connection(reader, writer, self._route)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._connections.discard(task)
+
+    async def _route(self, request: HttpRequest, responder: HttpResponder) -> None:
+        path = request.path.rstrip("/") or "/"
+        routes = {
+            "/v1/models": "GET",
+            "/health": "GET",
+            "/metrics": "GET",
+            "/v1/chat/completions": "POST",
+            "/v1/completions": "POST",
+            "/sim/stats": "GET",
+        }
+        method = routes.get(path)
+        if method is None:
+            raise HttpError(
+                404, f"no route {request.path}: the simulated engine serves {', '.join(routes)}"
+            )
+        if request.method != method:
+            raise HttpError(405, f"{request.path} takes {method}, not {request.method}")
+        if path == "/health":
+            await responder.send(200, b"", "text/plain")
+        elif path == "/metrics":
+            body = self.metrics.render().encode()
+            await responder.send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/sim/stats":
+            await responder.send(200, _json_dumps(self.stats()).encode())
+        elif path == "/v1/models":
+            await responder.send(200, self._models_body())
+        else:
+            await self._generate(request, responder, chat=path == "/v1/chat/completions")
+
+    def _models_body(self) -> bytes:
+        model = {
+            "id": self.config.model,
+            "object": "model",
+            "created": self._created,
+            "owned_by": OWNED_BY,
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return _json_dumps({"object": "list", "data": [model]}).encode()
+
+    def _parse(self, request: HttpRequest, chat: bool) -> _Params:
+        try:
+            body = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise HttpError(400, f"request body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.config.model:
+            raise HttpError(404, f"The model `{model}` does not exist.")
+        n = _int_field(body, "n", 1, 1)
+        if n != 1:
+            raise HttpError(400, f"n={n} is not supported by the simulated engine: use n=1")
+        if chat:
+            prompt = _chat_prompt(body.get("messages"))
+            max_tokens = _int_field(body, "max_completion_tokens", None, 1)
+            if max_tokens is None:
+                max_tokens = _int_field(body, "max_tokens", None, 1)
+        else:
+            raw_prompt = body.get("prompt")
+            if isinstance(raw_prompt, list) and len(raw_prompt) == 1:
+                raw_prompt = raw_prompt[0]
+            if not isinstance(raw_prompt, str):
+                raise HttpError(400, "'prompt' must be a string")
+            prompt = raw_prompt
+            max_tokens = _int_field(body, "max_tokens", None, 1)
+        if max_tokens is None:
+            max_tokens = self.config.default_max_tokens
+        if max_tokens > self.config.max_model_len:
+            raise HttpError(
+                400,
+                f"'max_tokens' {max_tokens} exceeds the model length {self.config.max_model_len}",
+            )
+        stop_value = body.get("stop")
+        stop: tuple[str, ...]
+        if stop_value is None:
+            stop = ()
+        elif isinstance(stop_value, str):
+            stop = (stop_value,) if stop_value else ()
+        elif isinstance(stop_value, list) and all(isinstance(item, str) for item in stop_value):
+            stop = tuple(item for item in stop_value if item)
+        else:
+            raise HttpError(400, "'stop' must be a string or a list of strings")
+        temperature = body.get("temperature")
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or temperature < 0
+        ):
+            raise HttpError(400, "'temperature' must be a number >= 0")
+        seed = body.get("seed")
+        if seed is None:
+            seed = self.config.seed
+        elif isinstance(seed, bool) or not isinstance(seed, int):
+            raise HttpError(400, f"'seed' must be an integer, got {_json_dumps(seed)}")
+        stream_options = body.get("stream_options") or {}
+        if not isinstance(stream_options, dict):
+            raise HttpError(400, "'stream_options' must be an object")
+        stream = _bool_field(body, "stream")
+        include_usage = _bool_field(stream_options, "include_usage")
+        base_id = request.headers.get("x-request-id") or body.get("request_id")
+        if base_id is None:
+            base_id = secrets.token_hex(16)
+        if not isinstance(base_id, str) or not base_id:
+            raise HttpError(400, "'request_id' must be a non-empty string")
+        return _Params(
+            chat=chat,
+            prompt=prompt,
+            stream=stream,
+            include_usage=include_usage,
+            return_token_ids=_bool_field(body, "return_token_ids"),
+            max_tokens=max_tokens,
+            stop=stop,
+            seed=seed,
+            base_id=base_id,
+        )
+
+    def _new_request(self, params: _Params) -> SimRequest:
+        external_id = ("chatcmpl-" if params.chat else "cmpl-") + params.base_id
+        internal_id = f"{external_id}-{secrets.token_hex(4)}"
+        parsed = wire.parse_request_id(internal_id)
+        run_id: str | None = None
+        stream = 0
+        if parsed is not None:
+            run_id, stream = parsed
+            if self.config.telemetry:
+                self._ensure_run(run_id)
+            else:
+                run_id = None
+        seed = request_seed(params.seed, stream, params.prompt)
+        prompt_tokens = len(params.prompt.encode("utf-8"))
+        if prompt_tokens + params.max_tokens > self.config.max_model_len:
+            raise HttpError(
+                400,
+                f"prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) "
+                f"exceeds the model length {self.config.max_model_len}",
+            )
+        return SimRequest(
+            internal_id=internal_id,
+            external_id=external_id,
+            run_id=run_id,
+            stream=stream,
+            start_position=self.engine.start_position(seed),
+            seed=seed,
+            acceptance=acceptance_for_stream(self.config.acceptance, stream),
+            max_tokens=params.max_tokens,
+            stop=params.stop,
+            num_prompt_tokens=prompt_tokens,
+        )
+
+    def _ensure_run(self, run_id: str) -> None:
+        if run_id in self._runs:
+            return
+        self._runs.add(run_id)
+        if self.fault_proxy is not None:
+            self.fault_proxy.add_run(run_id)
+        faults = self.config.faults
+        if faults is not None and faults.other_uid:
+            self.other_uid_results[run_id] = self._forge_other_uid(run_id)
+
+    def _forge_other_uid(self, run_id: str) -> str:
+        """Send a forged provenance frame for stream 0 as uid 65534.
+
+        If a receiver accepted it, stream 0 would fail (a second scheduler
+        source); a receiver that checks credentials drops it.
+        """
+        try:
+            target = paths.socket_path(self.config.socket_dir or _default_dir(), run_id)
+        except paths.SocketPathError as error:
+            return f"error: {error}"
+        header = wire.Header(
+            bytes.fromhex(run_id), 0x0BAD_0BAD_0BAD_0BAD, 0, 0, time.monotonic_ns()
+        )
+        hello = wire.Hello(
+            wire.SOURCE_SCHEDULER,
+            wire.ENGINE_SIMULATED,
+            wire.DERIVATION_NONE,
+            False,
+            0,
+            "x",
+            "x",
+            "",
+        )
+        record = wire.ProvenanceRecord(0, 0, [1], [wire.ROLE_PLAIN], 0)
+        data_header = wire.Header(header.run_id, header.source_id, 1, 1, header.timestamp_ns)
+        frames = [
+            wire.encode_hello(header, hello),
+            wire.encode_records(wire.KIND_PROVENANCE, data_header, [record]),
+        ]
+        result = send_as_other_uid(target, frames)
+        log.info("SIMULATED fault other-uid: %s", result)
+        return result
+
+    async def _generate(self, request: HttpRequest, responder: HttpResponder, chat: bool) -> None:
+        params = self._parse(request, chat)
+        sim_request = self._new_request(params)
+        if self.config.log_requests:
+            log.info("SIMULATED request %s", sim_request.internal_id)
+        self.engine.add(sim_request)
+        run_id = sim_request.run_id
+        if run_id is not None:
+            self._run_requests[run_id] = self._run_requests.get(run_id, 0) + 1
+        try:
+            if params.stream:
+                await self._stream(params, sim_request, responder)
+            else:
+                await self._complete(params, sim_request, responder)
+        except (ConnectionError, asyncio.CancelledError):
+            self.engine.abort(sim_request)
+            raise
+        finally:
+            if run_id is not None:
+                self._request_done(run_id)
+
+    def _request_done(self, run_id: str) -> None:
+        left = self._run_requests[run_id] - 1
+        self._run_requests[run_id] = left
+        if left == 0:
+            asyncio.get_running_loop().call_later(RUN_IDLE_SECONDS, self._end_idle_run, run_id)
+
+    def _end_idle_run(self, run_id: str) -> None:
+        """Forget a run nobody used for RUN_IDLE_SECONDS (its sockets are closed)."""
+        if self._run_requests.get(run_id) != 0:
+            return
+        del self._run_requests[run_id]
+        self._runs.discard(run_id)
+        for emitter in (self.scheduler_emitter, self.frontend_emitter):
+            if emitter is not None:
+                emitter.end_run(run_id)
+
+    async def _stream(self, params: _Params, request: SimRequest, responder: HttpResponder) -> None:
+        chat = params.chat
+        model = self.config.model
+        created = self._created
+        external_id = request.external_id
+        object_name = "chat.completion.chunk" if chat else "text_completion"
+        head = (
+            f'{{"id":"{external_id}","object":"{object_name}",'
+            f'"created":{created},"model":"{model}","choices":[{{"index":0,'
+        )
+        return_ids = params.return_token_ids
+        prompt_ids = self.vocab.encode_bytes(params.prompt.encode("utf-8"))
+        prompt_ids_json = ",".join(map(str, prompt_ids))
+        await responder.start_stream("text/event-stream", chunked=responder.keep_alive)
+        if chat:
+            first = (
+                head + '"delta":{"role":"assistant","content":""},"logprobs":null,'
+                '"finish_reason":null}]'
+            )
+            if return_ids:
+                first += f',"prompt_token_ids":[{prompt_ids_json}]'
+            responder.write(f"data: {first}}}\n\n".encode())
+        collector = request.collector
+        faults = self.content_faults
+        completion_tokens = 0
+        first_chunk = True
+        write = responder.write
+        transport = responder.writer.transport
+
+        def format_chunk(text: str, token_ids: list[int], finish_reason: str | None) -> bytes:
+            nonlocal completion_tokens, first_chunk
+            completion_tokens += len(token_ids)
+            reasoning = ""
+            if faults is not None:
+                text, token_ids, reasoning = faults.sse(request, text, token_ids)
+            finish_json = "null" if finish_reason is None else f'"{finish_reason}"'
+            stop_json = "null"
+            if finish_reason is not None and collector.stop_reason is not None:
+                stop_json = _json_dumps(collector.stop_reason)
+            text_json = _json_dumps(text)
+            if chat:
+                delta = f'"delta":{{"content":{text_json}'
+                if reasoning:
+                    delta += f',"reasoning_content":{_json_dumps(reasoning)}'
+                chunk = (
+                    f'{head}{delta}}},"logprobs":null,"finish_reason":{finish_json},'
+                    f'"stop_reason":{stop_json}'
+                )
+            else:
+                chunk = (
+                    f'{head}"text":{text_json},"logprobs":null,"finish_reason":{finish_json},'
+                    f'"stop_reason":{stop_json}'
+                )
+                if return_ids and first_chunk:
+                    chunk += f',"prompt_token_ids":[{prompt_ids_json}]'
+            if return_ids:
+                chunk += f',"token_ids":[{",".join(map(str, token_ids))}]'
+            first_chunk = False
+            return f"data: {chunk}}}]}}\n\n".encode()
+
+        def direct(text: str, token_ids: list[int], finish_reason: str | None) -> bool:
+            # Called from the engine step: never raise into it.
+            try:
+                if transport.is_closing():
+                    return False
+                write(format_chunk(text, token_ids, finish_reason))
+                return transport.get_write_buffer_size() < BACKLOG_BYTES
+            except Exception:
+                return False
+
+        collector.direct = direct
+        collector.interval = self.config.sse_interval_ms / 1000.0
+        try:
+            while True:
+                await collector.event.wait()
+                collector.event.clear()
+                if collector.pending:
+                    text, token_ids, finish_reason, _steps = collector.take()
+                    write(format_chunk(text, token_ids, finish_reason))
+                if collector.finish_reason is not None:
+                    break
+                # The connection lags (or closed): merge outputs until it drained.
+                await responder.writer.drain()
+                if transport.is_closing():
+                    raise ConnectionResetError("client closed the stream")
+                if collector.pending:
+                    text, token_ids, finish_reason, _steps = collector.take()
+                    write(format_chunk(text, token_ids, finish_reason))
+                    if finish_reason is not None:
+                        break
+                collector.direct = direct
+        finally:
+            collector.direct = None
+            collector.cancel_flush()
+        if params.include_usage:
+            prompt_tokens = len(prompt_ids)
+            usage = (
+                f'{{"id":"{external_id}","object":"{object_name}","created":{created},'
+                f'"model":"{model}","choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+                f'"total_tokens":{prompt_tokens + completion_tokens},'
+                f'"completion_tokens":{completion_tokens}}}}}'
+            )
+            write(f"data: {usage}\n\n".encode())
+        write(b"data: [DONE]\n\n")
+        await responder.end_stream()
+
+    async def _complete(
+        self, params: _Params, request: SimRequest, responder: HttpResponder
+    ) -> None:
+        collector = request.collector
+        texts: list[str] = []
+        token_ids: list[int] = []
+        while True:
+            await collector.event.wait()
+            text, ids, finish_reason, _steps = collector.take()
+            texts.append(text)
+            token_ids.extend(ids)
+            if finish_reason is not None:
+                break
+        text = "".join(texts)
+        prompt_ids = self.vocab.encode_bytes(params.prompt.encode("utf-8"))
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice["stop_reason"] = collector.stop_reason
+        if params.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if params.return_token_ids:
+            choice["token_ids"] = token_ids
+            if not params.chat:
+                choice["prompt_token_ids"] = prompt_ids
+        body: dict[str, Any] = {
+            "id": request.external_id,
+            "object": "chat.completion" if params.chat else "text_completion",
+            "created": self._created,
+            "model": self.config.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "total_tokens": len(prompt_ids) + len(token_ids),
+                "completion_tokens": len(token_ids),
+            },
+        }
+        if params.chat and params.return_token_ids:
+            body["prompt_token_ids"] = prompt_ids
+        await responder.send(200, _json_dumps(body).encode())
+
+
+def _default_dir() -> str:
+    return os.path.abspath(paths.default_socket_dir())

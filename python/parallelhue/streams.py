@@ -1,0 +1,278 @@
+"""One streaming HTTP request per stream, on httpx's asyncio client.
+
+A stream's request carries the run's request id (`ph1_<run>_<i>`, in the body
+and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the usage
+chunk, and has its own seed. Whatever goes wrong with one stream (refused
+connection, HTTP error, an answer that is not SSE, a disconnect) ends that
+stream with one sanitized line; the other streams go on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from .sanitize import one_line
+
+__all__ = [
+    "StreamRequest",
+    "StreamSink",
+    "api_base",
+    "build_body",
+    "is_chat_endpoint",
+    "make_client",
+    "run_stream",
+]
+
+_ERROR_BODY_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    index: int
+    request_id: str
+    prompt: str
+    seed: int
+
+
+class StreamSink(Protocol):
+    def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def on_finish(self, stream: int, finish_reason: str) -> None: ...
+    def on_error(self, stream: int, message: str) -> None: ...
+    def on_usage(self, stream: int, usage: dict[str, Any]) -> None: ...
+
+
+def is_chat_endpoint(endpoint: str) -> bool:
+    return urlsplit(endpoint).path.rstrip("/").endswith("/chat/completions")
+
+
+def api_base(endpoint: str) -> str:
+    """`http://host:port/v1` for `http://host:port/v1/chat/completions`."""
+    parts = urlsplit(endpoint)
+    path = parts.path.rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def server_root(endpoint: str) -> str:
+    """`http://host:port` plus any prefix before /v1 (where /metrics lives)."""
+    base = api_base(endpoint)
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def build_body(
+    endpoint: str,
+    model: str,
+    request: StreamRequest,
+    max_tokens: int,
+    temperature: float | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model}
+    if is_chat_endpoint(endpoint):
+        body["messages"] = [{"role": "user", "content": request.prompt}]
+    else:
+        body["prompt"] = request.prompt
+    body.update(
+        {
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+            "seed": request.seed,
+            "request_id": request.request_id,
+        }
+    )
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
+
+
+def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
+    """A client with one connection per stream and a read timeout fit for long generations."""
+    headers = {"Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return httpx.AsyncClient(
+        # --timeout bounds the silence between two bytes, not the whole generation.
+        timeout=httpx.Timeout(connect=min(timeout, 30.0), read=timeout, write=30.0, pool=None),
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        headers=headers,
+        trust_env=False,
+    )
+
+
+def _error_message(status: int, body: bytes) -> str:
+    return f"HTTP {status}: {_error_detail(body)}"
+
+
+def _error_detail(body: bytes) -> str:
+    """The server's error message from a JSON error body, else the body, on one line."""
+    text = body.decode("utf-8", "replace")
+    detail = text
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            detail = error["message"]
+        elif isinstance(error, str):
+            detail = error
+        elif isinstance(data.get("message"), str):
+            detail = data["message"]
+        elif isinstance(data.get("detail"), str):
+            detail = data["detail"]
+    return one_line(detail) or "(empty body)"
+
+
+def _connect_message(error: Exception, endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    where = parts.hostname or "?"
+    if parts.port:
+        where = f"{where}:{parts.port}"
+    return f"cannot connect to {where}: {connect_reason(error)}"
+
+
+def connect_reason(error: BaseException) -> str:
+    """Why a connection failed, found in the exception chain (httpx hides the errno)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
+            return "connection refused (is the server running?)"
+        if isinstance(seen, OSError) and seen.strerror:
+            return one_line(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    return one_line(str(error) or type(error).__name__)
+
+
+def _parse_choice(data: dict[str, Any]) -> tuple[str, list[int], str | None]:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "", [], None
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return "", [], None
+    text = ""
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+        text = delta["content"]
+    elif isinstance(choice.get("text"), str):
+        text = choice["text"]
+    ids = choice.get("token_ids")
+    token_ids = [int(t) for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
+    finish = choice.get("finish_reason")
+    return text, token_ids, finish if isinstance(finish, str) else None
+
+
+class _StreamEnded(Exception):
+    pass
+
+
+async def run_stream(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    body: dict[str, Any],
+    request: StreamRequest,
+    sink: StreamSink,
+    timeout: float,
+) -> None:
+    """Run one stream to its end; every outcome is reported to `sink` exactly once."""
+    stream = request.index
+    finish_reason: str | None = None
+    try:
+        async with client.stream(
+            "POST", endpoint, json=body, headers={"X-Request-Id": request.request_id}
+        ) as response:
+            if response.status_code >= 400:
+                raw = b""
+                async for chunk in response.aiter_bytes():
+                    raw += chunk
+                    if len(raw) >= _ERROR_BODY_LIMIT:
+                        break
+                sink.on_error(stream, _error_message(response.status_code, raw))
+                return
+            content_type = response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type.lower():
+                shown = one_line(content_type.split(";")[0]) or "no content type"
+                sink.on_error(
+                    stream,
+                    f"not an SSE stream: the server answered {shown} "
+                    f"(HTTP {response.status_code}); is --endpoint a streaming completions URL?",
+                )
+                return
+            data_lines: list[str] = []
+            done = False
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    data_lines.append(line[5:].removeprefix(" "))
+                    continue
+                if line.strip() or not data_lines:
+                    continue  # comments, event names, keep-alives
+                payload = "\n".join(data_lines)
+                data_lines = []
+                if payload.strip() == "[DONE]":
+                    done = True
+                    break
+                result = _handle_payload(stream, payload, sink)
+                if result is not None:
+                    finish_reason = result
+            if not done and data_lines:
+                payload = "\n".join(data_lines)
+                if payload.strip() == "[DONE]":
+                    done = True
+                else:
+                    result = _handle_payload(stream, payload, sink)
+                    if result is not None:
+                        finish_reason = result
+    except _StreamEnded:
+        return
+    except httpx.ConnectError as error:
+        sink.on_error(stream, _connect_message(error, endpoint))
+        return
+    except httpx.ConnectTimeout:
+        sink.on_error(stream, f"connecting timed out after {min(timeout, 30.0):g} s")
+        return
+    except httpx.ReadTimeout:
+        sink.on_error(stream, f"no data from the server for {timeout:g} s (raise --timeout)")
+        return
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        sink.on_error(stream, "the server closed the connection mid-stream")
+        return
+    except httpx.HTTPError as error:
+        sink.on_error(stream, f"HTTP failure: {one_line(str(error) or type(error).__name__)}")
+        return
+    if finish_reason is None:
+        sink.on_error(stream, "the stream ended without a finish_reason (server closed it early)")
+        return
+    sink.on_finish(stream, finish_reason)
+
+
+def _handle_payload(stream: int, payload: str, sink: StreamSink) -> str | None:
+    """Feed one SSE event to the sink; return its finish_reason if it has one."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        sink.on_error(stream, f"bad SSE data (not JSON): {one_line(payload, 80)}")
+        raise _StreamEnded from None
+    if not isinstance(data, dict):
+        sink.on_error(stream, f"bad SSE data (not an object): {one_line(payload, 80)}")
+        raise _StreamEnded
+    if "error" in data:
+        sink.on_error(stream, "server error in stream: " + _error_detail(payload.encode()))
+        raise _StreamEnded
+    usage = data.get("usage")
+    if isinstance(usage, dict) and not data.get("choices"):
+        sink.on_usage(stream, usage)
+        return None
+    text, token_ids, finish = _parse_choice(data)
+    if text or token_ids:
+        sink.on_delta(stream, text, token_ids)
+    return finish

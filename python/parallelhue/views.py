@@ -1,0 +1,414 @@
+"""Rich views of a run: one stream inline, a live grid of up to 64 panes, or plain text.
+
+All views read a `RunModel`; one task calls `refresh()` at a fixed rate, so
+the screen is redrawn from one place and never per token. Every piece of
+server text is sanitized before it becomes a Rich `Text` (never markup).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.style import Style
+from rich.text import Span, Text
+
+from .sanitize import sanitize
+from .state import (
+    LABEL_CHUNK,
+    LABEL_ERROR,
+    LABEL_EXACT,
+    LABEL_NOT_EXACT,
+    RunModel,
+    Segment,
+    StreamState,
+)
+from .summary import render_summary
+
+__all__ = [
+    "GRID_MAX_PANES",
+    "GridView",
+    "PlainView",
+    "StreamView",
+    "View",
+    "banner_text",
+    "grid_renderable",
+    "header_text",
+    "make_console",
+    "make_view",
+    "styled_text",
+    "tail_text",
+]
+
+GRID_MAX_PANES = 64
+REFRESH_HZ = 10.0
+# A 64-pane frame costs tens of milliseconds in Rich; big grids redraw less often.
+LARGE_GRID_PANES = 16
+LARGE_GRID_INTERVAL = 0.25
+_MIN_PANE_WIDTH = 36
+_MIN_PANE_HEIGHT = 6
+
+_LABEL_STYLES = {
+    LABEL_EXACT: "bold green",
+    LABEL_CHUNK: "bold yellow",
+    LABEL_NOT_EXACT: "bold red",
+    LABEL_ERROR: "bold red",
+}
+
+
+class View(Protocol):
+    # Seconds between two redraws; fixed for the run, chosen by the view's size.
+    refresh_interval: float
+
+    def start(self) -> None: ...
+    def refresh(self) -> None: ...
+    def stop(self) -> None:
+        """Leave the live display and print the final picture and summary."""
+        ...
+
+    def abort(self) -> None:
+        """Leave the live display and restore the terminal, printing nothing (Ctrl-C)."""
+        ...
+
+
+def make_console(no_color: bool, *, plain: bool = False, record: bool = False) -> Console:
+    if plain:
+        return Console(
+            color_system=None,
+            no_color=True,
+            force_terminal=False,
+            highlight=False,
+            markup=False,
+            emoji=False,
+            record=record,
+            soft_wrap=True,  # pipes get whole lines, not lines cut at 80 columns
+        )
+    # xterm-256 on a terminal (the palette is defined there); no ANSI into a pipe.
+    return Console(
+        color_system="256" if sys.stdout.isatty() else None,
+        no_color=no_color,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        record=record,
+    )
+
+
+_COLOR_STYLES = {color: Style(color=f"color({color})") for color in range(256)}
+
+
+def styled_text(
+    segments: list[Segment], colorize: bool = True, max_chars: int | None = None
+) -> Text:
+    """Sanitized text with one style span per colored segment.
+
+    With `max_chars`, only the last pieces up to about that many characters are
+    built: a pane shows the tail, and long streams must not cost more per frame.
+    """
+    if max_chars is not None:
+        kept: list[Segment] = []
+        total = 0
+        for segment in reversed(segments):
+            kept.append(segment)
+            total += len(segment[0])
+            if total >= max_chars:
+                break
+        kept.reverse()
+        segments = kept
+    plain_parts: list[str] = []
+    spans: list[Span] = []
+    position = 0
+    for piece, color in segments:
+        clean = sanitize(piece)
+        if not clean:
+            continue
+        plain_parts.append(clean)
+        end = position + len(clean)
+        if color is not None and colorize:
+            spans.append(Span(position, end, _COLOR_STYLES[color]))
+        position = end
+    return Text("".join(plain_parts), spans=spans)
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def header_text(stream: StreamState, *, narrow: bool = False) -> Text:
+    """stream, label, tokens, steps, tokens/step, acceptance (two lines when narrow)."""
+    header = Text(no_wrap=True, overflow="ellipsis")
+    header.append(f"#{stream.index} ", "bold")
+    header.append(stream.label, _LABEL_STYLES.get(stream.label, "bold"))
+    acceptance = stream.acceptance
+    percent = _number(None if acceptance is None else acceptance * 100, ".0f")
+    percent += "%" if acceptance is not None else ""
+    steps = _number(stream.steps, "d")
+    per_step = _number(stream.tokens_per_step, ".2f")
+    if narrow:  # fits a 36-column pane: "1234 tok 456 st 2.71 t/st acc 45%"
+        header.append(f"\n{stream.sse_tokens} tok {steps} st {per_step} t/st acc {percent}")
+    else:
+        header.append(
+            f" · {stream.sse_tokens} tok · {steps} steps · {per_step} tok/step · acc {percent}"
+        )
+    return header
+
+
+def banner_text(model: RunModel) -> Text:
+    banner = Text()
+    if model.simulated or model.backend.simulated:
+        banner.append("SIMULATED ENGINE", "bold reverse")
+        banner.append(" · ")
+    rest = model.banner.removeprefix("SIMULATED ENGINE · ")
+    banner.append(sanitize(rest, keep_newlines=False))
+    return banner
+
+
+def _status(model: RunModel, shown: int) -> Text:
+    counts = model.count_labels()
+    labels = "streams " + " · ".join(f"{label}: {n}" for label, n in sorted(counts.items()))
+    total = len(model.streams)
+    hidden = total - shown
+    parts = []
+    if hidden > 0:
+        # First on the line, so a narrow terminal cuts the counts rather than this.
+        if shown < min(total, GRID_MAX_PANES):
+            parts.append(f"{hidden} of {total} streams hidden: enlarge the terminal or use --tmux")
+        else:
+            parts.append(f"{hidden} of {total} streams hidden: the grid holds {GRID_MAX_PANES}")
+    parts.append(labels)
+    if model.run_messages:
+        parts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
+    return Text(" · ".join(parts), "dim", no_wrap=True, overflow="ellipsis")
+
+
+def tail_text(text: Text, console: Console, width: int, height: int) -> Text:
+    """The last `height` wrapped lines of `text` at `width` columns."""
+    if height <= 0:
+        return Text()
+    budget = width * height * 2
+    if len(text) > budget:
+        text = text[-budget:]  # styled_text(max_chars=...) usually trimmed already
+    lines = text.wrap(console, max(1, width))
+    return Text("\n").join(list(lines)[-height:])
+
+
+def _fit(line: Text, width: int) -> Text:
+    """Exactly `width` cells: cropped or padded with spaces."""
+    line = line.copy()
+    line.truncate(width, overflow="crop", pad=True)
+    return line
+
+
+def pane_lines(
+    stream: StreamState, model: RunModel, console: Console, width: int, height: int
+) -> list[Text]:
+    """A boxed pane as exactly `height` lines of exactly `width` cells.
+
+    Drawn by hand rather than with rich.panel.Panel inside a Table: 64 panes
+    per frame made Rich's layout the dominant cost of a redraw.
+    """
+    inner = max(1, width - 2)
+    note = stream.note
+    header = header_text(stream, narrow=True)
+    header_lines = header.split("\n")
+    body_height = max(0, height - 2 - len(header_lines) - (1 if note else 0))
+    budget = inner * max(1, body_height) * 2
+    body = styled_text(stream.segments(model.colorize), max_chars=budget)
+    content: list[Text] = list(header_lines)
+    if body_height:
+        wrapped = list(body.wrap(console, inner))[-body_height:]
+        content.extend(wrapped)
+        content.extend(Text() for _ in range(body_height - len(wrapped)))
+    if note:
+        content.append(Text(sanitize(note, keep_newlines=False), "red"))
+    content = content[: max(0, height - 2)]
+    edge = Text("│")
+    lines = [Text("┌" + "─" * inner + "┐")]
+    for line in content:
+        lines.append(Text.assemble(edge, _fit(line, inner), edge))
+    lines.append(Text("└" + "─" * inner + "┘"))
+    return lines
+
+
+def grid_layout(count: int, width: int, height: int) -> tuple[int, int, int]:
+    """(columns, pane width, pane height) for `count` panes on a width x height screen."""
+    columns = max(1, min(count, width // _MIN_PANE_WIDTH))
+    rows = math.ceil(count / columns)
+    pane_width = max(_MIN_PANE_WIDTH // 2, width // columns)
+    pane_height = max(_MIN_PANE_HEIGHT, (height - 2) // max(1, rows))
+    return columns, pane_width, pane_height
+
+
+def grid_renderable(model: RunModel, console: Console, width: int, height: int) -> Group:
+    shown = model.streams[:GRID_MAX_PANES]
+    columns, pane_width, pane_height = grid_layout(len(shown), width, height)
+    # Only whole rows that fit below the banner and above the status line.
+    rows_that_fit = max(1, (height - 2) // pane_height)
+    shown = shown[: rows_that_fit * columns]
+    rows: list[Text] = []
+    for row_start in range(0, len(shown), columns):
+        panes = [
+            pane_lines(stream, model, console, pane_width, pane_height)
+            for stream in shown[row_start : row_start + columns]
+        ]
+        for index in range(pane_height):
+            row = Text(no_wrap=True, overflow="crop")
+            for lines in panes:
+                row.append_text(lines[index])
+            rows.append(row)
+    return Group(banner_text(model), *rows, _status(model, len(shown)))
+
+
+class GridView:
+    """A live grid of fixed-size panes; the layout follows the terminal size."""
+
+    def __init__(self, model: RunModel, console: Console) -> None:
+        self.model = model
+        self.console = console
+        self._live: Live | None = None
+        large = min(len(model.streams), GRID_MAX_PANES) > LARGE_GRID_PANES
+        self.refresh_interval = LARGE_GRID_INTERVAL if large else 1.0 / REFRESH_HZ
+
+    def _renderable(self) -> Group:
+        size = self.console.size
+        return grid_renderable(self.model, self.console, size.width, size.height)
+
+    def start(self) -> None:
+        self._live = Live(
+            self._renderable(),
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+            screen=self.console.is_terminal,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._renderable(), refresh=True)
+
+    def final_picture(self, console: Console) -> Group:
+        width = console.size.width
+        count = min(len(self.model.streams), GRID_MAX_PANES)
+        columns, _, _ = grid_layout(count, width, 10**6)
+        rows = math.ceil(count / columns) if count else 1
+        # The final picture keeps every pane, roomier when there are few rows.
+        pane_height = 16 if rows <= 2 else 10
+        return grid_renderable(self.model, console, width, rows * pane_height + 2)
+
+    def abort(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def stop(self) -> None:
+        self.abort()
+        self.console.print(self.final_picture(self.console))
+        self.console.print(render_summary(self.model))
+
+
+class StreamView:
+    """One stream inline: its tail while running, the whole text at the end."""
+
+    def __init__(self, model: RunModel, console: Console) -> None:
+        self.model = model
+        self.console = console
+        self._live: Live | None = None
+        self.refresh_interval = 1.0 / REFRESH_HZ
+
+    def _renderable(self) -> Group:
+        stream = self.model.streams[0]
+        size = self.console.size
+        height = max(1, size.height - 4)
+        body = tail_text(
+            styled_text(stream.segments(self.model.colorize), max_chars=size.width * height * 2),
+            self.console,
+            size.width,
+            height,
+        )
+        parts: list[RenderableType] = [banner_text(self.model), header_text(stream), body]
+        if stream.note:
+            parts.append(Text(sanitize(stream.note, keep_newlines=False), "red"))
+        return Group(*parts)
+
+    def start(self) -> None:
+        self._live = Live(
+            self._renderable(),
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._renderable(), refresh=True)
+
+    def final_picture(self, console: Console) -> Group:
+        stream = self.model.streams[0]
+        parts: list[RenderableType] = [
+            banner_text(self.model),
+            header_text(stream),
+            styled_text(stream.segments(self.model.colorize)),
+        ]
+        if stream.note:
+            parts.append(Text(sanitize(stream.note, keep_newlines=False), "red"))
+        return Group(*parts)
+
+    def abort(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def stop(self) -> None:
+        self.abort()
+        self.console.print(self.final_picture(self.console))
+        self.console.print(render_summary(self.model))
+
+
+class PlainView:
+    """No live display and no ANSI: each stream's text and the summary at the end."""
+
+    def __init__(self, model: RunModel, console: Console) -> None:
+        self.model = model
+        self.console = console
+        self.refresh_interval = 1.0 / REFRESH_HZ
+
+    def start(self) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def final_picture(self, console: Console) -> Group:
+        # The banner comes last-known: the plugin's hello may arrive mid-run.
+        parts: list[RenderableType] = [banner_text(self.model)]
+        for stream in self.model.streams:
+            parts.append(header_text(stream))
+            parts.append(styled_text(stream.segments(colorize=False), colorize=False))
+            if stream.note:
+                parts.append(Text(sanitize(stream.note, keep_newlines=False)))
+            parts.append(Text(""))
+        return Group(*parts)
+
+    def abort(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.console.print(self.final_picture(self.console))
+        self.console.print(render_summary(self.model))
+
+
+def make_view(kind: str, model: RunModel, console: Console) -> GridView | StreamView | PlainView:
+    if kind == "grid":
+        return GridView(model, console)
+    if kind == "stream":
+        return StreamView(model, console)
+    return PlainView(model, console)

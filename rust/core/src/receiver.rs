@@ -1,0 +1,463 @@
+//! The telemetry socket (Linux): an `AF_UNIX` datagram socket bound at the
+//! run's path with mode 0600 and `SO_PASSCRED`, read by a dedicated thread.
+//! Each datagram's `SCM_CREDENTIALS` are checked: datagrams from another uid
+//! are dropped and counted. Accepted datagrams are pushed, in batches, into a
+//! shared [`Reconciler`]. No Python is involved: the thread never needs the GIL.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::protocol::MAX_FRAME_BYTES;
+use crate::reconcile::Reconciler;
+
+/// Datagrams read per batch before the reconciler is locked once for all.
+const BATCH: usize = 64;
+
+/// Receiver counters.
+#[derive(Debug, Default)]
+pub struct ReceiverCounters {
+    /// Datagrams accepted and pushed to the reconciler.
+    pub received: AtomicU64,
+    /// Bytes of those datagrams.
+    pub bytes: AtomicU64,
+    /// Datagrams from another uid (or without credentials), dropped.
+    pub rejected_uid: AtomicU64,
+    /// Datagrams larger than `MAX_FRAME_BYTES` (rejected as oversized frames).
+    pub oversized: AtomicU64,
+    /// Times the reconciler was locked for a batch.
+    pub batches: AtomicU64,
+    /// recvmsg/poll failures other than EAGAIN/EINTR.
+    pub errors: AtomicU64,
+}
+
+/// A point-in-time copy of the counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    pub received: u64,
+    pub bytes: u64,
+    pub rejected_uid: u64,
+    pub oversized: u64,
+    pub batches: u64,
+    pub errors: u64,
+    /// The socket's receive buffer as the kernel reports it.
+    pub rcvbuf: u64,
+}
+
+/// A bound socket and its reading thread.
+pub struct Receiver {
+    path: PathBuf,
+    fd: libc::c_int,
+    wake: libc::c_int,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<ReceiverCounters>,
+    rcvbuf: u64,
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        if self.0 >= 0 {
+            // SAFETY: we own this descriptor.
+            unsafe { libc::close(self.0) };
+        }
+    }
+}
+
+impl Fd {
+    fn into_raw(mut self) -> libc::c_int {
+        std::mem::replace(&mut self.0, -1)
+    }
+}
+
+fn set_int_opt(fd: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid fd and a pointer to an int of the given size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn get_int_opt(fd: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd, pointers to an int and its length.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(value)
+}
+
+impl Receiver {
+    /// Bind `path` (which must not exist) and start reading into `sink`.
+    /// `rcvbuf` is the requested receive buffer in bytes
+    /// (`SO_RCVBUFFORCE` when permitted, else `SO_RCVBUF`, capped by the kernel).
+    pub fn bind(path: &Path, rcvbuf: usize, sink: Arc<Mutex<Reconciler>>) -> io::Result<Receiver> {
+        let bytes = path.as_os_str().as_bytes();
+        // SAFETY: sockaddr_un is plain old data.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        if bytes.len() >= addr.sun_path.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "socket path of {} bytes does not fit sun_path ({} usable bytes): {}",
+                    bytes.len(),
+                    addr.sun_path.len() - 1,
+                    path.display()
+                ),
+            ));
+        }
+        if CString::new(bytes).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "socket path contains a NUL byte",
+            ));
+        }
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: plain syscalls on descriptors we own.
+        let sock = Fd(cvt(unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        })?);
+        // On Linux the socket file takes the socket inode's mode: 0600 from the start.
+        // SAFETY: valid fd.
+        cvt(unsafe { libc::fchmod(sock.0, 0o600) })?;
+        set_int_opt(sock.0, libc::SO_PASSCRED, 1)?;
+        let want = rcvbuf.min(libc::c_int::MAX as usize) as libc::c_int;
+        // SAFETY: geteuid never fails.
+        let root = unsafe { libc::geteuid() } == 0;
+        if want > 0 && (!root || set_int_opt(sock.0, libc::SO_RCVBUFFORCE, want).is_err()) {
+            set_int_opt(sock.0, libc::SO_RCVBUF, want)?;
+        }
+        let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+        cvt(unsafe { libc::bind(sock.0, (&addr as *const libc::sockaddr_un).cast(), len) })?;
+        // Make sure of the mode even where fchmod before bind is not honoured.
+        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+        let rcvbuf = get_int_opt(sock.0, libc::SO_RCVBUF).unwrap_or(0).max(0) as u64;
+        let mut pipe = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the array.
+        if let Err(e) =
+            cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })
+        {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        let (wake_r, wake_w) = (Fd(pipe[0]), Fd(pipe[1]));
+        let counters = Arc::new(ReceiverCounters::default());
+        let fd = sock.0;
+        let thread_counters = Arc::clone(&counters);
+        let spawned = std::thread::Builder::new()
+            .name("parallelhue-receiver".into())
+            .spawn(move || {
+                let wake_r = wake_r;
+                read_loop(fd, wake_r.0, &sink, &thread_counters);
+            });
+        let thread = match spawned {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
+        Ok(Receiver {
+            path: path.to_path_buf(),
+            fd: sock.into_raw(),
+            wake: wake_w.into_raw(),
+            thread: Some(thread),
+            counters,
+            rcvbuf,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.thread.is_none()
+    }
+
+    pub fn stats(&self) -> ReceiverStats {
+        let c = &self.counters;
+        ReceiverStats {
+            received: c.received.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            rejected_uid: c.rejected_uid.load(Ordering::Relaxed),
+            oversized: c.oversized.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            rcvbuf: self.rcvbuf,
+        }
+    }
+
+    /// Stop the thread (after it has pushed what it already read), close the
+    /// socket and unlink its path. Idempotent.
+    pub fn close(&mut self) -> io::Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        // SAFETY: writing one byte to our pipe.
+        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
+        let _ = thread.join();
+        // SAFETY: closing descriptors we own, once.
+        unsafe {
+            libc::close(self.wake);
+            libc::close(self.fd);
+        }
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// cmsg space for one `ucred`.
+const CMSG_BUF: usize = 64;
+
+/// One datagram's read outcome.
+enum Got {
+    Frame(usize),
+    Foreign,
+    Oversized(usize),
+}
+
+fn recv_one(fd: libc::c_int, buf: &mut [u8], cbuf: &mut [u64; CMSG_BUF / 8]) -> io::Result<Got> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = CMSG_BUF as _;
+    // MSG_TRUNC: the return value is the datagram's real length.
+    // SAFETY: valid fd and msghdr.
+    let n = unsafe {
+        libc::recvmsg(
+            fd,
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: geteuid never fails.
+    let me = unsafe { libc::geteuid() };
+    let mut uid = None;
+    // SAFETY: walking the control buffer the kernel filled, with the libc macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                uid = Some(cred.uid);
+            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                // Close any descriptor a sender tried to pass us.
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                    let fd: libc::c_int =
+                        std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                    libc::close(fd);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if uid != Some(me) {
+        return Ok(Got::Foreign);
+    }
+    if n > MAX_FRAME_BYTES {
+        return Ok(Got::Oversized(n));
+    }
+    Ok(Got::Frame(n))
+}
+
+fn read_loop(
+    fd: libc::c_int,
+    wake: libc::c_int,
+    sink: &Mutex<Reconciler>,
+    counters: &ReceiverCounters,
+) {
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
+    let mut lens: Vec<usize> = Vec::with_capacity(BATCH);
+    let mut oversized: Vec<usize> = Vec::new();
+    let mut cbuf = [0u64; CMSG_BUF / 8];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let stop = fds[1].revents != 0;
+        // Read everything queued, a batch at a time (also when stopping: what
+        // was sent before close() is not lost).
+        loop {
+            lens.clear();
+            oversized.clear();
+            let mut again = false;
+            while lens.len() < BATCH {
+                let i = lens.len();
+                match recv_one(fd, &mut bufs[i], &mut cbuf) {
+                    Ok(Got::Frame(n)) => lens.push(n),
+                    Ok(Got::Oversized(n)) => {
+                        counters.oversized.fetch_add(1, Ordering::Relaxed);
+                        oversized.push(n);
+                    }
+                    Ok(Got::Foreign) => {
+                        counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        again = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        again = true;
+                        break;
+                    }
+                }
+            }
+            if !lens.is_empty() || !oversized.is_empty() {
+                let total: usize = lens.iter().sum();
+                if let Ok(mut r) = sink.lock() {
+                    for (buf, &n) in bufs.iter().zip(&lens) {
+                        r.push_frame(&buf[..n]);
+                    }
+                    for &n in &oversized {
+                        r.reject(format!(
+                            "oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"
+                        ));
+                    }
+                }
+                counters
+                    .received
+                    .fetch_add(lens.len() as u64, Ordering::Relaxed);
+                counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
+                counters.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            if again {
+                break;
+            }
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode::{HelloFields, Sender};
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixDatagram;
+
+    fn tmp_path(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ph-recv-{}-{name}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        dir.join("r.sock")
+    }
+
+    #[test]
+    fn frames_reach_the_reconciler_and_close_unlinks() {
+        let path = tmp_path("basic");
+        let _ = std::fs::remove_file(&path);
+        let run = [3u8; 16];
+        let rec = Arc::new(Mutex::new(Reconciler::with_run_id(run, 2)));
+        let mut rx = Receiver::bind(&path, 1 << 20, Arc::clone(&rec)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let tx = UnixDatagram::unbound().unwrap();
+        let mut s = Sender::new(run, 9);
+        tx.send_to(&s.hello(&HelloFields::simulated(1, 2)), &path)
+            .unwrap();
+        tx.send_to(b"garbage", &path).unwrap();
+        rx.close().unwrap();
+        assert!(!path.exists());
+        let st = rx.stats();
+        assert_eq!((st.received, st.rejected_uid), (2, 0));
+        assert!(st.rcvbuf > 0);
+        let r = rec.lock().unwrap();
+        assert_eq!(r.sources().len(), 1);
+        assert_eq!(r.counters().rejected_frames, 1);
+        assert_eq!(r.counters().frames, 2);
+    }
+
+    #[test]
+    fn existing_path_is_an_error() {
+        let path = tmp_path("exists");
+        std::fs::write(&path, b"x").unwrap();
+        let rec = Arc::new(Mutex::new(Reconciler::with_run_id([0; 16], 1)));
+        let e = Receiver::bind(&path, 0, rec).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn long_path_is_an_error_naming_the_limit() {
+        let path = PathBuf::from(format!("/tmp/{}", "x".repeat(120)));
+        let rec = Arc::new(Mutex::new(Reconciler::with_run_id([0; 16], 1)));
+        let e = Receiver::bind(&path, 0, rec).err().unwrap();
+        assert!(e.to_string().contains("107 usable bytes"), "{e}");
+    }
+}

@@ -1,0 +1,577 @@
+//! Incremental Server-Sent Events parsing (the WHATWG event-stream grammar)
+//! and extraction of an OpenAI chat/completions streaming chunk.
+//!
+//! Bytes may arrive split anywhere (inside a line, a CRLF pair or a UTF-8
+//! character). Lines end with CRLF, LF or CR; `:` starts a comment; `data:`
+//! lines of one event are joined with `\n`; a blank line dispatches the event.
+//! `data: [DONE]` ends an OpenAI stream. Malformed input yields a precise
+//! [`SseError`] for that event and parsing goes on with the next one; nothing
+//! panics. Memory is bounded by [`MAX_LINE_BYTES`] and [`MAX_EVENT_BYTES`].
+
+use std::fmt;
+
+use serde_json::Value;
+
+/// Longest line kept; longer ones are reported and skipped.
+pub const MAX_LINE_BYTES: usize = 8 << 20;
+/// Most data bytes in one event.
+pub const MAX_EVENT_BYTES: usize = 16 << 20;
+
+/// An error in the event stream or in a chunk's JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SseError {
+    /// A line longer than [`MAX_LINE_BYTES`] (1-based line number).
+    LineTooLong { line: u64 },
+    /// An event whose data exceeds [`MAX_EVENT_BYTES`].
+    EventTooLarge { line: u64 },
+    /// A line that is not valid UTF-8.
+    InvalidUtf8 { line: u64 },
+    /// The stream ended inside an event (data without the blank line).
+    Unterminated,
+    /// The data of an event is not JSON.
+    Json { message: String },
+    /// The JSON is not a chunk: `path` says where, `expected` what.
+    Shape {
+        path: String,
+        expected: &'static str,
+    },
+    /// The server reported an error inside the stream.
+    Server { message: String },
+}
+
+impl fmt::Display for SseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SseError::LineTooLong { line } => {
+                write!(f, "SSE line {line} longer than {MAX_LINE_BYTES} bytes")
+            }
+            SseError::EventTooLarge { line } => write!(
+                f,
+                "SSE event ending at line {line} has more than {MAX_EVENT_BYTES} data bytes"
+            ),
+            SseError::InvalidUtf8 { line } => write!(f, "invalid UTF-8 in SSE line {line}"),
+            SseError::Unterminated => {
+                f.write_str("SSE stream ended inside an event (no blank line after its data)")
+            }
+            SseError::Json { message } => write!(f, "invalid JSON in SSE data: {message}"),
+            SseError::Shape { path, expected } => {
+                write!(f, "invalid SSE chunk: {path} must be {expected}")
+            }
+            SseError::Server { message } => write!(f, "server error in SSE stream: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for SseError {}
+
+/// One dispatched event of the event stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawEvent {
+    /// The `event:` field, empty for the default (`message`).
+    pub event: String,
+    /// The data lines joined with `\n`.
+    pub data: String,
+    /// The last `id:` seen, if any.
+    pub id: Option<String>,
+}
+
+/// Incremental event-stream parser.
+#[derive(Debug, Default)]
+pub struct EventParser {
+    line: Vec<u8>,
+    /// The previous chunk ended with CR: a leading LF is that line's end.
+    after_cr: bool,
+    /// Discarding the rest of an over-long line.
+    skipping: bool,
+    started: bool,
+    line_no: u64,
+    data: String,
+    has_data: bool,
+    too_large: bool,
+    event: String,
+    id: Option<String>,
+}
+
+impl EventParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed bytes; complete events (or errors) are appended to `out`.
+    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Result<RawEvent, SseError>>) {
+        if self.after_cr {
+            self.after_cr = false;
+            if let Some(b'\n') = bytes.first() {
+                bytes = &bytes[1..];
+            }
+        }
+        while !bytes.is_empty() {
+            match memchr2(bytes) {
+                Some(i) => {
+                    self.push_line_bytes(&bytes[..i], out);
+                    self.end_line(out);
+                    if bytes[i] == b'\r' {
+                        match bytes.get(i + 1) {
+                            Some(b'\n') => bytes = &bytes[i + 2..],
+                            Some(_) => bytes = &bytes[i + 1..],
+                            None => {
+                                self.after_cr = true;
+                                bytes = &[];
+                            }
+                        }
+                    } else {
+                        bytes = &bytes[i + 1..];
+                    }
+                }
+                None => {
+                    self.push_line_bytes(bytes, out);
+                    bytes = &[];
+                }
+            }
+        }
+    }
+
+    /// The stream ended: an unterminated event is an error (and discarded).
+    pub fn finish(&mut self, out: &mut Vec<Result<RawEvent, SseError>>) {
+        if !self.line.is_empty() || self.skipping {
+            self.end_line(out);
+        }
+        if self.has_data {
+            out.push(Err(SseError::Unterminated));
+        }
+        self.reset_event();
+    }
+
+    fn push_line_bytes(&mut self, b: &[u8], out: &mut Vec<Result<RawEvent, SseError>>) {
+        if self.skipping {
+            return;
+        }
+        if self.line.len() + b.len() > MAX_LINE_BYTES {
+            self.line.clear();
+            self.skipping = true;
+            out.push(Err(SseError::LineTooLong {
+                line: self.line_no + 1,
+            }));
+            return;
+        }
+        self.line.extend_from_slice(b);
+    }
+
+    fn end_line(&mut self, out: &mut Vec<Result<RawEvent, SseError>>) {
+        self.line_no += 1;
+        if self.skipping {
+            self.skipping = false;
+            self.line.clear();
+            return;
+        }
+        let line = std::mem::take(&mut self.line);
+        let mut text = match std::str::from_utf8(&line) {
+            Ok(t) => t,
+            Err(_) => {
+                out.push(Err(SseError::InvalidUtf8 { line: self.line_no }));
+                self.line = line;
+                self.line.clear();
+                return;
+            }
+        };
+        if !self.started {
+            self.started = true;
+            text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        }
+        if text.is_empty() {
+            self.dispatch(out);
+        } else if !text.starts_with(':') {
+            let (field, value) = match text.find(':') {
+                Some(i) => {
+                    let v = &text[i + 1..];
+                    (&text[..i], v.strip_prefix(' ').unwrap_or(v))
+                }
+                None => (text, ""),
+            };
+            match field {
+                "data" => {
+                    if self.data.len() + value.len() + 1 > MAX_EVENT_BYTES {
+                        self.too_large = true;
+                    } else {
+                        self.data.push_str(value);
+                        self.data.push('\n');
+                    }
+                    self.has_data = true;
+                }
+                "event" => self.event = value.to_owned(),
+                "id" if !value.contains('\0') => self.id = Some(value.to_owned()),
+                _ => {}
+            }
+        }
+        // Reuse the line's allocation.
+        self.line = line;
+        self.line.clear();
+    }
+
+    fn dispatch(&mut self, out: &mut Vec<Result<RawEvent, SseError>>) {
+        if self.too_large {
+            out.push(Err(SseError::EventTooLarge { line: self.line_no }));
+        } else if self.has_data {
+            let mut data = std::mem::take(&mut self.data);
+            data.pop();
+            out.push(Ok(RawEvent {
+                event: std::mem::take(&mut self.event),
+                data,
+                id: self.id.clone(),
+            }));
+        }
+        self.reset_event();
+    }
+
+    fn reset_event(&mut self) {
+        self.data.clear();
+        self.has_data = false;
+        self.too_large = false;
+        self.event.clear();
+    }
+}
+
+#[inline]
+fn memchr2(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n' || c == b'\r')
+}
+
+/// One choice of a streaming chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Choice {
+    pub index: u32,
+    /// `delta.content` (chat) or `text` (completions); empty when absent or null.
+    pub text: String,
+    /// `token_ids` of the choice (or of its delta); None when absent or null.
+    pub token_ids: Option<Vec<u32>>,
+    pub finish_reason: Option<String>,
+}
+
+/// Token usage, when the chunk carries it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+}
+
+/// A chat/completions streaming chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chunk {
+    pub id: Option<String>,
+    pub choices: Vec<Choice>,
+    pub usage: Option<Usage>,
+}
+
+/// A parsed event of an OpenAI stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SseEvent {
+    Chunk(Chunk),
+    /// `data: [DONE]`.
+    Done,
+    /// An event with a non-default `event:` type, passed through.
+    Other {
+        event: String,
+        data: String,
+    },
+}
+
+fn shape(path: impl Into<String>, expected: &'static str) -> SseError {
+    SseError::Shape {
+        path: path.into(),
+        expected,
+    }
+}
+
+fn opt_str(v: Option<&Value>, path: impl FnOnce() -> String) -> Result<Option<String>, SseError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(shape(path(), "a string or null")),
+    }
+}
+
+fn opt_u64(v: Option<&Value>, path: impl FnOnce() -> String) -> Result<Option<u64>, SseError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| shape(path(), "a non-negative integer")),
+        Some(_) => Err(shape(path(), "a non-negative integer")),
+    }
+}
+
+/// Extract a chunk from an event's `data:` payload.
+pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
+    let v: Value = serde_json::from_str(data).map_err(|e| SseError::Json {
+        message: e.to_string(),
+    })?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| shape("the data", "a JSON object"))?;
+    if let Some(err) = obj.get("error") {
+        let message = err
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| err.to_string());
+        return Err(SseError::Server { message });
+    }
+    if obj.get("object").and_then(Value::as_str) == Some("error") {
+        let message = obj
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string());
+        return Err(SseError::Server { message });
+    }
+    let id = opt_str(obj.get("id"), || "id".to_owned())?;
+    let choices = match obj.get("choices") {
+        None => return Err(shape("choices", "present")),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(shape("choices", "an array")),
+    };
+    let mut out = Vec::with_capacity(choices.len());
+    for (i, c) in choices.iter().enumerate() {
+        out.push(parse_choice(i, c)?);
+    }
+    let usage = match obj.get("usage") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(u)) => Some(Usage {
+            prompt_tokens: opt_u64(u.get("prompt_tokens"), || "usage.prompt_tokens".into())?,
+            completion_tokens: opt_u64(u.get("completion_tokens"), || {
+                "usage.completion_tokens".into()
+            })?,
+            total_tokens: opt_u64(u.get("total_tokens"), || "usage.total_tokens".into())?,
+        }),
+        Some(_) => return Err(shape("usage", "an object or null")),
+    };
+    Ok(Chunk {
+        id,
+        choices: out,
+        usage,
+    })
+}
+
+fn parse_choice(i: usize, c: &Value) -> Result<Choice, SseError> {
+    let c = c
+        .as_object()
+        .ok_or_else(|| shape(format!("choices[{i}]"), "an object"))?;
+    let index = match c.get("index") {
+        Some(Value::Number(n)) => {
+            n.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| {
+                    shape(
+                        format!("choices[{i}].index"),
+                        "an integer in 0..=4294967295",
+                    )
+                })?
+        }
+        None => return Err(shape(format!("choices[{i}].index"), "present")),
+        Some(_) => {
+            return Err(shape(
+                format!("choices[{i}].index"),
+                "an integer in 0..=4294967295",
+            ))
+        }
+    };
+    let delta = match c.get("delta") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(d)) => Some(d),
+        Some(_) => return Err(shape(format!("choices[{i}].delta"), "an object")),
+    };
+    let text = match delta {
+        Some(d) => opt_str(d.get("content"), || format!("choices[{i}].delta.content"))?,
+        None => opt_str(c.get("text"), || format!("choices[{i}].text"))?,
+    }
+    .unwrap_or_default();
+    let (ids_value, ids_path) = match c.get("token_ids") {
+        Some(v) => (Some(v), "token_ids"),
+        None => (delta.and_then(|d| d.get("token_ids")), "delta.token_ids"),
+    };
+    let token_ids = match ids_value {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => {
+            let mut ids = Vec::with_capacity(a.len());
+            for (j, t) in a.iter().enumerate() {
+                let id = t
+                    .as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        shape(
+                            format!("choices[{i}].{ids_path}[{j}]"),
+                            "an integer in 0..=4294967295",
+                        )
+                    })?;
+                ids.push(id);
+            }
+            Some(ids)
+        }
+        Some(_) => {
+            return Err(shape(
+                format!("choices[{i}].{ids_path}"),
+                "an array of integers or null",
+            ))
+        }
+    };
+    let finish_reason = opt_str(c.get("finish_reason"), || {
+        format!("choices[{i}].finish_reason")
+    })?;
+    Ok(Choice {
+        index,
+        text,
+        token_ids,
+        finish_reason,
+    })
+}
+
+/// Event-stream parsing plus chunk extraction.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    events: EventParser,
+    raw: Vec<Result<RawEvent, SseError>>,
+}
+
+impl SseParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed bytes; returns the events completed by them, in order.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Result<SseEvent, SseError>> {
+        self.events.feed(bytes, &mut self.raw);
+        self.convert()
+    }
+
+    /// The body ended.
+    pub fn finish(&mut self) -> Vec<Result<SseEvent, SseError>> {
+        self.events.finish(&mut self.raw);
+        self.convert()
+    }
+
+    fn convert(&mut self) -> Vec<Result<SseEvent, SseError>> {
+        self.raw
+            .drain(..)
+            .map(|r| {
+                let ev = r?;
+                if !ev.event.is_empty() && ev.event != "message" {
+                    return Ok(SseEvent::Other {
+                        event: ev.event,
+                        data: ev.data,
+                    });
+                }
+                if ev.data.trim() == "[DONE]" {
+                    return Ok(SseEvent::Done);
+                }
+                parse_chunk(&ev.data).map(SseEvent::Chunk)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(parts: &[&[u8]]) -> Vec<Result<SseEvent, SseError>> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        for part in parts {
+            out.extend(p.feed(part));
+        }
+        out.extend(p.finish());
+        out
+    }
+
+    const CHAT: &str = "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"h\u{e9}\"},\"token_ids\":[5,6],\"finish_reason\":null}]}\n\n";
+
+    #[test]
+    fn chat_chunk_split_everywhere() {
+        let whole = format!("{CHAT}: keep-alive\r\n\r\ndata: [DONE]\r\n\r\n");
+        let b = whole.as_bytes();
+        for cut in 0..b.len() {
+            let ev = feed_all(&[&b[..cut], &b[cut..]]);
+            assert_eq!(ev.len(), 2, "cut {cut}");
+            match &ev[0] {
+                Ok(SseEvent::Chunk(c)) => {
+                    assert_eq!(c.id.as_deref(), Some("c1"));
+                    assert_eq!(c.choices[0].text, "h\u{e9}");
+                    assert_eq!(c.choices[0].token_ids, Some(vec![5, 6]));
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(ev[1], Ok(SseEvent::Done));
+        }
+        // Byte by byte.
+        let parts: Vec<&[u8]> = b.chunks(1).collect();
+        assert_eq!(feed_all(&parts).len(), 2);
+    }
+
+    #[test]
+    fn cr_only_and_multiline_data() {
+        let ev = feed_all(&[b"data: {\"choices\":\r", b"data: []}\r\r"]);
+        assert_eq!(
+            ev,
+            vec![Ok(SseEvent::Chunk(Chunk {
+                id: None,
+                choices: vec![],
+                usage: None
+            }))]
+        );
+    }
+
+    #[test]
+    fn completions_usage_and_finish() {
+        let ev = feed_all(&[b"data: {\"choices\":[{\"index\":1,\"text\":\"x\",\"token_ids\":[1],\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n"]);
+        let Ok(SseEvent::Chunk(c)) = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(c.choices[0].index, 1);
+        assert_eq!(c.choices[0].finish_reason.as_deref(), Some("stop"));
+        assert_eq!(c.usage.as_ref().unwrap().total_tokens, Some(4));
+    }
+
+    #[test]
+    fn errors_are_precise_and_recoverable() {
+        let ev = feed_all(&[
+            b"data: {nope\n\n",
+            b"data: {\"choices\":[{\"index\":0,\"token_ids\":[1,-2]}]}\n\n",
+            b"data: \xff\n\n",
+            b"data: {\"error\":{\"message\":\"boom\"}}\n\n",
+            b"data: [DONE]\n\n",
+            b"data: {}",
+        ]);
+        let msgs: Vec<String> = ev
+            .iter()
+            .map(|e| match e {
+                Ok(x) => format!("{x:?}"),
+                Err(e) => e.to_string(),
+            })
+            .collect();
+        assert_eq!(
+            msgs,
+            vec![
+                "invalid JSON in SSE data: key must be a string at line 1 column 2",
+                "invalid SSE chunk: choices[0].token_ids[1] must be an integer in 0..=4294967295",
+                "invalid UTF-8 in SSE line 5",
+                "server error in SSE stream: boom",
+                "Done",
+                "SSE stream ended inside an event (no blank line after its data)",
+            ]
+        );
+    }
+
+    #[test]
+    fn other_events_and_bom() {
+        let ev = feed_all(&[b"\xef\xbb\xbfevent: ping\ndata: 1\n\n"]);
+        assert_eq!(
+            ev,
+            vec![Ok(SseEvent::Other {
+                event: "ping".into(),
+                data: "1".into()
+            })]
+        );
+    }
+}

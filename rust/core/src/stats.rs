@@ -1,0 +1,151 @@
+//! Per-stream and run statistics (docs/PROTOCOL.md "Statistics").
+
+use crate::protocol::{ROLE_ACCEPTED, ROLE_BONUS, ROLE_PLAIN, ROLE_TARGET};
+
+/// Statistics of one stream, or their sum over the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Confirmed tokens of settled records.
+    pub tokens: u64,
+    /// Settled records with at least one confirmed token.
+    pub steps: u64,
+    /// `hist[n]`: settled records with `n` confirmed tokens (grown on demand).
+    pub hist: Vec<u64>,
+    pub drafts_scheduled: u64,
+    pub drafts_padded: u64,
+    pub plain: u64,
+    pub accepted: u64,
+    pub target: u64,
+    pub bonus: u64,
+    pub surplus_tokens: u64,
+    pub surplus_accepted: u64,
+    pub surplus_target: u64,
+    pub surplus_bonus: u64,
+    pub surplus_plain: u64,
+    /// Span events whose step is None.
+    pub mixed_spans: u64,
+    /// Bytes in span events.
+    pub bytes: u64,
+}
+
+/// The keys of a stats dict, in the protocol's order.
+pub const STAT_KEYS: [&str; 16] = [
+    "tokens",
+    "steps",
+    "hist",
+    "drafts_scheduled",
+    "drafts_padded",
+    "plain",
+    "accepted",
+    "target",
+    "bonus",
+    "surplus_tokens",
+    "surplus_accepted",
+    "surplus_target",
+    "surplus_bonus",
+    "surplus_plain",
+    "mixed_spans",
+    "bytes",
+];
+
+impl Stats {
+    /// Account one settled provenance record: `roles[..confirmed]` are its
+    /// confirmed tokens, the rest surplus.
+    pub fn settle(&mut self, roles: impl Iterator<Item = u8>, confirmed: usize, ds: u16, dp: u16) {
+        if confirmed > 0 {
+            self.steps += 1;
+        }
+        if self.hist.len() <= confirmed {
+            self.hist.resize(confirmed + 1, 0);
+        }
+        self.hist[confirmed] += 1;
+        self.drafts_scheduled += u64::from(ds);
+        self.drafts_padded += u64::from(dp);
+        self.tokens += confirmed as u64;
+        for (i, role) in roles.enumerate() {
+            if i < confirmed {
+                match role {
+                    ROLE_PLAIN => self.plain += 1,
+                    ROLE_ACCEPTED => self.accepted += 1,
+                    ROLE_TARGET => self.target += 1,
+                    ROLE_BONUS => self.bonus += 1,
+                    _ => {}
+                }
+            } else {
+                self.surplus_tokens += 1;
+                match role {
+                    ROLE_PLAIN => self.surplus_plain += 1,
+                    ROLE_ACCEPTED => self.surplus_accepted += 1,
+                    ROLE_TARGET => self.surplus_target += 1,
+                    ROLE_BONUS => self.surplus_bonus += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Add another stream's statistics.
+    pub fn add(&mut self, o: &Stats) {
+        self.tokens += o.tokens;
+        self.steps += o.steps;
+        if self.hist.len() < o.hist.len() {
+            self.hist.resize(o.hist.len(), 0);
+        }
+        for (a, b) in self.hist.iter_mut().zip(&o.hist) {
+            *a += *b;
+        }
+        self.drafts_scheduled += o.drafts_scheduled;
+        self.drafts_padded += o.drafts_padded;
+        self.plain += o.plain;
+        self.accepted += o.accepted;
+        self.target += o.target;
+        self.bonus += o.bonus;
+        self.surplus_tokens += o.surplus_tokens;
+        self.surplus_accepted += o.surplus_accepted;
+        self.surplus_target += o.surplus_target;
+        self.surplus_bonus += o.surplus_bonus;
+        self.surplus_plain += o.surplus_plain;
+        self.mixed_spans += o.mixed_spans;
+        self.bytes += o.bytes;
+    }
+
+    /// `(tokens per record, records)` for every non-zero histogram bin.
+    pub fn hist_items(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.hist
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n != 0)
+            .map(|(k, &n)| (k, n))
+    }
+
+    /// accepted / (drafts_scheduled − drafts_padded), when that is non-zero.
+    pub fn acceptance_rate(&self) -> Option<f64> {
+        let d = self.drafts_scheduled.saturating_sub(self.drafts_padded);
+        (d != 0).then(|| self.accepted as f64 / d as f64)
+    }
+}
+
+/// Run counters (docs/PROTOCOL.md "Statistics").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Every datagram pushed, rejected ones included.
+    pub frames: u64,
+    pub rejected_frames: u64,
+    pub duplicate_frames: u64,
+    pub foreign_records: u64,
+    pub dropped_reported: u64,
+    pub gaps: u64,
+}
+
+impl Counters {
+    pub fn items(&self) -> [(&'static str, u64); 6] {
+        [
+            ("frames", self.frames),
+            ("rejected_frames", self.rejected_frames),
+            ("duplicate_frames", self.duplicate_frames),
+            ("foreign_records", self.foreign_records),
+            ("dropped_reported", self.dropped_reported),
+            ("gaps", self.gaps),
+        ]
+    }
+}

@@ -1,0 +1,850 @@
+//! Reconciler behaviour (docs/PROTOCOL.md "Reconciliation"), edge cases first.
+
+use parallelhue_core::encode::{HelloFields, Sender, TextRec, TextTok};
+use parallelhue_core::protocol::ProvRecord;
+use parallelhue_core::reconcile::{Event, Reconciler, Verdict, ROLE_FRONTEND, ROLE_SCHEDULER};
+use parallelhue_core::workload::{feed_inputs, generate, WorkloadConfig};
+
+const RUN: &str = "00112233445566778899aabbccddeeff";
+const A: u8 = 1; // accepted
+const T: u8 = 2; // target
+const B: u8 = 3; // bonus
+const P: u8 = 0; // plain
+
+struct Run {
+    r: Reconciler,
+    sched: Sender,
+    front: Sender,
+    step: u64,
+}
+
+fn run_id() -> [u8; 16] {
+    parallelhue_core::reconcile::parse_run_id(RUN).unwrap()
+}
+
+impl Run {
+    fn new(streams: u32) -> Run {
+        let mut run = Run {
+            r: Reconciler::new(RUN, streams).unwrap(),
+            sched: Sender::new(run_id(), 0xaaaa),
+            front: Sender::new(run_id(), 0xbbbb),
+            step: 1,
+        };
+        let h = run.sched.hello(&HelloFields::simulated(ROLE_SCHEDULER, 3));
+        run.r.push_frame(&h);
+        let h = run.front.hello(&HelloFields::simulated(ROLE_FRONTEND, 3));
+        run.r.push_frame(&h);
+        run
+    }
+
+    /// Provenance for one stream: (offset, ids, roles, drafts_scheduled, flags).
+    fn prov(&mut self, stream: u16, offset: u32, ids: &[u32], roles: &[u8], ds: u16, flags: u8) {
+        let rec = ProvRecord {
+            stream,
+            flags,
+            finish_reason: if flags & 1 != 0 { 1 } else { 0 },
+            offset,
+            drafts_scheduled: ds,
+            drafts_padded: 0,
+            token_ids: ids.to_vec(),
+            roles: roles.to_vec(),
+        };
+        let f = self.sched.provenance(self.step, &[rec]);
+        self.step += 1;
+        self.r.push_frame(&f);
+    }
+
+    /// Text for one stream: tokens (id, fragment, span_back), http delta, flags.
+    fn text(&mut self, stream: u16, offset: u32, toks: &[(u32, &str, u8)], http: &str, flags: u8) {
+        self.text_raw(stream, offset, toks, http.as_bytes(), flags, 0)
+    }
+
+    fn text_raw(
+        &mut self,
+        stream: u16,
+        offset: u32,
+        toks: &[(u32, &str, u8)],
+        http: &[u8],
+        flags: u8,
+        trimmed: u16,
+    ) {
+        let rec = TextRec {
+            stream,
+            flags,
+            finish_reason: if flags & 1 != 0 { 1 } else { 0 },
+            offset,
+            trimmed_tokens: trimmed,
+            tokens: toks
+                .iter()
+                .map(|(id, frag, back)| TextTok {
+                    token_id: *id,
+                    fragment: frag.as_bytes().to_vec(),
+                    span_back: *back,
+                })
+                .collect(),
+            http: http.to_vec(),
+        };
+        let f = self.front.text(self.step, &[rec]);
+        self.r.push_frame(&f);
+    }
+
+    fn sse(&mut self, stream: u16, text: &str, ids: &[u32]) {
+        self.r.push_sse(stream, text, ids);
+    }
+
+    fn events(&mut self) -> Vec<Event> {
+        self.r.drain()
+    }
+}
+
+fn span(stream: u16, start: u64, text: &str, step: Option<u32>, first: u64, n: u32) -> Event {
+    Event::Span {
+        stream,
+        byte_start: start,
+        text: text.into(),
+        step,
+        first_offset: first,
+        n_tokens: n,
+    }
+}
+
+fn failed(stream: u16, reason: &str) -> Event {
+    Event::Failed {
+        stream,
+        reason: reason.into(),
+    }
+}
+
+fn last_failure(ev: &[Event]) -> String {
+    ev.iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::Failed { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn argument_errors() {
+    let msg = |e: parallelhue_core::reconcile::ArgError| e.to_string();
+    assert_eq!(
+        msg(Reconciler::new("ABC", 1).err().unwrap()),
+        "invalid run id 'ABC': expected 32 lowercase hex characters"
+    );
+    assert_eq!(
+        msg(Reconciler::new(RUN, 0).err().unwrap()),
+        "num_streams 0 out of range 1..=65535"
+    );
+    let r = Reconciler::new(RUN, 2).unwrap();
+    assert_eq!(
+        msg(r.check_stream(2).unwrap_err()),
+        "stream 2 out of range 0..2"
+    );
+    assert_eq!(r.check_stream(1), Ok(1));
+}
+
+#[test]
+fn multibyte_char_split_across_tokens_of_one_step() {
+    let mut run = Run::new(1);
+    // "é" = c3 a9 split over tokens 11 and 12 of one step.
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.prov(0, 1, &[11, 12, 13], &[A, A, T], 3, 1);
+    run.text(0, 0, &[(10, "a", 0)], "a", 0);
+    run.text(
+        0,
+        1,
+        &[(11, "", 0), (12, "\u{e9}", 1), (13, "b", 0)],
+        "\u{e9}b",
+        1,
+    );
+    run.sse(0, "a", &[10]);
+    run.sse(0, "\u{e9}b", &[11, 12, 13]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "a", Some(0), 0, 1),
+            span(0, 1, "\u{e9}", Some(1), 1, 2),
+            span(0, 3, "b", Some(1), 3, 1),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    let st = run.r.stream_stats(0);
+    assert_eq!(
+        (st.tokens, st.steps, st.accepted, st.target, st.plain),
+        (4, 2, 2, 1, 1)
+    );
+    assert_eq!(st.hist, vec![0, 1, 0, 1]);
+    assert_eq!((st.bytes, st.mixed_spans), (4, 0));
+}
+
+#[test]
+fn char_split_across_steps_is_a_mixed_span_and_sse_releases_it_later() {
+    let mut run = Run::new(1);
+    // "漢" = e6 bc a2: first byte in step 0, the rest in step 1.
+    run.prov(0, 0, &[20], &[P], 0, 0);
+    run.text(0, 0, &[(20, "", 0)], "", 0);
+    run.sse(0, "", &[20]); // SSE chunk with content "" and a token id
+    assert_eq!(run.events(), vec![]);
+    run.prov(0, 1, &[21, 22], &[A, B], 1, 1);
+    run.text(0, 1, &[(21, "\u{6f22}", 1), (22, "!", 0)], "\u{6f22}!", 1);
+    assert_eq!(
+        run.events(),
+        vec![],
+        "nothing proven before SSE has the bytes"
+    );
+    run.sse(0, "\u{6f22}!", &[21, 22]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "\u{6f22}", None, 0, 2),
+            span(0, 3, "!", Some(1), 2, 1),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    assert_eq!(run.r.stream_stats(0).mixed_spans, 1);
+    assert_eq!(run.r.stream_stats(0).bonus, 1);
+}
+
+#[test]
+fn sse_may_lag_by_bytes_within_a_character() {
+    // SSE text arrives in pieces that do not align with tokens.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1, 2], &[A, T], 2, 1);
+    run.text(0, 0, &[(1, "ab", 0), (2, "cd", 0)], "abcd", 1);
+    run.sse(0, "a", &[1]);
+    assert_eq!(run.events(), vec![]);
+    run.sse(0, "bc", &[2]);
+    assert_eq!(run.events(), vec![span(0, 0, "ab", Some(0), 0, 1)]);
+    run.sse(0, "d", &[]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![span(0, 2, "cd", Some(0), 1, 1), Event::Exact { stream: 0 }]
+    );
+}
+
+#[test]
+fn stop_trim_0_26_keeps_ids_truncates_text() {
+    // vLLM 0.26: the ids after the stop string stay, the text is cut.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1, 2, 3], &[A, A, T], 3, 0);
+    run.text(
+        0,
+        0,
+        &[(1, "ab", 0), (2, "cST", 0), (3, "OP", 0)],
+        "abc"
+            .as_bytes()
+            .iter()
+            .map(|&b| b as char)
+            .collect::<String>()
+            .as_str(),
+        1 | 2,
+    );
+    run.sse(0, "abc", &[1, 2, 3]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "ab", Some(0), 0, 1),
+            span(0, 2, "c", Some(0), 1, 1),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    let st = run.r.stream_stats(0);
+    assert_eq!((st.tokens, st.surplus_tokens, st.bytes), (3, 0, 3));
+    // The scheduler ran one more step before the abort: ignored after exact.
+    run.prov(0, 3, &[4], &[T], 1, 1);
+    assert_eq!(run.events(), vec![]);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+}
+
+#[test]
+fn stop_trim_0_33_deletes_surplus_tokens() {
+    // vLLM >= 0.32: tokens after the stop string are deleted from T and SSE;
+    // the scheduler's record still has them: surplus.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1, 2, 3, 4], &[A, A, A, B], 3, 0);
+    run.prov(0, 4, &[5], &[T], 2, 0);
+    run.text_raw(0, 0, &[(1, "ab", 0), (2, "cS", 0)], b"abc", 1 | 2 | 4, 2);
+    run.sse(0, "abc", &[1, 2]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "ab", Some(0), 0, 1),
+            span(0, 2, "c", Some(0), 1, 1),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    let st = run.r.stream_stats(0);
+    assert_eq!((st.tokens, st.steps), (2, 1));
+    assert_eq!(
+        (st.accepted, st.surplus_tokens, st.surplus_accepted),
+        (2, 3, 1)
+    );
+    assert_eq!((st.surplus_bonus, st.surplus_target), (1, 1));
+    assert_eq!(st.hist, vec![1, 0, 1]);
+    assert_eq!(st.drafts_scheduled, 5);
+}
+
+#[test]
+fn surplus_arriving_after_the_truncated_finish_settles() {
+    let mut run = Run::new(1);
+    run.text_raw(0, 0, &[(1, "ab", 0)], b"ab", 1 | 2 | 4, 1);
+    run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+    run.prov(0, 2, &[3], &[T], 3, 0);
+    let st = run.r.stream_stats(0);
+    assert_eq!(st.tokens, 0, "not settled: SSE has not confirmed token 0");
+    run.sse(0, "ab", &[1]);
+    let st = run.r.stream_stats(0);
+    assert_eq!((st.tokens, st.surplus_tokens, st.steps), (1, 2, 1));
+    assert_eq!(st.hist, vec![1, 1]);
+    run.r.finish_sse(0);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+}
+
+#[test]
+fn provenance_beyond_the_end_without_truncation_fails() {
+    let mut run = Run::new(2);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 0: provenance beyond the end of the request at offset 1"
+    );
+    run.prov(1, 0, &[1, 2], &[A, T], 3, 0);
+    run.text(1, 0, &[(1, "a", 0)], "a", 1);
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 1: provenance beyond the end of the request at offset 1"
+    );
+}
+
+#[test]
+fn token_mismatches() {
+    let mut run = Run::new(3);
+    run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+    run.text(0, 0, &[(1, "a", 0), (9, "b", 0)], "ab", 0);
+    assert_eq!(
+        run.events(),
+        vec![failed(
+            0,
+            "token mismatch at offset 1: scheduler 2, detokenizer 9"
+        )]
+    );
+    run.text(1, 0, &[(1, "a", 0), (2, "b", 0)], "ab", 0);
+    run.sse(1, "ab", &[1, 7]);
+    assert_eq!(
+        run.events(),
+        vec![failed(
+            1,
+            "token mismatch at offset 1: detokenizer 2, SSE 7"
+        )]
+    );
+    // SSE first, then text; the scheduler vs SSE pair alone is never compared.
+    run.sse(2, "", &[5]);
+    run.prov(2, 0, &[6], &[T], 1, 0);
+    assert_eq!(run.events(), vec![]);
+    run.text(2, 0, &[(6, "x", 0)], "x", 0);
+    assert_eq!(
+        run.events(),
+        vec![failed(
+            2,
+            "token mismatch at offset 0: detokenizer 6, SSE 5"
+        )]
+    );
+    // Nothing more for a failed stream.
+    run.sse(2, "zzz", &[1, 2, 3]);
+    run.r.finalize();
+    assert_eq!(run.events(), Vec::<Event>::new());
+}
+
+#[test]
+fn byte_mismatches() {
+    let mut run = Run::new(2);
+    run.prov(0, 0, &[1, 2], &[A, T], 3, 1);
+    run.text(0, 0, &[(1, "ab", 0), (2, "cd", 0)], "abXd", 1);
+    run.sse(0, "abXd", &[1, 2]);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "ab", Some(0), 0, 1),
+            failed(
+                0,
+                "byte mismatch at offset 1 (byte 2): detokenizer fragment vs HTTP delta"
+            )
+        ]
+    );
+    run.prov(1, 0, &[1, 2], &[A, T], 3, 1);
+    run.text(1, 0, &[(1, "ab", 0), (2, "cd", 0)], "abcd", 1);
+    run.sse(1, "abcD", &[1, 2]);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(1, 0, "ab", Some(0), 0, 1),
+            failed(1, "byte mismatch at offset 1 (byte 3): HTTP delta vs SSE")
+        ]
+    );
+}
+
+#[test]
+fn text_stream_rules() {
+    let mut run = Run::new(6);
+    // span_back beyond the pending empties.
+    run.text(0, 0, &[(1, "", 0), (2, "x", 2)], "x", 0);
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 0: span_back 2 at offset 1 exceeds 1 pending tokens"
+    );
+    // A non-empty fragment ends the pending run.
+    run.text(
+        1,
+        0,
+        &[(1, "", 0), (2, "x", 0), (3, "", 0), (4, "y", 2)],
+        "xy",
+        0,
+    );
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 1: span_back 2 at offset 3 exceeds 1 pending tokens"
+    );
+    // HTTP beyond the fragments.
+    run.text(2, 0, &[(1, "a", 0)], "ab", 0);
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 2: HTTP text extends beyond the detokenized fragments at byte 1"
+    );
+    // Offsets must be contiguous; nothing after finish.
+    run.text(3, 1, &[(1, "a", 0)], "a", 0);
+    assert_eq!(
+        last_failure(&run.events()),
+        "text offset 1 for stream 3, expected 0"
+    );
+    run.text(4, 0, &[(1, "a", 0)], "a", 1);
+    run.text(4, 1, &[(2, "b", 0)], "b", 0);
+    assert_eq!(last_failure(&run.events()), "stream 4: text after finish");
+    // SSE beyond the final HTTP text.
+    run.text(5, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(5, "ab", &[1]);
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 5: SSE text extends beyond the HTTP text at byte 1"
+    );
+}
+
+#[test]
+fn provenance_rules_and_second_sources() {
+    let mut run = Run::new(3);
+    run.prov(0, 2, &[1], &[P], 0, 0);
+    assert_eq!(
+        last_failure(&run.events()),
+        "provenance offset 2 for stream 0, expected 0"
+    );
+    run.prov(1, 0, &[1], &[P], 0, 0);
+    let mut other = Sender::new(run_id(), 0xcccc);
+    run.r
+        .push_frame(&other.hello(&HelloFields::simulated(ROLE_SCHEDULER, 3)));
+    let rec = ProvRecord {
+        stream: 1,
+        flags: 0,
+        finish_reason: 0,
+        offset: 1,
+        drafts_scheduled: 0,
+        drafts_padded: 0,
+        token_ids: vec![2],
+        roles: vec![P],
+    };
+    run.r.push_frame(&other.provenance(1, &[rec]));
+    assert_eq!(
+        last_failure(&run.events()),
+        "stream 1: provenance from a second source 000000000000cccc"
+    );
+    assert_eq!(run.r.sources().len(), 3);
+    assert_eq!(run.r.verdict(2), Verdict::Pending);
+}
+
+#[test]
+fn admission_rejections_and_counters() {
+    let mut run = Run::new(2);
+    // Undecodable.
+    run.r.push_frame(b"short");
+    // Foreign run.
+    let mut foreign = Sender::new([7; 16], 0x1234);
+    run.r
+        .push_frame(&foreign.hello(&HelloFields::simulated(ROLE_SCHEDULER, 0)));
+    // Second hello (seq 1) from the scheduler.
+    let h2 = run.sched.hello(&HelloFields::simulated(ROLE_SCHEDULER, 3));
+    run.r.push_frame(&h2);
+    // Duplicate of that frame.
+    run.r.push_frame(&h2);
+    // Foreign record: stream 5 of a 2-stream run.
+    run.prov(5, 0, &[1], &[P], 0, 0);
+    assert_eq!(
+        run.events(),
+        vec![
+            Event::Run {
+                message: "rejected frame: truncated frame: 5 bytes, header needs 64".into()
+            },
+            Event::Run {
+                message: format!(
+                    "rejected frame: frame for run {}, expected {RUN}",
+                    "07".repeat(16)
+                )
+            },
+            Event::Run {
+                message: "rejected frame: second hello from source 000000000000aaaa".into()
+            },
+        ]
+    );
+    let c = run.r.counters();
+    assert_eq!(
+        (
+            c.frames,
+            c.rejected_frames,
+            c.duplicate_frames,
+            c.foreign_records
+        ),
+        (7, 3, 1, 1)
+    );
+    assert_eq!(run.r.verdict(0), Verdict::Pending);
+}
+
+#[test]
+fn run_level_failures() {
+    // A frontend sending provenance.
+    let mut run = Run::new(2);
+    let rec = ProvRecord {
+        stream: 0,
+        flags: 0,
+        finish_reason: 0,
+        offset: 0,
+        drafts_scheduled: 0,
+        drafts_padded: 0,
+        token_ids: vec![1],
+        roles: vec![P],
+    };
+    let f = run.front.provenance(1, std::slice::from_ref(&rec));
+    run.r.push_frame(&f);
+    let msg = "source 000000000000bbbb: provenance frame from a frontend source";
+    assert_eq!(
+        run.events(),
+        vec![
+            Event::Run {
+                message: msg.into()
+            },
+            failed(0, msg),
+            failed(1, msg)
+        ]
+    );
+    // A source whose first frame is not a hello.
+    let mut r = Reconciler::new(RUN, 1).unwrap();
+    let mut s = Sender::new(run_id(), 0x77);
+    r.push_frame(&s.notice(0, &[(0, 5, "x")]));
+    let msg = "source 0000000000000077: notice frame before its hello";
+    assert_eq!(
+        r.drain(),
+        vec![
+            Event::Run {
+                message: msg.into()
+            },
+            failed(0, msg)
+        ]
+    );
+}
+
+#[test]
+fn notices() {
+    let mut run = Run::new(3);
+    let f = run
+        .front
+        .notice(1, &[(1, 1, "stream_interval is 4"), (9, 2, "n")]);
+    run.r.push_frame(&f);
+    assert_eq!(
+        run.events(),
+        vec![failed(
+            1,
+            "not exact: stream_interval is 4 (notice 1 from source 000000000000bbbb)"
+        )]
+    );
+    assert_eq!(run.r.counters().foreign_records, 1);
+    let f = run.sched.notice(2, &[(0xFFFF, 4, "vLLM 0.20 unsupported")]);
+    run.r.push_frame(&f);
+    let m = "not exact: vLLM 0.20 unsupported (notice 4 from source 000000000000aaaa)";
+    assert_eq!(run.events(), vec![failed(0, m), failed(2, m)]);
+}
+
+#[test]
+fn dropped_counter_fails_pending_streams() {
+    let mut run = Run::new(2);
+    run.prov(0, 0, &[1], &[P], 0, 1);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(0, "a", &[1]);
+    run.r.finish_sse(0);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    run.events();
+    run.sched.dropped = 3;
+    run.prov(1, 0, &[1], &[P], 0, 0);
+    assert_eq!(
+        run.events(),
+        vec![failed(
+            1,
+            "frames lost: source 000000000000aaaa dropped 3 frames before seq 2"
+        )]
+    );
+    assert_eq!(run.r.counters().dropped_reported, 3);
+}
+
+#[test]
+fn reordering_within_the_window_is_harmless_and_gaps_fail() {
+    let wl = generate(&WorkloadConfig {
+        streams: 4,
+        tokens_per_stream: 600,
+        ..Default::default()
+    });
+    // Swap frames pairwise (reordering by one) and duplicate some.
+    let mut frames = Vec::new();
+    let mut sse = Vec::new();
+    for i in &wl.inputs {
+        match i {
+            parallelhue_core::workload::Input::Frame(f) => frames.push(f.clone()),
+            other => sse.push(other.clone()),
+        }
+    }
+    let mut r = Reconciler::with_run_id(wl.run_id, 4);
+    let mut shuffled = frames.clone();
+    for pair in shuffled.chunks_mut(5) {
+        pair.reverse();
+    }
+    for (i, f) in shuffled.iter().enumerate() {
+        r.push_frame(f);
+        if i % 7 == 0 {
+            r.push_frame(f);
+        }
+    }
+    feed_inputs(&sse, &mut r);
+    let ev = r.drain();
+    assert_eq!(
+        ev.iter()
+            .filter(|e| matches!(e, Event::Exact { .. }))
+            .count(),
+        4,
+        "{:?}",
+        ev.iter().find(|e| matches!(e, Event::Failed { .. }))
+    );
+    assert!(r.counters().duplicate_frames > 0);
+    assert_eq!(r.counters().gaps, 0);
+
+    // Lose the scheduler's frame with seq 5: more than 64 frames pile up.
+    let mut r = Reconciler::with_run_id(wl.run_id, 4);
+    let lost = frames
+        .iter()
+        .position(|f| f[24..32] == 0x5c4e_d000_0000_0001u64.to_le_bytes() && f[32] == 5)
+        .unwrap();
+    for (i, f) in frames.iter().enumerate() {
+        if i != lost {
+            r.push_frame(f);
+        }
+    }
+    let ev = r.drain();
+    assert!(ev.contains(&failed(
+        0,
+        "frames lost: gap in source 5c4ed00000000001 at seq 5"
+    )));
+    assert_eq!(r.counters().gaps, 1);
+}
+
+type Setup = Box<dyn Fn(&mut Run)>;
+
+#[test]
+fn finalize_rules_in_order() {
+    // Rule 1: a source with buffered frames.
+    let mut run = Run::new(1);
+    run.sched.next_seq = 3;
+    run.prov(0, 0, &[1], &[P], 0, 0);
+    run.r.finalize();
+    assert_eq!(
+        last_failure(&run.events()),
+        "frames lost: gap in source 000000000000aaaa at seq 1"
+    );
+    // Rule 2: nothing admitted.
+    let mut r = Reconciler::new(RUN, 1).unwrap();
+    r.push_sse(0, "a", &[1]);
+    r.finish_sse(0);
+    r.finalize();
+    assert_eq!(
+        last_failure(&r.drain()),
+        "missing telemetry: no frames received for this run"
+    );
+    let cases: Vec<(&str, Setup)> = vec![
+        ("stream 0: SSE did not finish", Box::new(|_| {})),
+        (
+            "missing telemetry: no provenance for offset 1",
+            Box::new(|run| {
+                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.text(0, 0, &[(1, "a", 0), (2, "b", 0)], "ab", 0);
+                run.r.finish_sse(0);
+            }),
+        ),
+        (
+            "missing telemetry: no text frame for offset 1",
+            Box::new(|run| {
+                run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+                run.text(0, 0, &[(1, "a", 0)], "a", 0);
+                run.sse(0, "ab", &[1, 2]);
+                run.r.finish_sse(0);
+            }),
+        ),
+        (
+            "missing telemetry: text not finished at offset 1",
+            Box::new(|run| {
+                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.text(0, 0, &[(1, "a", 0)], "a", 0);
+                run.sse(0, "a", &[1]);
+                run.r.finish_sse(0);
+            }),
+        ),
+        (
+            "stream 0: SSE text shorter than the HTTP text (1 of 2 bytes)",
+            Box::new(|run| {
+                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.text(0, 0, &[(1, "ab", 0)], "ab", 1);
+                run.sse(0, "a", &[1]);
+                run.r.finish_sse(0);
+            }),
+        ),
+        (
+            "stream 0: 1 SSE tokens, 2 detokenized tokens",
+            Box::new(|run| {
+                run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+                run.text(0, 0, &[(1, "a", 0), (2, "", 0)], "a", 1);
+                run.sse(0, "a", &[1]);
+                run.r.finish_sse(0);
+            }),
+        ),
+        (
+            "stream 0: unproven bytes from byte 0",
+            Box::new(|run| {
+                // H stops inside the fragment without text_truncated: never proven.
+                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.text(0, 0, &[(1, "ab", 0)], "a", 1);
+                run.sse(0, "a", &[1]);
+                run.r.finish_sse(0);
+            }),
+        ),
+    ];
+    for (want, setup) in cases {
+        let mut run = Run::new(1);
+        setup(&mut run);
+        assert_eq!(run.r.verdict(0), Verdict::Pending, "{want}");
+        run.r.finalize();
+        assert_eq!(last_failure(&run.events()), want);
+        assert_eq!(run.r.verdict(0), Verdict::Failed(want.into()));
+    }
+}
+
+#[test]
+fn special_tokens_with_empty_fragments_are_never_claimed() {
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1, 2, 3], &[A, A, B], 2, 1);
+    run.text(0, 0, &[(1, "", 0), (2, "x", 0), (3, "y", 0)], "xy", 1);
+    run.sse(0, "xy", &[1, 2, 3]);
+    run.r.finish_sse(0);
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "x", Some(0), 1, 1),
+            span(0, 1, "y", Some(0), 2, 1),
+            Event::Exact { stream: 0 }
+        ]
+    );
+    assert_eq!(run.r.stream_stats(0).tokens, 3);
+}
+
+#[test]
+fn empty_response_is_exact() {
+    let mut run = Run::new(1);
+    run.text(0, 0, &[], "", 1);
+    run.r.finish_sse(0);
+    assert_eq!(run.events(), vec![Event::Exact { stream: 0 }]);
+}
+
+fn check_workload(cfg: WorkloadConfig) {
+    let wl = generate(&cfg);
+    let mut r = Reconciler::with_run_id(wl.run_id, cfg.streams);
+    let mut texts = vec![String::new(); cfg.streams as usize];
+    let mut exact = 0;
+    let mut mixed = 0;
+    for chunk in wl.inputs.chunks(97) {
+        feed_inputs(chunk, &mut r);
+        for e in r.drain() {
+            match e {
+                Event::Span {
+                    stream,
+                    byte_start,
+                    text,
+                    step,
+                    ..
+                } => {
+                    assert_eq!(byte_start as usize, texts[stream as usize].len());
+                    texts[stream as usize].push_str(&text);
+                    mixed += u32::from(step.is_none());
+                }
+                Event::Exact { .. } => exact += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(exact, cfg.streams);
+    assert_eq!(texts, wl.texts);
+    assert!(mixed > 0, "the workload splits characters across steps");
+    let t = r.totals();
+    assert_eq!(t.tokens, wl.total_tokens);
+    assert_eq!(t.mixed_spans, u64::from(mixed));
+    assert_eq!(t.plain, u64::from(cfg.streams));
+    assert_eq!(t.plain + t.accepted + t.target + t.bonus, t.tokens);
+    assert_eq!(r.retained(), (0, 0), "nothing kept after the verdicts");
+}
+
+#[test]
+fn workload_one_chunk_per_step() {
+    check_workload(WorkloadConfig {
+        streams: 8,
+        tokens_per_stream: 500,
+        ..Default::default()
+    });
+}
+
+#[test]
+fn workload_coalesced_chunks() {
+    check_workload(WorkloadConfig {
+        streams: 8,
+        tokens_per_stream: 500,
+        coalesce: 4,
+        seed: 7,
+        ..Default::default()
+    });
+}
+
+#[test]
+fn memory_stays_bounded_while_streaming() {
+    let cfg = WorkloadConfig {
+        streams: 2,
+        tokens_per_stream: 20_000,
+        ..Default::default()
+    };
+    let wl = generate(&cfg);
+    let mut r = Reconciler::with_run_id(wl.run_id, cfg.streams);
+    let mut peak = (0, 0);
+    for i in &wl.inputs {
+        feed_inputs(std::slice::from_ref(i), &mut r);
+        r.drain();
+        let (t, b) = r.retained();
+        peak = (peak.0.max(t), peak.1.max(b));
+    }
+    // Well under the 40 000 tokens / ~80 kB of text that went through.
+    assert!(peak.0 < 64, "tokens retained {peak:?}");
+    assert!(peak.1 < 4_096, "bytes retained {peak:?}");
+}

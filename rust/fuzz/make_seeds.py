@@ -1,0 +1,48 @@
+"""Write seed corpora for the fuzz targets from tests/vectors/*.json.
+
+Usage (from the repository root): python3 rust/fuzz/make_seeds.py
+"""
+
+import hashlib
+import json
+import pathlib
+import struct
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "rust" / "fuzz" / "corpus"
+
+
+def write(target: str, data: bytes) -> None:
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / hashlib.sha1(data).hexdigest()).write_bytes(data)
+
+
+frames = []
+for path in sorted((ROOT / "tests" / "vectors").glob("*.json")):
+    doc = json.loads(path.read_text())
+    for v in doc["valid"] + doc["invalid"]:
+        b = bytes.fromhex(v["hex"])
+        if len(b) <= 4096:
+            write("decode_frame", b)
+        if v in doc["valid"]:
+            frames.append(b)
+
+sse = [
+    b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"h\xc3\xa9"},'
+    b'"token_ids":[5,6],"finish_reason":null}]}\n\n',
+    b": keep-alive\r\n\r\ndata: [DONE]\r\n\r\n",
+    b'data: {"choices":[{"index":1,"text":"x","token_ids":[1],"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\r\r',
+    b'event: ping\ndata: 1\ndata: 2\n\n\xef\xbb\xbfdata: {"error":{"message":"x"}}\n\n',
+]
+for s in sse:
+    write("sse_chunks", b"\x03" + s)
+
+# Reconciler: op 0 = frame (u16 length), op 1 = SSE delta, op 2 = finish SSE.
+ops = b""
+for f in frames[:40]:
+    if len(f) < 600:
+        ops += b"\x00" + struct.pack("<H", len(f)) + f
+write("reconciler", ops)
+write("reconciler", ops + b"\x01\x00\x02\x07\x07\x02hi\x02\x00")

@@ -1,0 +1,354 @@
+"""The HTTP side: requests carry the run's ids; each failure ends only its own stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+
+import pytest
+
+from client_fakes import EVIL_TEXT, FakeServer, free_port
+from parallelhue import cli, session
+from test_cli import _CLEARED
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PARALLELHUE_SOCKET_DIR", tempfile.mkdtemp(prefix="phc", dir="/tmp"))
+    # No telemetry comes from the fake server: keep the wait for it short.
+    monkeypatch.setattr(session, "GRACE_SECONDS", 0.2)
+
+
+def write_prompts(directory: str, prompts: list[str]) -> str:
+    path = os.path.join(directory, "prompts.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(prompts, handle)
+    return path
+
+
+def test_requests_carry_run_ids_seeds_and_token_ids(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeServer() as server:
+        code = cli.main(
+            [
+                "hi",
+                "--endpoint",
+                server.url + "/v1/chat/completions",
+                "--concurrency",
+                "3",
+                "--seed",
+                "10",
+                "--temperature",
+                "0.5",
+                "--mode",
+                "chunk",
+                "--api-key",
+                "sk-test",
+            ]
+        )
+        requests = sorted(server.requests, key=lambda r: r["request_id"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    run_ids = set()
+    for index, request in enumerate(requests):
+        match = re.fullmatch(r"ph1_([0-9a-f]{32})_(\d+)", request["request_id"])
+        assert match is not None
+        run_ids.add(match.group(1))
+        assert int(match.group(2)) == index
+        assert request["_headers"]["x-request-id"] == request["request_id"]
+        assert request["_headers"]["authorization"] == "Bearer sk-test"
+        assert request["model"] == "fake-model"  # the server's only model
+        assert request["return_token_ids"] is True
+        assert request["stream"] is True
+        assert request["stream_options"] == {"include_usage": True}
+        assert request["seed"] == 10 + index
+        assert request["temperature"] == 0.5
+        assert request["messages"] == [{"role": "user", "content": "hi"}]
+    assert len(run_ids) == 1
+    assert out.count("SSE CHUNK MODE") >= 3
+    assert "Hello world!" in out
+
+
+def test_completions_endpoint_sends_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as server:
+        code = cli.main(["hi", "--endpoint", server.url + "/v1/completions", "--mode", "chunk"])
+        (request,) = server.requests
+    assert code == 0
+    assert request["prompt"] == "hi" and "messages" not in request
+
+
+def test_each_failure_ends_only_its_stream(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = ["ok", "error500", "error404", "html", "disconnect", "nofinish", "ok"]
+    path = write_prompts(str(tmp_path), prompts)
+    with FakeServer() as server:
+        code = cli.main(
+            [
+                "--prompt-file",
+                path,
+                "--endpoint",
+                server.url + "/v1/chat/completions",
+                "--mode",
+                "auto",
+                "--reconciler",
+                "python",
+            ]
+        )
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert err == ("parallelhue: 5 of 7 streams failed; stream 1: HTTP 500: boom red second line\n")
+    lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    assert "error: HTTP 500: boom red second line" in lines[1]
+    assert "error: HTTP 404: no such route" in lines[2]
+    assert (
+        "error: not an SSE stream: the server answered text/html (HTTP 200); "
+        "is --endpoint a streaming completions URL?" in lines[3]
+    )
+    assert "error: the server closed the connection mid-stream" in lines[4]
+    assert "error: the stream ended without a finish_reason (server closed it early)" in lines[5]
+    for healthy in (0, 6):
+        assert "error" not in lines[healthy]
+        assert "SSE tokens=4" in lines[healthy]
+        # No telemetry reached the client: auto downgraded visibly, per stream.
+        assert lines[healthy].startswith(f"stream {healthy}: SSE CHUNK MODE")
+        assert "downgraded: missing telemetry: no frames received for this run" in lines[healthy]
+    assert "\x1b" not in out
+
+
+def test_refused_connection_is_a_stream_error(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    code = cli.main(
+        [
+            "hi",
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            "--model",
+            "m",
+            "--mode",
+            "chunk",
+            "--concurrency",
+            "2",
+        ]
+    )
+    _out, err = capsys.readouterr()
+    assert code == 1
+    assert err == (
+        f"parallelhue: 2 of 2 streams failed; stream 0: cannot connect to 127.0.0.1:{port}: "
+        "connection refused (is the server running?)\n"
+    )
+
+
+def test_refused_model_discovery_is_a_setup_error(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    code = cli.main(
+        [
+            "hi",
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            "--reconciler",
+            "python",
+        ]
+    )
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        f"parallelhue: error: cannot list the server's models at "
+        f"http://127.0.0.1:{port}/v1/models: connection refused (is the server running?); "
+        "give --model to skip this\n"
+    )
+
+
+def test_several_models_need_a_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(models=["a", "b"]) as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk"]
+        )
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == "parallelhue: error: the server lists 2 models (a, b): choose one with --model\n"
+
+
+def test_server_text_is_sanitized(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as server:
+        code = cli.main(
+            ["evil", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk"]
+        )
+    out, _err = capsys.readouterr()
+    assert code == 0
+    assert EVIL_TEXT not in out
+    for bad in ("\x1b", "\r", "\u202e", "\u200b", "\x9b", "\x07"):
+        assert bad not in out
+    assert "AB" in out and "world!" in out
+
+
+def test_exact_mode_fails_closed_without_telemetry(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as server:
+        code = cli.main(
+            [
+                "hi",
+                "--endpoint",
+                server.url + "/v1/chat/completions",
+                "--mode",
+                "exact",
+                "--reconciler",
+                "python",
+            ]
+        )
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        "parallelhue: exact mode: stream 0 is not exact: "
+        "missing telemetry: no frames received for this run\n"
+    )
+
+
+def test_socket_is_removed_after_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    socket_dir = os.environ["PARALLELHUE_SOCKET_DIR"]
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--reconciler", "python"]
+        )
+    assert code == 0
+    assert os.listdir(socket_dir) == []
+    assert oct(os.stat(socket_dir).st_mode & 0o777) == "0o700"
+
+
+def test_missing_native_module_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "parallelhue._native", None)
+    code = cli.main(["hi", "--model", "m", "--reconciler", "rust"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        "parallelhue: error: the Rust reconciler is not built: run `make native`, "
+        "or use --reconciler python (import of parallelhue._native halted; None in sys.modules)\n"
+    )
+
+
+def _have_native() -> bool:
+    try:
+        from parallelhue._native import Receiver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "python",
+        pytest.param(
+            "rust", marks=pytest.mark.skipif(not _have_native(), reason="make native first")
+        ),
+    ],
+)
+def test_ctrl_c_cancels_streams_removes_socket_and_exits_130(kind: str) -> None:
+    import signal
+    import subprocess
+    import time
+
+    socket_dir = os.environ["PARALLELHUE_SOCKET_DIR"]
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "python")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2",
+         "--max-tokens", "8000", "--step-ms", "50", "--view", "plain",
+         "--reconciler", kind],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not any(name.endswith(".sock") for name in os.listdir(socket_dir)):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run never bound its socket"
+        time.sleep(0.05)
+    time.sleep(0.3)  # let the streams start
+    process.send_signal(signal.SIGINT)
+    _out, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err == "parallelhue: interrupted\n"
+    assert [name for name in os.listdir(socket_dir) if name.endswith(".sock")] == []
+
+
+def test_exact_mode_stops_on_the_first_http_failure(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_prompts(str(tmp_path), ["error500", "ok"])
+    with FakeServer() as server:
+        code = cli.main(
+            ["--prompt-file", path, "--endpoint", server.url + "/v1/chat/completions",
+             "--mode", "exact", "--reconciler", "python"]
+        )  # fmt: skip
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        "parallelhue: exact mode: stream 0 is not exact: HTTP 500: boom red second line\n"
+    )
+
+
+def test_token_ids_outside_u32_end_the_stream(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import client_fakes
+
+    original = client_fakes._delta
+
+    def huge_ids(text: str, ids: list[int], finish: str | None = None) -> dict[str, object]:
+        return original(text, [2**40 for _ in ids], finish)
+
+    monkeypatch.setattr(client_fakes, "_delta", huge_ids)
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--reconciler", "python"]
+        )
+    _out, err = capsys.readouterr()
+    assert code == 1
+    assert err == (
+        "parallelhue: 1 of 1 streams failed; stream 0: invalid SSE data: "
+        "token id 1099511627776 out of range 0..=4294967295\n"
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_PASSCRED is Linux-only")
+def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
+    import asyncio
+    import socket
+    import stat
+    import struct
+
+    from parallelhue.receiver import PyReceiver
+
+    path = os.path.join(os.environ["PARALLELHUE_SOCKET_DIR"], "r.sock")
+
+    async def go() -> tuple[list[bytes], dict[str, int], int]:
+        receiver = PyReceiver(path)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.sendto(b"ours", path)
+            if os.geteuid() == 0:
+                # Root may claim another uid in SCM_CREDENTIALS: the forged datagram is dropped.
+                creds = struct.pack("iII", os.getpid(), 65534, 65534)
+                sender.sendmsg(
+                    [b"forged"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)], 0, path
+                )
+        frames = receiver.take()
+        stats = receiver.stats()
+        receiver.close()
+        return frames, stats, mode
+
+    frames, stats, mode = asyncio.run(go())
+    assert mode == 0o600
+    assert frames == [b"ours"]
+    if os.geteuid() == 0:
+        assert stats == {"datagrams": 2, "rejected_uid": 1, "bytes": 4}
+    assert not os.path.exists(path)

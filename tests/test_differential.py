@@ -1,0 +1,342 @@
+"""Differential tests: the Rust reconciler against the pure-Python reference.
+
+The same workload (tests/workloads.py), unmutated and with one fault injected,
+is fed to `parallelhue._native.Reconciler` and `parallelhue.reference.Reconciler`;
+events, statistics, totals, counters, sources and verdicts must be identical.
+Unmutated workloads must end all-exact with the generator's truth; a mutated
+workload must never give an exact verdict to a stream the fault affected.
+
+Examples per property: env PH_HYPOTHESIS_EXAMPLES (default 2000); derandomized
+when CI is set. Skipped only when the native module is not built, unless
+PH_REQUIRE_NATIVE=1 (CI), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import workloads
+from parallelhue.reference import Reconciler as ReferenceReconciler
+from parallelhue_vllm import wire
+
+
+def _native_reconciler() -> tuple[Any, str]:
+    try:
+        from parallelhue import _native  # type: ignore[attr-defined]
+    except ImportError as error:
+        return None, f"parallelhue._native is not built ({error}); run `make native`"
+    native = getattr(_native, "Reconciler", None)
+    if native is None:
+        return None, "parallelhue._native has no Reconciler yet; run `make native`"
+    return native, ""
+
+
+NativeReconciler, SKIP_REASON = _native_reconciler()
+if NativeReconciler is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
+    raise RuntimeError(f"PH_REQUIRE_NATIVE=1 but {SKIP_REASON}")
+pytestmark = pytest.mark.skipif(NativeReconciler is None, reason=SKIP_REASON)
+
+EXAMPLES = int(os.environ.get("PH_HYPOTHESIS_EXAMPLES", "2000"))
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# Small examples keep 2,000 of them per property within seconds.
+SMALL = {"num_streams": (1, 3), "tokens": (1, 30), "k": (0, 4)}
+
+
+def _describe(item: tuple[Any, ...]) -> str:
+    if item[0] == "frame":
+        return f"frame {item[1].hex()}"
+    return repr(item)
+
+
+def _assert_same(what: str, reference: Any, native: Any, context: str) -> None:
+    assert native == reference, (
+        f"{what} diverge {context}\n  reference: {reference!r}\n  native:    {native!r}"
+    )
+
+
+def _snapshot(rec: Any, streams: int) -> dict[str, Any]:
+    return {
+        "verdicts": [rec.verdict(i) for i in range(streams)],
+        "stats": [rec.stream_stats(i) for i in range(streams)],
+        "totals": rec.totals(),
+        "counters": rec.counters(),
+        "sources": rec.sources(),
+    }
+
+
+def run_both(workload: workloads.Workload, batch: bool = False) -> tuple[Any, Any]:
+    """Feed both reconcilers; compare events after every input (or at the end when batching)."""
+    reference = ReferenceReconciler(workload.run_id, workload.num_streams)
+    native = NativeReconciler(workload.run_id, workload.num_streams)
+    label = f"(seed {workload.seed}, mutation {workload.mutation})"
+    if batch:
+        workloads.feed(reference, workload.inputs)
+        workloads.feed(native, workload.inputs, batch_frames=True)
+        _assert_same("events", reference.drain(), native.drain(), f"after all inputs {label}")
+    else:
+        for position, item in enumerate(workload.inputs):
+            workloads.feed(reference, [item])
+            workloads.feed(native, [item])
+            _assert_same(
+                "events",
+                reference.drain(),
+                native.drain(),
+                f"after input {position} {label}: {_describe(item)}",
+            )
+    reference.finalize()
+    native.finalize()
+    _assert_same("events", reference.drain(), native.drain(), f"after finalize {label}")
+    for key, ref_value in _snapshot(reference, workload.num_streams).items():
+        nat_value = _snapshot(native, workload.num_streams)[key]
+        _assert_same(key, ref_value, nat_value, label)
+    return reference, native
+
+
+@PROPERTY
+@given(workload=workloads.workloads(**SMALL), batch=st.booleans())
+def test_unmutated_workloads_agree_and_are_exact(workload: workloads.Workload, batch: bool) -> None:
+    reference, _ = run_both(workload, batch)
+    verdicts = [reference.verdict(i) for i in range(workload.num_streams)]
+    assert verdicts == [("exact", None)] * workload.num_streams
+    totals = reference.totals()
+    for key, expected in workload.expected_totals().items():
+        assert totals[key] == expected, key
+    for index, truth in enumerate(workload.truth):
+        stats = reference.stream_stats(index)
+        assert stats["tokens"] == truth.tokens
+        assert {k: stats[k] for k in truth.role_counts()} == truth.role_counts()
+
+
+@PROPERTY
+@given(workload=workloads.mutated_workloads(**SMALL))
+def test_mutated_workloads_agree_and_affected_streams_are_not_exact(
+    workload: workloads.Workload,
+) -> None:
+    reference, _ = run_both(workload)
+    verdicts = [reference.verdict(i)[0] for i in range(workload.num_streams)]
+    if workload.benign:
+        assert verdicts == ["exact"] * workload.num_streams, workload.mutation
+    else:
+        assert all(verdicts[i] != "exact" for i in workload.affected), workload.mutation
+
+
+@PROPERTY
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=3),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+)
+def test_corrupted_frames_agree(seed: int, flips: list[tuple[int, int]], cut: int | None) -> None:
+    # Byte-level corruption of one frame: both decoders must reject (or accept) alike.
+    workload = workloads.generate(seed, **SMALL)
+    frames = [i for i, item in enumerate(workload.inputs) if item[0] == "frame"]
+    target = random.Random(seed).choice(frames)
+    data = bytearray(workload.inputs[target][1])
+    for position, mask in flips:
+        data[position % len(data)] ^= mask
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    inputs = list(workload.inputs)
+    inputs[target] = ("frame", bytes(data))
+    run_both(workloads.Workload(seed, workload.run_id, workload.num_streams, inputs,
+                                workload.truth, "corrupt"))  # fmt: skip
+
+
+@pytest.mark.parametrize("start", [0, 100, 200])
+def test_reorder_beyond_the_window_agrees_and_fails_affected_streams(start: int) -> None:
+    # Needs more than 64 later frames from one source: long streams, few tokens per step.
+    for seed in range(start, start + 50):
+        workload = workloads.mutate(
+            workloads.generate(seed, num_streams=4, tokens=(150, 200), k=(0, 1)),
+            seed,
+            "reorder_beyond",
+        )
+        if workload.mutation == "reorder_beyond":
+            break
+    assert workload.mutation == "reorder_beyond"
+    reference, _ = run_both(workload)
+    assert reference.counters()["gaps"] >= 1
+    assert all(reference.verdict(i)[0] != "exact" for i in workload.affected)
+
+
+# ----------------------------------------------------------- chaotic inputs
+# Structurally valid frames whose content is mostly consistent, with faults sprinkled
+# at random: they reach the corner rules (second sources, wrong roles, span_back,
+# HTTP/SSE overruns, text after finish, notices, missing hellos, gaps, drops) that
+# realistic workloads rarely touch, while still producing spans and exact streams.
+
+SCRIPT_TEXT = "ab日é😀xyz, 한국어 e\u0301 "
+PARTS = ["", "a", "bc", "日", "é", "xyz", "😀", "A"]
+
+
+def _script(rng: random.Random) -> list[wire.TextToken]:
+    """Tokens of one stream as the detokenizer reports them (DecodeStream model)."""
+    data = "".join(rng.choice(SCRIPT_TEXT) for _ in range(rng.randint(1, 12))).encode()
+    tokens, pending, count, position = [], b"", 0, 0
+    while position < len(data):
+        piece = data[position : position + rng.randint(1, 3)]
+        position += len(piece)
+        pending += piece
+        try:
+            pending.decode()
+        except UnicodeDecodeError:
+            tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0))
+            count += 1
+            continue
+        tokens.append(wire.TextToken(rng.randint(1, 6), pending, count))
+        pending, count = b"", 0
+    return tokens
+
+
+def _roles(rng: random.Random, count: int) -> tuple[list[int], int, bool]:
+    """Valid roles for a record of `count` tokens (count >= 1)."""
+    if count == 1 and rng.random() < 0.3:
+        return [0], 0, False
+    accepted = count - 1
+    if rng.random() < 0.2:
+        return [1] * count, count + rng.randint(0, 1), True  # trimmed
+    if accepted and rng.random() < 0.5:
+        return [1] * accepted + [3], accepted, False
+    return [1] * accepted + [2], accepted + rng.randint(1, 2), False
+
+
+def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
+    rng = random.Random(seed)
+    fault = rng.choice((0.0, 0.02, 0.1))  # per-decision fault probability
+    run_id = "5a" * 16
+    run_bytes = bytes.fromhex(run_id)
+    streams = rng.randint(1, 3)
+    scripts = [_script(rng) for _ in range(streams)]
+    p_pos = [0] * streams
+    t_pos = [0] * streams
+    t_done = [False] * streams
+    sse_queue: list[list[tuple[str, list[int]]]] = [[] for _ in range(streams)]
+    sources = {0x51: 1, 0x52: 1, 0xF1: 2, 0xF2: 2}  # id -> hello role
+    seqs = dict.fromkeys(sources, 0)
+    inputs: list[tuple[Any, ...]] = []
+    sent: list[bytes] = []
+
+    def faulty() -> bool:
+        return rng.random() < fault
+
+    def header(source: int) -> wire.Header:
+        seq = seqs[source]
+        seqs[source] += 2 if faulty() else 1
+        return wire.Header(run_bytes, source, seq, 0, 0, 1 if faulty() else 0)
+
+    for source, role in sources.items():
+        if faulty():
+            seqs[source] += 1  # its hello is never sent
+            continue
+        k = rng.choice((0, 3))
+        hello = wire.Hello(3 - role if faulty() else role, 2, 1 if k else 0, False, k,
+                           "p", "e", "ngram" if k else "")  # fmt: skip
+        inputs.append(("frame", wire.encode_hello(header(source), hello)))
+
+    for _ in range(rng.randint(1, 40)):
+        action = rng.random()
+        if action < 0.3:
+            source = 0x52 if faulty() else 0x51
+            records: list[wire.Record] = []
+            for stream in rng.sample(range(streams), rng.randint(1, streams)):
+                script = scripts[stream]
+                offset = p_pos[stream]
+                count = rng.randint(1, 3)
+                if not faulty():  # past the end only as a fault
+                    count = min(count, len(script) - offset)
+                    if count <= 0:
+                        continue
+                ids = [t.token_id for t in script[offset : offset + count]]
+                ids += [rng.randint(1, 6) for _ in range(count - len(ids))]  # beyond the end
+                if faulty():
+                    ids[rng.randrange(count)] ^= 8
+                roles, drafts, trimmed = _roles(rng, count)
+                if faulty():
+                    offset += 1
+                records.append(wire.ProvenanceRecord(stream, offset, ids, roles, drafts,
+                                                     0, False, 0, trimmed))  # fmt: skip
+                p_pos[stream] = offset + count
+            if faulty():
+                records.append(wire.ProvenanceRecord(streams, 0, [1], [0], 0))  # foreign
+            if not records:
+                continue
+            data = wire.encode_records(wire.KIND_PROVENANCE, header(source), records)
+        elif action < 0.6:
+            source = 0xF2 if faulty() else 0xF1
+            records = []
+            for stream in rng.sample(range(streams), rng.randint(1, streams)):
+                if t_done[stream] and not faulty():
+                    continue
+                script = scripts[stream]
+                offset = t_pos[stream]
+                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back)
+                          for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
+                if faulty() and tokens and tokens[-1].fragment:
+                    tokens[-1].span_back += 1
+                finished = offset + len(tokens) >= len(script) or faulty()
+                http = b"".join(t.fragment for t in tokens)
+                if faulty():
+                    http = rng.choice(PARTS).encode()
+                truncated = finished and rng.random() < 0.2
+                if truncated and http:
+                    http = http[:-1] if http[-1] < 0x80 else b""  # a stop string cut it
+                records.append(wire.TextRecord(stream, offset, tokens, http, finished,
+                                               1 if finished else 0, truncated))  # fmt: skip
+                t_pos[stream] = offset + len(tokens)
+                t_done[stream] = t_done[stream] or finished
+                sse_queue[stream].append((http.decode(), [t.token_id for t in tokens]))
+            if not records:
+                continue
+            data = wire.encode_records(wire.KIND_TEXT, header(source), records)
+        elif action < 0.63:
+            stream = rng.choice((0, streams, wire.ALL_STREAMS))
+            notice = wire.NoticeRecord(stream, rng.randint(1, 5), rng.choice(PARTS))
+            data = wire.encode_records(wire.KIND_NOTICE, header(0xF1), [notice])
+        elif action < 0.66 and sent:
+            data = rng.choice(sent)  # a duplicate
+        elif action < 0.67:
+            data = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 80)))
+        else:
+            stream = rng.randrange(streams)
+            queue = sse_queue[stream]
+            if not queue:
+                if t_done[stream] or faulty():
+                    inputs.append(("finish", stream))
+                continue
+            merged = [queue.pop(0) for _ in range(rng.randint(1, len(queue)))]
+            text = "".join(part[0] for part in merged)
+            ids = [i for part in merged for i in part[1]]
+            if faulty():
+                text += rng.choice(PARTS)
+            if faulty() and ids:
+                ids[-1] ^= 8
+            inputs.append(("sse", stream, text, ids))
+            continue
+        sent.append(data)
+        inputs.append(("frame", data))
+    for stream in range(streams):  # the rest of the SSE, usually
+        if sse_queue[stream] and not faulty():
+            text = "".join(part[0] for part in sse_queue[stream])
+            ids = [i for part in sse_queue[stream] for i in part[1]]
+            inputs.append(("sse", stream, text, ids))
+        if not faulty():
+            inputs.append(("finish", stream))
+    return run_id, streams, inputs
+
+
+@PROPERTY
+@given(seed=st.integers(0, 2**32 - 1))
+def test_chaotic_inputs_agree(seed: int) -> None:
+    run_id, streams, inputs = chaotic_inputs(seed)
+    run_both(workloads.Workload(seed, run_id, streams, inputs, [], "chaos"))

@@ -1,0 +1,178 @@
+"""--record, replay, --export and --measurement, end to end through the demo."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import tempfile
+
+import pytest
+
+from parallelhue import cli
+from test_cli import _CLEARED
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PARALLELHUE_SOCKET_DIR", tempfile.mkdtemp(prefix="phc", dir="/tmp"))
+
+
+def test_demo_records_exports_and_measures(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = str(tmp_path)
+    record = os.path.join(directory, "run.phr")
+    svg = os.path.join(directory, "run.svg")
+    measurement = os.path.join(directory, "m.json")
+    code = cli.main(
+        ["demo", "--concurrency", "3", "--max-tokens", "20", "--step-ms", "2",
+         "--reconciler", "python", "--view", "plain", "--record", record,
+         "--export", svg, "--measurement", measurement]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    original = re.findall(r"^stream \d+: [^;]+", out, re.M)
+    assert original == [f"stream {i}: EXACT TOKEN PROVENANCE" for i in range(3)]
+
+    with open(svg, encoding="utf-8") as handle:
+        picture = handle.read()
+    assert picture.startswith("<svg") and "SIMULATED" in picture and "EXACT" in picture
+
+    with open(measurement, encoding="utf-8") as handle:
+        data = json.load(handle)
+    assert data["simulated"] is True
+    assert data["engine_note"].startswith("SIMULATED ENGINE")
+    assert data["hardware"]["logical_cpus"] == os.cpu_count()
+    assert data["request"]["concurrency"] == 3 and data["request"]["max_tokens"] == 20
+    assert data["n"]["streams"] == 3
+    assert data["results"]["labels"] == {"EXACT TOKEN PROVENANCE": 3}
+    assert data["results"]["sse_tokens"] == 60
+
+    code = cli.main(["replay", record, "--speed", "max", "--view", "plain",
+                     "--reconciler", "python"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    replayed = re.findall(r"^stream \d+: [^;]+", out, re.M)
+    assert replayed == original
+
+
+def test_replay_reports_a_changed_verdict(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = os.path.join(str(tmp_path), "run.phr")
+    code = cli.main(
+        ["demo", "--concurrency", "1", "--max-tokens", "12", "--step-ms", "1",
+         "--reconciler", "python", "--view", "plain", "--record", record]
+    )  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    with gzip.open(record, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    # Drop every telemetry frame: the replay cannot prove anything now.
+    kept = [line for line in lines if '"frame"' not in line]
+    tampered = os.path.join(str(tmp_path), "tampered.phr")
+    with gzip.open(tampered, "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(kept) + "\n")
+    code = cli.main(["replay", tampered, "--speed", "max", "--view", "plain",
+                     "--reconciler", "python"])  # fmt: skip
+    _out, err = capsys.readouterr()
+    assert code == 1
+    assert err == (
+        "parallelhue: replay differs from the recording: stream 0 was exact (None), "
+        "replayed failed (missing telemetry: no frames received for this run)\n"
+    )
+
+
+def test_replay_rejects_a_file_that_is_not_a_recording(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = os.path.join(str(tmp_path), "junk.phr")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("hello")
+    code = cli.main(["replay", path, "--view", "plain"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        f"parallelhue: error: replay: {path} is not a ParallelHue recording "
+        "(Not a gzipped file (b'he'))\n"
+    )
+
+
+def test_recording_is_compact_and_holds_no_secrets(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = os.path.join(str(tmp_path), "run.phr")
+    code = cli.main(
+        ["demo", "--concurrency", "2", "--max-tokens", "30", "--step-ms", "1",
+         "--reconciler", "python", "--view", "plain", "--record", record]
+    )  # fmt: skip
+    capsys.readouterr()
+    assert code == 0
+    with gzip.open(record, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    header = json.loads(lines[0])
+    footer = json.loads(lines[-1])
+    events = [json.loads(line) for line in lines[1:-1]]
+    assert header["parallelhue_recording"] == 1
+    assert header["num_streams"] == 2 and header["simulated"] is True
+    assert "api_key" not in header and "endpoint" not in header
+    kinds = {event[1] for event in events}
+    assert kinds == {"start", "sse", "fin", "frame", "finalize"}
+    assert sum(len(event[4]) for event in events if event[1] == "sse") == 60
+    assert footer["verdicts"] == [["exact", None], ["exact", None]]
+    times = [event[0] for event in events]
+    assert times == sorted(times)
+
+
+def test_replay_in_the_grid_view(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = os.path.join(str(tmp_path), "run.phr")
+    assert cli.main(
+        ["demo", "--concurrency", "2", "--max-tokens", "10", "--step-ms", "1",
+         "--reconciler", "python", "--view", "plain", "--record", record]
+    ) == 0  # fmt: skip
+    capsys.readouterr()
+    html = os.path.join(str(tmp_path), "replay.html")
+    code = cli.main(["replay", record, "--view", "grid", "--speed", "50",
+                     "--reconciler", "python", "--export", html])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "#1 EXACT TOKEN PROVENANCE" in re.sub(r"\x1b\[[0-9;]*m", "", out)
+    with open(html, encoding="utf-8") as handle:
+        page = handle.read()
+    assert page.lstrip().lower().startswith("<!doctype html") and "EXACT TOKEN PROVENANCE" in page
+
+
+def _have_native() -> bool:
+    try:
+        from parallelhue._native import Reconciler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _have_native(), reason="parallelhue._native not built (make native)")
+def test_rust_recording_replays_on_python_and_back(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = os.path.join(str(tmp_path), "run.phr")
+    code = cli.main(
+        ["demo", "--concurrency", "3", "--max-tokens", "24", "--step-ms", "1",
+         "--reconciler", "rust", "--view", "plain", "--record", record]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    original = re.findall(r"^stream \d+: .*$", out, re.M)
+    for kind in ("python", "rust"):
+        code = cli.main(["replay", record, "--speed", "max", "--view", "plain",
+                         "--reconciler", kind])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        replayed = re.findall(r"^stream \d+: .*$", out, re.M)
+        # Same verdicts, steps, roles and recorded times, whichever reconciler replays.
+        assert replayed == original

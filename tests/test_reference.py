@@ -1,0 +1,804 @@
+"""The pure-Python reference reconciler against docs/PROTOCOL.md, rule by rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+import workloads
+from parallelhue.reference import Reconciler
+from parallelhue_vllm import wire
+
+RUN = "ab" * 16
+OTHER_RUN = "cd" * 16
+SCHED = 0x5C
+FRONT = 0xF0
+P, A, T, B = wire.ROLE_PLAIN, wire.ROLE_ACCEPTED, wire.ROLE_TARGET, wire.ROLE_BONUS
+NI = "日".encode()  # e6 97 a5
+
+
+class Run:
+    """Builds the frames of one run, with per-source sequence numbers, and feeds them."""
+
+    def __init__(self, num_streams: int = 1, *, k: int = 3, hellos: bool = True) -> None:
+        self.rec = Reconciler(RUN, num_streams)
+        self.seq = {SCHED: 0, FRONT: 0}
+        self.k = k
+        if hellos:
+            self.push(self.hello(SCHED, wire.SOURCE_SCHEDULER))
+            self.push(self.hello(FRONT, wire.SOURCE_FRONTEND))
+
+    def header(self, source: int, seq: int | None, dropped: int = 0, run: str = RUN):
+        if seq is None:
+            seq = self.seq[source]
+            self.seq[source] += 1
+        return wire.Header(bytes.fromhex(run), source, seq, 0, 0, dropped)
+
+    def hello(self, source: int, role: int, seq: int | None = None) -> bytes:
+        method = "ngram" if self.k else ""
+        derivation = wire.DERIVATION_DRAFT_IDS if self.k else wire.DERIVATION_NONE
+        return wire.encode_hello(
+            self.header(source, seq),
+            wire.Hello(role, wire.ENGINE_SIMULATED, derivation, False, self.k, "0.1.0", "sim-1",
+                       method),
+        )  # fmt: skip
+
+    def prov(self, *records: wire.ProvenanceRecord, seq: int | None = None, **kw: Any) -> bytes:
+        return wire.encode_records(
+            wire.KIND_PROVENANCE, self.header(SCHED, seq, **kw), list(records)
+        )
+
+    def text(self, *records: wire.TextRecord, seq: int | None = None, **kw: Any) -> bytes:
+        return wire.encode_records(wire.KIND_TEXT, self.header(FRONT, seq, **kw), list(records))
+
+    def notice(self, stream: int, message: str, code: int = wire.NOTICE_OTHER) -> bytes:
+        return wire.encode_records(
+            wire.KIND_NOTICE,
+            self.header(FRONT, None),
+            [wire.NoticeRecord(stream, code, message)],
+        )
+
+    def push(self, *frames: bytes) -> None:
+        for frame in frames:
+            self.rec.push_frame(frame)
+
+    def sse(self, stream: int, text: str, ids: list[int], finish: bool = False) -> None:
+        self.rec.push_sse(stream, text, ids)
+        if finish:
+            self.rec.finish_sse(stream)
+
+    def events(self) -> list[tuple[Any, ...]]:
+        return self.rec.drain()
+
+
+def prov(stream: int, offset: int, ids: list[int], roles: list[int], drafts: int, **kw: Any):
+    return wire.ProvenanceRecord(stream, offset, ids, roles, drafts, **kw)
+
+
+def tok(token_id: int, fragment: bytes | str, span_back: int = 0) -> wire.TextToken:
+    raw = fragment.encode() if isinstance(fragment, str) else fragment
+    return wire.TextToken(token_id, raw, span_back)
+
+
+def text(stream: int, offset: int, tokens: list[wire.TextToken], http: bytes | str, **kw: Any):
+    raw = http.encode() if isinstance(http, str) else http
+    return wire.TextRecord(stream, offset, tokens, raw, **kw)
+
+
+FIN = {"finished": True, "finish_reason": wire.FINISH_STOP}
+
+
+def simple_exact_run() -> Run:
+    """Stream 0: step 0 = 'Hi' (plain), step 1 = ' a', 'b' (accepted + bonus)."""
+    run = Run()
+    run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
+    run.sse(0, "Hi", [10])
+    run.push(
+        run.prov(prov(0, 1, [11, 12], [A, B], 1, finished=True, finish_reason=1)),
+        run.text(text(0, 1, [tok(11, " a"), tok(12, "b")], " ab", **FIN)),
+    )
+    run.sse(0, " ab", [11, 12], finish=True)
+    return run
+
+
+# ------------------------------------------------------------ happy paths
+
+
+def test_simple_stream_is_exact_with_one_span_per_fragment() -> None:
+    run = simple_exact_run()
+    assert run.events() == [
+        ("span", 0, 0, "Hi", 0, 0, 1),
+        ("span", 0, 2, " a", 1, 1, 1),
+        ("span", 0, 4, "b", 1, 2, 1),
+        ("exact", 0),
+    ]
+    assert run.rec.verdict(0) == ("exact", None)
+    stats = run.rec.stream_stats(0)
+    assert stats == {
+        "tokens": 3,
+        "steps": 2,
+        "hist": {1: 1, 2: 1},
+        "drafts_scheduled": 1,
+        "drafts_padded": 0,
+        "plain": 1,
+        "accepted": 1,
+        "target": 0,
+        "bonus": 1,
+        "surplus_tokens": 0,
+        "surplus_accepted": 0,
+        "surplus_target": 0,
+        "surplus_bonus": 0,
+        "surplus_plain": 0,
+        "mixed_spans": 0,
+        "bytes": 5,
+    }
+    assert run.rec.totals() == stats
+    assert run.rec.counters() == {
+        "frames": 6,
+        "rejected_frames": 0,
+        "duplicate_frames": 0,
+        "foreign_records": 0,
+        "dropped_reported": 0,
+        "gaps": 0,
+    }
+
+
+def test_multibyte_character_split_across_tokens_and_steps_is_a_mixed_span() -> None:
+    run = Run()
+    # Step 0 emits the first byte of 日; step 1 the other two and '!'.
+    run.push(run.prov(prov(0, 0, [1], [P], 0)), run.text(text(0, 0, [tok(1, b"")], b"")))
+    run.sse(0, "", [1])
+    assert run.events() == []
+    run.push(
+        run.prov(prov(0, 1, [2, 3, 4], [A, A, B], 2, finished=True, finish_reason=1)),
+        run.text(text(0, 1, [tok(2, b""), tok(3, NI, 2), tok(4, "!")], "日!", **FIN)),
+    )
+    assert run.events() == []  # the SSE has not delivered the character yet
+    run.sse(0, "日!", [2, 3, 4], finish=True)
+    assert run.events() == [
+        ("span", 0, 0, "日", None, 0, 3),
+        ("span", 0, 3, "!", 1, 3, 1),
+        ("exact", 0),
+    ]
+    stats = run.rec.stream_stats(0)
+    assert (stats["mixed_spans"], stats["bytes"], stats["tokens"]) == (1, 4, 4)
+
+
+def test_character_within_one_step_keeps_its_step_colour() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2], [A, B], 1, finished=True, finish_reason=1)),
+        run.text(text(0, 0, [tok(1, b""), tok(2, NI, 1)], NI, **FIN)),
+    )
+    run.sse(0, "日", [1, 2], finish=True)
+    assert run.events() == [("span", 0, 0, "日", 0, 0, 2), ("exact", 0)]
+    assert run.rec.stream_stats(0)["mixed_spans"] == 0
+
+
+def test_sse_releases_a_character_later_than_its_first_token() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.text(text(0, 0, [tok(1, b"")], b"")),
+        run.prov(prov(0, 1, [2], [P], 0, finished=True, finish_reason=1)),
+        run.text(text(0, 1, [tok(2, NI, 1)], NI, **FIN)),
+    )
+    run.sse(0, "", [1])  # the chunk of the first token carries no text
+    assert run.events() == []
+    run.sse(0, "日", [2])
+    assert run.events() == [("span", 0, 0, "日", None, 0, 2)]
+    run.rec.finish_sse(0)
+    assert run.events() == [("exact", 0)]
+
+
+def test_http_holdback_delays_the_span_until_the_text_is_released() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.text(text(0, 0, [tok(1, "ab")], "a")),  # 'b' held back (stop string '</')
+    )
+    run.sse(0, "a", [1])
+    assert run.events() == []  # the fragment 'ab' is not yet all in H
+    run.push(
+        run.prov(prov(0, 1, [2], [P], 0, finished=True, finish_reason=2)),
+        run.text(text(0, 1, [tok(2, "c")], "bc", finished=True, finish_reason=2)),
+    )
+    run.sse(0, "bc", [2], finish=True)
+    assert run.events() == [
+        ("span", 0, 0, "ab", 0, 0, 1),
+        ("span", 0, 2, "c", 1, 1, 1),
+        ("exact", 0),
+    ]
+
+
+def test_coalesced_sse_chunk_merging_two_steps() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.text(text(0, 0, [tok(1, "x")], "x")),
+        run.prov(prov(0, 1, [2, 3], [A, T], 2, finished=True, finish_reason=1)),
+        run.text(text(0, 1, [tok(2, "y"), tok(3, "z")], "yz", **FIN)),
+    )
+    run.sse(0, "xyz", [1, 2, 3], finish=True)
+    assert run.events() == [
+        ("span", 0, 0, "x", 0, 0, 1),
+        ("span", 0, 1, "y", 1, 1, 1),
+        ("span", 0, 2, "z", 1, 2, 1),
+        ("exact", 0),
+    ]
+    stats = run.rec.stream_stats(0)
+    assert (stats["accepted"], stats["target"], stats["plain"]) == (1, 1, 1)
+    assert stats["drafts_scheduled"] == 2
+    assert stats["hist"] == {1: 1, 2: 1}
+
+
+def test_stop_string_026_style_keeps_ids_and_truncates_text() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2], [A, B], 1)),
+        run.text(text(0, 0, [tok(1, "x EN"), tok(2, "D more")], "x", **FIN, text_truncated=True)),
+        run.prov(prov(0, 2, [3, 4], [A, T], 3)),  # the scheduler ran on before the abort
+    )
+    run.sse(0, "x", [1, 2], finish=True)
+    assert run.events() == [("span", 0, 0, "x", 0, 0, 1), ("exact", 0)]
+    stats = run.rec.stream_stats(0)
+    assert (stats["tokens"], stats["steps"], stats["accepted"], stats["bonus"]) == (2, 1, 1, 1)
+    assert (stats["surplus_tokens"], stats["surplus_accepted"], stats["surplus_target"]) == (
+        2,
+        1,
+        1,
+    )
+    assert stats["hist"] == {2: 1, 0: 1}
+    assert stats["drafts_scheduled"] == 4
+    assert stats["bytes"] == 1
+
+
+def test_stop_string_033_style_trims_surplus_tokens_with_extra_provenance() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2, 3], [A, A, B], 2)),
+        run.text(
+            text(
+                0, 0, [tok(1, "ok<"), tok(2, "END>")], "ok", **FIN, text_truncated=True,
+                tokens_trimmed=True, trimmed_tokens=1,
+            )
+        ),
+    )  # fmt: skip
+    run.sse(0, "ok", [1, 2], finish=True)
+    assert run.events() == [("span", 0, 0, "ok", 0, 0, 1), ("exact", 0)]
+    stats = run.rec.stream_stats(0)
+    assert (stats["tokens"], stats["accepted"], stats["surplus_tokens"]) == (2, 2, 1)
+    assert stats["surplus_bonus"] == 1
+    assert stats["hist"] == {2: 1}
+
+
+def test_surplus_provenance_arriving_before_the_finishing_text() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.prov(prov(0, 1, [2, 3], [A, B], 1)),  # surplus, not yet known to be
+        run.text(text(0, 0, [tok(1, "a.")], "a", **FIN, text_truncated=True)),
+    )
+    run.sse(0, "a", [1], finish=True)
+    assert run.events() == [("span", 0, 0, "a", 0, 0, 1), ("exact", 0)]
+    assert run.rec.stream_stats(0)["surplus_tokens"] == 2
+
+
+def test_finished_text_record_with_no_tokens() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0, finished=True, finish_reason=2)),
+        run.text(text(0, 0, [tok(1, "ab")], "")),
+        run.text(text(0, 1, [], "ab", finished=True, finish_reason=2)),
+    )
+    run.sse(0, "", [1])
+    run.sse(0, "ab", [], finish=True)
+    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1), ("exact", 0)]
+
+
+def test_streams_are_independent() -> None:
+    run = Run(num_streams=2)
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0, finished=True, finish_reason=1),
+                 prov(1, 0, [7], [P], 0)),
+        run.text(text(0, 0, [tok(1, "a")], "a", **FIN), text(1, 0, [tok(7, "z")], "z")),
+    )  # fmt: skip
+    run.sse(1, "z", [7])
+    run.sse(0, "a", [1], finish=True)
+    assert run.events() == [
+        ("span", 1, 0, "z", 0, 0, 1),
+        ("span", 0, 0, "a", 0, 0, 1),
+        ("exact", 0),
+    ]
+    assert run.rec.verdict(1) == ("pending", None)
+    totals = run.rec.totals()
+    assert (totals["tokens"], totals["plain"], totals["bytes"]) == (2, 2, 2)
+
+
+# ------------------------------------------------------- sequence handling
+
+
+def test_duplicate_frame_is_discarded_and_counted() -> None:
+    run = Run()
+    frame = run.prov(prov(0, 0, [1], [P], 0))
+    run.push(frame, frame)
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER, seq=0))  # seq below next expected
+    assert run.rec.counters()["duplicate_frames"] == 2
+    assert run.events() == []
+
+
+def test_buffered_duplicate_is_discarded() -> None:
+    run = Run()
+    early = run.prov(prov(0, 1, [2], [P], 0), seq=2)
+    run.push(early, early)
+    assert run.rec.counters()["duplicate_frames"] == 1
+
+
+def test_reordering_within_the_window_gives_the_in_order_result() -> None:
+    in_order = simple_exact_run()
+    expected = in_order.events()
+    run = Run()
+    first_p = run.prov(prov(0, 0, [10], [P], 0))
+    first_t = run.text(text(0, 0, [tok(10, "Hi")], "Hi"))
+    second_p = run.prov(prov(0, 1, [11, 12], [A, B], 1, finished=True, finish_reason=1))
+    second_t = run.text(text(0, 1, [tok(11, " a"), tok(12, "b")], " ab", **FIN))
+    run.push(second_t, second_p, first_t)
+    run.sse(0, "Hi", [10])
+    run.sse(0, " ab", [11, 12], finish=True)
+    assert run.events() == []
+    run.push(first_p)
+    assert run.events() == expected
+    assert run.rec.stream_stats(0) == in_order.rec.stream_stats(0)
+
+
+def test_gap_beyond_the_window_fails_pending_streams() -> None:
+    run = Run(num_streams=2)
+    run.push(run.prov(prov(1, 0, [5], [P], 0, finished=True, finish_reason=1)))
+    run.push(run.text(text(1, 0, [tok(5, "q")], "q", **FIN)))
+    run.sse(1, "q", [5], finish=True)
+    assert run.events()[-1] == ("exact", 1)
+    run.seq[SCHED] += 1  # seq 2 is lost
+    for offset in range(64):
+        run.push(run.prov(prov(0, offset, [1], [P], 0)))
+    assert run.events() == []
+    run.push(run.prov(prov(0, 64, [1], [P], 0)))
+    reason = f"frames lost: gap in source {SCHED:016x} at seq 2"
+    assert run.events() == [("failed", 0, reason)]
+    assert run.rec.verdict(0) == ("failed", reason)
+    assert run.rec.verdict(1) == ("exact", None)  # already complete: untouched
+    assert run.rec.counters()["gaps"] == 1
+
+
+def test_dropped_counter_fails_pending_streams() -> None:
+    run = Run(num_streams=2)
+    run.push(run.prov(prov(0, 0, [1], [P], 0), dropped=3))
+    reason = f"frames lost: source {SCHED:016x} dropped 3 frames before seq 1"
+    assert run.events() == [("failed", 0, reason), ("failed", 1, reason)]
+    assert run.rec.counters()["dropped_reported"] == 3
+
+
+def test_notice_for_one_stream_and_for_the_whole_run() -> None:
+    run = Run(num_streams=3)
+    run.push(run.notice(1, "stream_interval is 4", wire.NOTICE_STREAM_INTERVAL))
+    assert run.events() == [
+        ("failed", 1, f"not exact: stream_interval is 4 (notice 1 from source {FRONT:016x})")
+    ]
+    run.push(run.notice(wire.ALL_STREAMS, "n=2", wire.NOTICE_N))
+    reason = f"not exact: n=2 (notice 2 from source {FRONT:016x})"
+    assert run.events() == [("failed", 0, reason), ("failed", 2, reason)]
+
+
+def test_frame_of_a_foreign_run_is_rejected() -> None:
+    run = Run()
+    run.push(
+        wire.encode_records(
+            wire.KIND_NOTICE,
+            run.header(SCHED, 1, run=OTHER_RUN),
+            [wire.NoticeRecord(0, 1, "x")],
+        )
+    )
+    assert run.events() == [("run", f"rejected frame: frame for run {OTHER_RUN}, expected {RUN}")]
+    assert run.rec.counters()["rejected_frames"] == 1
+    assert run.rec.verdict(0) == ("pending", None)
+
+
+def test_undecodable_frame_is_rejected_with_the_decode_error() -> None:
+    run = Run()
+    run.push(b"PHUE")
+    assert run.events() == [("run", "rejected frame: truncated frame: 4 bytes, header needs 64")]
+    assert run.rec.counters()["rejected_frames"] == 1
+    assert run.rec.counters()["frames"] == 3
+
+
+def test_records_for_streams_beyond_the_run_are_foreign() -> None:
+    run = Run(num_streams=1)
+    run.push(run.prov(prov(1, 0, [1], [P], 0), prov(9, 0, [1], [P], 0)))
+    run.push(run.notice(4, "x"))
+    assert run.rec.counters()["foreign_records"] == 3
+    assert run.events() == []
+
+
+def test_sources_lists_each_hello() -> None:
+    run = Run()
+    assert run.rec.sources() == [
+        {
+            "source_id": SCHED,
+            "role": "scheduler",
+            "engine": "simulated",
+            "role_derivation": "draft_ids",
+            "async_scheduling": False,
+            "num_speculative_tokens": 3,
+            "plugin_version": "0.1.0",
+            "engine_version": "sim-1",
+            "spec_method": "ngram",
+        },
+        {
+            "source_id": FRONT,
+            "role": "frontend",
+            "engine": "simulated",
+            "role_derivation": "draft_ids",
+            "async_scheduling": False,
+            "num_speculative_tokens": 3,
+            "plugin_version": "0.1.0",
+            "engine_version": "sim-1",
+            "spec_method": "ngram",
+        },
+    ]
+
+
+def test_second_hello_is_rejected() -> None:
+    run = Run()
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER))
+    assert run.events() == [("run", f"rejected frame: second hello from source {SCHED:016x}")]
+    assert run.rec.counters()["rejected_frames"] == 1
+    assert len(run.rec.sources()) == 2
+
+
+def test_kind_not_allowed_for_the_source_role_is_a_run_failure() -> None:
+    run = Run(num_streams=2)
+    run.push(
+        wire.encode_records(
+            wire.KIND_TEXT, run.header(SCHED, None), [text(0, 0, [tok(1, "a")], "a")]
+        )
+    )
+    message = f"source {SCHED:016x}: text frame from a scheduler source"
+    assert run.events() == [("run", message), ("failed", 0, message), ("failed", 1, message)]
+
+
+def test_first_frame_not_a_hello_is_a_run_failure() -> None:
+    run = Run(hellos=False)
+    run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    message = f"source {SCHED:016x}: provenance frame before its hello"
+    assert run.events() == [("run", message), ("failed", 0, message)]
+
+
+# ------------------------------------------------------ per-stream failures
+
+
+def test_scheduler_and_detokenizer_disagree() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, "a"), tok(2, "b")], "ab")))
+    run.push(run.prov(prov(0, 0, [1, 3], [A, T], 2)))
+    assert run.events() == [("failed", 0, "token mismatch at offset 1: scheduler 3, detokenizer 2")]
+
+
+def test_detokenizer_and_sse_disagree() -> None:
+    run = Run()
+    run.sse(0, "ab", [1, 2])
+    run.push(run.text(text(0, 0, [tok(1, "a"), tok(5, "b")], "ab")))
+    assert run.events() == [("failed", 0, "token mismatch at offset 1: detokenizer 5, SSE 2")]
+
+
+def test_sse_token_changed_after_text() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a")))
+    run.sse(0, "a", [4000000000])
+    assert run.events() == [
+        ("failed", 0, "token mismatch at offset 0: detokenizer 1, SSE 4000000000")
+    ]
+
+
+def test_fragment_differs_from_http_delta() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1, 2], [A, B], 1)))
+    run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abcD")))
+    run.sse(0, "abcD", [1, 2])
+    assert run.events() == [
+        ("span", 0, 0, "ab", 0, 0, 1),
+        ("failed", 0, "byte mismatch at offset 1 (byte 3): detokenizer fragment vs HTTP delta"),
+    ]
+
+
+def test_http_delta_differs_from_sse() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1, 2], [A, B], 1)))
+    run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abcd")))
+    run.sse(0, "Abcd", [1, 2])
+    assert run.events() == [
+        ("failed", 0, "byte mismatch at offset 0 (byte 0): HTTP delta vs SSE"),
+    ]
+
+
+def test_span_back_beyond_pending_tokens() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, b""), tok(2, "x"), tok(3, NI, 2)], "x日")))
+    assert run.events() == [
+        ("failed", 0, "stream 0: span_back 2 at offset 2 exceeds 0 pending tokens")
+    ]
+
+
+def test_non_contiguous_offsets() -> None:
+    run = Run(num_streams=2)
+    run.push(run.prov(prov(0, 1, [1], [P], 0)))
+    run.push(run.text(text(1, 0, [tok(1, "a")], "a"), text(0, 2, [tok(1, "a")], "a")))
+    assert run.events() == [
+        ("failed", 0, "provenance offset 1 for stream 0, expected 0"),
+    ]
+    run2 = Run()
+    run2.push(run2.text(text(0, 3, [tok(1, "a")], "a")))
+    assert run2.events() == [("failed", 0, "text offset 3 for stream 0, expected 0")]
+
+
+def test_second_source_for_a_stream() -> None:
+    run = Run()
+    other = 0x77
+    run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    run.push(run.hello(other, wire.SOURCE_SCHEDULER, seq=0))
+    run.push(
+        wire.encode_records(
+            wire.KIND_PROVENANCE,
+            wire.Header(bytes.fromhex(RUN), other, 1, 0, 0),
+            [prov(0, 1, [2], [P], 0)],
+        )
+    )
+    assert run.events() == [
+        ("failed", 0, f"stream 0: provenance from a second source {other:016x}")
+    ]
+    run2 = Run()
+    run2.push(run2.text(text(0, 0, [tok(1, "a")], "a")))
+    run2.push(run2.hello(other, wire.SOURCE_FRONTEND, seq=0))
+    run2.push(
+        wire.encode_records(
+            wire.KIND_TEXT,
+            wire.Header(bytes.fromhex(RUN), other, 1, 0, 0),
+            [text(0, 1, [tok(2, "b")], "b")],
+        )
+    )
+    assert run2.events() == [("failed", 0, f"stream 0: text from a second source {other:016x}")]
+
+
+def test_text_after_finish() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a", **FIN)))
+    run.push(run.text(text(0, 1, [tok(2, "b")], "b")))
+    assert run.events() == [("failed", 0, "stream 0: text after finish")]
+
+
+def test_http_text_beyond_fragments() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, "a")], "ab")))
+    assert run.events() == [
+        ("failed", 0, "stream 0: HTTP text extends beyond the detokenized fragments at byte 1")
+    ]
+
+
+def test_sse_text_beyond_http_text_once_finished() -> None:
+    run = Run()
+    run.sse(0, "abc", [1])  # before the text finished this is just early
+    assert run.events() == []
+    run.push(run.text(text(0, 0, [tok(1, "ab")], "ab", **FIN)))
+    assert run.events() == [
+        ("failed", 0, "stream 0: SSE text extends beyond the HTTP text at byte 2")
+    ]
+
+
+def test_provenance_beyond_the_end_of_the_request() -> None:
+    run = Run()
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a", **FIN)))
+    run.push(run.prov(prov(0, 0, [1, 2], [A, T], 2)))
+    assert run.events() == [
+        ("failed", 0, "stream 0: provenance beyond the end of the request at offset 1")
+    ]
+    run2 = Run()
+    run2.push(run2.prov(prov(0, 0, [1, 2], [A, T], 2)))
+    run2.push(run2.text(text(0, 0, [tok(1, "a")], "a", **FIN)))
+    assert run2.events() == [
+        ("failed", 0, "stream 0: provenance beyond the end of the request at offset 1")
+    ]
+
+
+def test_nothing_is_emitted_for_a_stream_after_its_verdict() -> None:
+    run = simple_exact_run()
+    run.events()
+    before = run.rec.stream_stats(0)
+    run.push(run.notice(0, "late"))
+    run.sse(0, "zzz", [99], finish=True)
+    assert run.events() == []
+    assert run.rec.verdict(0) == ("exact", None)
+    assert run.rec.stream_stats(0) == before
+
+
+# ------------------------------------------------------------- finalize
+
+
+def finalize(run: Run) -> tuple[str, str | None]:
+    run.rec.finalize()
+    return run.rec.verdict(0)
+
+
+def test_finalize_rule_1_gap_with_buffered_frames() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1], [P], 0), seq=5))
+    assert finalize(run) == ("failed", f"frames lost: gap in source {SCHED:016x} at seq 1")
+
+
+def test_finalize_rule_2_no_frames() -> None:
+    run = Run(hellos=False)
+    run.sse(0, "a", [1], finish=True)
+    assert finalize(run) == ("failed", "missing telemetry: no frames received for this run")
+
+
+def test_finalize_rule_3_sse_not_finished() -> None:
+    run = Run()
+    run.sse(0, "a", [1])
+    assert finalize(run) == ("failed", "stream 0: SSE did not finish")
+
+
+def test_finalize_rule_4_no_provenance() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    run.push(run.text(text(0, 0, [tok(1, "a"), tok(2, "b")], "ab", **FIN)))
+    run.sse(0, "ab", [1, 2], finish=True)
+    assert finalize(run) == ("failed", "missing telemetry: no provenance for offset 1")
+
+
+def test_finalize_rule_5_no_text_frame() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1, 2], [A, T], 3)))
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a")))
+    run.sse(0, "ab", [1, 2], finish=True)
+    assert finalize(run) == ("failed", "missing telemetry: no text frame for offset 1")
+
+
+def test_finalize_rule_6_text_not_finished() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a")))
+    run.sse(0, "a", [1], finish=True)
+    assert finalize(run) == ("failed", "missing telemetry: text not finished at offset 1")
+
+
+def test_finalize_rule_7_sse_text_shorter() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    run.push(run.text(text(0, 0, [tok(1, "abc")], "abc", **FIN)))
+    run.sse(0, "a", [1], finish=True)
+    assert finalize(run) == (
+        "failed",
+        "stream 0: SSE text shorter than the HTTP text (1 of 3 bytes)",
+    )
+
+
+def test_finalize_rule_8_token_counts_differ() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1, 2], [A, T], 2)))
+    run.push(run.text(text(0, 0, [tok(1, "a"), tok(2, "b")], "ab", **FIN)))
+    run.sse(0, "ab", [1], finish=True)
+    assert finalize(run) == ("failed", "stream 0: 1 SSE tokens, 2 detokenized tokens")
+
+
+def test_finalize_rule_9_unproven_bytes() -> None:
+    # The text finished without a stop string but HTTP stopped inside the fragment 'cd'.
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1, 2], [A, B], 1)))
+    run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abc", **FIN)))
+    run.sse(0, "abc", [1, 2], finish=True)
+    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1)]
+    assert finalize(run) == ("failed", "stream 0: unproven bytes from byte 2")
+    assert run.events() == [("failed", 0, "stream 0: unproven bytes from byte 2")]
+
+
+def test_finalize_leaves_decided_streams_alone_and_is_idempotent() -> None:
+    run = simple_exact_run()
+    run.events()
+    run.rec.finalize()
+    run.rec.finalize()
+    assert run.events() == []
+    assert run.rec.verdict(0) == ("exact", None)
+
+
+# ----------------------------------------------------------------- API
+
+
+def test_api_validation_messages() -> None:
+    with pytest.raises(ValueError) as caught:
+        Reconciler("AB" * 16, 1)
+    assert (
+        str(caught.value) == f"invalid run id '{'AB' * 16}': expected 32 lowercase hex characters"
+    )
+    with pytest.raises(ValueError) as caught:
+        Reconciler("ab", 1)
+    assert str(caught.value) == "invalid run id 'ab': expected 32 lowercase hex characters"
+    for count in (0, 65536):
+        with pytest.raises(ValueError) as caught:
+            Reconciler(RUN, count)
+        assert str(caught.value) == f"num_streams {count} out of range 1..=65535"
+    rec = Reconciler(RUN, 2)
+    for call in (
+        lambda: rec.push_sse(2, "", []),
+        lambda: rec.push_sse(-1, "", []),
+        lambda: rec.finish_sse(2),
+        lambda: rec.stream_stats(5),
+        lambda: rec.verdict(2),
+    ):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value).startswith("stream ")
+        assert str(caught.value).endswith(" out of range 0..2")
+    for bad in (-1, 2**32):
+        with pytest.raises(ValueError) as caught:
+            rec.push_sse(0, "", [1, bad])
+        assert str(caught.value) == f"token id {bad} out of range 0..=4294967295"
+    assert rec.verdict(0) == ("pending", None)
+
+
+def test_push_frames_equals_push_frame_one_by_one() -> None:
+    one = simple_exact_run()
+    frames = []
+    builder = Run()
+    builder.rec = Reconciler(RUN, 1)
+    builder.seq = {SCHED: 0, FRONT: 0}
+    frames = [
+        builder.hello(SCHED, wire.SOURCE_SCHEDULER),
+        builder.hello(FRONT, wire.SOURCE_FRONTEND),
+        builder.prov(prov(0, 0, [10], [P], 0)),
+        builder.text(text(0, 0, [tok(10, "Hi")], "Hi")),
+        builder.prov(prov(0, 1, [11, 12], [A, B], 1, finished=True, finish_reason=1)),
+        builder.text(text(0, 1, [tok(11, " a"), tok(12, "b")], " ab", **FIN)),
+    ]
+    batch = Reconciler(RUN, 1)
+    batch.push_frames(frames)
+    batch.push_sse(0, "Hi ab", [10, 11, 12])
+    batch.finish_sse(0)
+    assert batch.drain() == one.events()
+    assert batch.totals() == one.rec.totals()
+
+
+# ------------------------------------------------- generated workloads (oracle sanity)
+
+SMALL = {"num_streams": (1, 3), "tokens": (1, 30), "k": (0, 4)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(workload=workloads.workloads(**SMALL))
+def test_generated_workloads_end_all_exact_with_the_generator_truth(workload: Any) -> None:
+    rec = Reconciler(workload.run_id, workload.num_streams)
+    workloads.feed(rec, workload.inputs)
+    rec.finalize()
+    assert [rec.verdict(i) for i in range(workload.num_streams)] == [
+        ("exact", None)
+    ] * workload.num_streams
+    totals = rec.totals()
+    assert {key: totals[key] for key in workload.expected_totals()} == workload.expected_totals()
+    spans = [event for event in rec.drain() if event[0] == "span"]
+    for index, truth in enumerate(workload.truth):
+        # The spans of a stream tile its text exactly, in order.
+        pieces = [event for event in spans if event[1] == index]
+        assert "".join(event[3] for event in pieces) == truth.text
+        starts = [event[2] for event in pieces]
+        assert starts == sorted(starts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workload=workloads.mutated_workloads(**SMALL))
+def test_mutated_workloads_never_give_an_affected_stream_exact(workload: Any) -> None:
+    rec = Reconciler(workload.run_id, workload.num_streams)
+    workloads.feed(rec, workload.inputs)
+    rec.finalize()
+    verdicts = [rec.verdict(i)[0] for i in range(workload.num_streams)]
+    if workload.benign:
+        assert verdicts == ["exact"] * workload.num_streams
+    else:
+        assert all(verdicts[i] == "failed" for i in workload.affected)

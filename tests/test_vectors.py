@@ -1,0 +1,165 @@
+"""The normative protocol vectors (tests/vectors/*.json) against both decoders.
+
+Also checks that the committed vectors equal the generator's output and that
+every row of the decoder error table in docs/PROTOCOL.md has a vector.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parallelhue.reference.decode import Frame, FrameError, decode_frame, frame_meaning
+from parallelhue_vllm import wire
+
+VECTOR_DIR = Path(__file__).resolve().parent / "vectors"
+FILES = ["header", "hello", "provenance", "text", "notice"]
+
+
+def _load(name: str) -> dict[str, list[dict[str, Any]]]:
+    return json.loads((VECTOR_DIR / f"{name}.json").read_text(encoding="utf-8"))
+
+
+VALID = [(name, v) for name in FILES for v in _load(name)["valid"]]
+INVALID = [(name, v) for name in FILES for v in _load(name)["invalid"]]
+
+
+def _ids(cases: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [f"{name}:{vector['name']}" for name, vector in cases]
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("vector_generator", VECTOR_DIR / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_vectors_equal_generated_output() -> None:
+    generator = _generator()
+    for name, vectors in generator.all_vectors().items():
+        committed = (VECTOR_DIR / f"{name}.json").read_text(encoding="utf-8")
+        assert committed == generator.render(vectors), f"{name}.json is stale"
+
+
+@pytest.mark.parametrize(("file", "vector"), VALID, ids=_ids(VALID))
+def test_reference_decodes_valid_vector(file: str, vector: dict[str, Any]) -> None:
+    frame = decode_frame(bytes.fromhex(vector["hex"]))
+    assert frame_meaning(frame) == vector["frame"]
+
+
+def _reencode(frame: Frame) -> bytes:
+    if frame.hello is not None:
+        return wire.encode_hello(frame.header, frame.hello)
+    return wire.encode_records(frame.kind, frame.header, frame.records)
+
+
+@pytest.mark.parametrize(("file", "vector"), VALID, ids=_ids(VALID))
+def test_valid_vector_reencodes_to_the_same_bytes(file: str, vector: dict[str, Any]) -> None:
+    data = bytes.fromhex(vector["hex"])
+    assert _reencode(decode_frame(data)) == data
+
+
+@pytest.mark.parametrize(("file", "vector"), INVALID, ids=_ids(INVALID))
+def test_reference_rejects_invalid_vector(file: str, vector: dict[str, Any]) -> None:
+    with pytest.raises(FrameError) as caught:
+        decode_frame(bytes.fromhex(vector["hex"]))
+    assert str(caught.value) == vector["error"]
+
+
+def _native_decode() -> Any:
+    try:
+        from parallelhue import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return getattr(_native, "decode_frame", None)
+
+
+needs_native = pytest.mark.skipif(
+    _native_decode() is None,
+    reason="parallelhue._native.decode_frame is not built (run `make native`)",
+)
+
+
+@needs_native
+@pytest.mark.parametrize(("file", "vector"), VALID, ids=_ids(VALID))
+def test_native_decodes_valid_vector(file: str, vector: dict[str, Any]) -> None:
+    assert _native_decode()(bytes.fromhex(vector["hex"])) == vector["frame"]
+
+
+@needs_native
+@pytest.mark.parametrize(("file", "vector"), INVALID, ids=_ids(INVALID))
+def test_native_rejects_invalid_vector(file: str, vector: dict[str, Any]) -> None:
+    with pytest.raises(ValueError) as caught:
+        _native_decode()(bytes.fromhex(vector["hex"]))
+    assert str(caught.value) == vector["error"]
+
+
+# One pattern per row (or alternative) of the decoder error table in docs/PROTOCOL.md.
+ERROR_TABLE = {
+    "fewer than 64 bytes": r"truncated frame: \d+ bytes, header needs 64",
+    "more than 65536 bytes": r"oversized frame: \d+ bytes, limit 65536",
+    "wrong magic": r"bad magic: expected 50485545, got [0-9a-f]{8}",
+    "version": r"unsupported protocol version \d+ \(this build speaks 1\)",
+    "unknown kind": r"unknown frame kind \d+",
+    "flags": r"reserved header flags set: \d+",
+    "source id 0": r"source id 0 is reserved",
+    "body_len": r"body length mismatch: header says \d+, datagram has \d+",
+    "body ends early (hello)": r"truncated hello body at byte \d+",
+    "body ends early (provenance)": r"truncated provenance body at byte \d+",
+    "body ends early (text)": r"truncated text body at byte \d+",
+    "body ends early (notice)": r"truncated notice body at byte \d+",
+    "bytes left over (hello)": r"\d+ trailing bytes after hello body",
+    "bytes left over (provenance)": r"\d+ trailing bytes after provenance body",
+    "bytes left over (text)": r"\d+ trailing bytes after text body",
+    "bytes left over (notice)": r"\d+ trailing bytes after notice body",
+    "record_count": r"record count \d+ out of range 1\.\.=1024",
+    "repeated stream": r"stream \d+ appears twice in one frame",
+    "stream 0xFFFF": r"stream 65535 is reserved",
+    "n_tokens": r"record for stream \d+: \d+ tokens out of range [01]\.\.=256",
+    "offset overflow": r"record for stream \d+: offset \d+ \+ \d+ tokens overflows u32",
+    "unknown role": r"record for stream \d+: unknown role \d+ at token \d+",
+    "bad role sequence": r"record for stream \d+: invalid role sequence [PATB]+",
+    "padded > scheduled": r"record for stream \d+: \d+ padded drafts exceed \d+ scheduled",
+    "bad flags": r"record for stream \d+: invalid flags \d+",
+    "finish/flags mismatch": r"record for stream \d+: finish reason \d+ with finished=[01]",
+    "span_back": r"record for stream \d+: span_back \d+ on empty fragment at token \d+",
+    "invalid UTF-8 fragment": r"record for stream \d+: invalid UTF-8 in fragment of token \d+",
+    "invalid UTF-8 http delta": r"record for stream \d+: invalid UTF-8 in http delta",
+    "trimmed_tokens": r"record for stream \d+: trimmed_tokens \d+ without tokens_trimmed flag",
+    "hello role": r"hello: unknown role \d+",
+    "hello engine": r"hello: unknown engine \d+",
+    "hello derivation": r"hello: unknown role derivation \d+",
+    "hello consistency": r"hello: inconsistent speculative fields \(method '.*', K \d+, "
+    r"derivation \d+\)",
+    "hello UTF-8 plugin_version": r"hello: invalid UTF-8 in plugin_version",
+    "hello UTF-8 engine_version": r"hello: invalid UTF-8 in engine_version",
+    "hello UTF-8 spec_method": r"hello: invalid UTF-8 in spec_method",
+    "notice too long": r"notice for stream \d+: message of \d+ bytes exceeds 1024",
+    "notice UTF-8": r"notice for stream \d+: invalid UTF-8 message",
+}
+
+
+@pytest.mark.parametrize("row", sorted(ERROR_TABLE))
+def test_every_error_table_row_has_a_vector(row: str) -> None:
+    pattern = re.compile(ERROR_TABLE[row])
+    assert any(pattern.fullmatch(vector["error"]) for _, vector in INVALID), row
+
+
+def test_every_invalid_vector_matches_a_table_row_or_a_noted_extension() -> None:
+    # Two hello checks have no row in the table (async_scheduling and reserved must be 0/1
+    # and 0 per the layout); everything else must be a table message.
+    extensions = [r"hello: invalid async_scheduling \d+", r"hello: reserved field set: \d+"]
+    patterns = [re.compile(p) for p in [*ERROR_TABLE.values(), *extensions]]
+    unmatched = [
+        vector["error"]
+        for _, vector in INVALID
+        if not any(p.fullmatch(vector["error"]) for p in patterns)
+    ]
+    assert unmatched == []

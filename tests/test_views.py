@@ -1,0 +1,190 @@
+"""Coloring rule, labels, fixed-size grid panes, plain output."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from parallelhue.backend import Backend
+from parallelhue.state import (
+    LABEL_CHUNK,
+    LABEL_EXACT,
+    LABEL_VERIFYING,
+    PALETTE,
+    RunModel,
+    StreamState,
+)
+from parallelhue.views import grid_layout, grid_renderable, make_console, styled_text
+
+SPECULATIVE = Backend("ngram", True, "plugin hello")
+GENERIC = Backend("generic", False, "no plugin hello; no /metrics")
+_ANSI_COLOR = re.compile(r"\x1b\[38;5;(\d+)m([^\x1b]*)")
+
+
+def colored_pieces(text: str) -> list[tuple[int, str]]:
+    return [(int(code), piece) for code, piece in _ANSI_COLOR.findall(text)]
+
+
+def render(renderable: object, width: int = 120, no_color: bool = False) -> str:
+    console = Console(
+        file=io.StringIO(),
+        width=width,
+        force_terminal=True,
+        color_system="256",
+        no_color=no_color,
+        highlight=False,
+        markup=False,
+    )
+    console.print(renderable)
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(output, str)
+    return output
+
+
+def exact_stream(mode: str = "auto") -> StreamState:
+    stream = StreamState(index=0, mode=mode)
+    for text in ("Hel", "lo w", "orld", "!!"):
+        stream.add_delta(text, [1], 0.0)
+    # Steps 0..4; "lo w" is a mixed span (two steps), so it stays uncolored.
+    stream.add_span(0, "Hel", 0)
+    stream.add_span(3, "lo w", None)
+    stream.add_span(7, "orld", 1)
+    return stream
+
+
+def test_proven_spans_are_colored_by_step_and_mixed_spans_are_not() -> None:
+    stream = exact_stream()
+    segments = stream.segments(colorize=True)
+    assert segments == [("Hel", PALETTE[0]), ("lo w", None), ("orld", PALETTE[1]), ("!!", None)]
+    output = render(styled_text(segments))
+    assert colored_pieces(output) == [(46, "Hel"), (196, "orld")]
+    assert stream.label == LABEL_VERIFYING
+
+
+def test_step_colors_cycle_through_the_palette() -> None:
+    stream = StreamState(index=0, mode="auto")
+    for step in range(6):
+        stream.add_delta(str(step), [step], 0.0)
+        stream.add_span(step, str(step), step)
+    output = render(styled_text(stream.segments(colorize=True)))
+    assert colored_pieces(output) == [
+        (46, "0"),
+        (196, "1"),
+        (27, "2"),
+        (226, "3"),
+        (46, "4"),
+        (196, "5"),
+    ]
+
+
+def test_exact_mode_shows_only_proven_text() -> None:
+    stream = exact_stream(mode="exact")
+    assert "".join(text for text, _ in stream.segments(colorize=True)) == "Hello world"
+    stream.verdict = "exact"
+    assert stream.label == LABEL_EXACT
+
+
+def test_auto_downgrade_switches_to_chunk_colors_with_reason() -> None:
+    stream = exact_stream()
+    stream.verdict = "failed"
+    stream.reason = "frames lost: gap in source 00000000000000ab at seq 7"
+    assert stream.label == LABEL_CHUNK
+    assert stream.note == "downgraded: frames lost: gap in source 00000000000000ab at seq 7"
+    output = render(styled_text(stream.segments(colorize=True)))
+    assert colored_pieces(output) == [(46, "Hel"), (196, "lo w"), (27, "orld"), (226, "!!")]
+
+
+def test_no_color_and_generic_backends_are_monochrome() -> None:
+    for backend, no_color in ((SPECULATIVE, True), (GENERIC, False)):
+        model = RunModel([exact_stream()], "auto", backend, no_color=no_color)
+        assert not model.colorize
+        output = render(styled_text(model.streams[0].segments(model.colorize)))
+        assert "\x1b[38;5;" not in output
+        assert "Hello world!!" in output
+
+
+def test_plain_console_writes_no_ansi() -> None:
+    console = make_console(False, plain=True)
+    console.file = io.StringIO()
+    model = RunModel([exact_stream()], "auto", SPECULATIVE, no_color=False)
+    console.print(styled_text(model.streams[0].segments(True)))
+    assert "\x1b" not in console.file.getvalue()
+
+
+def test_grid_has_64_fixed_size_panes_with_headers() -> None:
+    streams = []
+    for index in range(64):
+        stream = StreamState(index=index, mode="chunk")
+        stream.add_delta("word " * (index * 7), [1] * index, 0.0)
+        streams.append(stream)
+    streams.append(StreamState(index=64, mode="chunk"))
+    model = RunModel(streams, "chunk", GENERIC, no_color=True)
+    console = Console(file=io.StringIO(), width=240, force_terminal=True, color_system=None)
+    columns, pane_width, pane_height = grid_layout(64, 240, 90)
+    assert (columns, pane_width, pane_height) == (6, 40, 8)
+    output = render(grid_renderable(model, console, 240, 90), width=240, no_color=True)
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # bold/dim only: no colors asked
+    lines = output.splitlines()
+    # banner + 8 rows of panes + status line; every pane row is exactly pane_height lines.
+    assert len(lines) == 1 + 11 * pane_height + 1
+    for index in range(64):
+        assert f"#{index} SSE CHUNK MODE" in output
+        assert f"{index} tok - st - t/st acc -" in output
+    # Ten full rows of six panes, then a last row of four: every pane is 40 cells wide.
+    widths = [len(line) for line in lines[1:-1]]
+    assert widths == [6 * pane_width] * (10 * pane_height) + [4 * pane_width] * pane_height
+    assert "#64 " not in output
+    assert lines[-1].startswith("1 of 65 streams hidden: the grid holds 64 · streams SSE CHUNK")
+
+
+def test_grid_follows_the_terminal_size() -> None:
+    assert grid_layout(16, 80, 24)[0] == 2
+    assert grid_layout(16, 200, 50)[0] == 5
+    assert grid_layout(1, 200, 50) == (1, 200, 48)
+
+
+def test_stream_and_grid_views_print_the_final_picture_and_summary() -> None:
+    from parallelhue.views import GridView, StreamView
+
+    for view_class in (StreamView, GridView):
+        stream = exact_stream()
+        stream.verdict = "exact"
+        model = RunModel([stream], "auto", SPECULATIVE, no_color=False)
+        console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="256")
+        view = view_class(model, console)
+        view.start()
+        view.refresh()
+        view.stop()
+        output = console.file.getvalue()  # type: ignore[attr-defined]
+        plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", output)
+        assert "#0 EXACT TOKEN PROVENANCE" in plain
+        assert "Hello world" in plain
+        assert "stream 0: EXACT TOKEN PROVENANCE" in plain
+        assert (46, "Hel") in colored_pieces(output)
+
+
+def test_small_terminal_shows_whole_rows_and_says_what_is_hidden() -> None:
+    streams = [StreamState(index=i, mode="chunk") for i in range(16)]
+    model = RunModel(streams, "chunk", GENERIC, no_color=True)
+    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    output = render(grid_renderable(model, console, 80, 24), width=80, no_color=True)
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    lines = output.splitlines()
+    # 2 columns of 6-line panes: 3 rows fit in 24 lines with the banner and status.
+    assert len(lines) <= 24
+    assert "#5 SSE CHUNK MODE" in output and "#6 " not in output
+    assert lines[-1].startswith("10 of 16 streams hidden: enlarge the terminal or use --tmux")
+
+
+def test_final_grid_picture_keeps_all_64_panes() -> None:
+    from parallelhue.views import GridView
+
+    streams = [StreamState(index=i, mode="chunk") for i in range(64)]
+    model = RunModel(streams, "chunk", GENERIC, no_color=True)
+    console = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
+    output = render(GridView(model, console).final_picture(console), width=120, no_color=True)
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    assert all(f"#{i} SSE CHUNK MODE" in output for i in range(64))
+    assert "hidden" not in output

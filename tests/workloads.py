@@ -1,0 +1,883 @@
+"""Realistic multi-stream telemetry + SSE workloads for reconcilers (tests and benches).
+
+`generate(seed, ...)` simulates a batched speculative-decoding engine serving
+several streams of one client run, as the vLLM plugin would report it:
+
+- a byte-level vocabulary built from multilingual text (ASCII, CJK, emoji with
+  ZWJ sequences, combining marks, Devanagari, Arabic): tokens are 1..5-byte
+  pieces cut anywhere, so multi-byte characters are split across tokens and
+  across steps;
+- per stream, steps of 1..K+1 tokens (accepted drafts then a target correction
+  or a bonus, per-stream acceptance rate), steps without drafts (plain), async
+  scheduling (all drafts padded) for some runs;
+- endings: max_tokens (the step is cut, `trimmed`), a stop token (EOS, never
+  detokenized, later tokens of its step cut), a stop string in vLLM 0.26 style
+  (text truncated, ids kept) or 0.33 style (surplus tokens trimmed) with extra
+  scheduler steps the frontend never reports (surplus provenance);
+- the detokenizer as vLLM's DecodeStream: a token whose bytes leave the text
+  inside a character yields an empty fragment; the next complete one carries
+  all pending bytes (`span_back` = number of pending tokens). HTTP deltas hold
+  back max(len(stop)) - 1 characters while unfinished when stop strings are set;
+- SSE chunks one per step, or several steps merged (the output collector
+  coalescing under load);
+- one provenance frame and one text frame per engine step per run carrying
+  every stream's record (split only above MAX_FRAME_BYTES), encoded with
+  parallelhue_vllm.wire; the channels (scheduler frames, frontend frames, each
+  stream's SSE) interleave with jitter, each in its own order.
+
+`mutate(workload, seed, kind)` applies one fault and says which streams it
+affects and whether it is benign (the reconciler must still end all-exact).
+
+Inputs are tuples ready to feed a reconciler:
+("frame", bytes) | ("sse", stream, text, token_ids) | ("finish", stream).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[1]
+for _extra in (_ROOT / "plugin", _ROOT / "python"):
+    if str(_extra) not in sys.path:
+        sys.path.append(str(_extra))
+
+from parallelhue.reference.decode import FrameError, decode_frame  # noqa: E402
+from parallelhue_vllm import wire  # noqa: E402
+
+Input = tuple[Any, ...]
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. ",
+    "Speculative decoding drafts tokens and the target verifies them. ",
+    "日本語のテキストを生成しています。",
+    "中文字符也会被拆成多个字节\uff0c",
+    "한국어 문장도 섞어 봅시다. ",
+    "😀🚀✨ ",
+    "👩‍💻 codes, 🇯🇵 flags, 👍🏽 tones. ",
+    "e\u0301te\u0301 cafe\u0301 n\u0303o a\u0308 ",
+    "नमस्ते दुनिया ",
+    "مرحبا بالعالم ",
+    "Ünïcödé ßtraße Ωμέγα ",
+    "\n",
+    "def f(x):\n    return x * 2\n",
+]
+# Never produced from the corpus, so they only match where a stream places them.
+STOP_STRINGS = ("<END>", "§§", "⏹")
+EOS_ID = 2
+FIRST_PIECE_ID = 1000
+ENDINGS = ("length", "eos", "stop026", "stop033")
+
+
+@dataclass
+class StreamTruth:
+    """What a correct reconciler must conclude for one stream."""
+
+    token_ids: list[int] = field(default_factory=list)  # tokens the client received
+    roles: list[int] = field(default_factory=list)  # scheduler role of each of them
+    text: str = ""  # the text the client received
+    steps: int = 0  # provenance records with at least one confirmed token
+    mixed_spans: int = 0  # fragments whose tokens come from two or more steps
+    ending: str = "length"
+    coalesced_chunks: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+    def role_counts(self) -> dict[str, int]:
+        names = ("plain", "accepted", "target", "bonus")
+        return {name: self.roles.count(role) for role, name in enumerate(names)}
+
+
+@dataclass
+class Workload:
+    seed: int
+    run_id: str
+    num_streams: int
+    inputs: list[Input]
+    truth: list[StreamTruth]
+    mutation: str | None = None
+    affected: frozenset[int] = frozenset()
+    benign: bool = True
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(t.tokens for t in self.truth)
+
+    def expected_totals(self) -> dict[str, int]:
+        """Run totals that do not depend on input timing (surplus steps may arrive late)."""
+        totals = dict.fromkeys(("tokens", "steps", "plain", "accepted", "target", "bonus"), 0)
+        totals["mixed_spans"] = 0
+        totals["bytes"] = 0
+        for truth in self.truth:
+            totals["tokens"] += truth.tokens
+            totals["steps"] += truth.steps
+            for name, count in truth.role_counts().items():
+                totals[name] += count
+            totals["mixed_spans"] += truth.mixed_spans
+            totals["bytes"] += len(truth.text.encode("utf-8"))
+        return totals
+
+
+def feed(reconciler: Any, inputs: list[Input], batch_frames: bool = False) -> None:
+    """Push every input into a reconciler (reference or native: same API)."""
+    pending: list[bytes] = []
+    for item in inputs:
+        kind = item[0]
+        if kind == "frame":
+            if batch_frames:
+                pending.append(item[1])
+                continue
+            reconciler.push_frame(item[1])
+            continue
+        if pending:
+            reconciler.push_frames(pending)
+            pending = []
+        if kind == "sse":
+            reconciler.push_sse(item[1], item[2], item[3])
+        else:
+            reconciler.finish_sse(item[1])
+    if pending:
+        reconciler.push_frames(pending)
+
+
+# ------------------------------------------------------------------ engine
+
+
+class _Vocabulary:
+    def __init__(self) -> None:
+        self.ids: dict[bytes, int] = {}
+
+    def tokenize(self, data: bytes, rng: random.Random) -> list[tuple[int, bytes]]:
+        tokens = []
+        position = 0
+        sizes = iter(rng.choices((1, 2, 3, 4, 5), (2, 2, 2, 1, 1), k=len(data)))
+        ids = self.ids
+        while position < len(data):
+            piece = data[position : position + next(sizes)]
+            position += len(piece)
+            token_id = ids.get(piece)
+            if token_id is None:
+                token_id = ids[piece] = FIRST_PIECE_ID + len(ids)
+            tokens.append((token_id, piece))
+        return tokens
+
+
+def _random_text(rng: random.Random, size: int) -> str:
+    parts: list[str] = []
+    length = 0
+    while length < size:
+        part = rng.choice(CORPUS)
+        parts.append(part)
+        length += len(part.encode("utf-8"))
+    return "".join(parts)
+
+
+@dataclass
+class _StepOutput:
+    provenance: wire.ProvenanceRecord | None = None
+    text: wire.TextRecord | None = None
+    sse: tuple[str, list[int]] | None = None
+    sse_final: bool = False
+
+
+class _StreamSim:
+    """One request: the scheduler's view, the detokenizer's view and the SSE chunks."""
+
+    def __init__(
+        self,
+        index: int,
+        rng: random.Random,
+        vocab: _Vocabulary,
+        *,
+        tokens: int,
+        k: int,
+        async_scheduling: bool,
+        ending: str,
+        fixed_length: bool = False,
+    ) -> None:
+        self.index = index
+        self.rng = rng
+        self.k = k
+        self.async_scheduling = async_scheduling
+        self.ending = ending
+        self.acceptance = rng.choice((0.2, 0.5, 0.7, 0.9, 1.0))
+        self.stops: tuple[str, ...] = ()
+        if ending.startswith("stop") or rng.random() < 0.3:
+            self.stops = tuple(rng.sample(STOP_STRINGS, rng.randint(1, 2)))
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
+        # The token stream the model produces (longer than what is kept: trims and surplus).
+        body_bytes = max(1, tokens) * (6 if fixed_length else 2)
+        text = _random_text(rng, body_bytes)
+        if ending.startswith("stop"):
+            cut = rng.randint(0, len(text))
+            text = text[:cut] + rng.choice(self.stops) + text[cut:] + _random_text(rng, 40)
+        pieces = vocab.tokenize(text.encode("utf-8"), rng)
+        tail = vocab.tokenize(_random_text(rng, 120).encode("utf-8"), rng)
+        self.max_tokens = 1 << 30
+        self.eos_at = -1
+        if ending == "length":
+            self.max_tokens = tokens if fixed_length else rng.randint(1, max(1, len(pieces)))
+        elif ending == "eos":
+            self.eos_at = rng.randint(0, len(pieces))
+            pieces = [*pieces[: self.eos_at], (EOS_ID, b""), *pieces[self.eos_at :]]
+        self.tokens = pieces + tail
+        # Scheduler side.
+        self.position = 0  # next token of self.tokens
+        self.scheduler_done = False
+        self.surplus_steps_left = rng.choice((0, 1, 2)) if ending.startswith("stop") else 0
+        self.first_step = True
+        # Frontend side.
+        self.frontend_done = False
+        self.late_finish = ending in ("length", "eos") and rng.random() < 0.1
+        self.late_finish_pending: wire.TextRecord | None = None
+        self.pending_bytes = b""
+        self.pending_tokens = 0
+        self.unreleased = ""  # decoded text not yet handed to HTTP
+        self.released = 0  # characters handed to HTTP
+        self.total_chars = 0  # characters decoded
+        self.text_offset = 0
+        self.final_chars: int | None = None  # text length once finished (stop string cut)
+
+    @property
+    def done(self) -> bool:
+        return self.scheduler_done and self.frontend_done
+
+    def _roles(self) -> tuple[list[int], int, int]:
+        if self.k == 0 or self.first_step or self.rng.random() < 0.1:
+            drafts = 0
+        elif self.rng.random() < 0.2:
+            drafts = self.rng.randint(1, self.k)  # budget-truncated draft
+        else:
+            drafts = self.k
+        self.first_step = False
+        if drafts == 0:
+            return [wire.ROLE_PLAIN], 0, 0
+        accepted = 0
+        while accepted < drafts and self.rng.random() < self.acceptance:
+            accepted += 1
+        last = wire.ROLE_BONUS if accepted == drafts else wire.ROLE_TARGET
+        padded = drafts if self.async_scheduling else 0
+        return [wire.ROLE_ACCEPTED] * accepted + [last], drafts, padded
+
+    def _decode(self, token_id: int, piece: bytes) -> wire.TextToken:
+        if token_id == EOS_ID:
+            return wire.TextToken(token_id, b"", 0)  # never passed to decode_next
+        self.pending_bytes += piece
+        try:
+            text = self.pending_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            self.pending_tokens += 1
+            return wire.TextToken(token_id, b"", 0)
+        token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens)
+        self.unreleased += text
+        self.total_chars += len(text)
+        self.pending_bytes = b""
+        self.pending_tokens = 0
+        return token
+
+    def step(self) -> _StepOutput:
+        out = _StepOutput()
+        if self.late_finish_pending is not None:
+            record = self.late_finish_pending
+            self.late_finish_pending = None
+            record.offset = self.text_offset
+            delta = self._release(self.total_chars)
+            record.http_delta = delta.encode("utf-8")
+            out.text = record
+            out.sse = (delta, [])
+            out.sse_final = True
+            self.frontend_done = True
+            return out
+        if self.scheduler_done:
+            return out
+        roles, drafts, padded = self._roles()
+        start = self.position
+        count = len(roles)
+        finished = trimmed = False
+        reason = wire.FINISH_NONE
+        if start + count >= self.max_tokens:
+            count, finished, reason = self.max_tokens - start, True, wire.FINISH_LENGTH
+        if start <= self.eos_at < start + count:
+            count, finished, reason = self.eos_at - start + 1, True, wire.FINISH_STOP
+        if count < len(roles):
+            trimmed = True
+            roles = roles[:count]
+        step_tokens = self.tokens[start : start + count]
+        self.position += count
+        out.provenance = wire.ProvenanceRecord(
+            self.index,
+            start,
+            [token_id for token_id, _ in step_tokens],
+            roles,
+            drafts,
+            padded,
+            finished,
+            reason,
+            trimmed,
+        )
+        if finished:
+            self.scheduler_done = True
+        if self.frontend_done:
+            # Surplus: the frontend stopped on a stop string, the abort has not arrived yet.
+            self.surplus_steps_left -= 1
+            if self.surplus_steps_left <= 0:
+                self.scheduler_done = True
+            return out
+        out.text, out.sse, out.sse_final = self._frontend_step(step_tokens, finished, reason)
+        if self.frontend_done and self.surplus_steps_left <= 0:
+            self.scheduler_done = True
+        return out
+
+    def _frontend_step(
+        self, step_tokens: list[tuple[int, bytes]], finished: bool, reason: int
+    ) -> tuple[wire.TextRecord, tuple[str, list[int]], bool]:
+        before = self.total_chars
+        text_tokens = []
+        ends = []  # characters decoded after each token
+        for token_id, piece in step_tokens:
+            text_tokens.append(self._decode(token_id, piece))
+            ends.append(self.total_chars)
+        record = wire.TextRecord(self.index, self.text_offset, text_tokens, b"")
+        stop_at = self._find_stop(before)
+        if stop_at is not None:
+            position, stop = stop_at
+            self.final_chars = position
+            finished, reason = True, wire.FINISH_STOP
+            record.text_truncated = True
+            if self.ending == "stop033":
+                complete = position + len(stop)
+                keep = next(i for i, end in enumerate(ends) if end >= complete) + 1
+                record.trimmed_tokens = len(text_tokens) - keep
+                record.tokens_trimmed = True
+                record.tokens = text_tokens[:keep]
+        elif finished:
+            self.final_chars = self.total_chars
+        if finished and self.late_finish and stop_at is None:
+            # The finish reaches the frontend one step later, with no new tokens.
+            delta = self._release(max(self.released, self.total_chars - self.holdback))
+            record.http_delta = delta.encode("utf-8")
+            self.text_offset += len(record.tokens)
+            self.late_finish_pending = wire.TextRecord(
+                self.index, 0, [], b"", finished=True, finish_reason=reason
+            )
+            return record, (delta, [t.token_id for t in record.tokens]), False
+        if finished:
+            assert self.final_chars is not None
+            delta = self._release(self.final_chars)
+            self.unreleased = ""
+            record.finished = True
+            record.finish_reason = reason
+            self.frontend_done = True
+        else:
+            delta = self._release(max(self.released, self.total_chars - self.holdback))
+        record.http_delta = delta.encode("utf-8")
+        self.text_offset += len(record.tokens)
+        return record, (delta, [t.token_id for t in record.tokens]), finished
+
+    def _find_stop(self, before: int) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for stop in self.stops:
+            # The holdback (>= len(stop) - 1) keeps the search window unreleased.
+            start = max(0, before - len(stop) + 1 - self.released)
+            found = self.unreleased.find(stop, start)
+            if found >= 0 and (best is None or self.released + found < best[0]):
+                best = (self.released + found, stop)
+        return best
+
+    def _release(self, upto: int) -> str:
+        """Hand the text up to character `upto` to HTTP; returns the delta."""
+        count = upto - self.released
+        delta, self.unreleased = self.unreleased[:count], self.unreleased[count:]
+        self.released = upto
+        return delta
+
+
+def generate(
+    seed: int,
+    *,
+    num_streams: int | tuple[int, int] = (1, 4),
+    tokens: int | tuple[int, int] = (1, 40),
+    k: int | tuple[int, int] = (0, 5),
+    coalesce: float | None = None,
+    endings: tuple[str, ...] = ENDINGS,
+    jitter: float = 2.0,
+    async_probability: float = 0.2,
+    fixed_length: bool = False,
+) -> Workload:
+    """A random workload; every int-or-range argument is drawn from its range per seed.
+
+    `fixed_length`: every stream ends by max_tokens after exactly `tokens` tokens
+    (benchmarks: a known amount of work).
+    """
+    if fixed_length:
+        endings = ("length",)
+    rng = random.Random(seed)
+
+    def draw(value: int | tuple[int, int]) -> int:
+        return value if isinstance(value, int) else rng.randint(*value)
+
+    streams = draw(num_streams)
+    spec_k = draw(k)
+    async_scheduling = spec_k > 0 and rng.random() < async_probability
+    coalesce_p = rng.choice((0.0, 0.0, 0.3, 0.7)) if coalesce is None else coalesce
+    run_bytes = rng.getrandbits(128).to_bytes(16, "big")
+    run_id = run_bytes.hex()
+    scheduler_id = rng.getrandbits(64) | 1
+    frontend_id = rng.getrandbits(64) | 2
+    vocab = _Vocabulary()
+    sims = [
+        _StreamSim(
+            i,
+            rng,
+            vocab,
+            tokens=draw(tokens),
+            k=spec_k,
+            async_scheduling=async_scheduling,
+            ending=rng.choice(endings),
+            fixed_length=fixed_length,
+        )
+        for i in range(streams)
+    ]
+    starts = [rng.randint(0, 3) for _ in sims]
+
+    method = "" if spec_k == 0 else rng.choice(("ngram", "draft_model", "eagle3"))
+    derivation = (
+        wire.DERIVATION_NONE
+        if spec_k == 0
+        else (wire.DERIVATION_COUNTS if async_scheduling else wire.DERIVATION_DRAFT_IDS)
+    )
+
+    def hello(source: int, role: int) -> bytes:
+        return wire.encode_hello(
+            wire.Header(run_bytes, source, 0, 0, 1),
+            wire.Hello(
+                role, wire.ENGINE_SIMULATED, derivation, async_scheduling, spec_k,
+                "0.1.0", "sim-1", method,
+            ),
+        )  # fmt: skip
+
+    # Each channel is a list of (time, input); a channel keeps its own order.
+    scheduler: list[tuple[float, Input]] = [(-1.0, ("frame", hello(scheduler_id, 1)))]
+    frontend: list[tuple[float, Input]] = [(-1.0, ("frame", hello(frontend_id, 2)))]
+    sse: list[list[tuple[float, Input]]] = [[] for _ in sims]
+    seqs = {scheduler_id: 1, frontend_id: 1}
+    truth = [StreamTruth(ending=sim.ending) for sim in sims]
+    provenance_log: list[list[wire.ProvenanceRecord]] = [[] for _ in sims]
+    text_log: list[list[wire.TextRecord]] = [[] for _ in sims]
+    chunk: list[tuple[str, list[int]] | None] = [None for _ in sims]
+
+    def emit(kind: int, source: int, step: int, records: list[Any], channel: list[Any]) -> None:
+        for part in wire.split_for_frames(kind, records):
+            header = wire.Header(run_bytes, source, seqs[source], step, 1_000_000 * (step + 1))
+            seqs[source] += 1
+            time = step + rng.uniform(0, jitter)
+            channel.append((time, ("frame", wire.encode_records(kind, header, part))))
+
+    step = 0
+    while not all(sim.done for sim in sims):
+        provenance: list[wire.Record] = []
+        texts: list[wire.Record] = []
+        for sim, start in zip(sims, starts, strict=True):
+            if step < start or sim.done:
+                continue
+            out = sim.step()
+            if out.provenance is not None:
+                provenance.append(out.provenance)
+                provenance_log[sim.index].append(out.provenance)
+            if out.text is not None:
+                texts.append(out.text)
+                text_log[sim.index].append(out.text)
+            if out.sse is not None:
+                previous = chunk[sim.index]
+                if previous is not None:
+                    merged = (previous[0] + out.sse[0], previous[1] + out.sse[1])
+                    truth[sim.index].coalesced_chunks += 1
+                else:
+                    merged = out.sse
+                if out.sse_final or rng.random() >= coalesce_p:
+                    time = step + rng.uniform(0, jitter)
+                    sse[sim.index].append((time, ("sse", sim.index, merged[0], merged[1])))
+                    chunk[sim.index] = None
+                else:
+                    chunk[sim.index] = merged
+                if out.sse_final:
+                    sse[sim.index].append((time + 0.01, ("finish", sim.index)))
+        if provenance:
+            emit(wire.KIND_PROVENANCE, scheduler_id, step, provenance, scheduler)
+        if texts:
+            emit(wire.KIND_TEXT, frontend_id, step, texts, frontend)
+        step += 1
+
+    for index in range(streams):
+        _fill_truth(truth[index], provenance_log[index], text_log[index])
+    inputs = _interleave([scheduler, frontend, *sse])
+    return Workload(seed, run_id, streams, inputs, truth)
+
+
+def _fill_truth(
+    truth: StreamTruth,
+    provenance: list[wire.ProvenanceRecord],
+    texts: list[wire.TextRecord],
+) -> None:
+    token_ids: list[int] = []
+    fragments: list[tuple[int, int, int]] = []  # (offset, span_back, byte start)
+    http = b""
+    fragment_end = 0
+    for record in texts:
+        for token in record.tokens:
+            if token.fragment:
+                fragments.append((len(token_ids), token.span_back, fragment_end))
+                fragment_end += len(token.fragment)
+            token_ids.append(token.token_id)
+        http += record.http_delta
+    truth.token_ids = token_ids
+    truth.text = http.decode("utf-8")
+    ordinals: list[int] = []
+    for ordinal, record in enumerate(provenance):
+        for position, role in enumerate(record.roles):
+            if record.offset + position < len(token_ids):
+                truth.roles.append(role)
+                ordinals.append(ordinal)
+        if record.offset < len(token_ids):
+            truth.steps += 1
+    for offset, span_back, start in fragments:
+        if start < len(http) and len(set(ordinals[offset - span_back : offset + 1])) > 1:
+            truth.mixed_spans += 1
+
+
+def _interleave(channels: list[list[tuple[float, Input]]]) -> list[Input]:
+    timed: list[tuple[float, int, int, Input]] = []
+    for number, channel in enumerate(channels):
+        latest = float("-inf")
+        for position, (time, item) in enumerate(channel):
+            latest = max(latest, time)  # a channel never overtakes itself
+            timed.append((latest, number, position, item))
+    timed.sort(key=lambda entry: entry[:3])
+    return [entry[3] for entry in timed]
+
+
+# ---------------------------------------------------------------- mutations
+
+BENIGN_MUTATIONS = ("duplicate", "reorder_within", "foreign_run")
+HARMFUL_MUTATIONS = (
+    "drop",
+    "truncate",
+    "queue_drop",
+    "reorder_beyond",
+    "flip_http_byte",
+    "flip_sse_byte",
+    "change_frame_id",
+    "change_sse_id",
+    "notice",
+)
+MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
+
+
+@dataclass
+class _FrameAt:
+    index: int  # position in inputs
+    source: int
+    seq: int
+    kind: int
+    streams: frozenset[int]  # streams with non-surplus records (all streams for a hello)
+
+
+def _frames(workload: Workload) -> list[_FrameAt]:
+    found = []
+    text_ends = [t.tokens for t in workload.truth]
+    everyone = frozenset(range(workload.num_streams))
+    for index, item in enumerate(workload.inputs):
+        if item[0] != "frame":
+            continue
+        try:
+            frame = decode_frame(item[1])
+        except FrameError:
+            continue
+        if frame.header.run_id.hex() != workload.run_id:
+            continue
+        streams: set[int] = set()
+        for record in frame.records:
+            if isinstance(record, wire.ProvenanceRecord):
+                if record.offset < text_ends[record.stream]:
+                    streams.add(record.stream)
+            elif isinstance(record, wire.TextRecord):
+                streams.add(record.stream)
+        affected = everyone if frame.kind == wire.KIND_HELLO else frozenset(streams)
+        found.append(
+            _FrameAt(index, frame.header.source_id, frame.header.seq, frame.kind, affected)
+        )
+    return found
+
+
+def _set_header(frame: bytes, *, seq: int | None = None, dropped: int | None = None) -> bytes:
+    data = bytearray(frame)
+    if seq is not None:
+        struct.pack_into("<Q", data, 32, seq)
+    if dropped is not None:
+        struct.pack_into("<I", data, 56, dropped)
+    return bytes(data)
+
+
+def _reencode(frame_bytes: bytes, edit: Any) -> bytes:
+    frame = decode_frame(frame_bytes)
+    records = [replace(record) for record in frame.records]
+    edit(records)
+    return wire.encode_records(frame.kind, frame.header, records)
+
+
+def mutate(workload: Workload, seed: int, kind: str | None = None) -> Workload:
+    """Apply one fault. Falls back to another harmful kind when `kind` is impossible here."""
+    rng = random.Random(seed)
+    kinds = [kind] if kind is not None else list(MUTATIONS)
+    rng.shuffle(kinds)
+    for candidate in [*kinds, *HARMFUL_MUTATIONS]:
+        mutated = _MUTATORS[candidate](workload, rng)
+        if mutated is not None:
+            return mutated
+    raise AssertionError("no mutation applies")  # the hello can always be dropped
+
+
+def _with(workload: Workload, name: str, inputs: list[Input], affected: Any, benign: bool):
+    return replace(
+        workload, inputs=inputs, mutation=name, affected=frozenset(affected), benign=benign
+    )
+
+
+def _pick(rng: random.Random, frames: list[_FrameAt], need_streams: bool = True):
+    choices = [f for f in frames if f.streams] if need_streams else frames
+    return rng.choice(choices) if choices else None
+
+
+def _drop(workload: Workload, rng: random.Random) -> Workload | None:
+    target = _pick(rng, _frames(workload))
+    if target is None:
+        return None
+    inputs = [x for i, x in enumerate(workload.inputs) if i != target.index]
+    return _with(workload, "drop", inputs, target.streams, False)
+
+
+def _truncate(workload: Workload, rng: random.Random) -> Workload | None:
+    target = _pick(rng, _frames(workload))
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    data = inputs[target.index][1]
+    inputs[target.index] = ("frame", data[: rng.randint(0, len(data) - 1)])
+    return _with(workload, "truncate", inputs, target.streams, False)
+
+
+def _queue_drop(workload: Workload, rng: random.Random) -> Workload | None:
+    # Lost in the sender's queue: later frames keep consecutive seqs, the next one says so.
+    frames = [f for f in _frames(workload) if f.kind != wire.KIND_HELLO]
+    target = _pick(rng, frames)
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    later = [f for f in frames if f.source == target.source and f.seq > target.seq]
+    for frame in later:
+        dropped = 1 if frame.seq == target.seq + 1 else None
+        inputs[frame.index] = ("frame", _set_header(inputs[frame.index][1], seq=frame.seq - 1,
+                                                    dropped=dropped))  # fmt: skip
+    del inputs[target.index]
+    return _with(workload, "queue_drop", inputs, target.streams, False)
+
+
+def _move_later(
+    workload: Workload, rng: random.Random, lo: int, hi: int, name: str, benign: bool
+) -> Workload | None:
+    frames = _frames(workload)
+    options = []
+    for frame in frames:
+        later = [f for f in frames if f.source == frame.source and f.seq > frame.seq]
+        if len(later) >= lo and (benign or frame.streams):
+            options.append((frame, later))
+    if not options:
+        return None
+    frame, later = rng.choice(options)
+    anchor = later[min(len(later), rng.randint(lo, hi)) - 1]
+    inputs = list(workload.inputs)
+    item = inputs[frame.index]
+    inputs.insert(anchor.index + 1, item)
+    del inputs[frame.index]
+    return _with(workload, name, inputs, frame.streams if not benign else (), benign)
+
+
+def _reorder_within(workload: Workload, rng: random.Random) -> Workload | None:
+    return _move_later(workload, rng, 1, 8, "reorder_within", True)
+
+
+def _reorder_beyond(workload: Workload, rng: random.Random) -> Workload | None:
+    # More than REORDER_WINDOW = 64 later frames of the source get buffered first: a gap.
+    return _move_later(workload, rng, 65, 80, "reorder_beyond", False)
+
+
+def _duplicate(workload: Workload, rng: random.Random) -> Workload | None:
+    target = _pick(rng, _frames(workload), need_streams=False)
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    position = rng.randint(target.index + 1, len(inputs))
+    inputs.insert(position, inputs[target.index])
+    return _with(workload, "duplicate", inputs, (), True)
+
+
+def _foreign_run(workload: Workload, rng: random.Random) -> Workload | None:
+    target = _pick(rng, _frames(workload), need_streams=False)
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    data = bytearray(inputs[target.index][1])
+    data[8] ^= 0x01  # another run id, same source and seq
+    inputs.insert(rng.randint(0, len(inputs)), ("frame", bytes(data)))
+    return _with(workload, "foreign_run", inputs, (), True)
+
+
+def _flip_http_byte(workload: Workload, rng: random.Random) -> Workload | None:
+    options = []
+    for frame in _frames(workload):
+        if frame.kind != wire.KIND_TEXT:
+            continue
+        for position, record in enumerate(decode_frame(workload.inputs[frame.index][1]).records):
+            assert isinstance(record, wire.TextRecord)
+            letters = [i for i, b in enumerate(record.http_delta) if 0x61 <= b <= 0x7A]
+            if letters:
+                options.append((frame, position, record.stream, letters))
+    if not options:
+        return None
+    frame, position, stream, letters = rng.choice(options)
+    byte = rng.choice(letters)
+
+    def edit(records: list[Any]) -> None:
+        delta = bytearray(records[position].http_delta)
+        delta[byte] = 0x41 + (delta[byte] - 0x61)  # same letter, upper case
+        records[position].http_delta = bytes(delta)
+
+    inputs = list(workload.inputs)
+    inputs[frame.index] = ("frame", _reencode(inputs[frame.index][1], edit))
+    return _with(workload, "flip_http_byte", inputs, {stream}, False)
+
+
+def _flip_sse_byte(workload: Workload, rng: random.Random) -> Workload | None:
+    options = [
+        (i, [j for j, ch in enumerate(item[2]) if "a" <= ch <= "z"])
+        for i, item in enumerate(workload.inputs)
+        if item[0] == "sse"
+    ]
+    options = [(i, letters) for i, letters in options if letters]
+    if not options:
+        return None
+    index, letters = rng.choice(options)
+    _, stream, text, ids = workload.inputs[index]
+    where = rng.choice(letters)
+    inputs = list(workload.inputs)
+    inputs[index] = ("sse", stream, text[:where] + text[where].upper() + text[where + 1 :], ids)
+    return _with(workload, "flip_sse_byte", inputs, {stream}, False)
+
+
+def _change_frame_id(workload: Workload, rng: random.Random) -> Workload | None:
+    text_ends = [t.tokens for t in workload.truth]
+    options = []
+    for frame in _frames(workload):
+        if frame.kind not in (wire.KIND_PROVENANCE, wire.KIND_TEXT):
+            continue
+        for position, record in enumerate(decode_frame(workload.inputs[frame.index][1]).records):
+            count = (
+                len(record.token_ids)
+                if isinstance(record, wire.ProvenanceRecord)
+                else len(record.tokens)
+            )
+            usable = [t for t in range(count) if record.offset + t < text_ends[record.stream]]
+            if usable:
+                options.append((frame, position, record.stream, usable))
+    if not options:
+        return None
+    frame, position, stream, usable = rng.choice(options)
+    token = rng.choice(usable)
+
+    def edit(records: list[Any]) -> None:
+        record = records[position]
+        if isinstance(record, wire.ProvenanceRecord):
+            record.token_ids = list(record.token_ids)
+            record.token_ids[token] ^= 0x40000
+        else:
+            record.tokens = [replace(t) for t in record.tokens]
+            record.tokens[token].token_id ^= 0x40000
+
+    inputs = list(workload.inputs)
+    inputs[frame.index] = ("frame", _reencode(inputs[frame.index][1], edit))
+    return _with(workload, "change_frame_id", inputs, {stream}, False)
+
+
+def _change_sse_id(workload: Workload, rng: random.Random) -> Workload | None:
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse" and item[3]]
+    if not options:
+        return None
+    index = rng.choice(options)
+    _, stream, text, ids = workload.inputs[index]
+    ids = list(ids)
+    ids[rng.randrange(len(ids))] ^= 0x40000
+    inputs = list(workload.inputs)
+    inputs[index] = ("sse", stream, text, ids)
+    return _with(workload, "change_sse_id", inputs, {stream}, False)
+
+
+def _notice(workload: Workload, rng: random.Random) -> Workload | None:
+    # A notice from the frontend released before the stream's finishing text record.
+    frames = [f for f in _frames(workload) if f.kind == wire.KIND_TEXT]
+    if not frames:
+        return None
+    target = rng.choice(frames)
+    stream = rng.choice(sorted(target.streams))
+    inputs = list(workload.inputs)
+    header = decode_frame(inputs[target.index][1]).header
+    for frame in _frames(workload):
+        if frame.source == target.source and frame.seq >= target.seq:
+            inputs[frame.index] = ("frame", _set_header(inputs[frame.index][1], seq=frame.seq + 1))
+    notice = wire.encode_records(
+        wire.KIND_NOTICE,
+        replace(header),
+        [wire.NoticeRecord(stream, wire.NOTICE_HOOK_ERROR, "detokenizer hook failed")],
+    )
+    inputs.insert(target.index, ("frame", notice))
+    return _with(workload, "notice", inputs, {stream}, False)
+
+
+_MUTATORS = {
+    "drop": _drop,
+    "truncate": _truncate,
+    "queue_drop": _queue_drop,
+    "reorder_within": _reorder_within,
+    "reorder_beyond": _reorder_beyond,
+    "duplicate": _duplicate,
+    "foreign_run": _foreign_run,
+    "flip_http_byte": _flip_http_byte,
+    "flip_sse_byte": _flip_sse_byte,
+    "change_frame_id": _change_frame_id,
+    "change_sse_id": _change_sse_id,
+    "notice": _notice,
+}
+
+
+# --------------------------------------------------------------- hypothesis
+
+
+def workloads(**kwargs: Any) -> Any:
+    """A hypothesis strategy of unmutated workloads (keyword arguments go to generate)."""
+    from hypothesis import strategies as st
+
+    return st.integers(0, 2**32 - 1).map(lambda seed: generate(seed, **kwargs))
+
+
+def mutated_workloads(kinds: tuple[str, ...] = MUTATIONS, **kwargs: Any) -> Any:
+    """A hypothesis strategy of workloads with one fault from `kinds`."""
+    from hypothesis import strategies as st
+
+    return st.tuples(
+        st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.sampled_from(kinds)
+    ).map(lambda t: mutate(generate(t[0], **kwargs), t[1], t[2]))
