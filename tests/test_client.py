@@ -352,3 +352,66 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     if os.geteuid() == 0:
         assert stats == {"datagrams": 2, "rejected_uid": 1, "bytes": 4}
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "auto", "exact"])
+def test_over_long_socket_dir_is_refused_before_anything_is_created(
+    mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tempfile.mkdtemp(prefix="phl", dir="/tmp")
+    long_dir = os.path.join(base, "d" * 100, "sockets")
+    code = cli.main(["hi", "--mode", mode, "--socket-dir", long_dir, "--model", "m"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("parallelhue: error: socket path ")
+    assert "the AF_UNIX limit is" in err
+    assert os.listdir(base) == []  # neither the directory nor its parents were made
+
+
+def _have_sse_parser() -> bool:
+    try:
+        from parallelhue._native import SseParser  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+SSE_KINDS = [
+    "python",
+    pytest.param(
+        "rust", marks=pytest.mark.skipif(not _have_sse_parser(), reason="make native first")
+    ),
+]
+
+
+@pytest.mark.parametrize("kind", SSE_KINDS)
+def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
+    kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import client_fakes
+
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk",
+             "--view", "plain", "--reconciler", kind]
+        )  # fmt: skip
+    out, _err = capsys.readouterr()
+    assert code == 0
+    assert "Hello world!" in out and "SSE tokens=4" in out
+
+    original = client_fakes._delta
+
+    def broken(text: str, ids: list[int], finish: str | None = None) -> object:
+        return "{not json" if text == " world" else original(text, ids, finish)
+
+    monkeypatch.setattr(client_fakes, "_delta", broken)
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk",
+             "--view", "plain", "--reconciler", kind]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert err.startswith("parallelhue: 1 of 1 streams failed; stream 0: bad SSE data")
+    assert "not json" in err or "JSON" in err
+    assert "SSE tokens=2" in out  # "Hello" arrived; nothing after the bad event

@@ -79,11 +79,28 @@ def test_auto_mode_upgrades_every_stream_to_exact(kind: str) -> None:
     assert totals["tokens"] == sum(s.sse_tokens for s in result.model.streams)
     role_sum = totals["accepted"] + totals["target"] + totals["bonus"] + totals["plain"]
     assert role_sum == totals["tokens"]
+    target = totals["target"] + totals["plain"]  # plain tokens come from the target model
     expected = (
-        f"total: [accepted draft={totals['accepted']} tokens; target={totals['target']} tokens; "
-        f"bonus={totals['bonus']} tokens; mixed spans={totals['mixed_spans']}]"
+        f"total: [accepted draft={totals['accepted']} tokens; target={target} tokens; "
+        f"bonus={totals['bonus']} tokens; mixed spans={totals['mixed_spans']}] "
+        f"(target includes {totals['plain']} plain tokens from steps without drafts)"
     )
     assert expected in out
+    # The printed role counts add up to the confirmed tokens, per stream and in total.
+    role_re = re.compile(
+        r"\[accepted draft=(\d+) tokens; target=(\d+) tokens; bonus=(\d+) tokens; "
+        r"mixed spans=\d+\] \(target includes (\d+) plain tokens from steps without drafts\)"
+    )
+    for state in result.model.streams:
+        (line,) = [x for x in out.splitlines() if x.startswith(f"stream {state.index}: ")]
+        match = role_re.search(line)
+        assert match is not None, line
+        accepted, shown_target, bonus, plain = map(int, match.groups())
+        assert accepted + shown_target + bonus == state.stats["tokens"] == state.sse_tokens
+        assert plain == state.stats["plain"] <= shown_target
+    total_match = role_re.search(expected)
+    assert total_match is not None
+    assert sum(int(g) for g in total_match.groups()[:3]) == totals["tokens"]
     assert result.model.backend.simulated
     assert "plugin hello: simulated engine" in result.model.backend.evidence
 

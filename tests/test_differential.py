@@ -5,6 +5,10 @@ is fed to `parallelhue._native.Reconciler` and `parallelhue.reference.Reconciler
 events, statistics, totals, counters, sources and verdicts must be identical.
 Unmutated workloads must end all-exact with the generator's truth; a mutated
 workload must never give an exact verdict to a stream the fault affected.
+Two more properties reach the corner rules: "chaotic" input sequences (mostly
+consistent content with random faults: wrong roles, second sources, span_back,
+overruns, notices, gaps, drops, garbage), and byte-corrupted frames decoded by
+both decoders (same meaning or the same error message).
 
 Examples per property: env PH_HYPOTHESIS_EXAMPLES (default 2000); derandomized
 when CI is set. Skipped only when the native module is not built, unless
@@ -22,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import workloads
+from parallelhue.reference import FrameError, decode_to_dict
 from parallelhue.reference import Reconciler as ReferenceReconciler
 from parallelhue_vllm import wire
 
@@ -340,3 +345,46 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
 def test_chaotic_inputs_agree(seed: int) -> None:
     run_id, streams, inputs = chaotic_inputs(seed)
     run_both(workloads.Workload(seed, run_id, streams, inputs, [], "chaos"))
+
+
+def _native_decode() -> Any:
+    from parallelhue import _native  # type: ignore[attr-defined]
+
+    return _native.decode_frame
+
+
+_FRAME_POOL: list[bytes] = []
+
+
+def _frame_pool() -> list[bytes]:
+    """Frames of 40 small workloads, generated once (the property only corrupts them)."""
+    if not _FRAME_POOL:
+        for seed in range(40):
+            workload = workloads.generate(seed, **SMALL)
+            _FRAME_POOL.extend(item[1] for item in workload.inputs if item[0] == "frame")
+    return _FRAME_POOL
+
+
+@PROPERTY
+@given(
+    pick=st.integers(0, 10**6),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+)
+def test_decoders_agree_on_frames(pick: int, flips: list[tuple[int, int]], cut: int | None) -> None:
+    # Valid frames must decode to the same meaning; corrupted ones fail with the same message.
+    pool = _frame_pool()
+    corrupted = bytearray(pool[pick % len(pool)])
+    for position, mask in flips:
+        corrupted[position % len(corrupted)] ^= mask
+    if cut is not None:
+        corrupted = corrupted[: cut % (len(corrupted) + 1)]
+    try:
+        expected: Any = decode_to_dict(bytes(corrupted))
+    except FrameError as error:
+        expected = ("error", str(error))
+    try:
+        actual: Any = _native_decode()(bytes(corrupted))
+    except ValueError as error:
+        actual = ("error", str(error))
+    _assert_same("decoded frames", expected, actual, f"for {bytes(corrupted).hex()}")

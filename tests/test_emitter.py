@@ -338,3 +338,28 @@ def test_bad_input_never_raises_and_the_sender_survives(sock_dir: Path) -> None:
     assert emitter.stats()["send_errors"] == 2
     assert emitter.submit(RUN, wire.KIND_PROVENANCE, 3, [prov(0, 1)]) is False  # closed
     receiver.close()
+
+
+def test_a_stalled_client_is_reported_once_and_does_not_hold_the_sender(
+    sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stalled = Receiver(sock_dir)  # never reads
+    other = Receiver(sock_dir, OTHER_RUN)
+    emitter = make_emitter(sock_dir, send_timeout=0.2)
+    qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
+    total = qlen + 20
+    with caplog.at_level("WARNING", logger="parallelhue_vllm"):
+        for step in range(total):
+            emitter.submit(RUN, wire.KIND_PROVENANCE, step, [prov(0, step)])
+        emitter.submit(OTHER_RUN, wire.KIND_PROVENANCE, 1, [prov(0, 0)])
+        frames = other.read(2)  # the other run's hello and frame get through
+        emitter.close(5.0)
+    assert [f.kind for f in frames] == [wire.KIND_HELLO, wire.KIND_PROVENANCE]
+    # One timeout, then the stalled run's frames are dropped at once, not waited for.
+    assert emitter.stats()["dropped"] == total + 1 - len(stalled.read_all())
+    assert [r.getMessage() for r in caplog.records] == [
+        f"parallelhue: telemetry frames for run {RUN} dropped (the client did not read for "
+        "0.2 s); the client is told"
+    ]
+    stalled.close()
+    other.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,10 @@ def run_with_faults(
             await server.stop()
         return result, server
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def verdicts(result: SessionResult) -> list[str]:
@@ -252,6 +256,7 @@ def run_cli(mode: str, fault: str | None) -> subprocess.CompletedProcess[str]:
     finally:
         process.terminate()
         process.wait(10)
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 cli_only = pytest.mark.skipif(not _cli_available(), reason="the CLI (parallelhue.cli) is absent")

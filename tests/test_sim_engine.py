@@ -429,3 +429,12 @@ def test_sse_interval_merges_the_steps_between_chunks() -> None:
     assert written[1][2] == "length"
     assert len(written[0][1]) + len(written[1][1]) == 50
     assert written[0][0] + written[1][0] == first_text(make_engine()[0], 50)
+
+
+def test_finished_requests_are_counted_once_whatever_the_reason() -> None:
+    engine, _ = make_engine()
+    full = first_text(make_engine()[0], 100)
+    engine.add(make_request(engine, stream=0, max_tokens=100, stop=(full[30:33],)))
+    engine.add(make_request(engine, stream=1, max_tokens=7, seed=5))
+    run_to_end(engine)
+    assert engine.metrics.requests_finished == 2

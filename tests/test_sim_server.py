@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -361,6 +362,7 @@ def test_telemetry_failures_never_reach_the_client() -> None:
             await check(url, server)
         finally:
             await server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
         stats = server.telemetry_stats()
         assert stats["scheduler"]["sent"] == 0
         assert stats["scheduler"]["dropped"] > 0
@@ -433,3 +435,16 @@ def test_fault_config_reaches_the_server() -> None:
     server = SimServer(SimConfig(faults=FaultConfig(sse_byte=True), telemetry=False))
     assert server.content_faults is not None
     assert server.fault_proxy is None
+
+
+def test_standalone_names_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_module("--port", str(port))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"python -m parallelhue.sim: error: port {port} on 127.0.0.1 is in use: "
+        "choose another --port"
+    )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
 from parallelhue.reference import decode_frame
 from parallelhue.sim import SimConfig, SimServer
@@ -17,8 +20,14 @@ from parallelhue.sim.loadgen import run_session
 from parallelhue_vllm import paths, wire
 
 
-def test_sources_announce_a_simulated_engine_and_streams_are_exact() -> None:
-    socket_dir = tempfile.mkdtemp(prefix="pht", dir="/tmp")
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    directory = tempfile.mkdtemp(prefix="pht", dir="/tmp")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_sources_announce_a_simulated_engine_and_streams_are_exact(socket_dir: str) -> None:
 
     async def main() -> Any:
         server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=3))
@@ -42,8 +51,7 @@ def test_sources_announce_a_simulated_engine_and_streams_are_exact() -> None:
     assert len({source["source_id"] for source in result.sources}) == 2
 
 
-def test_without_drafts_the_hello_says_no_speculative_decoding() -> None:
-    socket_dir = tempfile.mkdtemp(prefix="pht", dir="/tmp")
+def test_without_drafts_the_hello_says_no_speculative_decoding(socket_dir: str) -> None:
 
     async def main() -> Any:
         server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=0))
@@ -91,8 +99,7 @@ class RawReceiver:
         os.unlink(self.path)
 
 
-def test_one_datagram_per_step_per_run_holds_every_record_of_that_step() -> None:
-    socket_dir = tempfile.mkdtemp(prefix="pht", dir="/tmp")
+def test_one_datagram_per_step_per_run_holds_every_record_of_that_step(socket_dir: str) -> None:
     run_a, run_b = secrets.token_hex(16), secrets.token_hex(16)
 
     async def main() -> tuple[RawReceiver, RawReceiver, list[str]]:
@@ -160,11 +167,10 @@ def test_one_datagram_per_step_per_run_holds_every_record_of_that_step() -> None
             assert len(data_frames) < sum(len(frame.records) for frame in data_frames)
 
 
-def test_an_idle_run_is_ended_in_both_emitters(monkeypatch: Any) -> None:
+def test_an_idle_run_is_ended_in_both_emitters(monkeypatch: Any, socket_dir: str) -> None:
     from parallelhue.sim import server as server_module
 
     monkeypatch.setattr(server_module, "RUN_IDLE_SECONDS", 0.0)
-    socket_dir = tempfile.mkdtemp(prefix="pht", dir="/tmp")
 
     async def main() -> tuple[dict[str, int], dict[str, int]]:
         server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir))
@@ -187,8 +193,7 @@ def test_an_idle_run_is_ended_in_both_emitters(monkeypatch: Any) -> None:
     assert scheduler["sent"] > 1 and frontend["sent"] > 1
 
 
-def test_merged_sse_chunks_still_reconcile_exactly() -> None:
-    socket_dir = tempfile.mkdtemp(prefix="pht", dir="/tmp")
+def test_merged_sse_chunks_still_reconcile_exactly(socket_dir: str) -> None:
 
     async def main() -> tuple[Any, int]:
         config = SimConfig(step_ms=1.0, socket_dir=socket_dir, sse_interval_ms=4.0)
@@ -204,3 +209,37 @@ def test_merged_sse_chunks_still_reconcile_exactly() -> None:
     assert [v for v, _ in result.verdicts] == ["exact"] * 4
     assert result.sse_tokens == 320
     assert result.sse_chunks <= step_records
+
+
+def _kinds() -> list[str]:
+    try:
+        from parallelhue import _native
+    except ImportError:
+        return ["python"]
+    return ["python", "rust"] if hasattr(_native, "SseParser") else ["python"]
+
+
+def test_the_benchmarks_lean_client_reconciles_exactly(socket_dir: str) -> None:
+    """The raw-HTTP client of benches/bench_load.py, with each reconciler and SSE parser."""
+
+    async def main(kind: str) -> Any:
+        server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir))
+        url = await server.start()
+        try:
+            return await run_session(
+                url,
+                num_streams=4,
+                socket_dir=socket_dir,
+                max_tokens=50,
+                reconciler_kind=kind,
+                http="raw",
+                stop=["。"],
+            )
+        finally:
+            await server.stop()
+
+    for kind in _kinds():
+        result = asyncio.run(main(kind))
+        assert [v for v, _ in result.verdicts] == ["exact"] * 4, result.verdicts
+        assert result.totals["tokens"] == result.sse_tokens
+        assert all(reason in ("stop", "length") for reason in result.finish_reasons)

@@ -188,3 +188,107 @@ def test_final_grid_picture_keeps_all_64_panes() -> None:
     output = re.sub(r"\x1b\[[0-9;]*m", "", output)
     assert all(f"#{i} SSE CHUNK MODE" in output for i in range(64))
     assert "hidden" not in output
+
+
+def _live_grid(model: RunModel, width: int, height: int) -> tuple[object, io.StringIO]:
+    from parallelhue.views import AnsiGrid
+
+    file = io.StringIO()
+    console = Console(
+        file=file, width=width, height=height, force_terminal=True, color_system="256"
+    )
+    return AnsiGrid(model, console), file
+
+
+def test_live_grid_frame_matches_the_layout_and_the_coloring_rule() -> None:
+    from rich.cells import cell_len
+
+    from parallelhue.views import AnsiGrid, pane_ansi
+
+    streams = []
+    for index in range(64):
+        stream = exact_stream()
+        stream.index = index
+        stream.add_delta(" 日本語", [5], 0.0)  # unproven: shown uncolored in auto mode
+        streams.append(stream)
+    streams[1].verdict = "failed"
+    streams[1].reason = "byte mismatch at offset 3\nsecond line"
+    model = RunModel(streams, "auto", SPECULATIVE, no_color=False)
+    grid, _file = _live_grid(model, 240, 90)
+    assert isinstance(grid, AnsiGrid)
+    lines = grid.frame(240, 90)
+    _columns, pane_width, pane_height = grid_layout(64, 240, 90)
+    assert len(lines) == 1 + 11 * pane_height + 1
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
+    widths = [cell_len(line) for line in plain[1:-1]]
+    assert widths == [6 * pane_width] * (10 * pane_height) + [4 * pane_width] * pane_height
+    text = "\n".join(plain)
+    assert all(f"#{i} VERIFYING" in text for i in range(64) if i != 1)
+    assert "#1 SSE CHUNK MODE" in text
+    assert "downgraded: byte mismatch at offset 3…" in text  # one line, cropped to the pane
+    # Proven spans by step (green, red), the mixed span and the unproven tail uncolored.
+    pane = pane_ansi(streams[0], model, pane_width, pane_height)
+    assert all(lines[1 + k].startswith(pane[k]) for k in range(pane_height))
+    pieces = colored_pieces("".join(pane))
+    assert (46, "Hel") in pieces and (196, "orld") in pieces
+    assert all("lo w" not in piece for _, piece in pieces)
+    assert "日本語" in text
+    assert plain[-1].startswith("streams")
+
+
+def test_live_grid_redraws_only_rows_that_changed() -> None:
+    streams = [StreamState(index=i, mode="chunk") for i in range(4)]
+    model = RunModel(streams, "chunk", GENERIC, no_color=True)
+    grid, file = _live_grid(model, 160, 30)
+    grid.draw()  # type: ignore[attr-defined]
+    first = file.getvalue()
+    assert first.startswith("\x1b[H\x1b[2J")
+    assert "#3 SSE CHUNK MODE" in re.sub(r"\x1b\[[0-9;]*m", "", first)
+    file.seek(0)
+    file.truncate()
+    grid.draw()  # type: ignore[attr-defined]
+    assert file.getvalue() == ""  # nothing changed, nothing written
+    streams[2].add_delta("fresh words", [1, 2], 0.0)
+    grid.draw()  # type: ignore[attr-defined]
+    update = file.getvalue()
+    assert "fresh words" in update and "2 tok" in update
+    # Only the rows holding the changed pane's header line and body were rewritten.
+    rewritten = re.findall(r"\x1b\[(\d+);1H", update)
+    assert 0 < len(rewritten) <= 3
+    assert "\x1b[2J" not in update
+    assert "\x1b[38;5;" not in update  # NO_COLOR
+
+
+def test_wrap_cells_counts_wide_characters() -> None:
+    from rich.cells import cell_len
+
+    from parallelhue.views import wrap_cells
+
+    lines = wrap_cells([("ab日本語cd\nxy", ""), ("z" * 9, "\x1b[38;5;46m")], 5, 10)
+    plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
+    assert plain == ["ab日 ", "本語c", "d    ", "xyzzz", "zzzzz", "z    "]
+    assert all(cell_len(line) == 5 for line in plain)
+    assert wrap_cells([("abcdefgh", "")], 3, 2) == ["def", "gh "]
+
+
+def test_tail_segments_equal_the_tail_of_all_segments() -> None:
+    for mode, verdict in (("auto", "pending"), ("exact", "exact"), ("auto", "failed")):
+        stream = exact_stream(mode)
+        stream.verdict = verdict
+        for max_chars in (1, 5, 9, 100):
+            whole = styled_text(stream.segments(True), max_chars=max_chars)
+            tail = styled_text(stream.tail_segments(True, max_chars))
+            assert (whole.plain, whole.spans) == (tail.plain, tail.spans)
+
+
+def test_role_line_counts_plain_tokens_as_target_and_adds_up() -> None:
+    from parallelhue.summary import role_line
+
+    stats = {"tokens": 20, "accepted": 9, "target": 4, "bonus": 2, "plain": 5, "mixed_spans": 1}
+    line = role_line(stats)
+    assert line == (
+        "[accepted draft=9 tokens; target=9 tokens; bonus=2 tokens; mixed spans=1] "
+        "(target includes 5 plain tokens from steps without drafts)"
+    )
+    numbers = [int(n) for n in re.findall(r"=(\d+) tokens", line)]
+    assert sum(numbers) == stats["tokens"]

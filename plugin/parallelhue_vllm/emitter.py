@@ -3,7 +3,10 @@
 The calling thread (vLLM's scheduler or output-processor loop) only appends to
 a bounded queue. A daemon sender thread encodes frames and sends them over a
 connected AF_UNIX datagram socket per run, blocking at most `send_timeout`
-per frame: a momentarily full receiver (EAGAIN) is waited for, not a loss.
+(2 s by default) per frame: a momentarily full receiver (EAGAIN) is waited
+for, not a loss. Only the sender thread waits, never the caller; the wait is
+generous because Linux queues just `net.unix.max_dgram_qlen` (often 10)
+datagrams per socket and a client busy for a moment must not lose frames.
 Everything that cannot be sent (queue full, timeout, no socket) is counted
 per run and reported in the `dropped` field of the next frame that is sent,
 so the client always sees the loss. Sequence numbers are assigned when a
@@ -54,6 +57,8 @@ class _RunState:
     sock: socket.socket | None = None
     retry_at: float = 0.0
     warned: bool = False
+    send_warned: bool = False
+    slow_until: float = 0.0
     path: str = ""
 
 
@@ -73,7 +78,7 @@ class Emitter:
         async_scheduling: bool,
         socket_dir: str | None = None,
         queue_size: int = 8192,
-        send_timeout: float = 0.5,
+        send_timeout: float = 2.0,
     ) -> None:
         self._hello = wire.Hello(
             role=role,
@@ -306,23 +311,46 @@ class Emitter:
         sock = state.sock
         if sock is None:
             return False
-        deadline = time.monotonic() + self._send_timeout
+        now = time.monotonic()
+        if now < state.slow_until:
+            # This run's client recently stalled a whole timeout: do not let it hold
+            # up other runs' frames; try without waiting until the period ends.
+            try:
+                sock.send(frame, socket.MSG_DONTWAIT)
+            except OSError:
+                return False
+            self._stats["sent"] += 1
+            return True
+        deadline = now + self._send_timeout
         while True:
             try:
                 sock.send(frame)
                 self._stats["sent"] += 1
                 return True
             except TimeoutError:
-                return False  # the receiver stayed full for the whole timeout
+                # The receiver stayed full for the whole timeout.
+                state.slow_until = time.monotonic() + RECHECK_SECONDS
+                self._warn_send(state, f"the client did not read for {self._send_timeout:g} s")
+                return False
             except OSError as error:
                 if error.errno in (errno.EAGAIN, errno.ENOBUFS) and time.monotonic() < deadline:
                     time.sleep(0.001)
                     continue
                 self._stats["send_errors"] += 1
+                self._warn_send(state, error.strerror or str(error))
                 # The client went away or re-bound: check the socket again later.
                 _close_sock(state)
                 state.retry_at = time.monotonic() + RECHECK_SECONDS
                 return False
+
+    def _warn_send(self, state: _RunState, reason: str) -> None:
+        if not state.send_warned:
+            state.send_warned = True
+            log.warning(
+                "parallelhue: telemetry frames for run %s dropped (%s); the client is told",
+                state.run_bytes.hex(),
+                reason,
+            )
 
 
 def _close_sock(state: _RunState) -> None:

@@ -41,6 +41,7 @@ from .streams import (
     build_body,
     connect_reason,
     make_client,
+    native_parser_factory,
     run_stream,
 )
 from .views import View
@@ -213,9 +214,12 @@ def resolve_socket(mode: str, socket_dir: str | None, run_id: str) -> str:
     """The socket path, checked in every mode; the directory is created unless chunk."""
     directory = socket_dir if socket_dir is not None else default_socket_dir()
     try:
+        # The length is checked before anything is created: an over-long --socket-dir
+        # is an error in every mode and leaves no directory behind.
+        # chunk mode binds nothing, but a bad path is still an error, never silent.
+        path = socket_path(os.path.abspath(directory), run_id)
         if mode == "chunk":
-            # chunk mode binds nothing, but a bad path is still an error, never silent.
-            return socket_path(os.path.abspath(directory), run_id)
+            return path
         directory = ensure_socket_dir(directory, create=True)
         return socket_path(directory, run_id)
     except SocketPathError as error:
@@ -382,6 +386,11 @@ class Session:
     ) -> None:
         cfg = self.config
         assert self.model_name is not None
+        # The Rust SSE parser goes with the Rust reconciler; --reconciler python parses
+        # SSE in Python (the reference path). A socket read from this loop needs the
+        # readers to yield after every read.
+        parser_factory = native_parser_factory() if cfg.reconciler == "rust" else None
+        yield_each_read = isinstance(receiver, PyReceiver)
         stream_tasks: list[asyncio.Task[None]] = []
         for index, prompt in enumerate(cfg.prompts):
             request = StreamRequest(
@@ -396,7 +405,16 @@ class Session:
             driver.start(index)
             stream_tasks.append(
                 asyncio.create_task(
-                    run_stream(client, cfg.endpoint, body, request, driver, cfg.timeout)
+                    run_stream(
+                        client,
+                        cfg.endpoint,
+                        body,
+                        request,
+                        driver,
+                        cfg.timeout,
+                        parser_factory=parser_factory,
+                        yield_each_read=yield_each_read,
+                    )
                 )
             )
         pump = asyncio.create_task(self._pump(driver, receiver))

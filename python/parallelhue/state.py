@@ -132,6 +132,40 @@ class StreamState:
                 pieces.append((tail, None))
         return pieces
 
+    def tail_segments(self, colorize: bool, max_chars: int) -> list[Segment]:
+        """The last pieces of `segments(colorize)` holding at least `max_chars` characters.
+
+        Equal to the tail `styled_text(..., max_chars=...)` keeps, but walks back
+        from the end only: a redraw costs what is visible, not the stream's length.
+        """
+        pieces: list[Segment] = []
+        total = 0
+        if self.shows_chunks:
+            chunks = self.chunks
+            index = len(chunks) - 1
+            while index >= 0 and total < max_chars:
+                chunk = chunks[index]
+                pieces.append((chunk, PALETTE[index % len(PALETTE)] if colorize else None))
+                total += len(chunk)
+                index -= 1
+            pieces.reverse()
+            return pieces
+        if self.mode == "auto" and self.verdict != "exact":
+            tail = bytes(self.sse_bytes[self.proven_bytes :]).decode("utf-8", "replace")
+            if tail:
+                pieces.append((tail, None))
+                total = len(tail)
+        spans = self.spans
+        index = len(spans) - 1
+        while index >= 0 and total < max_chars:
+            text, step = spans[index]
+            color = PALETTE[step % len(PALETTE)] if colorize and step is not None else None
+            pieces.append((text, color))
+            total += len(text)
+            index -= 1
+        pieces.reverse()
+        return pieces
+
     # --- numbers ----------------------------------------------------------------
 
     @property

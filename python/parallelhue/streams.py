@@ -9,7 +9,9 @@ stream with one sanitized line; the other streams go on.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -25,6 +27,7 @@ __all__ = [
     "build_body",
     "is_chat_endpoint",
     "make_client",
+    "native_parser_factory",
     "run_stream",
 ]
 
@@ -183,8 +186,19 @@ async def run_stream(
     request: StreamRequest,
     sink: StreamSink,
     timeout: float,
+    *,
+    parser_factory: Callable[[], Any] | None = None,
+    yield_each_read: bool = False,
 ) -> None:
-    """Run one stream to its end; every outcome is reported to `sink` exactly once."""
+    """Run one stream to its end; every outcome is reported to `sink` exactly once.
+
+    With `parser_factory` (`parallelhue._native.SseParser`) the body is read as raw
+    network chunks and each chunk is parsed (SSE lines and JSON) by one Rust call;
+    without it, SSE lines and JSON are parsed in Python (the reference path).
+    `yield_each_read` returns to the event loop after every read, for when the
+    telemetry socket is read from the same loop (`PyReceiver`): httpx returns
+    without suspending while the connection holds buffered data.
+    """
     stream = request.index
     finish_reason: str | None = None
     try:
@@ -208,30 +222,12 @@ async def run_stream(
                     f"(HTTP {response.status_code}); is --endpoint a streaming completions URL?",
                 )
                 return
-            data_lines: list[str] = []
-            done = False
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
-                    data_lines.append(line[5:].removeprefix(" "))
-                    continue
-                if line.strip() or not data_lines:
-                    continue  # comments, event names, keep-alives
-                payload = "\n".join(data_lines)
-                data_lines = []
-                if payload.strip() == "[DONE]":
-                    done = True
-                    break
-                result = _handle_payload(stream, payload, sink)
-                if result is not None:
-                    finish_reason = result
-            if not done and data_lines:
-                payload = "\n".join(data_lines)
-                if payload.strip() == "[DONE]":
-                    done = True
-                else:
-                    result = _handle_payload(stream, payload, sink)
-                    if result is not None:
-                        finish_reason = result
+            if parser_factory is not None and _identity_encoding(response):
+                finish_reason = await _read_native(
+                    response, parser_factory(), stream, sink, yield_each_read
+                )
+            else:
+                finish_reason = await _read_python(response, stream, sink, yield_each_read)
     except _StreamEnded:
         return
     except httpx.ConnectError as error:
@@ -253,6 +249,105 @@ async def run_stream(
         sink.on_error(stream, "the stream ended without a finish_reason (server closed it early)")
         return
     sink.on_finish(stream, finish_reason)
+
+
+def _identity_encoding(response: httpx.Response) -> bool:
+    """Raw body bytes are the SSE bytes (no gzip/deflate to undo)."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    return encoding in ("", "identity")
+
+
+def native_parser_factory() -> Callable[[], Any] | None:
+    """`parallelhue._native.SseParser`, or None when the extension is not built."""
+    try:
+        from ._native import SseParser
+    except ImportError:
+        return None
+    return SseParser
+
+
+async def _read_native(
+    response: httpx.Response,
+    parser: Any,
+    stream: int,
+    sink: StreamSink,
+    yield_each_read: bool,
+) -> str | None:
+    """Read the body with the Rust SSE parser: one parse call per network read."""
+    finish_reason: str | None = None
+    feed = parser.feed
+    on_delta = sink.on_delta
+    ended = False
+    async for raw in response.aiter_raw():
+        for event in feed(raw):
+            kind = event["kind"]
+            if kind == "chunk":
+                choices = event["choices"]
+                if choices:
+                    choice = choices[0]
+                    text = choice["text"]
+                    token_ids = choice["token_ids"]
+                    if text or token_ids:
+                        on_delta(stream, text, token_ids or [])
+                    finish = choice["finish_reason"]
+                    if finish is not None:
+                        finish_reason = finish
+                elif event["usage"] is not None:
+                    sink.on_usage(stream, dict(event["usage"]))
+            elif kind == "done":
+                ended = True
+                break
+            elif kind == "error":
+                sink.on_error(stream, "bad SSE data: " + one_line(str(event["message"])))
+                raise _StreamEnded
+            # kind "other": an event with its own `event:` type; not a completion chunk.
+        if ended:
+            return finish_reason
+        if yield_each_read:
+            await asyncio.sleep(0)
+    # Like the reference path, a last event without its blank line still counts.
+    for event in [*feed(b"\n\n"), *parser.finish()]:
+        kind = event["kind"]
+        if kind == "chunk" and event["choices"]:
+            choice = event["choices"][0]
+            if choice["text"] or choice["token_ids"]:
+                on_delta(stream, choice["text"], choice["token_ids"] or [])
+            if choice["finish_reason"] is not None:
+                finish_reason = choice["finish_reason"]
+        elif kind == "error":
+            sink.on_error(stream, "bad SSE data: " + one_line(str(event["message"])))
+            raise _StreamEnded
+    return finish_reason
+
+
+async def _read_python(
+    response: httpx.Response, stream: int, sink: StreamSink, yield_each_read: bool
+) -> str | None:
+    """The reference path: httpx's line splitting and `json` in Python."""
+    finish_reason: str | None = None
+    data_lines: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data_lines.append(line[5:].removeprefix(" "))
+            continue
+        if line.strip() or not data_lines:
+            continue  # comments, event names, keep-alives
+        payload = "\n".join(data_lines)
+        data_lines = []
+        if payload.strip() == "[DONE]":
+            return finish_reason
+        result = _handle_payload(stream, payload, sink)
+        if result is not None:
+            finish_reason = result
+        if yield_each_read:
+            await asyncio.sleep(0)
+    if data_lines:
+        payload = "\n".join(data_lines)
+        if payload.strip() != "[DONE]":
+            result = _handle_payload(stream, payload, sink)
+            if result is not None:
+                finish_reason = result
+    return finish_reason
 
 
 def _handle_payload(stream: int, payload: str, sink: StreamSink) -> str | None:

@@ -21,11 +21,20 @@ __all__ = ["render_summary", "role_line", "summary_lines", "totals_of"]
 
 
 def role_line(stats: dict[str, Any]) -> str:
+    """Roles of the confirmed tokens; the three token counts add up to `tokens`.
+
+    A plain token (from a step that scheduled no drafts) is produced by the target
+    model, so it is counted in `target=`; how many of those were plain follows the
+    bracket.
+    """
+    plain = int(stats.get("plain", 0))
+    target = int(stats.get("target", 0)) + plain
     return (
         f"[accepted draft={int(stats.get('accepted', 0))} tokens; "
-        f"target={int(stats.get('target', 0))} tokens; "
+        f"target={target} tokens; "
         f"bonus={int(stats.get('bonus', 0))} tokens; "
-        f"mixed spans={int(stats.get('mixed_spans', 0))}]"
+        f"mixed spans={int(stats.get('mixed_spans', 0))}] "
+        f"(target includes {plain} plain tokens from steps without drafts)"
     )
 
 

@@ -11,6 +11,7 @@ import math
 import sys
 from typing import Protocol
 
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.style import Style
@@ -30,6 +31,7 @@ from .summary import render_summary
 
 __all__ = [
     "GRID_MAX_PANES",
+    "AnsiGrid",
     "GridView",
     "PlainView",
     "StreamView",
@@ -39,8 +41,10 @@ __all__ = [
     "header_text",
     "make_console",
     "make_view",
+    "pane_ansi",
     "styled_text",
     "tail_text",
+    "wrap_cells",
 ]
 
 GRID_MAX_PANES = 64
@@ -216,7 +220,7 @@ def pane_lines(
     header_lines = header.split("\n")
     body_height = max(0, height - 2 - len(header_lines) - (1 if note else 0))
     budget = inner * max(1, body_height) * 2
-    body = styled_text(stream.segments(model.colorize), max_chars=budget)
+    body = styled_text(stream.tail_segments(model.colorize, budget))
     content: list[Text] = list(header_lines)
     if body_height:
         wrapped = list(body.wrap(console, inner))[-body_height:]
@@ -263,12 +267,16 @@ def grid_renderable(model: RunModel, console: Console, width: int, height: int) 
 
 
 class GridView:
-    """A live grid of fixed-size panes; the layout follows the terminal size."""
+    """A live grid of fixed-size panes; the layout follows the terminal size.
+
+    While running, frames are written as ANSI text by `AnsiGrid` (only the rows
+    that changed since the last frame); the final picture is drawn by Rich.
+    """
 
     def __init__(self, model: RunModel, console: Console) -> None:
         self.model = model
         self.console = console
-        self._live: Live | None = None
+        self._grid: AnsiGrid | None = None
         large = min(len(model.streams), GRID_MAX_PANES) > LARGE_GRID_PANES
         self.refresh_interval = LARGE_GRID_INTERVAL if large else 1.0 / REFRESH_HZ
 
@@ -277,20 +285,15 @@ class GridView:
         return grid_renderable(self.model, self.console, size.width, size.height)
 
     def start(self) -> None:
-        self._live = Live(
-            self._renderable(),
-            console=self.console,
-            auto_refresh=False,
-            transient=True,
-            screen=self.console.is_terminal,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self._live.start()
+        # Nothing is drawn live into a pipe (as with Rich Live): only the final picture.
+        if self.console.is_terminal:
+            self._grid = AnsiGrid(self.model, self.console)
+            self._grid.start()
+            self.refresh()
 
     def refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._renderable(), refresh=True)
+        if self._grid is not None:
+            self._grid.draw()
 
     def final_picture(self, console: Console) -> Group:
         width = console.size.width
@@ -302,14 +305,244 @@ class GridView:
         return grid_renderable(self.model, console, width, rows * pane_height + 2)
 
     def abort(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        if self._grid is not None:
+            self._grid.stop()
+            self._grid = None
 
     def stop(self) -> None:
         self.abort()
         self.console.print(self.final_picture(self.console))
         self.console.print(render_summary(self.model))
+
+
+# --- the live grid as ANSI text --------------------------------------------------------
+
+_RESET = "\x1b[0m"
+# Rich's "bold green" etc. as SGR parameters (colors dropped under NO_COLOR).
+_LABEL_SGR = {
+    LABEL_EXACT: ("1", "32"),
+    LABEL_CHUNK: ("1", "33"),
+    LABEL_NOT_EXACT: ("1", "31"),
+    LABEL_ERROR: ("1", "31"),
+}
+
+
+def _sgr(attrs: str, color: str | None, use_color: bool) -> str:
+    params = [attrs] if attrs else []
+    if color is not None and use_color:
+        params.append(color)
+    return f"\x1b[{';'.join(params)}m" if params else ""
+
+
+def _crop(text: str, width: int, ellipsis: bool = True) -> str:
+    """`text` cut or padded to exactly `width` cells."""
+    if text.isascii():
+        cells = len(text)
+    else:
+        cells = cell_len(text)
+    if cells <= width:
+        return text + " " * (width - cells)
+    out: list[str] = []
+    used = 0
+    limit = width - 1 if ellipsis else width
+    for char in text:
+        size = cell_len(char)
+        if used + size > limit:
+            break
+        out.append(char)
+        used += size
+    if ellipsis and width > 0:
+        out.append("…")
+        used += 1
+    return "".join(out) + " " * (width - used)
+
+
+def wrap_cells(pieces: list[tuple[str, str]], width: int, max_lines: int) -> list[str]:
+    """The last `max_lines` lines of `pieces` (text, SGR prefix) hard-wrapped at `width`
+    cells; each line is exactly `width` cells and ends with its attributes reset."""
+    lines: list[str] = []
+    current: list[str] = []
+    used = 0
+    width = max(1, width)
+
+    def flush() -> None:
+        nonlocal current, used
+        lines.append("".join(current) + " " * (width - used))
+        current = []
+        used = 0
+
+    for text, prefix in pieces:
+        parts = text.split("\n")
+        for number, part in enumerate(parts):
+            if number:
+                flush()
+            while part:
+                room = width - used
+                if part.isascii():
+                    take = part[:room]
+                    size = len(take)
+                else:
+                    size = 0
+                    end = 0
+                    for char in part:
+                        char_size = cell_len(char)
+                        if size + char_size > room:
+                            break
+                        size += char_size
+                        end += 1
+                    if end == 0 and used == 0:
+                        end, size = 1, min(width, cell_len(part[0]))  # wider than the pane
+                    take = part[:end]
+                if take:
+                    current.append(f"{prefix}{take}{_RESET}" if prefix else take)
+                    used += size
+                    part = part[len(take) :]
+                if part or used >= width:
+                    flush()
+    if current:
+        flush()
+    return lines[-max_lines:] if max_lines > 0 else []
+
+
+def pane_ansi(stream: StreamState, model: RunModel, width: int, height: int) -> list[str]:
+    """A boxed pane as exactly `height` ANSI lines of exactly `width` cells (the live grid)."""
+    inner = max(1, width - 2)
+    use_color = not model.no_color
+    colorize = model.colorize
+    label = stream.label
+    attrs, label_color = _LABEL_SGR.get(label, ("1", None))
+    acceptance = stream.acceptance
+    percent = _number(None if acceptance is None else acceptance * 100, ".0f")
+    percent += "%" if acceptance is not None else ""
+    numbers = (
+        f"{stream.sse_tokens} tok {_number(stream.steps, 'd')} st "
+        f"{_number(stream.tokens_per_step, '.2f')} t/st acc {percent}"
+    )
+    title = f"#{stream.index} "
+    head = _crop(title + label, inner)
+    first = (
+        f"\x1b[1m{title}{_RESET}{_sgr(attrs, label_color, use_color)}{head[len(title) :]}{_RESET}"
+        if len(head) > len(title) and head.startswith(title)
+        else f"\x1b[1m{head}{_RESET}"
+    )
+    content = [first, _crop(numbers, inner)]
+    note = stream.note
+    body_height = max(0, height - 4 - (1 if note else 0))
+    if body_height:
+        pieces: list[tuple[str, str]] = []
+        for text, color in stream.tail_segments(colorize, inner * body_height * 2):
+            clean = sanitize(text)
+            if clean:
+                prefix = f"\x1b[38;5;{color}m" if color is not None and use_color else ""
+                pieces.append((clean, prefix))
+        body = wrap_cells(pieces, inner, body_height)
+        content.extend(body)
+        content.extend(" " * inner for _ in range(body_height - len(body)))
+    if note:
+        note_sgr = _sgr("", "31", use_color)
+        cropped = _crop(sanitize(note, keep_newlines=False), inner)
+        content.append(f"{note_sgr}{cropped}{_RESET}" if note_sgr else cropped)
+    content = content[: max(0, height - 2)]
+    lines = ["┌" + "─" * inner + "┐"]
+    lines.extend(f"│{line}│" for line in content)
+    lines.append("└" + "─" * inner + "┘")
+    return lines
+
+
+def _pane_key(stream: StreamState, model: RunModel) -> tuple[object, ...]:
+    """Everything a pane's picture depends on, besides its size."""
+    return (
+        stream.label,
+        stream.note,
+        stream.sse_tokens,
+        len(stream.chunks),
+        len(stream.spans),
+        stream.proven_bytes,
+        stream.stats.get("steps"),
+        stream.stats.get("tokens"),
+        stream.stats.get("accepted"),
+        stream.stats.get("drafts_scheduled"),
+        stream.stats.get("drafts_padded"),
+        model.colorize,
+    )
+
+
+class AnsiGrid:
+    """Draws the live grid on a terminal without Rich's layout engine.
+
+    A pane is rebuilt only when its content changed, and only the screen rows
+    that differ from the previous frame are written. A 64-pane frame costs
+    a few milliseconds instead of tens (docs/benchmarks/client.md).
+    """
+
+    def __init__(self, model: RunModel, console: Console) -> None:
+        self.model = model
+        self.console = console
+        self._panes: dict[int, tuple[tuple[object, ...], list[str]]] = {}
+        self._previous: list[str] = []
+        self._size: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        self.console.set_alt_screen(True)
+        self.console.show_cursor(False)
+
+    def stop(self) -> None:
+        self.console.show_cursor(True)
+        self.console.set_alt_screen(False)
+
+    def frame(self, width: int, height: int) -> list[str]:
+        """The screen as ANSI lines: banner, whole rows of panes, status line."""
+        model = self.model
+        use_color = not model.no_color
+        shown = model.streams[:GRID_MAX_PANES]
+        columns, pane_width, pane_height = grid_layout(len(shown), width, height)
+        rows_that_fit = max(1, (height - 2) // pane_height)
+        shown = shown[: rows_that_fit * columns]
+        lines = [_banner_ansi(model, width, use_color)]
+        for row_start in range(0, len(shown), columns):
+            panes = []
+            for stream in shown[row_start : row_start + columns]:
+                key = (*_pane_key(stream, model), pane_width, pane_height)
+                cached = self._panes.get(stream.index)
+                if cached is None or cached[0] != key:
+                    cached = (key, pane_ansi(stream, model, pane_width, pane_height))
+                    self._panes[stream.index] = cached
+                panes.append(cached[1])
+            lines.extend("".join(parts) for parts in zip(*panes, strict=True))
+        status = _status(model, len(shown)).plain
+        dim = _sgr("2", None, use_color)
+        lines.append(f"{dim}{_crop(status, width)}{_RESET}")
+        return lines[:height]
+
+    def draw(self) -> None:
+        size = self.console.size
+        width, height = size.width, size.height
+        lines = self.frame(width, height)
+        out: list[str] = []
+        if (width, height) != self._size:
+            self._size = (width, height)
+            self._previous = []
+            out.append("\x1b[H\x1b[2J")
+        previous = self._previous
+        for row, line in enumerate(lines):
+            if row >= len(previous) or previous[row] != line:
+                out.append(f"\x1b[{row + 1};1H{line}{_RESET}\x1b[K")
+        if len(lines) < len(previous):
+            out.append(f"\x1b[{len(lines) + 1};1H\x1b[J")
+        self._previous = lines
+        if out:
+            self.console.file.write("".join(out))
+            self.console.file.flush()
+
+
+def _banner_ansi(model: RunModel, width: int, use_color: bool) -> str:
+    rest = sanitize(model.banner.removeprefix("SIMULATED ENGINE · "), keep_newlines=False)
+    if model.simulated or model.backend.simulated:
+        flag = "SIMULATED ENGINE"
+        if width <= len(flag):
+            return f"\x1b[1;7m{_crop(flag, width)}{_RESET}"
+        return f"\x1b[1;7m{flag}{_RESET}{_crop(' · ' + rest, width - len(flag))}"
+    return _crop(rest, width)
 
 
 class StreamView:
@@ -326,7 +559,7 @@ class StreamView:
         size = self.console.size
         height = max(1, size.height - 4)
         body = tail_text(
-            styled_text(stream.segments(self.model.colorize), max_chars=size.width * height * 2),
+            styled_text(stream.tail_segments(self.model.colorize, size.width * height * 2)),
             self.console,
             size.width,
             height,

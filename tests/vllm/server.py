@@ -7,6 +7,8 @@ killed (whole process group) by `stop()`.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
 import signal
@@ -29,6 +31,29 @@ NGRAM = {
     "prompt_lookup_max": 4,
     "prompt_lookup_min": 2,
 }
+
+
+_LIVE: list[Server] = []
+_HOOKED: list[bool] = []
+
+
+def _stop_all() -> None:
+    for live in list(_LIVE):
+        live.stop()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Turn SIGTERM (e.g. from `timeout`) into a normal exit so servers are stopped.
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """In the server's process: get SIGTERM when the test process dies, however it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def vllm_venv() -> Path:
@@ -78,6 +103,8 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -132,11 +159,22 @@ def start(
         child_env["PARALLELHUE_SOCKET_DIR"] = socket_dir
     child_env.update(env or {})
     log = open(log_path, "wb")
+    if not _HOOKED:
+        _HOOKED.append(True)
+        atexit.register(_stop_all)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
     process = subprocess.Popen(
-        args, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=child_env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     log.close()
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    _LIVE.append(server)
     deadline = time.monotonic() + START_TIMEOUT
     try:
         while time.monotonic() < deadline:

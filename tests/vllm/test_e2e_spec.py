@@ -171,21 +171,20 @@ def test_requests_that_cannot_be_exact_get_a_notice(
     shapes = [
         driver.Shape("chat", PROMPTS[0], 24),
         driver.Shape("chat", PROMPTS[1], 24, extra=(("stream_interval", 3),)),
-        driver.Shape("completions", PROMPTS[2], 24, extra=(("n", 2),)),
+        driver.Shape("completions", PROMPTS[2], 24, 0.8, extra=(("n", 2),)),
     ]
     result = driver.run(srv.url, shapes, socket_dir)
     assert [s.error for s in result.streams] == [None, None, None]
     assert result.verdicts[0] == ("exact", None)
-    scheduler = next(s for s in result.sources if s["role"] == "scheduler")
-    frontend = next(s for s in result.sources if s["role"] == "frontend")
-    source = f"{frontend['source_id']:016x}"
-    assert scheduler["spec_method"] == method
-    assert result.verdicts[1] == (
-        "failed",
-        f"not exact: stream_interval=3 (notice 1 from source {source})",
-    )
-    assert result.verdicts[2] == (
-        "failed",
+    assert any(s["spec_method"] == method for s in result.sources if s["role"] == "scheduler")
+    frontends = [f"{s['source_id']:016x}" for s in result.sources if s["role"] == "frontend"]
+    assert result.verdicts[1][0] == "failed"
+    assert result.verdicts[1][1] in {
+        f"not exact: stream_interval=3 (notice 1 from source {source})" for source in frontends
+    }
+    assert result.verdicts[2][0] == "failed"
+    assert result.verdicts[2][1] in {
         "not exact: n=2: choices of a parallel-sampling request are not tracked "
-        f"(notice 2 from source {source})",
-    )
+        f"(notice 2 from source {source})"
+        for source in frontends
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 __all__ = ["FaultConfig", "SimConfig", "acceptance_for_stream"]
 
@@ -146,7 +146,6 @@ class SimConfig:
     min_batch: int = 1
     min_batch_wait: float = 10.0
     model: str = "parallelhue-sim"
-    extra: dict[str, object] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message naming the fix."""

@@ -15,6 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -97,6 +98,110 @@ async def _one_stream(
     result.finish_reasons[stream] = finish
 
 
+class _PySse:
+    """SSE parsing in Python: `data:` lines, JSON, the first choice."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[tuple[str, list[int], str | None]]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        events = []
+        for line in lines:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            choices = json.loads(line[6:]).get("choices") or []
+            if not choices:
+                continue
+            choice = choices[0]
+            delta = choice.get("delta")
+            text = (delta or {}).get("content") or "" if delta is not None else choice.get("text")
+            events.append((text or "", choice.get("token_ids") or [], choice.get("finish_reason")))
+        return events
+
+
+class _RustSse:
+    """SSE parsing in the Rust core (`parallelhue._native.SseParser`)."""
+
+    def __init__(self) -> None:
+        from parallelhue._native import SseParser
+
+        self._parser = SseParser()
+
+    def feed(self, data: bytes) -> list[tuple[str, list[int], str | None]]:
+        events = []
+        for event in self._parser.feed(data):
+            if event["kind"] != "chunk" or not event["choices"]:
+                continue
+            choice = event["choices"][0]
+            events.append(
+                (choice["text"] or "", choice["token_ids"] or [], choice["finish_reason"])
+            )
+        return events
+
+
+async def _raw_stream(
+    host: str,
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    request_id: str,
+    stream: int,
+    reconciler: ReconcilerLike,
+    result: SessionResult,
+    rust_sse: bool,
+) -> None:
+    """One stream over a bare HTTP/1.1 connection: no httpx, chunked decoding by hand."""
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: application/json\r\nX-Request-Id: {request_id}\r\n"
+                f"Connection: close\r\nContent-Length: {len(payload)}\r\n\r\n"
+            ).encode()
+            + payload
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"HTTP error: {head.splitlines()[0].decode()}")
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        parser: _PySse | _RustSse = _RustSse() if rust_sse else _PySse()
+        texts: list[str] = []
+        ids: list[int] = []
+        finish: str | None = None
+        while True:
+            if chunked:
+                size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                if size == 0:
+                    break
+                data = (await reader.readexactly(size + 2))[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
+            for text, token_ids, finish_reason in parser.feed(data):
+                if not text and not token_ids:
+                    continue
+                result.sse_chunks += 1
+                result.sse_tokens += len(token_ids)
+                texts.append(text)
+                ids.extend(token_ids)
+                reconciler.push_sse(stream, text, token_ids)
+                if finish_reason is not None:
+                    finish = finish_reason
+            await asyncio.sleep(0)  # let the receiver and the other streams run
+    finally:
+        writer.close()
+    if finish is not None:
+        reconciler.finish_sse(stream)
+    result.texts[stream] = "".join(texts)
+    result.token_ids[stream] = ids
+    result.finish_reasons[stream] = finish
+
+
 async def run_session(
     base_url: str,
     *,
@@ -109,8 +214,14 @@ async def run_session(
     chat: bool = True,
     grace: float = 3.0,
     seed: int | None = None,
+    http: str = "httpx",
 ) -> SessionResult:
-    """Run one session of `num_streams` concurrent streams and return its verdicts."""
+    """Run one session of `num_streams` concurrent streams and return its verdicts.
+
+    `http="raw"` reads the streams over bare connections and parses SSE in the
+    Rust core (Rust reconciler) or in Python (reference), without httpx: the
+    benchmarks' lean client.
+    """
     run_id = secrets.token_hex(16)
     reconciler = make_reconciler(reconciler_kind, run_id, num_streams)
     directory = paths.ensure_socket_dir(socket_dir, create=True)
@@ -167,6 +278,22 @@ async def run_session(
                 if seed is not None:
                     body["seed"] = seed
                 request_id = wire.request_id(run_id, stream)
+                if http == "raw":
+                    parts = urlsplit(endpoint)
+                    tasks.append(
+                        _raw_stream(
+                            parts.hostname or "127.0.0.1",
+                            parts.port or 80,
+                            parts.path,
+                            body,
+                            request_id,
+                            stream,
+                            reconciler,
+                            result,
+                            reconciler_kind == "rust",
+                        )
+                    )
+                    continue
                 tasks.append(
                     _one_stream(
                         client, endpoint, body, request_id, stream, reconciler, result, chat

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import resource
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -113,9 +115,9 @@ def _chat_prompt(messages: object) -> str:
 class SimServer:
     """The embedded simulated engine. `url = await start()`, then `await stop()`.
 
-    Runs in the caller's event loop: the scheduler is one task whose steps
-    cost tens of microseconds, telemetry is encoded and sent by the emitters'
-    own threads.
+    Runs in the caller's event loop: the scheduler is one task (a few
+    microseconds per request per step, plus one SSE chunk written per stream);
+    telemetry is encoded and sent by the emitters' own threads.
     """
 
     def __init__(self, config: SimConfig | None = None) -> None:
@@ -197,10 +199,18 @@ class SimServer:
             self._server = await asyncio.start_server(
                 self._on_connection, config.host, config.port, reuse_address=True
             )
+        except socket.gaierror as error:
+            raise OSError(
+                f"cannot resolve host {config.host} ({error.strerror}): check --host"
+            ) from None
         except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise OSError(
+                    f"port {config.port} on {config.host} is in use: choose another --port"
+                ) from None
             raise OSError(
                 f"cannot listen on {config.host}:{config.port} ({error.strerror}): "
-                "choose another --port"
+                "check --host and --port"
             ) from None
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://{config.host}:{port}"

@@ -26,9 +26,11 @@ fn workload(coalesce: u32) -> Workload {
 fn join(wl: &Workload) -> usize {
     let mut r = Reconciler::with_run_id(wl.run_id, 64);
     let mut exact = 0;
+    let mut events = Vec::new();
     for chunk in wl.inputs.chunks(64) {
         feed_inputs(chunk, &mut r);
-        for e in r.drain() {
+        r.drain_into(&mut events);
+        for e in events.drain(..) {
             if let Event::Exact { .. } = e {
                 exact += 1;
             }

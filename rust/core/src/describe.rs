@@ -50,7 +50,7 @@ pub fn frame_meaning(f: &Frame<'_>) -> Value {
                         "flags": r.flags,
                         "finish_reason": r.finish_reason,
                         "offset": r.offset,
-                        "token_ids": r.token_ids,
+                        "token_ids": r.token_ids().collect::<Vec<u32>>(),
                         "roles": r.roles,
                         "drafts_scheduled": r.drafts_scheduled,
                         "drafts_padded": r.drafts_padded,
@@ -64,8 +64,7 @@ pub fn frame_meaning(f: &Frame<'_>) -> Value {
                 .iter()
                 .map(|r| {
                     let tokens: Vec<Value> = r
-                        .tokens
-                        .iter()
+                        .tokens()
                         .zip(r.fragment_slices())
                         .map(|(t, frag)| json!([t.token_id, hex(frag), t.span_back]))
                         .collect();

@@ -3,7 +3,20 @@
 //! layout of docs/PROTOCOL.md and checks nothing: tests use it to build
 //! invalid frames too.
 
-use crate::protocol::{Kind, ProvRecord, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+use crate::protocol::{Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+
+/// A provenance record to encode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProvRec {
+    pub stream: u16,
+    pub flags: u8,
+    pub finish_reason: u8,
+    pub offset: u32,
+    pub drafts_scheduled: u16,
+    pub drafts_padded: u16,
+    pub token_ids: Vec<u32>,
+    pub roles: Vec<u8>,
+}
 
 /// One token of a text record to encode: id, fragment bytes, span_back.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,7 +119,7 @@ impl Sender {
         self.frame(Kind::Hello, 0, &body)
     }
 
-    pub fn provenance(&mut self, step: u64, recs: &[ProvRecord]) -> Vec<u8> {
+    pub fn provenance(&mut self, step: u64, recs: &[ProvRec]) -> Vec<u8> {
         let body = provenance_body(recs);
         self.frame(Kind::Provenance, step, &body)
     }
@@ -142,7 +155,7 @@ pub fn hello_body(h: &HelloFields) -> Vec<u8> {
     v
 }
 
-pub fn provenance_body(recs: &[ProvRecord]) -> Vec<u8> {
+pub fn provenance_body(recs: &[ProvRec]) -> Vec<u8> {
     let mut v = Vec::new();
     v.extend_from_slice(&(recs.len() as u16).to_le_bytes());
     for r in recs {

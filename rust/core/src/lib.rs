@@ -11,6 +11,7 @@ pub mod reconcile;
 pub mod sequence;
 pub mod sse;
 pub mod stats;
+pub mod text;
 pub mod window;
 pub mod workload;
 

@@ -105,17 +105,39 @@ pub struct Hello<'a> {
     pub spec_method: &'a str,
 }
 
-/// One provenance record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProvRecord {
+/// One provenance record (a view into the datagram: decoding allocates no
+/// per-record memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProvRecord<'a> {
     pub stream: u16,
     pub flags: u8,
     pub finish_reason: u8,
     pub offset: u32,
     pub drafts_scheduled: u16,
     pub drafts_padded: u16,
-    pub token_ids: Vec<u32>,
-    pub roles: Vec<u8>,
+    /// `4 * n` bytes: the token ids, little-endian `u32` each.
+    pub token_ids_raw: &'a [u8],
+    /// `n` roles.
+    pub roles: &'a [u8],
+}
+
+impl ProvRecord<'_> {
+    /// Number of tokens.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.roles.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.roles.is_empty()
+    }
+
+    /// The token ids, in order.
+    #[inline]
+    pub fn token_ids(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
+        self.token_ids_raw.chunks_exact(4).map(le_u32)
+    }
 }
 
 /// One token of a text record.
@@ -126,25 +148,52 @@ pub struct TextToken {
     pub span_back: u8,
 }
 
-/// One text record. `fragments` is the concatenation of every token's
-/// fragment (each valid UTF-8 on its own).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One text record (a view into the datagram). `fragments` is the
+/// concatenation of every token's fragment (each valid UTF-8 on its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TextRecord<'a> {
     pub stream: u16,
     pub flags: u8,
     pub finish_reason: u8,
     pub offset: u32,
     pub trimmed_tokens: u16,
-    pub tokens: Vec<TextToken>,
+    /// `7 * n` bytes: per token `u32 token_id`, `u16 frag_len`, `u8 span_back`.
+    pub tokens_raw: &'a [u8],
     pub fragments: &'a [u8],
     pub http_delta: &'a str,
 }
 
+#[inline]
+fn text_token(t: &[u8]) -> TextToken {
+    TextToken {
+        token_id: le_u32(t),
+        frag_len: u16::from_le_bytes([t[4], t[5]]),
+        span_back: t[6],
+    }
+}
+
 impl TextRecord<'_> {
+    /// Number of tokens.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.tokens_raw.len() / 7
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.tokens_raw.is_empty()
+    }
+
+    /// The tokens, in order.
+    #[inline]
+    pub fn tokens(&self) -> impl ExactSizeIterator<Item = TextToken> + '_ {
+        self.tokens_raw.chunks_exact(7).map(text_token)
+    }
+
     /// The fragment of each token, in order.
     pub fn fragment_slices(&self) -> impl Iterator<Item = &[u8]> + '_ {
         let mut pos = 0usize;
-        self.tokens.iter().map(move |t| {
+        self.tokens().map(move |t| {
             let s = &self.fragments[pos..pos + t.frag_len as usize];
             pos += t.frag_len as usize;
             s
@@ -164,7 +213,7 @@ pub struct NoticeRecord<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body<'a> {
     Hello(Hello<'a>),
-    Provenance(Vec<ProvRecord>),
+    Provenance(Vec<ProvRecord<'a>>),
     Text(Vec<TextRecord<'a>>),
     Notice(Vec<NoticeRecord<'a>>),
 }
@@ -613,12 +662,12 @@ fn record_count(r: &mut Reader<'_>) -> Result<usize, DecodeError> {
     Ok(n as usize)
 }
 
-/// Streams seen in this frame (65 535 possible values, one bit each).
-struct SeenStreams(Vec<u64>);
+/// Streams seen in this frame (65 536 possible values, one bit each).
+struct SeenStreams([u64; 1024]);
 
 impl SeenStreams {
     fn new() -> Self {
-        SeenStreams(vec![0u64; 1024])
+        SeenStreams([0u64; 1024])
     }
 
     /// Read a record's stream field and check it is not reserved nor repeated.
@@ -708,7 +757,7 @@ fn check_roles(
     Ok(())
 }
 
-fn decode_provenance(r: &mut Reader<'_>) -> Result<Vec<ProvRecord>, DecodeError> {
+fn decode_provenance<'a>(r: &mut Reader<'a>) -> Result<Vec<ProvRecord<'a>>, DecodeError> {
     let count = record_count(r)?;
     let mut seen = SeenStreams::new();
     let mut out = Vec::with_capacity(count);
@@ -733,10 +782,9 @@ fn decode_provenance(r: &mut Reader<'_>) -> Result<Vec<ProvRecord>, DecodeError>
                 scheduled: drafts_scheduled,
             });
         }
-        let ids = r.take(4 * n as usize)?;
-        let token_ids: Vec<u32> = ids.chunks_exact(4).map(le_u32).collect();
-        let roles = r.take(n as usize)?.to_vec();
-        check_roles(stream, &roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
+        let token_ids_raw = r.take(4 * n as usize)?;
+        let roles = r.take(n as usize)?;
+        check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
         out.push(ProvRecord {
             stream,
             flags,
@@ -744,7 +792,7 @@ fn decode_provenance(r: &mut Reader<'_>) -> Result<Vec<ProvRecord>, DecodeError>
             offset,
             drafts_scheduled,
             drafts_padded,
-            token_ids,
+            token_ids_raw,
             roles,
         });
     }
@@ -777,15 +825,10 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
             });
         }
         let http_len = r.u32()? as usize;
-        let raw = r.take(7 * n as usize)?;
-        let mut tokens = Vec::with_capacity(n as usize);
+        let tokens_raw = r.take(7 * n as usize)?;
         let mut frag_total = 0usize;
-        for (index, t) in raw.chunks_exact(7).enumerate() {
-            let token = TextToken {
-                token_id: le_u32(t),
-                frag_len: u16::from_le_bytes([t[4], t[5]]),
-                span_back: t[6],
-            };
+        for (index, t) in tokens_raw.chunks_exact(7).enumerate() {
+            let token = text_token(t);
             if token.frag_len == 0 && token.span_back != 0 {
                 return Err(DecodeError::SpanBackOnEmpty {
                     stream,
@@ -794,17 +837,9 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
                 });
             }
             frag_total += token.frag_len as usize;
-            tokens.push(token);
         }
         let fragments = r.take(frag_total)?;
-        let mut pos = 0usize;
-        for (index, t) in tokens.iter().enumerate() {
-            let end = pos + t.frag_len as usize;
-            if std::str::from_utf8(&fragments[pos..end]).is_err() {
-                return Err(DecodeError::InvalidUtf8Fragment { stream, index });
-            }
-            pos = end;
-        }
+        check_fragments(stream, tokens_raw, fragments)?;
         let http = r.take(http_len)?;
         let http_delta =
             std::str::from_utf8(http).map_err(|_| DecodeError::InvalidUtf8Http { stream })?;
@@ -814,12 +849,41 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
             finish_reason,
             offset,
             trimmed_tokens,
-            tokens,
+            tokens_raw,
             fragments,
             http_delta,
         });
     }
     Ok(out)
+}
+
+/// Each fragment must be valid UTF-8 on its own. Fast path: the whole run is
+/// valid and every fragment starts on a character boundary (then each piece
+/// is valid); otherwise find the first invalid fragment.
+fn check_fragments(stream: u16, tokens_raw: &[u8], fragments: &[u8]) -> Result<(), DecodeError> {
+    if std::str::from_utf8(fragments).is_ok() {
+        let mut pos = 0usize;
+        let mut aligned = true;
+        for t in tokens_raw.chunks_exact(7) {
+            if pos < fragments.len() && (fragments[pos] as i8) < -0x40 {
+                aligned = false;
+                break;
+            }
+            pos += usize::from(u16::from_le_bytes([t[4], t[5]]));
+        }
+        if aligned {
+            return Ok(());
+        }
+    }
+    let mut pos = 0usize;
+    for (index, t) in tokens_raw.chunks_exact(7).enumerate() {
+        let end = pos + usize::from(u16::from_le_bytes([t[4], t[5]]));
+        if std::str::from_utf8(&fragments[pos..end]).is_err() {
+            return Err(DecodeError::InvalidUtf8Fragment { stream, index });
+        }
+        pos = end;
+    }
+    Ok(())
 }
 
 fn decode_notice<'a>(r: &mut Reader<'a>) -> Result<Vec<NoticeRecord<'a>>, DecodeError> {

@@ -16,6 +16,7 @@ use crate::protocol::{
 };
 use crate::sequence::{Offer, SeqTracker};
 use crate::stats::{Counters, Stats};
+use crate::text::SpanText;
 use crate::window::ByteWindow;
 
 /// Largest `num_streams`.
@@ -32,7 +33,7 @@ pub enum Event {
     Span {
         stream: u16,
         byte_start: u64,
-        text: String,
+        text: SpanText,
         /// Ordinal of the provenance step within the stream; None for a mixed
         /// span (tokens of two or more steps).
         step: Option<u32>,
@@ -533,7 +534,7 @@ impl Reconciler {
         }
     }
 
-    fn on_provenance(&mut self, src: u64, r: &ProvRecord) {
+    fn on_provenance(&mut self, src: u64, r: &ProvRecord<'_>) {
         let Some(s) = self.record_stream(r.stream) else {
             return;
         };
@@ -625,16 +626,18 @@ impl Reconciler {
             let fb = st.f.slice(fr.byte_start, limit);
             let hb = st.h.slice(fr.byte_start, limit);
             let sb = st.s.slice(fr.byte_start, limit);
-            if fb != hb || hb != sb {
+            if !same3(fb, hb, sb) {
                 let reason = byte_mismatch(fr, fb, hb, sb);
                 self.fail(s, reason);
                 return;
             }
-            let text = match std::str::from_utf8(hb) {
-                Ok(t) => t.to_owned(),
-                // Unreachable: H is valid UTF-8 and cut at a fragment boundary.
-                Err(_) => String::from_utf8_lossy(hb).into_owned(),
-            };
+            debug_assert!(std::str::from_utf8(hb).is_ok());
+            // SAFETY: `hb` equals `fb`, which is a whole fragment (each was
+            // checked to be valid UTF-8 when decoded) or, when the final HTTP
+            // text ends inside it, H's tail from a fragment start: H is valid
+            // UTF-8 (every delta was checked) and equals F up to here, so the
+            // fragment start is a character boundary of H.
+            let text = SpanText::new(unsafe { std::str::from_utf8_unchecked(hb) });
             let first_ord = st.tok(fr.first).ord;
             let last_ord = st.tok(fr.tok).ord;
             let step = (first_ord == last_ord).then_some(first_ord);
@@ -749,6 +752,12 @@ impl Reconciler {
         std::mem::take(&mut self.events)
     }
 
+    /// Append the events since the previous call to `out`; the reconciler
+    /// keeps its buffer (no allocation in steady state).
+    pub fn drain_into(&mut self, out: &mut Vec<Event>) {
+        out.append(&mut self.events);
+    }
+
     /// Events waiting to be drained.
     pub fn pending_events(&self) -> usize {
         self.events.len()
@@ -797,6 +806,20 @@ impl Reconciler {
     }
 }
 
+/// `a == b && b == c` for slices of equal length (short ones compared inline).
+#[inline]
+fn same3(a: &[u8], b: &[u8], c: &[u8]) -> bool {
+    if a.len() <= 16 {
+        let mut diff = 0u8;
+        for ((x, y), z) in a.iter().zip(b).zip(c) {
+            diff |= (x ^ y) | (y ^ z);
+        }
+        diff == 0
+    } else {
+        a == b && b == c
+    }
+}
+
 /// The first differing byte: fragment vs HTTP over the whole fragment first,
 /// then HTTP vs SSE.
 fn byte_mismatch(fr: Frag, fb: &[u8], hb: &[u8], sb: &[u8]) -> String {
@@ -816,7 +839,7 @@ fn byte_mismatch(fr: Frag, fb: &[u8], hb: &[u8], sb: &[u8]) -> String {
 }
 
 impl Stream {
-    fn add_provenance(&mut self, s: usize, src: u64, r: &ProvRecord) -> Result<(), String> {
+    fn add_provenance(&mut self, s: usize, src: u64, r: &ProvRecord<'_>) -> Result<(), String> {
         match self.p_src {
             None => self.p_src = Some(src),
             Some(x) if x != src => {
@@ -838,7 +861,7 @@ impl Stream {
         self.ord += 1;
         let beyond_fails = self.t_finished && !self.t_truncated;
         let t_end = self.t_end;
-        for (i, (&id, &role)) in r.token_ids.iter().zip(&r.roles).enumerate() {
+        for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
             let o = offset + i as u64;
             if beyond_fails && o >= t_end {
                 return Err(format!(
@@ -860,7 +883,7 @@ impl Stream {
         }
         self.recs.push_back(PRec {
             start: offset,
-            end: offset + r.token_ids.len() as u64,
+            end: offset + r.len() as u64,
             ds: r.drafts_scheduled,
             dp: r.drafts_padded,
         });
@@ -885,8 +908,8 @@ impl Stream {
                 self.t_end
             ));
         }
-        let mut pos = 0usize;
-        for (i, t) in r.tokens.iter().enumerate() {
+        let mut byte = self.f.len();
+        for (i, t) in r.tokens().enumerate() {
             let o = offset + i as u64;
             let id = t.token_id;
             let slot = self.slot(o);
@@ -922,12 +945,12 @@ impl Stream {
             self.frags.push_back(Frag {
                 tok: o,
                 first: o - u64::from(b),
-                byte_start: self.f.len(),
+                byte_start: byte,
                 len: len as u32,
             });
-            self.f.extend(&r.fragments[pos..pos + len]);
-            pos += len;
+            byte += len as u64;
         }
+        self.f.extend(r.fragments);
         self.h.extend(r.http_delta.as_bytes());
         if self.h.len() > self.f.len() {
             return Err(format!(

@@ -4,8 +4,8 @@
 //! steps of 1..=K+1 tokens, with one SSE chunk per step or several steps
 //! coalesced into one chunk.
 
-use crate::encode::{HelloFields, Sender, TextRec, TextTok};
-use crate::protocol::{ProvRecord, ROLE_ACCEPTED, ROLE_BONUS, ROLE_PLAIN, ROLE_TARGET};
+use crate::encode::{HelloFields, ProvRec, Sender, TextRec, TextTok};
+use crate::protocol::{ROLE_ACCEPTED, ROLE_BONUS, ROLE_PLAIN, ROLE_TARGET};
 use crate::reconcile::{ROLE_FRONTEND, ROLE_SCHEDULER};
 
 /// Workload shape.
@@ -206,7 +206,7 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
                 r
             };
             let (flags, reason) = if last { (1, 2) } else { (0, 0) };
-            prov.push(ProvRecord {
+            prov.push(ProvRec {
                 stream: s as u16,
                 flags,
                 finish_reason: reason,

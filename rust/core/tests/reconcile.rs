@@ -1,7 +1,6 @@
 //! Reconciler behaviour (docs/PROTOCOL.md "Reconciliation"), edge cases first.
 
-use parallelhue_core::encode::{HelloFields, Sender, TextRec, TextTok};
-use parallelhue_core::protocol::ProvRecord;
+use parallelhue_core::encode::{HelloFields, ProvRec, Sender, TextRec, TextTok};
 use parallelhue_core::reconcile::{Event, Reconciler, Verdict, ROLE_FRONTEND, ROLE_SCHEDULER};
 use parallelhue_core::workload::{feed_inputs, generate, WorkloadConfig};
 
@@ -39,7 +38,7 @@ impl Run {
 
     /// Provenance for one stream: (offset, ids, roles, drafts_scheduled, flags).
     fn prov(&mut self, stream: u16, offset: u32, ids: &[u32], roles: &[u8], ds: u16, flags: u8) {
-        let rec = ProvRecord {
+        let rec = ProvRec {
             stream,
             flags,
             finish_reason: if flags & 1 != 0 { 1 } else { 0 },
@@ -447,7 +446,7 @@ fn provenance_rules_and_second_sources() {
     let mut other = Sender::new(run_id(), 0xcccc);
     run.r
         .push_frame(&other.hello(&HelloFields::simulated(ROLE_SCHEDULER, 3)));
-    let rec = ProvRecord {
+    let rec = ProvRec {
         stream: 1,
         flags: 0,
         finish_reason: 0,
@@ -516,7 +515,7 @@ fn admission_rejections_and_counters() {
 fn run_level_failures() {
     // A frontend sending provenance.
     let mut run = Run::new(2);
-    let rec = ProvRecord {
+    let rec = ProvRec {
         stream: 0,
         flags: 0,
         finish_reason: 0,

@@ -57,17 +57,17 @@ impl Reconciler {
     }
 }
 
-fn frame_bytes<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+/// The datagram as `bytes`: `bytes` itself, or `bytes(obj)` for any other
+/// bytes-like object (as the reference reconciler does).
+fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
-        return Ok(b.as_bytes());
+        return Ok(b.clone());
     }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "frame must be bytes, not {}",
-        obj.get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default()
-    )))
+    let py = obj.py();
+    Ok(py
+        .get_type::<PyBytes>()
+        .call1((obj,))?
+        .cast_into::<PyBytes>()?)
 }
 
 fn token_ids(list: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -188,14 +188,17 @@ impl Reconciler {
     /// Push one datagram (already uid-checked).
     fn push_frame(&self, frame: &Bound<'_, PyAny>) -> PyResult<()> {
         let data = frame_bytes(frame)?;
-        self.lock()?.push_frame(data);
+        self.lock()?.push_frame(data.as_bytes());
         Ok(())
     }
 
     /// Push several datagrams; the GIL is released meanwhile.
     fn push_frames(&self, py: Python<'_>, frames: &Bound<'_, PyAny>) -> PyResult<()> {
-        let items: Vec<Bound<'_, PyAny>> = frames.try_iter()?.collect::<PyResult<_>>()?;
-        let slices: Vec<&[u8]> = items.iter().map(frame_bytes).collect::<PyResult<_>>()?;
+        let items: Vec<Bound<'_, PyBytes>> = frames
+            .try_iter()?
+            .map(|f| frame_bytes(&f?))
+            .collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = items.iter().map(|b| b.as_bytes()).collect();
         let inner = &self.inner;
         py.detach(|| match inner.lock() {
             Ok(mut r) => {

@@ -1,0 +1,96 @@
+//! `SpanText`: the text of a span event, stored inline when short (most spans
+//! are one to a few characters), so emitting a span rarely allocates.
+
+use std::fmt;
+use std::ops::Deref;
+
+const INLINE: usize = 30;
+
+/// An immutable UTF-8 string, inline up to 30 bytes.
+#[derive(Clone)]
+pub struct SpanText(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, buf: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl SpanText {
+    pub fn new(s: &str) -> Self {
+        if s.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..s.len()].copy_from_slice(s.as_bytes());
+            SpanText(Repr::Inline {
+                len: s.len() as u8,
+                buf,
+            })
+        } else {
+            SpanText(Repr::Heap(s.into()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Repr::Inline { len, buf } => {
+                // Built from a &str in `new`, whole.
+                std::str::from_utf8(&buf[..*len as usize]).unwrap_or_default()
+            }
+            Repr::Heap(s) => s,
+        }
+    }
+}
+
+impl Deref for SpanText {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<&str> for SpanText {
+    fn from(s: &str) -> Self {
+        SpanText::new(s)
+    }
+}
+
+impl PartialEq for SpanText {
+    fn eq(&self, o: &Self) -> bool {
+        self.as_str() == o.as_str()
+    }
+}
+
+impl Eq for SpanText {}
+
+impl fmt::Debug for SpanText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for SpanText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_and_heap() {
+        for s in [
+            "",
+            "a",
+            "\u{1f600}\u{6f22}",
+            &"x".repeat(30),
+            &"y".repeat(31),
+        ] {
+            let t = SpanText::new(s);
+            assert_eq!(&*t, s);
+            assert_eq!(t, SpanText::from(s));
+            assert_eq!(format!("{t}"), s);
+        }
+    }
+}
