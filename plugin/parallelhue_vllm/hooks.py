@@ -450,7 +450,8 @@ class FrontendTelemetry(_Base):
                 if getattr(completion, "index", index) == index:
                     text = completion.text or ""
                     break
-        state.captured = (list(new_token_ids or ()), finish_reason, stop_reason, text)
+        # No copy: the list is read in after(), within the same process_outputs call.
+        state.captured = (new_token_ids or [], finish_reason, stop_reason, text)
 
     def after(self, processor: Any, work: _StepWork) -> None:
         self.step += 1
@@ -499,42 +500,48 @@ class FrontendTelemetry(_Base):
         if len(token_ids) > wire.MAX_TOKENS_PER_RECORD:
             raise TelemetryError(f"{len(token_ids)} tokens in one step")
         tokens: list[wire.TextToken] = []
+        append = tokens.append
+        text_token = wire.TextToken
         pending = state.pending_empty
+        fed = len(fragments)
         for position, token_id in enumerate(token_ids):
-            if position < len(fragments):
+            if position < fed:
                 fed_id, piece = fragments[position]
                 if fed_id != token_id:
                     raise TelemetryError(
                         f"detokenizer saw token {fed_id} where the output has {token_id}"
                     )
-                fragment = piece.encode("utf-8")
-                if fragment:
-                    tokens.append(wire.TextToken(token_id, fragment, min(pending, MAX_SPAN_BACK)))
+                if piece:
+                    span_back = pending if pending <= MAX_SPAN_BACK else MAX_SPAN_BACK
+                    append(text_token(token_id, piece.encode("utf-8"), span_back))
                     pending = 0
                 else:
-                    tokens.append(wire.TextToken(token_id, b"", 0))
+                    append(text_token(token_id, b"", 0))
                     pending += 1
             else:
                 # Never fed to the detokenizer (a stop token kept out of the text).
-                tokens.append(wire.TextToken(token_id, b"", 0))
+                append(text_token(token_id, b"", 0))
         state.pending_empty = pending
-        http_delta = text.encode("utf-8")
-        if not tokens and not finished:
-            if http_delta:
-                raise TelemetryError("text without tokens before the request finished")
-            return None
-        trimmed = max(state.pre_len - len(token_ids), 0) if finished else 0
-        record = wire.TextRecord(
-            stream=state.stream,
-            offset=state.offset,
-            tokens=tokens,
-            http_delta=http_delta,
-            finished=finished,
-            finish_reason=finish_code(finish_reason),
-            text_truncated=finished and isinstance(stop_reason, str),
-            tokens_trimmed=trimmed > 0,
-            trimmed_tokens=trimmed,
-        )
+        http_delta = text.encode("utf-8") if text else b""
+        if not finished:
+            if not tokens:
+                if http_delta:
+                    raise TelemetryError("text without tokens before the request finished")
+                return None
+            record = wire.TextRecord(state.stream, state.offset, tokens, http_delta)
+        else:
+            trimmed = max(state.pre_len - len(token_ids), 0)
+            record = wire.TextRecord(
+                stream=state.stream,
+                offset=state.offset,
+                tokens=tokens,
+                http_delta=http_delta,
+                finished=True,
+                finish_reason=finish_code(finish_reason),
+                text_truncated=isinstance(stop_reason, str),
+                tokens_trimmed=trimmed > 0,
+                trimmed_tokens=trimmed,
+            )
         state.offset += len(tokens)
         return record
 

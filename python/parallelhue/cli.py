@@ -126,16 +126,12 @@ def _run(config: RunConfig, *, simulated: bool = False) -> int:
 
 
 async def _demo_async(demo: DemoConfig, holder: _ViewHolder) -> tuple[SessionResult, Session]:
-    from parallelhue_vllm.paths import SocketPathError, default_socket_dir, ensure_socket_dir
-
+    from .session import new_run_id, resolve_socket
     from .sim import FaultConfig, SimConfig, SimServer
 
     run = demo.run
-    directory = run.socket_dir if run.socket_dir is not None else default_socket_dir()
-    try:
-        directory = ensure_socket_dir(directory, create=True)
-    except SocketPathError as error:
-        raise SetupError(str(error)) from None
+    # The same checks as a live run (length first, then the 0700 directory).
+    directory = os.path.dirname(resolve_socket("auto", run.socket_dir, new_run_id()))
     sim_config = SimConfig(
         draft_len=demo.draft_len,
         acceptance=demo.acceptance,
