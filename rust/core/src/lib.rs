@@ -7,6 +7,9 @@ pub mod encode;
 pub mod protocol;
 #[cfg(target_os = "linux")]
 pub mod receiver;
+#[cfg(not(target_os = "linux"))]
+#[path = "receiver_unsupported.rs"]
+pub mod receiver;
 pub mod reconcile;
 pub mod sequence;
 pub mod sse;

@@ -838,11 +838,25 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
             }
             frag_total += token.frag_len as usize;
         }
+        let frag_start = r.pos;
         let fragments = r.take(frag_total)?;
-        check_fragments(stream, tokens_raw, fragments)?;
-        let http = r.take(http_len)?;
-        let http_delta =
-            std::str::from_utf8(http).map_err(|_| DecodeError::InvalidUtf8Http { stream })?;
+        // Fast path: fragments and HTTP delta are adjacent; one validation of
+        // both, plus character-boundary checks where each piece starts.
+        let both = r
+            .buf
+            .get(frag_start..frag_start + frag_total + http_len)
+            .and_then(|b| std::str::from_utf8(b).ok());
+        let http_delta = match both {
+            Some(s) if boundaries_ok(tokens_raw, fragments, s.as_bytes()) => {
+                r.take(http_len)?;
+                &s[frag_total..]
+            }
+            _ => {
+                check_fragments(stream, tokens_raw, fragments)?;
+                let http = r.take(http_len)?;
+                std::str::from_utf8(http).map_err(|_| DecodeError::InvalidUtf8Http { stream })?
+            }
+        };
         out.push(TextRecord {
             stream,
             flags,
@@ -855,6 +869,21 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
         });
     }
     Ok(out)
+}
+
+/// Every fragment and the HTTP delta start on a character boundary of
+/// `both` (fragments followed by the HTTP delta, valid UTF-8 as a whole).
+#[inline]
+fn boundaries_ok(tokens_raw: &[u8], fragments: &[u8], both: &[u8]) -> bool {
+    let starts_char = |pos: usize| pos >= both.len() || (both[pos] as i8) >= -0x40;
+    let mut pos = 0usize;
+    for t in tokens_raw.chunks_exact(7) {
+        if !starts_char(pos) {
+            return false;
+        }
+        pos += usize::from(u16::from_le_bytes([t[4], t[5]]));
+    }
+    starts_char(fragments.len())
 }
 
 /// Each fragment must be valid UTF-8 on its own. Fast path: the whole run is

@@ -1,0 +1,55 @@
+//! The telemetry socket needs Linux (`SO_PASSCRED` / `SCM_CREDENTIALS` to
+//! check each sender's uid). Elsewhere `Receiver::bind` fails with a clear
+//! error and the client falls back to its Python receiver.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::reconcile::Reconciler;
+
+/// A point-in-time copy of the counters (same fields as on Linux).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverStats {
+    pub received: u64,
+    pub bytes: u64,
+    pub rejected_uid: u64,
+    pub oversized: u64,
+    pub batches: u64,
+    pub errors: u64,
+    pub rcvbuf: u64,
+}
+
+/// Never constructed on this platform.
+pub struct Receiver {
+    path: PathBuf,
+}
+
+impl Receiver {
+    pub fn bind(
+        _path: &Path,
+        _rcvbuf: usize,
+        _sink: Arc<Mutex<Reconciler>>,
+    ) -> io::Result<Receiver> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the native receiver needs Linux (SO_PASSCRED / SCM_CREDENTIALS)",
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_closed(&self) -> bool {
+        true
+    }
+
+    pub fn stats(&self) -> ReceiverStats {
+        ReceiverStats::default()
+    }
+
+    pub fn close(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
