@@ -57,5 +57,15 @@ bench: native
 	$(PY) -m pytest -q benches --benchmark-only
 	cargo bench -p parallelhue-core
 
+# Each fuzz target for FUZZ_SECONDS (see docs/FUZZING.md); stable toolchain via RUSTC_BOOTSTRAP.
+FUZZ_SECONDS ?= 600
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+	$(PYTHON) rust/fuzz/make_seeds.py
+	for target in decode_frame sse_chunks reconciler; do \
+	    RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- \
+	        -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
 clean:
 	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
