@@ -1,0 +1,149 @@
+"""Client CPU per 10k tokens: real client, grid view, 220x70 pty, vs a sim engine process."""
+
+import argparse
+import fcntl
+import json
+import os
+import pty
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 70, 220, 0, 0))
+    env = dict(os.environ, PYTHONPATH=pypath, TERM="xterm-256color")
+    for k in list(env):
+        if k.startswith("PARALLELHUE_") or k == "NO_COLOR":
+            env.pop(k)
+    cmd = [
+        sys.executable,
+        *(["-m", "cProfile", "-o", os.environ["CP_PROF"]] if os.environ.get("CP_PROF") else []),
+        *(
+            ["-m", "pyinstrument", "-i", "0.0005", "-r", "session", "-o", os.environ["CP_PYI"]]
+            if os.environ.get("CP_PYI")
+            else []
+        ),
+        "-m",
+        "parallelhue",
+        "hello benchmark prompt",
+        "--endpoint",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        "--socket-dir",
+        sdir,
+        "--concurrency",
+        str(conc),
+        "--max-tokens",
+        str(max_tokens),
+        "--view",
+        os.environ.get("CP_VIEW", "grid"),
+        "--mode",
+        "exact",
+        "--reconciler",
+        reconciler,
+        *extra,
+    ]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = bytearray()
+
+    def drain():
+        while True:
+            try:
+                b = os.read(master, 65536)
+            except OSError:
+                return
+            if not b:
+                return
+            out.extend(b)
+
+    th = threading.Thread(target=drain, daemon=True)
+    th.start()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    th.join(2)
+    os.close(master)
+    text = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", bytes(out)).decode("utf-8", "replace")
+    m = re.search(r"confirmed tokens=(\d+)", text)
+    tokens = int(m.group(1)) if m else None
+    return dict(
+        code=os.waitstatus_to_exitcode(status),
+        cpu=ru.ru_utime + ru.ru_stime,
+        user=ru.ru_utime,
+        sys=ru.ru_stime,
+        wall=wall,
+        tokens=tokens,
+        rss_mib=ru.ru_maxrss / 1024,
+        tail=text[-600:] if not m else "",
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", action="append", required=True, help="name=PYTHONPATH:reconciler")
+    ap.add_argument("--n", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--step-ms", type=float, default=3.2)
+    a = ap.parse_args()
+    rows = []
+    for _i in range(a.n):
+        for v in a.variant:
+            name, rest = v.split("=", 1)
+            pypath, rec = rest.rsplit(":", 1)
+            sdir = tempfile.mkdtemp(prefix="cpb", dir="/tmp")
+            port = free_port()
+            sim = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "parallelhue.sim",
+                    "--port",
+                    str(port),
+                    "--socket-dir",
+                    sdir,
+                    "--step-ms",
+                    str(a.step_ms),
+                    "--min-batch",
+                    str(a.concurrency),
+                ],
+                env=dict(os.environ, PYTHONPATH="/work/main/python"),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(200):
+                try:
+                    socket.create_connection(("127.0.0.1", port), 0.1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            load0 = os.getloadavg()[0]
+            r = run_client(pypath, port, sdir, a.max_tokens, a.concurrency, rec, [])
+            r["load"] = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
+            sim.terminate()
+            sim.wait()
+            r["name"] = name
+            r["per10k"] = r["cpu"] / r["tokens"] * 1e4 if r["tokens"] else None
+            r["tok_s"] = r["tokens"] / r["wall"] if r["tokens"] else None
+            rows.append(r)
+            print(
+                json.dumps({k: (round(x, 4) if isinstance(x, float) else x) for k, x in r.items()}),
+                flush=True,
+            )
+
+
+main()

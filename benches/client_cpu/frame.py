@@ -1,0 +1,60 @@
+import io
+import random
+import sys
+import time
+
+sys.path.insert(0, sys.argv[1])
+from rich.console import Console
+
+from parallelhue import views
+from parallelhue.backend import Backend
+from parallelhue.state import RunModel, StreamState
+
+random.seed(1)
+streams = []
+for i in range(64):
+    s = StreamState(index=i, mode="exact")
+    pos = 0
+    for k in range(800):
+        t = random.choice(["the ", "quick ", "brown ", "fox ", "jumps ", "日本 ", "é"])
+        s.add_delta(t, [1, 2], 0.0)
+        s.add_span(pos, t, k if k % 7 else None)
+        pos += len(t.encode())
+    s.stats = {
+        "tokens": 1600,
+        "steps": 800,
+        "drafts_scheduled": 2000,
+        "drafts_padded": 0,
+        "accepted": 900,
+    }
+    streams.append(s)
+model = RunModel(streams=streams, mode="exact", backend=Backend("ngram", True, "x"), no_color=False)
+out = io.StringIO()
+console = Console(
+    file=out,
+    width=220,
+    height=70,
+    force_terminal=True,
+    color_system="256",
+    highlight=False,
+    markup=False,
+    emoji=False,
+)
+v = views.GridView(model, console)
+v.start()
+N = 20
+t0 = time.process_time()
+for _ in range(N):
+    for s in streams:  # new content each frame
+        s.add_delta("x ", [3], 0.0)
+        s.add_span(len(s.sse_bytes) - 2, "x ", 5)
+    v.refresh()
+dt = (time.process_time() - t0) / N
+v.abort()
+print(f"frame {dt * 1000:.1f} ms cpu")
+if len(sys.argv) > 2:
+    import cProfile
+    import pstats
+
+    cProfile.run("[v.refresh() for _ in range(10)]", "/tmp/cp/frame.prof")
+    pstats.Stats("/tmp/cp/frame.prof").sort_stats("tottime").print_stats(15)
