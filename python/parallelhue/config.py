@@ -436,12 +436,36 @@ def parse_run(
     got = src.get("--backend", "PARALLELHUE_BACKEND")
     backend = _backend(got[0], got[1]) if got else "auto"
 
+    return _run_config(
+        common,
+        env,
+        endpoint=endpoint,
+        model=model,
+        prompts=prompts,
+        api_key=api_key,
+        timeout=timeout,
+        backend=backend,
+    )
+
+
+def _run_config(
+    common: Mapping[str, object],
+    env: Mapping[str, str],
+    *,
+    endpoint: str,
+    model: str | None,
+    prompts: list[str],
+    api_key: str | None,
+    timeout: float,
+    backend: str,
+) -> RunConfig:
+    """A RunConfig from the resolved common flags plus what differs between run and demo."""
     return RunConfig(
         endpoint=endpoint,
         model=model,
         prompts=prompts,
         max_tokens=int(str(common["max_tokens"])),
-        concurrency=concurrency,
+        concurrency=int(str(common["concurrency"])),
         api_key=api_key,
         mode=str(common["mode"]),
         socket_dir=_optional_str(common["socket_dir"]),
@@ -508,28 +532,15 @@ def parse_demo(
     )
     draft_len = _int("--draft-len", args.draft_len, 1, 16) if args.draft_len is not None else 4
     step_ms = _float("--step-ms", args.step_ms, 0.0, 10_000.0) if args.step_ms is not None else 20.0
-    run = RunConfig(
+    run = _run_config(
+        common,
+        env,
         endpoint=DEFAULT_ENDPOINT,  # replaced by the simulated engine's URL
         model=None,
         prompts=[prompt] * concurrency,
-        max_tokens=int(str(common["max_tokens"])),
-        concurrency=concurrency,
         api_key=None,
-        mode=str(common["mode"]),
-        socket_dir=_optional_str(common["socket_dir"]),
         timeout=DEFAULT_TIMEOUT,
         backend="auto",
-        temperature=_optional_float(common["temperature"]),
-        seed=int(str(common["seed"])),
-        view=str(common["view"]),
-        tmux=bool(common["tmux"]),
-        no_attach=bool(common["no_attach"]),
-        record=_optional_str(common["record"]),
-        export=_optional_str(common["export"]),
-        measurement=_optional_str(common["measurement"]),
-        reconciler=str(common["reconciler"]),
-        no_color=_no_color(env),
-        warnings=list(_str_list(common["warnings"])),
     )
     faults = None
     if args.fault is not None:
