@@ -43,6 +43,11 @@ class Reconciler:
         """One datagram (already uid-checked)."""
     def push_frames(self, frames: list[bytes]) -> None:
         """Several datagrams, in order; the GIL is released meanwhile."""
+    def push_inputs(self, inputs: list[tuple[Any, ...]]) -> None:
+        """Several inputs, in order, exactly as the single calls: ("frame", bytes),
+        ("sse", stream, text, token_ids) or ("finish", stream). Converted while
+        holding the GIL, pushed with it released; a bad item raises the single
+        call's ValueError (or "invalid input ...") after the items before it."""
     def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         """One SSE delta of one stream: the choice's text and its token_ids."""
     def finish_sse(self, stream: int) -> None:

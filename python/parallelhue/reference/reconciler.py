@@ -217,6 +217,26 @@ class Reconciler:
         for frame in frames:
             self.push_frame(frame)
 
+    def push_inputs(self, inputs: list[tuple[Any, ...]]) -> None:
+        """Several inputs, in order, exactly as the single calls: `("frame", bytes)`,
+        `("sse", stream, text, token_ids)` or `("finish", stream)`."""
+        for item in inputs:
+            if isinstance(item, tuple) and item and isinstance(item[0], str):
+                kind = item[0]
+                if kind == "frame" and len(item) == 2:
+                    self.push_frame(item[1])
+                    continue
+                if kind == "sse" and len(item) == 4:
+                    self.push_sse(item[1], item[2], item[3])
+                    continue
+                if kind == "finish" and len(item) == 2:
+                    self.finish_sse(item[1])
+                    continue
+            raise ValueError(
+                f"invalid input {item!r}: expected "
+                '("frame", bytes), ("sse", stream, text, token_ids) or ("finish", stream)'
+            )
+
     def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         self._check_stream_index(stream)
         for token_id in token_ids:

@@ -4,6 +4,7 @@
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
 //! Batch entry points release the GIL (`py.detach`); single small calls do not.
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,6 +14,7 @@ use parallelhue_core::reconcile::{self as core, ArgError, Event, Verdict};
 use parallelhue_core::sse::{self, SseError, SseEvent};
 use parallelhue_core::stats::{Stats, STAT_KEYS};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
@@ -55,6 +57,68 @@ impl Reconciler {
         }
         Ok(s as u16)
     }
+
+    /// Convert `push_inputs`' items into `out` up to the first bad one, whose
+    /// error is returned (the items before it stay in `out`).
+    fn convert_inputs(&self, inputs: &Bound<'_, PyAny>, out: &mut Inputs) -> PyResult<()> {
+        if let Ok(list) = inputs.cast::<PyList>() {
+            out.items.reserve(list.len());
+            for item in list.iter() {
+                self.convert_input(&item, out)?;
+            }
+            return Ok(());
+        }
+        for item in inputs.try_iter()? {
+            self.convert_input(&item?, out)?;
+        }
+        Ok(())
+    }
+
+    fn convert_input(&self, item: &Bound<'_, PyAny>, out: &mut Inputs) -> PyResult<()> {
+        let Ok(tuple) = item.cast::<PyTuple>() else {
+            return Err(bad_input(item));
+        };
+        let n = tuple.len();
+        if n == 0 {
+            return Err(bad_input(item));
+        }
+        let kind = tuple.get_item(0)?;
+        let Ok(kind) = kind.cast::<PyString>() else {
+            return Err(bad_input(item));
+        };
+        match (kind.to_str()?, n) {
+            ("frame", 2) => {
+                let data = frame_bytes(&tuple.get_item(1)?)?;
+                let start = out.frames.len();
+                out.frames.extend_from_slice(data.as_bytes());
+                out.items.push(Input::Frame(start..out.frames.len()));
+            }
+            ("sse", 4) => {
+                let stream = self.stream(&tuple.get_item(1)?)?;
+                let text = tuple.get_item(2)?;
+                let ids_start = out.ids.len();
+                let text = text.cast::<PyString>()?.to_str()?;
+                let result = token_ids_into(&tuple.get_item(3)?, &mut out.ids);
+                if let Err(e) = result {
+                    out.ids.truncate(ids_start);
+                    return Err(e);
+                }
+                let text_start = out.text.len();
+                out.text.push_str(text);
+                out.items.push(Input::Sse {
+                    stream,
+                    text: text_start..out.text.len(),
+                    ids: ids_start..out.ids.len(),
+                });
+            }
+            ("finish", 2) => {
+                let stream = self.stream(&tuple.get_item(1)?)?;
+                out.items.push(Input::Finish(stream));
+            }
+            _ => return Err(bad_input(item)),
+        }
+        Ok(())
+    }
 }
 
 /// The datagram as `bytes`: `bytes` itself, or `bytes(obj)` for any other
@@ -72,18 +136,66 @@ fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
 
 fn token_ids(list: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     let mut out = Vec::new();
-    for item in list.try_iter()? {
-        let item = item?;
-        match item.extract::<u32>() {
-            Ok(v) => out.push(v),
-            Err(_) => {
-                // Only ints get the range message; other types a TypeError.
-                item.cast::<PyInt>()?;
-                return Err(value_error(ArgError::TokenId(repr_str(&item))));
-            }
+    token_ids_into(list, &mut out)?;
+    Ok(out)
+}
+
+fn token_id(item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match item.extract::<u32>() {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            // Only ints get the range message; other types a TypeError.
+            item.cast::<PyInt>()?;
+            Err(value_error(ArgError::TokenId(repr_str(item))))
         }
     }
-    Ok(out)
+}
+
+/// Append the token ids of `list` (any iterable of ints; a list is read directly).
+fn token_ids_into(list: &Bound<'_, PyAny>, out: &mut Vec<u32>) -> PyResult<()> {
+    if let Ok(l) = list.cast::<PyList>() {
+        out.reserve(l.len());
+        for item in l.iter() {
+            out.push(token_id(&item)?);
+        }
+        return Ok(());
+    }
+    for item in list.try_iter()? {
+        out.push(token_id(&item?)?);
+    }
+    Ok(())
+}
+
+/// One item of `push_inputs`, converted while holding the GIL; the ranges
+/// index the batch's shared buffers.
+enum Input {
+    Frame(Range<usize>),
+    Sse {
+        stream: u16,
+        text: Range<usize>,
+        ids: Range<usize>,
+    },
+    Finish(u16),
+}
+
+/// A `push_inputs` batch as owned Rust values (no Python object inside).
+#[derive(Default)]
+struct Inputs {
+    items: Vec<Input>,
+    frames: Vec<u8>,
+    text: String,
+    ids: Vec<u32>,
+}
+
+fn bad_input(item: &Bound<'_, PyAny>) -> PyErr {
+    let shown = item
+        .repr()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into());
+    value_error(format!(
+        "invalid input {shown}: expected (\"frame\", bytes), \
+         (\"sse\", stream, text, token_ids) or (\"finish\", stream)"
+    ))
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
@@ -120,8 +232,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyTuple>> {
-    match e {
+/// One event as its Python tuple (kinds interned; ints and text converted once).
+fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match e {
         Event::Span {
             stream,
             byte_start,
@@ -129,41 +242,23 @@ fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyTuple>> 
             step,
             first_offset,
             n_tokens,
-        } => PyTuple::new(
-            py,
-            [
-                "span".into_pyobject(py)?.into_any(),
-                stream.into_pyobject(py)?.into_any(),
-                byte_start.into_pyobject(py)?.into_any(),
-                PyString::new(py, &text).into_any(),
-                step.into_pyobject(py)?.into_any(),
-                first_offset.into_pyobject(py)?.into_any(),
-                n_tokens.into_pyobject(py)?.into_any(),
-            ],
-        ),
-        Event::Exact { stream } => PyTuple::new(
-            py,
-            [
-                "exact".into_pyobject(py)?.into_any(),
-                stream.into_pyobject(py)?.into_any(),
-            ],
-        ),
-        Event::Failed { stream, reason } => PyTuple::new(
-            py,
-            [
-                "failed".into_pyobject(py)?.into_any(),
-                stream.into_pyobject(py)?.into_any(),
-                reason.into_pyobject(py)?.into_any(),
-            ],
-        ),
-        Event::Run { message } => PyTuple::new(
-            py,
-            [
-                "run".into_pyobject(py)?.into_any(),
-                message.into_pyobject(py)?.into_any(),
-            ],
-        ),
-    }
+        } => (
+            intern!(py, "span"),
+            stream,
+            byte_start,
+            PyString::new(py, &text),
+            step,
+            first_offset,
+            n_tokens,
+        )
+            .into_pyobject(py)?
+            .into_any(),
+        Event::Exact { stream } => (intern!(py, "exact"), stream).into_pyobject(py)?.into_any(),
+        Event::Failed { stream, reason } => (intern!(py, "failed"), stream, reason)
+            .into_pyobject(py)?
+            .into_any(),
+        Event::Run { message } => (intern!(py, "run"), message).into_pyobject(py)?.into_any(),
+    })
 }
 
 #[pymethods]
@@ -225,6 +320,42 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Several inputs, in order: `("frame", bytes)`, `("sse", stream, text,
+    /// token_ids)` or `("finish", stream)`, exactly as the single calls. The
+    /// list is converted while holding the GIL, then pushed with the GIL
+    /// released; a bad item raises the single call's error after the items
+    /// before it were applied.
+    fn push_inputs(&self, py: Python<'_>, inputs: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut batch = Inputs::default();
+        let error = self.convert_inputs(inputs, &mut batch).err();
+        if !batch.items.is_empty() {
+            let inner = &self.inner;
+            let batch = &batch;
+            py.detach(|| match inner.lock() {
+                Ok(mut r) => {
+                    for item in &batch.items {
+                        match item {
+                            Input::Frame(range) => r.push_frame(&batch.frames[range.clone()]),
+                            Input::Sse { stream, text, ids } => r.push_sse(
+                                *stream,
+                                &batch.text[text.clone()],
+                                &batch.ids[ids.clone()],
+                            ),
+                            Input::Finish(stream) => r.finish_sse(*stream),
+                        }
+                    }
+                    Ok(())
+                }
+                Err(_) => Err("reconciler poisoned by a panic"),
+            })
+            .map_err(PyRuntimeError::new_err)?;
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// The stream's SSE ended normally.
     fn finish_sse(&self, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         let s = self.stream(stream)?;
@@ -241,11 +372,11 @@ impl Reconciler {
     /// The events since the previous call, in order.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.lock()?.drain();
-        let list = PyList::empty(py);
-        for e in events {
-            list.append(event_tuple(py, e)?)?;
-        }
-        Ok(list)
+        let tuples = events
+            .into_iter()
+            .map(|e| event_tuple(py, e))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, tuples)
     }
 
     fn stream_stats<'py>(
