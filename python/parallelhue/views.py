@@ -318,6 +318,8 @@ class GridView:
 # --- the live grid as ANSI text --------------------------------------------------------
 
 _RESET = "\x1b[0m"
+_AUTOWRAP_OFF = "\x1b[?7l"
+_AUTOWRAP_ON = "\x1b[?7h"
 # Rich's "bold green" etc. as SGR parameters (colors dropped under NO_COLOR).
 _LABEL_SGR = {
     LABEL_EXACT: ("1", "32"),
@@ -485,10 +487,20 @@ class AnsiGrid:
     def start(self) -> None:
         self.console.set_alt_screen(True)
         self.console.show_cursor(False)
+        # Autowrap off: a row the terminal draws wider than computed (emoji and
+        # scripts whose cell width terminals disagree on) is clipped at the right
+        # edge instead of wrapping onto, and corrupting, the row below it.
+        self._write(_AUTOWRAP_OFF)
 
     def stop(self) -> None:
+        self._write(_AUTOWRAP_ON)
         self.console.show_cursor(True)
         self.console.set_alt_screen(False)
+
+    def _write(self, text: str) -> None:
+        if self.console.is_terminal:
+            self.console.file.write(text)
+            self.console.file.flush()
 
     def frame(self, width: int, height: int) -> list[str]:
         """The screen as ANSI lines: banner, whole rows of panes, status line."""
