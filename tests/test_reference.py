@@ -106,12 +106,12 @@ def simple_exact_run() -> Run:
 # ------------------------------------------------------------ happy paths
 
 
-def test_simple_stream_is_exact_with_one_span_per_fragment() -> None:
+def test_simple_stream_is_exact_with_one_span_per_step_and_input() -> None:
     run = simple_exact_run()
+    # " a" and "b" come from the same step and are proven by the same input: one span.
     assert run.events() == [
         ("span", 0, 0, "Hi", 0, 0, 1),
-        ("span", 0, 2, " a", 1, 1, 1),
-        ("span", 0, 4, "b", 1, 2, 1),
+        ("span", 0, 2, " ab", 1, 1, 2),
         ("exact", 0),
     ]
     assert run.rec.verdict(0) == ("exact", None)
@@ -222,16 +222,32 @@ def test_coalesced_sse_chunk_merging_two_steps() -> None:
         run.text(text(0, 1, [tok(2, "y"), tok(3, "z")], "yz", **FIN)),
     )
     run.sse(0, "xyz", [1, 2, 3], finish=True)
+    # One chunk proves both steps: a span per step, never one across steps.
     assert run.events() == [
         ("span", 0, 0, "x", 0, 0, 1),
-        ("span", 0, 1, "y", 1, 1, 1),
-        ("span", 0, 2, "z", 1, 2, 1),
+        ("span", 0, 1, "yz", 1, 1, 2),
         ("exact", 0),
     ]
     stats = run.rec.stream_stats(0)
     assert (stats["accepted"], stats["target"], stats["plain"]) == (1, 1, 1)
     assert stats["drafts_scheduled"] == 2
     assert stats["hist"] == {1: 1, 2: 1}
+
+
+def test_fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() -> None:
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2], [A, B], 1, finished=True, finish_reason=1)),
+        run.text(text(0, 0, [tok(1, "y"), tok(2, "z")], "yz", **FIN)),
+    )
+    run.sse(0, "y", [1])
+    run.sse(0, "z", [2], finish=True)
+    # Merging never spans two inputs, so it cannot depend on when drain() runs.
+    assert run.events() == [
+        ("span", 0, 0, "y", 0, 0, 1),
+        ("span", 0, 1, "z", 0, 1, 1),
+        ("exact", 0),
+    ]
 
 
 def test_stop_string_026_style_keeps_ids_and_truncates_text() -> None:

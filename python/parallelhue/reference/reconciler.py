@@ -195,12 +195,16 @@ class Reconciler:
         self._sources: dict[int, _Source] = {}
         self._hellos: list[dict[str, object]] = []
         self._events: list[Event] = []
+        # Index of the first event produced by the input being processed: only
+        # spans of the same input are merged, so merging never depends on drains.
+        self._input_start = 0
         self._counters = dict.fromkeys(COUNTER_KEYS, 0)
         self._admitted_any = False
 
     # ----------------------------------------------------------------- API
 
     def push_frame(self, frame: bytes) -> None:
+        self._input_start = len(self._events)
         self._counters["frames"] += 1
         try:
             decoded = decode_frame(bytes(frame))
@@ -242,6 +246,7 @@ class Reconciler:
         for token_id in token_ids:
             if not 0 <= token_id <= U32_MAX:
                 raise ValueError(f"token id {token_id} out of range 0..=4294967295")
+        self._input_start = len(self._events)
         state = self._streams[stream]
         if state.verdict != "pending":
             return
@@ -263,6 +268,7 @@ class Reconciler:
 
     def finish_sse(self, stream: int) -> None:
         self._check_stream_index(stream)
+        self._input_start = len(self._events)
         state = self._streams[stream]
         if state.verdict != "pending":
             return
@@ -636,9 +642,30 @@ class Reconciler:
         state.stats["bytes"] += end - fragment.start
         if step_index is None:
             state.stats["mixed_spans"] += 1
-        self._events.append(
-            ("span", state.index, fragment.start, text, step_index, first, fragment.span_back + 1)
-        )
+        n_tokens = fragment.span_back + 1
+        previous = self._events[-1] if len(self._events) > self._input_start else None
+        if (
+            step_index is not None
+            and previous is not None
+            and previous[0] == "span"
+            and previous[1] == state.index
+            and previous[4] == step_index
+            and previous[2] + len(previous[3].encode("utf-8")) == fragment.start
+        ):
+            # The same step, contiguous, proven by the same input: one span.
+            merged_first = previous[5]
+            self._events[-1] = (
+                "span",
+                state.index,
+                previous[2],
+                previous[3] + text,
+                step_index,
+                merged_first,
+                first + n_tokens - merged_first,
+            )
+            return
+        span = ("span", state.index, fragment.start, text, step_index, first, n_tokens)
+        self._events.append(span)
 
     def _is_exact(self, state: _Stream) -> bool:
         text_end = len(state.t_ids)

@@ -284,6 +284,9 @@ pub struct Reconciler {
     events: Vec<Event>,
     counters: Counters,
     admitted: bool,
+    /// Index of the first event produced by the input being processed: only
+    /// spans of the same input are merged, so merging never depends on drains.
+    input_start: usize,
 }
 
 impl Reconciler {
@@ -309,6 +312,7 @@ impl Reconciler {
             events: Vec::new(),
             counters: Counters::default(),
             admitted: false,
+            input_start: 0,
         }
     }
 
@@ -341,6 +345,7 @@ impl Reconciler {
 
     /// Push one datagram.
     pub fn push_frame(&mut self, data: &[u8]) {
+        self.input_start = self.events.len();
         self.counters.frames += 1;
         let frame = match protocol::decode(data) {
             Ok(f) => f,
@@ -558,6 +563,7 @@ impl Reconciler {
 
     /// One SSE delta of a stream: its text and token ids.
     pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {
+        self.input_start = self.events.len();
         let s = stream as usize;
         if s >= self.streams.len() || !self.streams[s].open() {
             return;
@@ -570,6 +576,7 @@ impl Reconciler {
 
     /// The stream's SSE ended normally.
     pub fn finish_sse(&mut self, stream: u16) {
+        self.input_start = self.events.len();
         let s = stream as usize;
         if s >= self.streams.len() || !self.streams[s].open() {
             return;
@@ -647,13 +654,38 @@ impl Reconciler {
             st.stats.bytes += limit - fr.byte_start;
             st.proven = limit;
             st.frags.pop_front();
+            let end_offset = fr.tok + 1;
+            if step.is_some() && self.events.len() > self.input_start {
+                if let Some(Event::Span {
+                    stream: last_stream,
+                    byte_start: last_start,
+                    text: last_text,
+                    step: last_step,
+                    first_offset: last_first,
+                    n_tokens: last_n,
+                }) = self.events.last_mut()
+                {
+                    // The same step, contiguous, proven by the same input: one span.
+                    if usize::from(*last_stream) == s
+                        && *last_step == step
+                        && *last_start + last_text.len() as u64 == fr.byte_start
+                    {
+                        let mut joined = String::with_capacity(last_text.len() + text.len());
+                        joined.push_str(last_text);
+                        joined.push_str(&text);
+                        *last_text = SpanText::new(&joined);
+                        *last_n = (end_offset - *last_first) as u32;
+                        continue;
+                    }
+                }
+            }
             self.events.push(Event::Span {
                 stream: s as u16,
                 byte_start: fr.byte_start,
                 text,
                 step,
                 first_offset: fr.first,
-                n_tokens: (fr.tok - fr.first + 1) as u32,
+                n_tokens: (end_offset - fr.first) as u32,
             });
         }
         // Release what nothing needs any more.
