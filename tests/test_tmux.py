@@ -113,7 +113,9 @@ def test_attach_from_a_terminal_then_summary_after_detach(
              f"{command}; echo EXIT=$?; sleep 600"],
             check=True,
         )  # fmt: skip
-        outer = wait_for("outer", "#1 SSE CHUNK MODE")
+        wait_for("outer", "#1 SSE CHUNK MODE")
+        # The panes draw independently: wait for the other one too.
+        outer = wait_for("outer", "#0 SSE CHUNK MODE")
         assert "#0 SSE CHUNK MODE" in outer and "Hello world!" in outer
         sessions = subprocess.run(
             ["tmux", "list-sessions", "-F", "#{session_name}"],
