@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -130,6 +131,10 @@ async def _demo_async(demo: DemoConfig, holder: _ViewHolder) -> tuple[SessionRes
     from .sim import FaultConfig, SimConfig, SimServer
 
     run = demo.run
+    # The simulated engine's emitters share this process: their warnings (e.g. frames
+    # dropped once Ctrl-C has removed the socket) would only repeat what the client
+    # itself proves or reports from the frames' `dropped` counts.
+    logging.getLogger("parallelhue_vllm").setLevel(logging.ERROR)
     # The same checks as a live run (length first, then the 0700 directory).
     directory = os.path.dirname(resolve_socket("auto", run.socket_dir, new_run_id()))
     sim_config = SimConfig(
