@@ -3,7 +3,7 @@
 //! layout of docs/PROTOCOL.md and checks nothing: tests use it to build
 //! invalid frames too.
 
-use crate::protocol::{Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+use crate::protocol::{Hello, Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
 
 /// A provenance record to encode.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct TextRec {
     pub http: Vec<u8>,
 }
 
-/// Hello fields to encode.
+/// A hello's fields, owned: what a sender encodes and what a reconciler keeps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HelloFields {
     pub role: u8,
@@ -49,6 +49,21 @@ pub struct HelloFields {
     pub plugin_version: String,
     pub engine_version: String,
     pub spec_method: String,
+}
+
+impl From<&Hello<'_>> for HelloFields {
+    fn from(h: &Hello<'_>) -> Self {
+        HelloFields {
+            role: h.role,
+            engine: h.engine,
+            role_derivation: h.role_derivation,
+            async_scheduling: h.async_scheduling,
+            num_speculative_tokens: h.num_speculative_tokens,
+            plugin_version: h.plugin_version.to_owned(),
+            engine_version: h.engine_version.to_owned(),
+            spec_method: h.spec_method.to_owned(),
+        }
+    }
 }
 
 impl HelloFields {

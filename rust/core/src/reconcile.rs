@@ -10,6 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
+use crate::encode::HelloFields;
 use crate::protocol::{
     self, Body, DecodeError, Frame, Hello, NoticeRecord, ProvRecord, TextRecord, ALL_STREAMS,
     FLAG_FINISHED, FLAG_TEXT_TRUNCATED,
@@ -86,41 +87,27 @@ impl fmt::Display for ArgError {
 
 impl std::error::Error for ArgError {}
 
-/// What a hello announced.
+/// What a hello announced, and which source sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceInfo {
     pub source_id: u64,
-    pub role: u8,
-    pub engine: u8,
-    pub role_derivation: u8,
-    pub async_scheduling: bool,
-    pub num_speculative_tokens: u16,
-    pub plugin_version: String,
-    pub engine_version: String,
-    pub spec_method: String,
+    pub hello: HelloFields,
 }
 
 impl SourceInfo {
     fn from_hello(source_id: u64, h: &Hello<'_>) -> Self {
         SourceInfo {
             source_id,
-            role: h.role,
-            engine: h.engine,
-            role_derivation: h.role_derivation,
-            async_scheduling: h.async_scheduling,
-            num_speculative_tokens: h.num_speculative_tokens,
-            plugin_version: h.plugin_version.to_owned(),
-            engine_version: h.engine_version.to_owned(),
-            spec_method: h.spec_method.to_owned(),
+            hello: HelloFields::from(h),
         }
     }
 
     pub fn role_name(&self) -> &'static str {
-        role_name(self.role)
+        role_name(self.hello.role)
     }
 
     pub fn engine_name(&self) -> &'static str {
-        if self.engine == 1 {
+        if self.hello.engine == 1 {
             "vllm"
         } else {
             "simulated"
@@ -128,7 +115,7 @@ impl SourceInfo {
     }
 
     pub fn role_derivation_name(&self) -> &'static str {
-        match self.role_derivation {
+        match self.hello.role_derivation {
             0 => "none",
             1 => "draft_ids",
             _ => "counts",

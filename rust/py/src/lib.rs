@@ -412,11 +412,11 @@ impl Reconciler {
             d.set_item("role", s.role_name())?;
             d.set_item("engine", s.engine_name())?;
             d.set_item("role_derivation", s.role_derivation_name())?;
-            d.set_item("async_scheduling", s.async_scheduling)?;
-            d.set_item("num_speculative_tokens", s.num_speculative_tokens)?;
-            d.set_item("plugin_version", &s.plugin_version)?;
-            d.set_item("engine_version", &s.engine_version)?;
-            d.set_item("spec_method", &s.spec_method)?;
+            d.set_item("async_scheduling", s.hello.async_scheduling)?;
+            d.set_item("num_speculative_tokens", s.hello.num_speculative_tokens)?;
+            d.set_item("plugin_version", &s.hello.plugin_version)?;
+            d.set_item("engine_version", &s.hello.engine_version)?;
+            d.set_item("spec_method", &s.hello.spec_method)?;
             list.append(d)?;
         }
         Ok(list)
