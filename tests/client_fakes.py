@@ -158,6 +158,15 @@ class FakeServer:
             writer.write(_sse(_delta("partial ", [7])))
             await writer.drain()
             return  # closing without the final chunk: a broken body
+        if prompt == "stall":
+            writer.write(_sse(_delta("slow ", [7])))
+            await writer.drain()
+            await asyncio.sleep(3.0)  # longer than the test's --timeout
+            return
+        if prompt == "badchunk":
+            writer.write(_sse(_delta("ok ", [7])) + b"zz\r\n")
+            await writer.drain()
+            return
         if prompt == "nofinish":
             writer.write(_sse(_delta("half", [7])) + _sse("[DONE]") + _chunk(b""))
             await writer.drain()

@@ -83,10 +83,17 @@ def test_completions_endpoint_sends_prompt(capsys: pytest.CaptureFixture[str]) -
     assert request["prompt"] == "hi" and "messages" not in request
 
 
+@pytest.mark.parametrize("kind", ["python", "rust"])
 def test_each_failure_ends_only_its_stream(
-    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+    kind: str, tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prompts = ["ok", "error500", "error404", "html", "disconnect", "nofinish", "ok"]
+    # python: httpx's own transport and Python SSE parsing; rust: the lean
+    # transport and the Rust SSE reading thread. Same messages, except where
+    # the lean reader can say more (a broken chunked framing).
+    if kind == "rust" and not _have_sse_parser():
+        pytest.skip("make native first")
+    prompts = ["ok", "error500", "error404", "html", "disconnect", "nofinish", "ok", "stall"]
+    prompts.append("badchunk")
     path = write_prompts(str(tmp_path), prompts)
     with FakeServer() as server:
         code = cli.main(
@@ -98,12 +105,14 @@ def test_each_failure_ends_only_its_stream(
                 "--mode",
                 "auto",
                 "--reconciler",
-                "python",
+                kind,
+                "--timeout",
+                "1",
             ]
         )
     out, err = capsys.readouterr()
     assert code == 1
-    assert err == ("parallelhue: 5 of 7 streams failed; stream 1: HTTP 500: boom red second line\n")
+    assert err == ("parallelhue: 7 of 9 streams failed; stream 1: HTTP 500: boom red second line\n")
     lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
     assert "error: HTTP 500: boom red second line" in lines[1]
     assert "error: HTTP 404: no such route" in lines[2]
@@ -113,6 +122,13 @@ def test_each_failure_ends_only_its_stream(
     )
     assert "error: the server closed the connection mid-stream" in lines[4]
     assert "error: the stream ended without a finish_reason (server closed it early)" in lines[5]
+    assert "error: no data from the server for 1 s (raise --timeout)" in lines[7]
+    if kind == "rust":
+        assert (
+            'error: invalid HTTP body: invalid chunk size line "zz" in a chunked body' in lines[8]
+        )
+    else:
+        assert "error: the server closed the connection mid-stream" in lines[8]
     for healthy in (0, 6):
         assert "error" not in lines[healthy]
         assert "SSE tokens=4" in lines[healthy]

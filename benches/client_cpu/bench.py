@@ -22,6 +22,54 @@ def free_port():
         return s.getsockname()[1]
 
 
+def proc_cpu(pid):
+    """user + system seconds of a live process (all threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid):
+    """{thread name: CPU seconds} of a live process."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        key = name if tid != str(pid) else "main"
+        out[key] = out.get(key, 0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def engine_tokens(port):
+    """The engine's generation token counter (its /metrics), or None."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), 1.0) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+    except OSError:
+        return None
+    m = re.search(rb"^vllm:generation_tokens_total(?:\{[^}]*\})? ([0-9.e+]+)", data, re.M)
+    return float(m.group(1)) if m else None
+
+
+def steady_state(samples, total):
+    """CPU seconds per 10k tokens between 20 % and 80 % of the run's tokens:
+    the rate without start-up, connection set-up, the final picture and summary."""
+    window = [s for s in samples if s[2] is not None and 0.2 * total <= s[2] <= 0.8 * total]
+    if len(window) < 2 or window[-1][2] <= window[0][2]:
+        return None
+    (_, c0, t0), (_, c1, t1) = window[0], window[-1]
+    return (c1 - c0) / (t1 - t0) * 1e4
+
+
 def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 70, 220, 0, 0))
@@ -73,7 +121,24 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
 
     th = threading.Thread(target=drain, daemon=True)
     th.start()
+    samples = []
+    threads = {}
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.25):
+            try:
+                cpu = proc_cpu(p.pid)
+            except (OSError, IndexError):
+                return
+            samples.append((time.monotonic(), cpu, engine_tokens(port)))
+            threads.update(thread_cpu(p.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     _, status, ru = os.wait4(p.pid, 0)
+    stop.set()
+    sampler.join(2)
     wall = time.monotonic() - t0
     th.join(2)
     os.close(master)
@@ -88,6 +153,8 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         wall=wall,
         tokens=tokens,
         rss_mib=ru.ru_maxrss / 1024,
+        steady_per10k=steady_state(samples, conc * max_tokens),
+        threads={k: round(v, 2) for k, v in threads.items()},
         tail=text[-600:] if not m else "",
     )
 

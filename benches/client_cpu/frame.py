@@ -47,7 +47,7 @@ t0 = time.process_time()
 for _ in range(N):
     for s in streams:  # new content each frame
         s.add_delta("x ", [3], 0.0)
-        s.add_span(len(s.sse_bytes) - 2, "x ", 5)
+        s.add_span(s.sse_byte_count - 2, "x ", 5)
     v.refresh()
 dt = (time.process_time() - t0) / N
 v.abort()

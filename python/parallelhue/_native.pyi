@@ -13,9 +13,11 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "REORDER_WINDOW",
+    "HttpBody",
     "Receiver",
     "Reconciler",
     "SseParser",
+    "SseReader",
     "decode_frame",
 ]
 
@@ -133,6 +135,63 @@ class SseParser:
         """Feed body bytes (split anywhere); returns the events they complete, in order."""
     def finish(self) -> list[_SseEvent]:
         """The body ended; an unterminated event is reported as an error."""
+
+_Framing: TypeAlias = Literal["chunked", "length", "close"]
+
+@final
+class HttpBody:
+    """An HTTP/1.1 response body decoder: chunked, Content-Length ("length",
+    with `length`) or close-delimited. Raises ValueError on a bad framing name."""
+
+    def __new__(cls, framing: _Framing | str, length: int | None = None) -> HttpBody: ...
+    def feed(self, data: bytes) -> bytes:
+        """Bytes from the connection (split anywhere) -> the body bytes they hold.
+        Raises ValueError with the precise framing error; errors are final."""
+    def close(self) -> None:
+        """The connection closed; ValueError if the body was cut short."""
+    @property
+    def complete(self) -> bool:
+        """The whole body was read."""
+
+_Read: TypeAlias = tuple[int, list[str], list[float], int, int]
+_Finished: TypeAlias = tuple[int, str, str | None, str | None, SseUsage | None]
+
+@final
+class SseReader:
+    """The SSE reading thread: reads handed-over connections without the GIL
+    (HTTP framing, SSE, chunk JSON), pushes each delta (the first choice's text
+    and token ids) into `reconciler` exactly as `Reconciler.push_sse` would, and
+    queues what the screen model needs. Rounds are at least `min_interval`
+    seconds apart (0..1, else ValueError). Unix only."""
+
+    def __new__(
+        cls, reconciler: Reconciler | None = None, min_interval: float = 0.002
+    ) -> SseReader: ...
+    def add(
+        self,
+        stream: int,
+        fd: int,
+        framing: _Framing | str,
+        length: int | None,
+        initial: bytes,
+        timeout: float | None,
+    ) -> None:
+        """Read `stream` from `fd` (owned by the reader from now on; -1 for a
+        connection that already closed); `initial` are body bytes read with the
+        head; `timeout` the longest silence (None: none). ValueError for a
+        stream outside the reconciler, a bad framing or a non-positive timeout."""
+    def remove(self, stream: int) -> None:
+        """Stop reading `stream` and close its descriptor (nothing is reported for it)."""
+    def take(self) -> tuple[list[_Read], list[_Finished]]:
+        """Since the last call: reads (stream, non-empty texts, one arrival time
+        per delta, tokens, UTF-8 bytes of the texts), then finished streams
+        (stream, end, message, finish_reason, usage); end is "done" ([DONE]),
+        "eof" (the body ended without it), "error" (bad SSE event), "framing"
+        (broken HTTP framing), "cut" (closed inside the body), "timeout" or "io"."""
+    def close(self) -> None:
+        """Stop the thread and close every descriptor it holds. Idempotent."""
+    @property
+    def closed(self) -> bool: ...
 
 @final
 class Receiver:

@@ -35,6 +35,7 @@ from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recorder
 from .sanitize import one_line
 from .state import RunModel, StreamState
+from .stream_reader import NativeStreamReader
 from .streams import (
     StreamRequest,
     api_base,
@@ -103,6 +104,13 @@ class RunDriver:
                 self.reconciler.push_sse(stream, text, token_ids)
             except ValueError as error:  # e.g. a token id outside u32
                 self.on_error(stream, f"invalid SSE data: {one_line(str(error))}")
+
+    def on_reads(
+        self, stream: int, texts: list[str], times: list[float], tokens: int, text_bytes: int
+    ) -> None:
+        """Deltas the Rust SSE thread read and already pushed into the reconciler
+        (never while recording: a recording needs each input in order, via `on_delta`)."""
+        self.model.streams[stream].add_reads(texts, times, tokens, text_bytes)
 
     def on_finish(self, stream: int, finish_reason: str) -> None:
         state = self.model.streams[stream]
@@ -277,6 +285,7 @@ class Session:
         self.model_name: str | None = config.model
         self._abort = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._stream_reader: NativeStreamReader | None = None
 
     def _recorder(self) -> Recorder | None:
         cfg = self.config
@@ -368,6 +377,8 @@ class Session:
         finally:
             for task in self._tasks:
                 task.cancel()
+            if self._stream_reader is not None:
+                self._stream_reader.close()
             if view is not None:
                 with contextlib.suppress(Exception):
                     view.abort()
@@ -391,6 +402,10 @@ class Session:
         # readers to yield after every read.
         parser_factory = native_parser_factory() if cfg.reconciler == "rust" else None
         yield_each_read = isinstance(receiver, PyReceiver)
+        # The Rust SSE thread pushes deltas into the Rust reconciler itself, so it
+        # needs that reconciler and no recorder (which must see every input).
+        if parser_factory is not None and driver.recorder is None:
+            self._stream_reader = NativeStreamReader.create(driver.reconciler, driver)
         stream_tasks: list[asyncio.Task[None]] = []
         for index, prompt in enumerate(cfg.prompts):
             request = StreamRequest(
@@ -414,6 +429,7 @@ class Session:
                         cfg.timeout,
                         parser_factory=parser_factory,
                         yield_each_read=yield_each_read,
+                        stream_reader=self._stream_reader,
                     )
                 )
             )

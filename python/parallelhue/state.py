@@ -47,7 +47,7 @@ class StreamState:
     mode: str  # the run's mode: exact, auto or chunk
     prompt: str = ""
     chunks: list[str] = field(default_factory=list)
-    sse_bytes: bytearray = field(default_factory=bytearray)
+    sse_byte_count: int = 0  # UTF-8 bytes of the SSE text so far
     sse_tokens: int = 0
     spans: list[tuple[str, int | None]] = field(default_factory=list)
     proven_bytes: int = 0
@@ -71,7 +71,19 @@ class StreamState:
         self.sse_tokens += len(token_ids)
         if text:
             self.chunks.append(text)
-            self.sse_bytes += text.encode("utf-8")
+            self.sse_byte_count += len(text.encode("utf-8"))
+
+    def add_reads(self, texts: list[str], times: list[float], tokens: int, text_bytes: int) -> None:
+        """Several deltas read by the Rust SSE thread: the same state as `add_delta`
+        for each (one arrival time per delta), `texts` being the non-empty ones."""
+        if not times:
+            return
+        if self.first_token_at is None:
+            self.first_token_at = times[0]
+        self.delta_times.extend(times)
+        self.sse_tokens += tokens
+        self.chunks.extend(texts)
+        self.sse_byte_count += text_bytes
 
     def add_span(self, byte_start: int, text: str, step_index: int | None) -> None:
         # Spans arrive in order and cover the text contiguously (PROTOCOL.md).
@@ -114,6 +126,22 @@ class StreamState:
     def text(self) -> str:
         return "".join(self.chunks)
 
+    def unproven_tail(self) -> str:
+        """The SSE text after the proven bytes, read back from the last chunks only."""
+        missing = self.sse_byte_count - self.proven_bytes
+        if missing <= 0:
+            return ""
+        gathered: list[bytes] = []
+        have = 0
+        for chunk in reversed(self.chunks):
+            data = chunk.encode("utf-8")
+            gathered.append(data)
+            have += len(data)
+            if have >= missing:
+                break
+        gathered.reverse()
+        return b"".join(gathered)[-missing:].decode("utf-8", "replace")
+
     def segments(self, colorize: bool) -> list[Segment]:
         """The stream's text cut into colored pieces by the coloring rule."""
         if self.shows_chunks:
@@ -127,7 +155,7 @@ class StreamState:
         ]
         if self.mode == "auto" and self.verdict != "exact":
             # auto shows the text at once; the unproven tail stays uncolored.
-            tail = bytes(self.sse_bytes[self.proven_bytes :]).decode("utf-8", "replace")
+            tail = self.unproven_tail()
             if tail:
                 pieces.append((tail, None))
         return pieces
@@ -151,7 +179,7 @@ class StreamState:
             pieces.reverse()
             return pieces
         if self.mode == "auto" and self.verdict != "exact":
-            tail = bytes(self.sse_bytes[self.proven_bytes :]).decode("utf-8", "replace")
+            tail = self.unproven_tail()
             if tail:
                 pieces.append((tail, None))
                 total = len(tail)

@@ -1,5 +1,10 @@
 """One streaming HTTP request per stream, on httpx's asyncio client.
 
+With the Rust reconciler, a plain-http stream goes through the lean transport
+(`transport.py`) and, after its response head, is read by the Rust SSE thread
+(`stream_reader.py`): HTTP framing, SSE, JSON and the push into the reconciler
+happen without Python; the screen model is updated in batches.
+
 A stream's request carries the run's request id (`ph1_<run>_<i>`, in the body
 and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the usage
 chunk, and has its own seed. Whatever goes wrong with one stream (refused
@@ -19,6 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from .sanitize import one_line
+from .stream_reader import NativeStreamReader
+from .transport import LEAN_EXTENSION, LeanResponse, LeanTransport, lean_response
 
 __all__ = [
     "StreamRequest",
@@ -44,6 +51,9 @@ class StreamRequest:
 
 class StreamSink(Protocol):
     def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def on_reads(
+        self, stream: int, texts: list[str], times: list[float], tokens: int, text_bytes: int
+    ) -> None: ...
     def on_finish(self, stream: int, finish_reason: str) -> None: ...
     def on_error(self, stream: int, message: str) -> None: ...
     def on_usage(self, stream: int, usage: dict[str, Any]) -> None: ...
@@ -102,10 +112,13 @@ def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.
     headers = {"Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return httpx.AsyncClient(
         # --timeout bounds the silence between two bytes, not the whole generation.
         timeout=httpx.Timeout(connect=min(timeout, 30.0), read=timeout, write=30.0, pool=None),
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        # Streams marked LEAN_EXTENSION get one connection each from the lean
+        # transport; everything else goes through httpx's own pool.
+        transport=LeanTransport(httpx.AsyncHTTPTransport(limits=limits, trust_env=False)),
         headers=headers,
         trust_env=False,
     )
@@ -189,6 +202,7 @@ async def run_stream(
     *,
     parser_factory: Callable[[], Any] | None = None,
     yield_each_read: bool = False,
+    stream_reader: NativeStreamReader | None = None,
 ) -> None:
     """Run one stream to its end; every outcome is reported to `sink` exactly once.
 
@@ -198,12 +212,19 @@ async def run_stream(
     `yield_each_read` returns to the event loop after every read, for when the
     telemetry socket is read from the same loop (`PyReceiver`): httpx returns
     without suspending while the connection holds buffered data.
+    With `stream_reader`, a plain-http body is read by the Rust thread (deltas
+    reach the sink through `on_reads`, pushed into the reconciler already).
     """
     stream = request.index
     finish_reason: str | None = None
     try:
         async with client.stream(
-            "POST", endpoint, json=body, headers={"X-Request-Id": request.request_id}
+            "POST",
+            endpoint,
+            json=body,
+            # An SSE body is read as it comes; compressing it only delays it.
+            headers={"X-Request-Id": request.request_id, "Accept-Encoding": "identity"},
+            extensions={LEAN_EXTENSION: stream_reader is not None},
         ) as response:
             if response.status_code >= 400:
                 raw = b""
@@ -222,7 +243,10 @@ async def run_stream(
                     f"(HTTP {response.status_code}); is --endpoint a streaming completions URL?",
                 )
                 return
-            if parser_factory is not None and _identity_encoding(response):
+            lean = lean_response(response)
+            if stream_reader is not None and lean is not None and _identity_encoding(response):
+                finish_reason = await _read_lean(lean, stream_reader, stream, sink)
+            elif parser_factory is not None and _identity_encoding(response):
                 finish_reason = await _read_native(
                     response, parser_factory(), stream, sink, yield_each_read
                 )
@@ -264,6 +288,26 @@ def native_parser_factory() -> Callable[[], Any] | None:
     except ImportError:
         return None
     return SseParser
+
+
+async def _read_lean(
+    lean: LeanResponse, stream_reader: NativeStreamReader, stream: int, sink: StreamSink
+) -> str | None:
+    """The body is read by the Rust thread; this waits for its end and reports it."""
+    ended = await stream_reader.read(stream, lean)
+    if ended.usage is not None:
+        sink.on_usage(stream, dict(ended.usage))
+    if ended.end in ("done", "eof"):
+        return ended.finish_reason
+    if ended.end == "timeout":
+        raise httpx.ReadTimeout("no data")
+    if ended.end in ("cut", "io"):
+        raise httpx.ReadError(ended.message or "connection lost")
+    if ended.end == "error":
+        sink.on_error(stream, "bad SSE data: " + one_line(ended.message or ""))
+    else:
+        sink.on_error(stream, "invalid HTTP body: " + one_line(ended.message or ""))
+    raise _StreamEnded
 
 
 async def _read_native(

@@ -1,9 +1,10 @@
 //! ParallelHue core: telemetry frame decoding, per-source sequence tracking,
-//! the three-witness reconciler and SSE parsing. No Python here: `cargo test`
+//! the three-witness reconciler, HTTP body framing and SSE parsing. No Python here: `cargo test`
 //! runs without an interpreter. See docs/PROTOCOL.md for the contract.
 
 pub mod describe;
 pub mod encode;
+pub mod http;
 pub mod protocol;
 #[cfg(target_os = "linux")]
 pub mod receiver;
@@ -13,6 +14,9 @@ pub mod receiver;
 pub mod reconcile;
 pub mod sequence;
 pub mod sse;
+#[cfg(unix)]
+pub mod sse_reader;
+pub mod sse_stream;
 pub mod stats;
 pub mod text;
 pub mod window;

@@ -9,9 +9,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use parallelhue_core::describe::frame_meaning;
+use parallelhue_core::http::{BodyDecoder, BodyError, Framing};
 use parallelhue_core::protocol;
 use parallelhue_core::reconcile::{self as core, ArgError, Event, Verdict};
 use parallelhue_core::sse::{self, SseError, SseEvent};
+#[cfg(unix)]
+use parallelhue_core::sse_reader;
+use parallelhue_core::sse_stream::StreamEnd;
 use parallelhue_core::stats::{Stats, STAT_KEYS};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
@@ -20,6 +24,7 @@ use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
 };
 use serde_json::Value;
+use std::time::Duration;
 
 fn value_error(e: impl ToString) -> PyErr {
     PyValueError::new_err(e.to_string())
@@ -527,13 +532,7 @@ fn sse_event_dict<'py>(
             d.set_item("choices", choices)?;
             match c.usage {
                 None => d.set_item("usage", py.None())?,
-                Some(u) => {
-                    let ud = PyDict::new(py);
-                    ud.set_item("prompt_tokens", u.prompt_tokens)?;
-                    ud.set_item("completion_tokens", u.completion_tokens)?;
-                    ud.set_item("total_tokens", u.total_tokens)?;
-                    d.set_item("usage", ud)?;
-                }
+                Some(u) => d.set_item("usage", usage_dict(py, &u)?)?,
             }
         }
     }
@@ -573,6 +572,185 @@ impl SseParser {
             list.append(sse_event_dict(py, e)?)?;
         }
         Ok(list)
+    }
+}
+
+fn usage_dict<'py>(py: Python<'py>, u: &sse::Usage) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("prompt_tokens", u.prompt_tokens)?;
+    d.set_item("completion_tokens", u.completion_tokens)?;
+    d.set_item("total_tokens", u.total_tokens)?;
+    Ok(d)
+}
+
+fn parse_framing(framing: &str, length: Option<u64>) -> PyResult<Framing> {
+    match (framing, length) {
+        ("chunked", None) => Ok(Framing::Chunked),
+        ("length", Some(n)) => Ok(Framing::Length(n)),
+        ("close", None) => Ok(Framing::Close),
+        _ => Err(value_error(format!(
+            "framing must be 'chunked', 'close' or 'length' with a length, got {framing:?} with {length:?}"
+        ))),
+    }
+}
+
+/// An HTTP/1.1 response body decoder: chunked, Content-Length or
+/// close-delimited (rust/core/src/http.rs).
+#[pyclass(module = "parallelhue._native")]
+struct HttpBody {
+    inner: BodyDecoder,
+}
+
+#[pymethods]
+impl HttpBody {
+    #[new]
+    #[pyo3(signature = (framing, length = None))]
+    fn new(framing: &str, length: Option<u64>) -> PyResult<Self> {
+        Ok(HttpBody {
+            inner: BodyDecoder::new(parse_framing(framing, length)?),
+        })
+    }
+
+    /// Bytes from the connection; returns the body bytes they hold. Raises
+    /// ValueError when the framing is broken.
+    fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let mut out = Vec::with_capacity(data.len());
+        self.inner.feed(data, &mut out).map_err(value_error)?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// The connection closed; raises ValueError if the body was cut short.
+    fn close(&mut self) -> PyResult<()> {
+        self.inner.finish().map_err(value_error)
+    }
+
+    /// The whole body was read.
+    #[getter]
+    fn complete(&self) -> bool {
+        self.inner.is_complete()
+    }
+}
+
+/// The SSE reading thread (rust/core/src/sse_reader.rs): reads the handed-over
+/// connections without the GIL, pushes their deltas into `reconciler`.
+#[cfg(unix)]
+#[pyclass(module = "parallelhue._native", frozen)]
+struct SseReader {
+    inner: Mutex<sse_reader::SseReader>,
+    num_streams: Option<u16>,
+}
+
+#[cfg(unix)]
+fn read_end(end: &sse_reader::ReadEnd) -> (&'static str, Option<String>) {
+    use sse_reader::ReadEnd;
+    match end {
+        ReadEnd::Body(StreamEnd::Done) => ("done", None),
+        ReadEnd::Body(StreamEnd::BodyEnded) => ("eof", None),
+        ReadEnd::Body(StreamEnd::BadEvent(m)) => ("error", Some(m.clone())),
+        ReadEnd::Body(StreamEnd::Framing(e @ BodyError::Incomplete { .. })) => {
+            ("cut", Some(e.to_string()))
+        }
+        ReadEnd::Body(StreamEnd::Framing(e)) => ("framing", Some(e.to_string())),
+        ReadEnd::Timeout => ("timeout", None),
+        ReadEnd::Io(m) => ("io", Some(m.clone())),
+    }
+}
+
+#[cfg(unix)]
+#[pymethods]
+impl SseReader {
+    #[new]
+    #[pyo3(signature = (reconciler = None, min_interval = 0.002))]
+    fn new(reconciler: Option<&Bound<'_, Reconciler>>, min_interval: f64) -> PyResult<Self> {
+        if !(0.0..=1.0).contains(&min_interval) {
+            return Err(value_error(format!(
+                "min_interval must be between 0 and 1 s, got {min_interval}"
+            )));
+        }
+        let sink = reconciler.map(|r| Arc::clone(&r.get().inner));
+        let inner = sse_reader::SseReader::start(sink, Duration::from_secs_f64(min_interval))?;
+        Ok(SseReader {
+            inner: Mutex::new(inner),
+            num_streams: reconciler.map(|r| r.get().num_streams),
+        })
+    }
+
+    /// Read `stream` from `fd`, which the reader owns from now on (-1: the
+    /// connection already closed). `initial`: body bytes read with the head.
+    #[pyo3(signature = (stream, fd, framing, length, initial, timeout))]
+    fn add(
+        &self,
+        stream: u16,
+        fd: i32,
+        framing: &str,
+        length: Option<u64>,
+        initial: &[u8],
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let framing = parse_framing(framing, length)?;
+        if let Some(n) = self.num_streams {
+            if stream >= n {
+                return Err(value_error(ArgError::Stream {
+                    stream: stream.to_string(),
+                    n,
+                }));
+            }
+        }
+        let timeout = match timeout {
+            None => None,
+            Some(t) if t > 0.0 && t.is_finite() => Some(Duration::from_secs_f64(t)),
+            Some(t) => return Err(value_error(format!("timeout must be positive, got {t}"))),
+        };
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
+            .add(stream, fd, framing, initial.to_vec(), timeout);
+        Ok(())
+    }
+
+    /// Stop reading `stream` and close its descriptor.
+    fn remove(&self, stream: u16) -> PyResult<()> {
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
+            .remove(stream);
+        Ok(())
+    }
+
+    /// `(reads, finished)` since the last call: reads are `(stream, texts,
+    /// times, tokens, text_bytes)`, finished are `(stream, end, message,
+    /// finish_reason, usage)`.
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let (reads, finished) = self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
+            .take();
+        let out_reads = PyList::empty(py);
+        for (stream, read) in reads {
+            out_reads.append((stream, read.texts, read.times, read.tokens, read.bytes))?;
+        }
+        let out_finished = PyList::empty(py);
+        for f in finished {
+            let (end, message) = read_end(&f.end);
+            let usage = f.usage.as_ref().map(|u| usage_dict(py, u)).transpose()?;
+            out_finished.append((f.stream, end, message, f.finish_reason, usage))?;
+        }
+        PyTuple::new(py, [out_reads.into_any(), out_finished.into_any()])
+    }
+
+    /// Stop the thread and close every descriptor it holds. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            if let Ok(mut r) = self.inner.lock() {
+                r.close();
+            }
+        });
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)
     }
 }
 
@@ -656,6 +834,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("REORDER_WINDOW", parallelhue_core::sequence::REORDER_WINDOW)?;
     m.add_class::<Reconciler>()?;
     m.add_class::<SseParser>()?;
+    m.add_class::<HttpBody>()?;
+    #[cfg(unix)]
+    m.add_class::<SseReader>()?;
     m.add_class::<Receiver>()?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     Ok(())

@@ -1,0 +1,232 @@
+//! One stream's response body, from network reads to completion deltas:
+//! HTTP framing ([`crate::http`]), then SSE events and chunk JSON
+//! ([`crate::sse`]), then what the client keeps of each chunk — the first
+//! choice's text and token ids, its finish reason, the usage, `[DONE]`.
+//!
+//! This is the fold the client's Python reader applied event by event; done
+//! here, a network read holding many events costs one call.
+
+use crate::http::{BodyDecoder, BodyError, Framing};
+use crate::sse::{SseError, SseEvent, SseParser, Usage};
+
+/// Why a stream's body ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// `data: [DONE]`.
+    Done,
+    /// The body ended (last chunk, length reached, or the close) without `[DONE]`.
+    BodyEnded,
+    /// An SSE or chunk error; the message of [`SseError`].
+    BadEvent(String),
+    /// The HTTP framing broke (or the connection closed inside the body).
+    Framing(BodyError),
+}
+
+/// The reading state of one stream.
+#[derive(Debug)]
+pub struct StreamBody {
+    body: BodyDecoder,
+    sse: SseParser,
+    decoded: Vec<u8>,
+    /// The last finish_reason of the first choice.
+    pub finish_reason: Option<String>,
+    /// The usage of a chunk without choices.
+    pub usage: Option<Usage>,
+    /// Set once; after it, input is ignored.
+    pub end: Option<StreamEnd>,
+}
+
+impl StreamBody {
+    pub fn new(framing: Framing) -> Self {
+        StreamBody {
+            body: BodyDecoder::new(framing),
+            sse: SseParser::new(),
+            decoded: Vec::new(),
+            finish_reason: None,
+            usage: None,
+            end: None,
+        }
+    }
+
+    /// Bytes from the connection. `on_delta(text, token_ids)` is called for
+    /// every chunk whose first choice has text or token ids, in order.
+    pub fn feed(&mut self, input: &[u8], on_delta: &mut impl FnMut(&str, &[u32])) {
+        if self.end.is_some() {
+            return;
+        }
+        self.decoded.clear();
+        let framing = self.body.feed(input, &mut self.decoded);
+        let events = self.sse.feed(&self.decoded);
+        self.apply(events, on_delta);
+        if self.end.is_some() {
+            return;
+        }
+        match framing {
+            Err(e) => self.end = Some(StreamEnd::Framing(e)),
+            Ok(()) if self.body.is_complete() => self.finish_events(on_delta),
+            Ok(()) => {}
+        }
+    }
+
+    /// The connection closed.
+    pub fn finish(&mut self, on_delta: &mut impl FnMut(&str, &[u32])) {
+        if self.end.is_some() {
+            return;
+        }
+        match self.body.finish() {
+            Err(e) => self.end = Some(StreamEnd::Framing(e)),
+            Ok(()) => self.finish_events(on_delta),
+        }
+    }
+
+    /// A last event without its blank line still counts, as in the reference
+    /// reader; an event cut off inside its data is an error.
+    fn finish_events(&mut self, on_delta: &mut impl FnMut(&str, &[u32])) {
+        let mut events = self.sse.feed(b"\n\n");
+        events.extend(self.sse.finish());
+        self.apply(events, on_delta);
+        if self.end.is_none() {
+            self.end = Some(StreamEnd::BodyEnded);
+        }
+    }
+
+    fn apply(
+        &mut self,
+        events: Vec<Result<SseEvent, SseError>>,
+        on_delta: &mut impl FnMut(&str, &[u32]),
+    ) {
+        for event in events {
+            match event {
+                Ok(SseEvent::Chunk(chunk)) => match chunk.choices.first() {
+                    Some(choice) => {
+                        let ids = choice.token_ids.as_deref().unwrap_or(&[]);
+                        if !choice.text.is_empty() || !ids.is_empty() {
+                            on_delta(&choice.text, ids);
+                        }
+                        if let Some(reason) = &choice.finish_reason {
+                            self.finish_reason = Some(reason.clone());
+                        }
+                    }
+                    None => {
+                        if chunk.usage.is_some() {
+                            self.usage = chunk.usage;
+                        }
+                    }
+                },
+                Ok(SseEvent::Done) => {
+                    self.end = Some(StreamEnd::Done);
+                    return;
+                }
+                // An event with its own `event:` type is not a completion chunk.
+                Ok(SseEvent::Other { .. }) => {}
+                Err(e) => {
+                    self.end = Some(StreamEnd::BadEvent(e.to_string()));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(events: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in events {
+            out.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    fn read_all(framing: Framing, parts: &[&[u8]], close: bool) -> (StreamBody, Vec<String>) {
+        let mut body = StreamBody::new(framing);
+        let mut seen = Vec::new();
+        let mut on_delta = |t: &str, ids: &[u32]| seen.push(format!("{t}{ids:?}"));
+        for p in parts {
+            body.feed(p, &mut on_delta);
+        }
+        if close {
+            body.finish(&mut on_delta);
+        }
+        (body, seen)
+    }
+
+    const A: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"h\u{e9}\"},\"token_ids\":[5,6],\"finish_reason\":null}]}\n\n";
+    const B: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"token_ids\":[],\"finish_reason\":\"length\"}]}\n\n";
+    const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    #[test]
+    fn chunked_stream_split_everywhere() {
+        let raw = chunked(&[A, B, USAGE, DONE]);
+        for cut in 0..=raw.len() {
+            let (body, seen) = read_all(Framing::Chunked, &[&raw[..cut], &raw[cut..]], false);
+            assert_eq!(seen, vec!["h\u{e9}[5, 6]"], "cut {cut}");
+            assert_eq!(body.finish_reason.as_deref(), Some("length"));
+            assert_eq!(body.usage.as_ref().unwrap().total_tokens, Some(5));
+            assert_eq!(body.end, Some(StreamEnd::Done));
+        }
+    }
+
+    #[test]
+    fn input_after_done_is_ignored() {
+        let raw = format!("{A}{DONE}{A}");
+        let (body, seen) = read_all(Framing::Close, &[raw.as_bytes()], true);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(body.end, Some(StreamEnd::Done));
+    }
+
+    #[test]
+    fn body_end_without_done_keeps_a_last_event_without_blank_line() {
+        let raw = chunked(&[
+            A,
+            "data: {\"choices\":[{\"index\":0,\"text\":\"z\",\"finish_reason\":\"stop\"}]}",
+        ]);
+        let (body, seen) = read_all(Framing::Chunked, &[&raw], false);
+        assert_eq!(seen, vec!["h\u{e9}[5, 6]", "z[]"]);
+        assert_eq!(body.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(body.end, Some(StreamEnd::BodyEnded));
+    }
+
+    #[test]
+    fn errors_end_the_stream() {
+        let (body, seen) = read_all(
+            Framing::Close,
+            &[format!("{A}data: {{nope\n\n{A}").as_bytes()],
+            true,
+        );
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            body.end,
+            Some(StreamEnd::BadEvent(
+                "invalid JSON in SSE data: key must be a string at line 1 column 2".into()
+            ))
+        );
+        let (body, _) = read_all(Framing::Chunked, &[b"5\r\nabc"], true);
+        assert_eq!(
+            body.end,
+            Some(StreamEnd::Framing(BodyError::Incomplete {
+                framing: "chunked"
+            }))
+        );
+        let (body, _) = read_all(Framing::Chunked, &[b"q\r\n"], false);
+        assert_eq!(
+            body.end.map(|e| match e {
+                StreamEnd::Framing(e) => e.to_string(),
+                other => format!("{other:?}"),
+            }),
+            Some("invalid chunk size line \"q\" in a chunked body".into())
+        );
+    }
+
+    #[test]
+    fn close_delimited_body_ends_at_the_close() {
+        let (body, seen) = read_all(Framing::Close, &[A.as_bytes(), B.as_bytes()], true);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(body.end, Some(StreamEnd::BodyEnded));
+        assert_eq!(body.finish_reason.as_deref(), Some("length"));
+    }
+}
