@@ -193,7 +193,24 @@ def run_cli_client(
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
+        samples: list[tuple[float, float | None]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            # (client CPU, engine tokens) pairs for the steady-state figure.
+            while not stop.wait(0.25):
+                try:
+                    cpu = process_cpu_seconds(process.pid)
+                    tokens = float(engine_stats(url)["generation_tokens"])
+                except (OSError, ValueError, KeyError, IndexError):
+                    continue
+                samples.append((cpu, tokens))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(process.pid, 0)
+        stop.set()
+        sampler.join(5)
         process.returncode = os.waitstatus_to_exitcode(status)
         reader.join(5)
         os.close(master)
@@ -213,11 +230,30 @@ def run_cli_client(
         "http_elapsed": float(results.get("wall_seconds", wall)),
         "elapsed": wall,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "steady_cpu_per_10k_tokens": steady_cpu_per_10k(samples, STREAMS * max_tokens),
         "peak_rss_kib": usage.ru_maxrss,
         "counters": {},
         "sse_chunks": 0,
         "terminal_bytes": shown[0],
     }
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steady_cpu_per_10k(samples: list[tuple[float, float | None]], total: int) -> float | None:
+    """Client CPU per 10k tokens while the engine went from 20 % to 80 % of the
+    run's tokens: the steady rate, without start-up, imports, connection set-up,
+    the final picture and the summary (which the whole-run figure includes)."""
+    window = [(c, t) for c, t in samples if t is not None and 0.2 * total <= t <= 0.8 * total]
+    if len(window) < 2 or window[-1][1] <= window[0][1]:  # type: ignore[operator]
+        return None
+    (c0, t0), (c1, t1) = window[0], window[-1]
+    return (c1 - c0) * 10_000 / (t1 - t0)  # type: ignore[operator]
 
 
 def client_main(url: str, path: str, socket_dir: str, max_tokens: int) -> None:
@@ -311,6 +347,7 @@ def measure(path: str, rate: int | None, seconds: float) -> dict[str, Any]:
         "client_cpu_s": client["cpu_seconds"],
         "client_cpu_per_10k_tokens": client["cpu_seconds"] * 10_000 / tokens if tokens else 0.0,
         "client_core_share": client["cpu_seconds"] / elapsed if elapsed else 0.0,
+        "client_steady_cpu_per_10k_tokens": client.get("steady_cpu_per_10k_tokens"),
         "client_peak_rss_mib": client["peak_rss_kib"] / 1024,
         "engine_cpu_s": float(after["cpu_seconds"]) - float(before["cpu_seconds"]),
         "elapsed_s": elapsed,
@@ -341,12 +378,18 @@ def versions() -> dict[str, str]:
     }
 
 
+def _steady(row: dict[str, Any]) -> str:
+    value = row.get("client_steady_cpu_per_10k_tokens")
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| path | target rec/s | achieved rec/s | step records | datagrams | frames lost "
         "(emitter drops + gaps) | exact streams | tokens verified | tokens/s | "
-        "client CPU s / 10k tok | client core share | client peak RSS MiB | load avg |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "client CPU s / 10k tok | steady CPU s / 10k tok | client core share | "
+        "client peak RSS MiB | load avg |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in rows:
@@ -357,6 +400,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{row['frames_lost']} ({row['emitter_dropped']} + {row['gaps']}) | "
             f"{row['exact_streams']}/{STREAMS} | {100 * row['verified_fraction']:.2f}% | "
             f"{row['tokens_per_s']:,.0f} | {row['client_cpu_per_10k_tokens']:.3f} | "
+            f"{_steady(row)} | "
             f"{row['client_core_share']:.2f} | {row['client_peak_rss_mib']:.0f} | "
             f"{row['load_average'][0]:.1f} to {row['load_average'][1]:.1f} |"
         )

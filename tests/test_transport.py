@@ -336,3 +336,28 @@ def test_http_body_decoder() -> None:
     with pytest.raises(ValueError) as caught:
         native.HttpBody("gzip")
     assert "framing must be 'chunked', 'close' or 'length'" in str(caught.value)
+
+
+def test_a_failing_sink_reaches_the_waiting_stream_instead_of_hanging() -> None:
+    class Broken(Sink):
+        def on_reads(self, *args: Any) -> None:
+            raise RuntimeError("sink broke")
+
+    async def main() -> str:
+        reader = NativeStreamReader.create(None, Broken())
+        assert reader is not None
+        raw = SSE_HEAD + chunked(event("a", [1]), b"data: [DONE]\n\n")
+        try:
+            async with serve(respond(raw)) as url, client() as c:
+                async with c.stream(
+                    "POST", url + "/v1/x", json={}, extensions={LEAN_EXTENSION: True}
+                ) as response:
+                    lean = lean_response(response)
+                    assert lean is not None
+                    with pytest.raises(RuntimeError) as caught:
+                        await asyncio.wait_for(reader.read(1, lean), 10)
+                    return str(caught.value)
+        finally:
+            reader.close()
+
+    assert asyncio.run(main()) == "sink broke"

@@ -35,7 +35,7 @@ from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recorder
 from .sanitize import one_line
 from .state import RunModel, StreamState
-from .stream_reader import NativeStreamReader
+from .stream_reader import COALESCE_READY, READ_INTERVAL, NativeStreamReader
 from .streams import (
     StreamRequest,
     api_base,
@@ -156,8 +156,10 @@ class RunDriver:
         for event in self.reconciler.drain():
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step_index, _first, _count = event
-                streams[stream].add_span(int(byte_start), str(text), step_index)
+                # StreamState.add_span, inlined: spans are most events.
+                state = streams[event[1]]
+                state.spans.append((event[3], event[4]))
+                state.last_span = (event[2], event[3])
             elif kind == "exact":
                 streams[event[1]].verdict = "exact"
             elif kind == "failed":
@@ -406,6 +408,11 @@ class Session:
         # needs that reconciler and no recorder (which must see every input).
         if parser_factory is not None and driver.recorder is None:
             self._stream_reader = NativeStreamReader.create(driver.reconciler, driver)
+            if self._stream_reader is not None:
+                driver.model.arrival_note = (
+                    f"arrival times to {READ_INTERVAL * 1000:g} ms while "
+                    f"{COALESCE_READY}+ streams are busy"
+                )
         stream_tasks: list[asyncio.Task[None]] = []
         for index, prompt in enumerate(cfg.prompts):
             request = StreamRequest(

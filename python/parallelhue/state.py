@@ -50,7 +50,9 @@ class StreamState:
     sse_byte_count: int = 0  # UTF-8 bytes of the SSE text so far
     sse_tokens: int = 0
     spans: list[tuple[str, int | None]] = field(default_factory=list)
-    proven_bytes: int = 0
+    # The last span's start and text: proven_bytes is computed from them when read
+    # (once per redraw), not for every span.
+    last_span: tuple[int, str] = (0, "")
     verdict: str = "pending"  # pending, exact, failed
     reason: str | None = None
     error: str | None = None  # the HTTP stream's own failure
@@ -88,7 +90,13 @@ class StreamState:
     def add_span(self, byte_start: int, text: str, step_index: int | None) -> None:
         # Spans arrive in order and cover the text contiguously (PROTOCOL.md).
         self.spans.append((text, step_index))
-        self.proven_bytes = byte_start + len(text.encode("utf-8"))
+        self.last_span = (byte_start, text)
+
+    @property
+    def proven_bytes(self) -> int:
+        """SSE bytes proven so far: where the last span ends."""
+        start, text = self.last_span
+        return start + len(text.encode("utf-8")) if text else start
 
     def fail_http(self, message: str) -> None:
         self.error = message
@@ -246,6 +254,8 @@ class RunModel:
     totals: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     server_deltas: list[tuple[str, float]] = field(default_factory=list)
+    # How precise the SSE arrival times are, when not to the read (the Rust reader).
+    arrival_note: str = ""
     finished: bool = False
     interrupted: bool = False
 

@@ -19,13 +19,23 @@ from typing import Any, Protocol
 
 from .transport import LeanResponse
 
-__all__ = ["POLL_INTERVAL", "READ_INTERVAL", "BodyEnd", "NativeStreamReader", "ReadSink"]
+__all__ = [
+    "COALESCE_READY",
+    "POLL_INTERVAL",
+    "READ_INTERVAL",
+    "BodyEnd",
+    "NativeStreamReader",
+    "ReadSink",
+]
 
 # How often the queue is collected (the screen model is drawn at 4 Hz).
 POLL_INTERVAL = 0.02
 # Under load, the least time between two reading rounds of the thread (and so
 # the resolution of arrival times then): 5 ms, far below an engine step on a GPU.
 READ_INTERVAL = 0.005
+# Connections ready in one round from which the thread waits READ_INTERVAL
+# (rust/core/src/sse_reader.rs, COALESCE_READY).
+COALESCE_READY = 4
 
 
 class ReadSink(Protocol):
@@ -95,9 +105,15 @@ class NativeStreamReader:
                 future.set_result(BodyEnd(end, message, finish_reason, usage))
 
     async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(POLL_INTERVAL)
-            self.collect()
+        try:
+            while True:
+                await asyncio.sleep(POLL_INTERVAL)
+                self.collect()
+        except Exception as error:
+            # Never leave a stream waiting on a poller that died: it gets the error.
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(error)
 
     def close(self) -> None:
         """Stop the thread (closing every connection it holds) and the polling."""

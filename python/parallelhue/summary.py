@@ -122,6 +122,7 @@ def summary_lines(model: RunModel) -> list[str]:
         f"latency (client clock, SSE arrival): TTFT mean={_seconds(latency['ttft_mean'])}, "
         f"p50={_seconds(latency['ttft_p50'])}; inter-step mean={_seconds(latency['gap_mean'])}, "
         f"p50={_seconds(latency['gap_p50'])}, p95={_seconds(latency['gap_p95'])}"
+        + (f" ({model.arrival_note})" if model.arrival_note else "")
     )
     if model.ended_at is not None:
         wall = model.ended_at - model.started_at

@@ -383,6 +383,8 @@ def wrap_cells(pieces: list[tuple[str, str]], width: int, max_lines: int) -> lis
                 if part.isascii():
                     take = part[:room]
                     size = len(take)
+                elif (whole := cell_len(part)) <= room:
+                    take, size = part, whole  # most pieces fit: one width call, not one per char
                 else:
                     size = 0
                     end = 0
