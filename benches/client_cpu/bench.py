@@ -43,6 +43,7 @@ def thread_cpu(pid):
             continue
         key = name if tid != str(pid) else "main"
         out[key] = out.get(key, 0) + (int(fields[11]) + int(fields[12])) / tick
+        out[key + ".sys"] = out.get(key + ".sys", 0) + int(fields[12]) / tick
     return out
 
 

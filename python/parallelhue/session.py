@@ -35,7 +35,7 @@ from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recorder
 from .sanitize import one_line
 from .state import RunModel, StreamState
-from .stream_reader import COALESCE_READY, READ_INTERVAL, NativeStreamReader
+from .stream_reader import COALESCE_STREAMS, READ_INTERVAL, NativeStreamReader
 from .streams import (
     StreamRequest,
     api_base,
@@ -58,7 +58,7 @@ class SetupError(Exception):
     """The run cannot start; one line naming the fix (exit 2)."""
 
 
-@dataclass
+@dataclass  # its RunModel's repr is compact (state.py says why)
 class SessionResult:
     exit_code: int
     message: str | None
@@ -411,7 +411,7 @@ class Session:
             if self._stream_reader is not None:
                 driver.model.arrival_note = (
                     f"arrival times to {READ_INTERVAL * 1000:g} ms while "
-                    f"{COALESCE_READY}+ streams are busy"
+                    f"{COALESCE_STREAMS}+ streams are open"
                 )
         stream_tasks: list[asyncio.Task[None]] = []
         for index, prompt in enumerate(cfg.prompts):

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from .transport import LeanResponse
 
 __all__ = [
-    "COALESCE_READY",
+    "COALESCE_STREAMS",
     "POLL_INTERVAL",
     "READ_INTERVAL",
     "BodyEnd",
@@ -30,12 +30,13 @@ __all__ = [
 
 # How often the queue is collected (the screen model is drawn at 4 Hz).
 POLL_INTERVAL = 0.02
-# Under load, the least time between two reading rounds of the thread (and so
-# the resolution of arrival times then): 5 ms, far below an engine step on a GPU.
+# With several streams open, the least time between two reading rounds of the
+# thread (and so the resolution of arrival times): 5 ms, below an engine step
+# of a GPU server at 64 streams.
 READ_INTERVAL = 0.005
-# Connections ready in one round from which the thread waits READ_INTERVAL
-# (rust/core/src/sse_reader.rs, COALESCE_READY).
-COALESCE_READY = 4
+# Open connections from which the thread's rounds are READ_INTERVAL apart
+# (rust/core/src/sse_reader.rs, COALESCE_STREAMS).
+COALESCE_STREAMS = 4
 
 
 class ReadSink(Protocol):

@@ -10,7 +10,7 @@
 //! second with [`SseReader::take`]. A read costs no Python at all, where a
 //! Python reader paid an interpreter wake-up per network read.
 //!
-//! Under load (several connections ready in one round) rounds are at least
+//! With several connections open, rounds that read something are at least
 //! `min_interval` apart: each read then brings several chunks, and the
 //! thread's wake-ups stay bounded whatever the token rate. Arrival times are
 //! then exact to `min_interval`.
@@ -30,9 +30,9 @@ use crate::sse_stream::{StreamBody, StreamEnd};
 const READ_BYTES: usize = 256 * 1024;
 /// Reads of one connection per round before the others get their turn.
 const READS_PER_ROUND: usize = 4;
-/// Connections ready in one round from which the thread waits out
-/// `min_interval` before the next round.
-const COALESCE_READY: usize = 4;
+/// Open connections from which the thread waits out `min_interval` between
+/// two rounds that read something.
+const COALESCE_STREAMS: usize = 4;
 
 /// `CLOCK_MONOTONIC` in seconds: the clock of Python's `time.monotonic()`.
 pub fn monotonic() -> f64 {
@@ -424,11 +424,12 @@ fn read_loop(
             }
             return;
         }
-        // Coalesce under load (many connections ready at once): the next
-        // round's reads then bring several chunks each. A few busy streams
-        // keep exact arrival times.
+        // Coalesce when many streams are open: the next round's reads then
+        // bring several chunks each, and an engine step's burst of 64 chunks
+        // is read in one or two rounds instead of one round per chunk. A
+        // run of a few streams keeps per-read arrival times.
         let spent = round_start.elapsed();
-        if ready >= COALESCE_READY && spent < min_interval {
+        if ready > 0 && conns.len() >= COALESCE_STREAMS && spent < min_interval {
             std::thread::sleep(min_interval - spent);
         }
     }
