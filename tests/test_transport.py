@@ -361,3 +361,40 @@ def test_a_failing_sink_reaches_the_waiting_stream_instead_of_hanging() -> None:
             reader.close()
 
     assert asyncio.run(main()) == "sink broke"
+
+
+def test_a_dead_reader_thread_fails_the_waiting_streams() -> None:
+    class DeadThread:
+        failed = True
+
+        def __init__(self, *_args: Any) -> None:
+            self.removed: list[int] = []
+
+        def add(self, *_args: Any) -> None:
+            pass
+
+        def remove(self, stream: int) -> None:
+            self.removed.append(stream)
+
+        def take(self) -> tuple[list[Any], list[Any]]:
+            return [], []
+
+        def close(self) -> None:
+            pass
+
+    class Response:
+        framing, length, read_timeout = "close", None, None
+
+        def detach(self) -> tuple[int, bytes]:
+            return -1, b""
+
+    async def main() -> str:
+        reader = NativeStreamReader(DeadThread, None, Sink())
+        try:
+            with pytest.raises(RuntimeError) as caught:
+                await asyncio.wait_for(reader.read(3, Response()), 5)  # type: ignore[arg-type]
+            return str(caught.value)
+        finally:
+            reader.close()
+
+    assert asyncio.run(main()) == "the Rust SSE reading thread stopped unexpectedly"

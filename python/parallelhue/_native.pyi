@@ -192,6 +192,9 @@ class SseReader:
         """Stop the thread and close every descriptor it holds. Idempotent."""
     @property
     def closed(self) -> bool: ...
+    @property
+    def failed(self) -> bool:
+        """The thread died (a bug): the streams it held will never finish."""
 
 @final
 class Receiver:

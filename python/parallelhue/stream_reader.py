@@ -95,7 +95,11 @@ class NativeStreamReader:
             self._waiting.pop(stream, None)
 
     def collect(self) -> None:
-        """Apply what the thread queued: deltas first, then the ended bodies."""
+        """Apply what the thread queued: deltas first, then the ended bodies.
+
+        Raises RuntimeError if the thread died, so no stream waits forever."""
+        if self._reader.failed:
+            raise RuntimeError("the Rust SSE reading thread stopped unexpectedly")
         reads, finished = self._reader.take()
         on_reads = self._sink.on_reads
         for stream, texts, times, tokens, text_bytes in reads:

@@ -15,5 +15,9 @@ fn main() {
         body.feed(chunk.as_bytes(), &mut |_t: &str, _ids: &[u32]| deltas += 1);
     }
     let per = start.elapsed().as_secs_f64() / n as f64;
-    println!("{deltas} deltas, {:.2} us per chunk of {} bytes", per * 1e6, chunk.len());
+    println!(
+        "{deltas} deltas, {:.2} us per chunk of {} bytes",
+        per * 1e6,
+        chunk.len()
+    );
 }

@@ -169,6 +169,8 @@ pub struct SseReader {
     shared: Arc<Mutex<Shared>>,
     wake: libc::c_int,
     stop: Arc<AtomicBool>,
+    /// Set when the thread ended by a panic: nothing it held will finish.
+    failed: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -192,11 +194,18 @@ impl SseReader {
         let (wake_r, wake_w) = (pipe[0], pipe[1]);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (t_shared, t_stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        let failed = Arc::new(AtomicBool::new(false));
+        let (t_shared, t_stop, t_failed) =
+            (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&failed));
         let spawned = std::thread::Builder::new()
             .name("parallelhue-sse".into())
             .spawn(move || {
-                read_loop(wake_r, &t_shared, &t_stop, sink.as_deref(), min_interval);
+                let run = std::panic::AssertUnwindSafe(|| {
+                    read_loop(wake_r, &t_shared, &t_stop, sink.as_deref(), min_interval)
+                });
+                if std::panic::catch_unwind(run).is_err() {
+                    t_failed.store(true, Ordering::SeqCst);
+                }
                 // SAFETY: the thread owns the pipe's read end.
                 unsafe { libc::close(wake_r) };
             });
@@ -205,6 +214,7 @@ impl SseReader {
                 shared,
                 wake: wake_w,
                 stop,
+                failed,
                 thread: Some(thread),
             }),
             Err(e) => {
@@ -275,6 +285,11 @@ impl SseReader {
 
     pub fn is_closed(&self) -> bool {
         self.thread.is_none()
+    }
+
+    /// The thread died (a bug): the streams it held will never finish.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// Stop the thread and close every descriptor it holds. Idempotent.

@@ -752,6 +752,12 @@ impl SseReader {
     fn closed(&self) -> bool {
         self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)
     }
+
+    /// The thread died (a bug): the streams it held will never finish.
+    #[getter]
+    fn failed(&self) -> bool {
+        self.inner.lock().map(|r| r.has_failed()).unwrap_or(true)
+    }
 }
 
 /// The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
