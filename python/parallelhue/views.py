@@ -318,6 +318,8 @@ class GridView:
 # --- the live grid as ANSI text --------------------------------------------------------
 
 _RESET = "\x1b[0m"
+# Foreground SGR of each xterm-256 color, built once instead of per piece.
+_FG_SGR = tuple(f"\x1b[38;5;{color}m" for color in range(256))
 _AUTOWRAP_OFF = "\x1b[?7l"
 _AUTOWRAP_ON = "\x1b[?7h"
 # Rich's "bold green" etc. as SGR parameters (colors dropped under NO_COLOR).
@@ -374,6 +376,17 @@ def wrap_cells(pieces: list[tuple[str, str]], width: int, max_lines: int) -> lis
         used = 0
 
     for text, prefix in pieces:
+        if not text:
+            continue
+        if "\n" not in text:
+            # The common case: a piece that fits on the current line, measured once.
+            size = len(text) if text.isascii() else cell_len(text)
+            if used + size <= width:
+                current.append(f"{prefix}{text}{_RESET}" if prefix else text)
+                used += size
+                if used >= width:
+                    flush()
+                continue
         parts = text.split("\n")
         for number, part in enumerate(parts):
             if number:
@@ -437,7 +450,7 @@ def pane_ansi(stream: StreamState, model: RunModel, width: int, height: int) -> 
         for text, color in stream.tail_segments(colorize, inner * body_height * 2):
             clean = sanitize(text)
             if clean:
-                prefix = f"\x1b[38;5;{color}m" if color is not None and use_color else ""
+                prefix = _FG_SGR[color] if color is not None and use_color else ""
                 pieces.append((clean, prefix))
         body = wrap_cells(pieces, inner, body_height)
         content.extend(body)
