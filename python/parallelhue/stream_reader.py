@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .transport import LeanResponse
+from .transport import LeanBody
 
 __all__ = [
     "COALESCE_STREAMS",
@@ -75,7 +75,7 @@ class NativeStreamReader:
             return None
         return cls(SseReader, reconciler, sink)
 
-    async def read(self, stream: int, response: LeanResponse) -> BodyEnd:
+    async def read(self, stream: int, response: LeanBody) -> BodyEnd:
         """Hand `response`'s connection to the thread; return when its body is over."""
         if self._task is None:
             self._task = asyncio.create_task(self._poll())

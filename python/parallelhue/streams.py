@@ -25,7 +25,7 @@ import httpx
 
 from .sanitize import one_line
 from .stream_reader import NativeStreamReader
-from .transport import LEAN_EXTENSION, LeanResponse, LeanTransport, lean_response
+from .transport import LEAN_EXTENSION, LeanBody, LeanTransport, lean_response
 
 __all__ = [
     "StreamRequest",
@@ -291,7 +291,7 @@ def native_parser_factory() -> Callable[[], Any] | None:
 
 
 async def _read_lean(
-    lean: LeanResponse, stream_reader: NativeStreamReader, stream: int, sink: StreamSink
+    lean: LeanBody, stream_reader: NativeStreamReader, stream: int, sink: StreamSink
 ) -> str | None:
     """The body is read by the Rust thread; this waits for its end and reports it."""
     ended = await stream_reader.read(stream, lean)
