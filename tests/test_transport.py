@@ -309,6 +309,9 @@ def test_sse_reader_rejects_bad_arguments_with_exact_errors() -> None:
             reader.add(2, -1, "close", None, b"", None)
         assert str(caught.value) == "stream 2 out of range 0..2"
         with pytest.raises(ValueError) as caught:
+            reader.add(-1, -1, "close", None, b"", None)
+        assert str(caught.value) == "stream -1 out of range 0..2"
+        with pytest.raises(ValueError) as caught:
             reader.add(0, -1, "length", None, b"", None)
         assert str(caught.value) == (
             "framing must be 'chunked', 'close' or 'length' with a length, got \"length\" with None"

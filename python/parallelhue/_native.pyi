@@ -13,6 +13,8 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "REORDER_WINDOW",
+    "SSE_COALESCE_STREAMS",
+    "SSE_READ_INTERVAL",
     "HttpBody",
     "Receiver",
     "Reconciler",
@@ -24,6 +26,8 @@ __all__ = [
 PROTOCOL_VERSION: int
 MAX_FRAME_BYTES: int
 REORDER_WINDOW: int
+SSE_READ_INTERVAL: float  # seconds; SseReader's default min_interval (Unix only)
+SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
 
 # drain() events, in the order they happened:
 #   ("span", stream, byte_start, text, step index or None (mixed span), first_offset, n_tokens)
@@ -161,11 +165,12 @@ class SseReader:
     """The SSE reading thread: reads handed-over connections without the GIL
     (HTTP framing, SSE, chunk JSON), pushes each delta (the first choice's text
     and token ids) into `reconciler` exactly as `Reconciler.push_sse` would, and
-    queues what the screen model needs. Rounds are at least `min_interval`
-    seconds apart (0..1, else ValueError). Unix only."""
+    queues what the screen model needs. With SSE_COALESCE_STREAMS or more
+    connections open, reading rounds are at least `min_interval` seconds apart
+    (0..1, else ValueError; default SSE_READ_INTERVAL). Unix only."""
 
     def __new__(
-        cls, reconciler: Reconciler | None = None, min_interval: float = 0.002
+        cls, reconciler: Reconciler | None = None, min_interval: float | None = None
     ) -> SseReader: ...
     def add(
         self,
@@ -179,7 +184,8 @@ class SseReader:
         """Read `stream` from `fd` (owned by the reader from now on; -1 for a
         connection that already closed); `initial` are body bytes read with the
         head; `timeout` the longest silence (None: none). ValueError for a
-        stream outside the reconciler, a bad framing or a non-positive timeout."""
+        stream the reconciler would refuse (its own message), a bad framing or
+        a non-positive timeout."""
     def remove(self, stream: int) -> None:
         """Stop reading `stream` and close its descriptor (nothing is reported for it)."""
     def take(self) -> tuple[list[_Read], list[_Finished]]:

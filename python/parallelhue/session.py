@@ -35,7 +35,7 @@ from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recorder
 from .sanitize import one_line
 from .state import RunModel, StreamState
-from .stream_reader import COALESCE_STREAMS, READ_INTERVAL, NativeStreamReader
+from .stream_reader import NativeStreamReader
 from .streams import (
     StreamRequest,
     api_base,
@@ -409,10 +409,7 @@ class Session:
         if parser_factory is not None and driver.recorder is None:
             self._stream_reader = NativeStreamReader.create(driver.reconciler, driver)
             if self._stream_reader is not None:
-                driver.model.arrival_note = (
-                    f"arrival times to {READ_INTERVAL * 1000:g} ms while "
-                    f"{COALESCE_STREAMS}+ streams are open"
-                )
+                driver.model.arrival_note = self._stream_reader.arrival_note()
         stream_tasks: list[asyncio.Task[None]] = []
         for index, prompt in enumerate(cfg.prompts):
             request = StreamRequest(

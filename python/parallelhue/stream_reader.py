@@ -5,8 +5,9 @@ Each stream sends its request and reads its response head through httpx
 parses and pushes every delta into the Rust reconciler without the GIL. This
 object collects what the thread queued, every `POLL_INTERVAL`, feeds the screen
 model through the sink's `on_reads`, and wakes each stream's task when its body
-is over. Arrival times are taken by the thread at each read; its reads are at
-least `READ_INTERVAL` apart, which bounds its wake-ups under load.
+is over. Arrival times are taken by the thread at each read; with several
+streams open its reading rounds are `_native.SSE_READ_INTERVAL` apart (5 ms),
+which bounds its wake-ups under load (`arrival_note` says so on screen).
 """
 
 from __future__ import annotations
@@ -19,24 +20,10 @@ from typing import Any, Protocol
 
 from .transport import LeanBody
 
-__all__ = [
-    "COALESCE_STREAMS",
-    "POLL_INTERVAL",
-    "READ_INTERVAL",
-    "BodyEnd",
-    "NativeStreamReader",
-    "ReadSink",
-]
+__all__ = ["POLL_INTERVAL", "BodyEnd", "NativeStreamReader", "ReadSink"]
 
 # How often the queue is collected (the screen model is drawn at 4 Hz).
 POLL_INTERVAL = 0.02
-# With several streams open, the least time between two reading rounds of the
-# thread (and so the resolution of arrival times): 5 ms, below an engine step
-# of a GPU server at 64 streams.
-READ_INTERVAL = 0.005
-# Open connections from which the thread's rounds are READ_INTERVAL apart
-# (rust/core/src/sse_reader.rs, COALESCE_STREAMS).
-COALESCE_STREAMS = 4
 
 
 class ReadSink(Protocol):
@@ -61,7 +48,7 @@ class NativeStreamReader:
     """One per run; `read` is awaited by each stream's task."""
 
     def __init__(self, reader_class: Callable[..., Any], reconciler: Any | None, sink: ReadSink):
-        self._reader = reader_class(reconciler, READ_INTERVAL)
+        self._reader = reader_class(reconciler)
         self._sink = sink
         self._waiting: dict[int, asyncio.Future[BodyEnd]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -74,6 +61,16 @@ class NativeStreamReader:
         except ImportError:
             return None
         return cls(SseReader, reconciler, sink)
+
+    @staticmethod
+    def arrival_note() -> str:
+        """How precise the arrival times it takes are (the summary's latency line)."""
+        from ._native import SSE_COALESCE_STREAMS, SSE_READ_INTERVAL
+
+        return (
+            f"arrival times to {SSE_READ_INTERVAL * 1000:g} ms while "
+            f"{SSE_COALESCE_STREAMS}+ streams are open"
+        )
 
     async def read(self, stream: int, response: LeanBody) -> BodyEnd:
         """Hand `response`'s connection to the thread; return when its body is over."""

@@ -32,7 +32,10 @@ const READ_BYTES: usize = 256 * 1024;
 const READS_PER_ROUND: usize = 4;
 /// Open connections from which the thread waits out `min_interval` between
 /// two rounds that read something.
-const COALESCE_STREAMS: usize = 4;
+pub const COALESCE_STREAMS: usize = 4;
+/// The client's `min_interval`: below an engine step of a GPU server at 64
+/// streams, and what arrival times are exact to while rounds are spaced.
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(5);
 
 /// `CLOCK_MONOTONIC` in seconds: the clock of Python's `time.monotonic()`.
 pub fn monotonic() -> f64 {
@@ -101,6 +104,14 @@ struct Shared {
     finished: Vec<Finished>,
 }
 
+/// One delta as read: what the reconciler and the screen model both need.
+struct Delta {
+    text: String,
+    ids: Vec<u32>,
+    /// [`monotonic`] at its read.
+    time: f64,
+}
+
 struct Conn {
     stream: u16,
     /// -1 once closed (or when handed over already closed).
@@ -108,8 +119,8 @@ struct Conn {
     body: StreamBody,
     last_read: Instant,
     timeout: Option<Duration>,
-    read: StreamRead,
-    deltas: Vec<(String, Vec<u32>)>,
+    /// Deltas read this round, not yet published.
+    deltas: Vec<Delta>,
     end: Option<ReadEnd>,
 }
 
@@ -122,24 +133,20 @@ impl Conn {
         }
     }
 
-    fn feed(&mut self, data: &[u8], now: f64) {
+    /// Bytes from the connection, or `None` when it closed.
+    fn advance(&mut self, data: Option<&[u8]>, time: f64) {
         let deltas = &mut self.deltas;
-        let read = &mut self.read;
-        self.body.feed(data, &mut |text: &str, ids: &[u32]| {
-            record(read, deltas, text, ids, now)
-        });
-        self.settle();
-    }
-
-    fn close_body(&mut self, now: f64) {
-        let deltas = &mut self.deltas;
-        let read = &mut self.read;
-        self.body
-            .finish(&mut |text: &str, ids: &[u32]| record(read, deltas, text, ids, now));
-        self.settle();
-    }
-
-    fn settle(&mut self) {
+        let mut on_delta = |text: &str, ids: &[u32]| {
+            deltas.push(Delta {
+                text: text.to_owned(),
+                ids: ids.to_vec(),
+                time,
+            })
+        };
+        match data {
+            Some(data) => self.body.feed(data, &mut on_delta),
+            None => self.body.finish(&mut on_delta),
+        }
         if self.end.is_none() {
             if let Some(end) = &self.body.end {
                 self.end = Some(ReadEnd::Body(end.clone()));
@@ -148,20 +155,15 @@ impl Conn {
     }
 }
 
-fn record(
-    read: &mut StreamRead,
-    deltas: &mut Vec<(String, Vec<u32>)>,
-    text: &str,
-    ids: &[u32],
-    now: f64,
-) {
-    read.times.push(now);
-    read.tokens += ids.len();
-    read.bytes += text.len();
-    if !text.is_empty() {
-        read.texts.push(text.to_owned());
+impl StreamRead {
+    fn push(&mut self, delta: Delta) {
+        self.times.push(delta.time);
+        self.tokens += delta.ids.len();
+        self.bytes += delta.text.len();
+        if !delta.text.is_empty() {
+            self.texts.push(delta.text);
+        }
     }
-    deltas.push((text.to_owned(), ids.to_vec()));
 }
 
 /// The reading thread and its queue.
@@ -405,15 +407,14 @@ fn read_loop(
                         body: StreamBody::new(framing),
                         last_read: instant,
                         timeout,
-                        read: StreamRead::default(),
                         deltas: Vec::new(),
                         end: None,
                     };
                     if !initial.is_empty() {
-                        c.feed(&initial, now);
+                        c.advance(Some(&initial), now);
                     }
                     if c.fd < 0 && c.end.is_none() {
-                        c.close_body(now);
+                        c.advance(None, now);
                     } else if c.end.is_none() {
                         // Whatever came after the head arrived before the hand-over.
                         read_conn(&mut c, &mut buf, now, instant);
@@ -460,14 +461,14 @@ fn read_conn(c: &mut Conn, buf: &mut [u8], now: f64, instant: Instant) {
         let n = unsafe { libc::recv(c.fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if n > 0 {
             c.last_read = instant;
-            c.feed(&buf[..n as usize], now);
+            c.advance(Some(&buf[..n as usize]), now);
             if (n as usize) < buf.len() {
                 return; // drained
             }
             continue;
         }
         if n == 0 {
-            c.close_body(now);
+            c.advance(None, now);
             return;
         }
         let e = io::Error::last_os_error();
@@ -476,7 +477,7 @@ fn read_conn(c: &mut Conn, buf: &mut [u8], now: f64, instant: Instant) {
             io::ErrorKind::Interrupted => continue,
             // A reset is a close: the body decides whether it was complete.
             io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
-                c.close_body(now);
+                c.advance(None, now);
                 return;
             }
             _ => {
@@ -500,8 +501,8 @@ fn publish(
         if let Some(sink) = sink {
             if let Ok(mut r) = sink.lock() {
                 for c in conns.iter().filter(|c| !removed.contains(&c.stream)) {
-                    for (text, ids) in &c.deltas {
-                        r.push_sse(c.stream, text, ids);
+                    for d in &c.deltas {
+                        r.push_sse(c.stream, &d.text, &d.ids);
                     }
                 }
             }
@@ -510,27 +511,20 @@ fn publish(
     let Ok(mut s) = shared.lock() else {
         return;
     };
+    let s = &mut *s;
     for c in conns.iter_mut() {
-        c.deltas.clear();
+        let deltas = std::mem::take(&mut c.deltas);
         if removed.contains(&c.stream) {
             c.close_fd();
             continue;
         }
-        if !c.read.times.is_empty() {
-            let read = std::mem::take(&mut c.read);
-            match s.read_index.get(&c.stream) {
-                Some(&i) => {
-                    let entry = &mut s.reads[i].1;
-                    entry.texts.extend(read.texts);
-                    entry.times.extend(read.times);
-                    entry.tokens += read.tokens;
-                    entry.bytes += read.bytes;
-                }
-                None => {
-                    let i = s.reads.len();
-                    s.read_index.insert(c.stream, i);
-                    s.reads.push((c.stream, read));
-                }
+        if !deltas.is_empty() {
+            let i = *s.read_index.entry(c.stream).or_insert_with(|| {
+                s.reads.push((c.stream, StreamRead::default()));
+                s.reads.len() - 1
+            });
+            for d in deltas {
+                s.reads[i].1.push(d);
             }
         }
         if let Some(end) = c.end.clone() {

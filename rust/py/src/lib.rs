@@ -637,7 +637,17 @@ impl HttpBody {
 #[pyclass(module = "parallelhue._native", frozen)]
 struct SseReader {
     inner: Mutex<sse_reader::SseReader>,
-    num_streams: Option<u16>,
+    /// Checks stream indices exactly as the reconciler's own calls do.
+    reconciler: Option<Py<Reconciler>>,
+}
+
+#[cfg(unix)]
+impl SseReader {
+    fn lock(&self) -> PyResult<MutexGuard<'_, sse_reader::SseReader>> {
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))
+    }
 }
 
 #[cfg(unix)]
@@ -660,18 +670,25 @@ fn read_end(end: &sse_reader::ReadEnd) -> (&'static str, Option<String>) {
 #[pymethods]
 impl SseReader {
     #[new]
-    #[pyo3(signature = (reconciler = None, min_interval = 0.002))]
-    fn new(reconciler: Option<&Bound<'_, Reconciler>>, min_interval: f64) -> PyResult<Self> {
-        if !(0.0..=1.0).contains(&min_interval) {
-            return Err(value_error(format!(
-                "min_interval must be between 0 and 1 s, got {min_interval}"
-            )));
-        }
+    #[pyo3(signature = (reconciler = None, min_interval = None))]
+    fn new(
+        reconciler: Option<&Bound<'_, Reconciler>>,
+        min_interval: Option<f64>,
+    ) -> PyResult<Self> {
+        let min_interval = match min_interval {
+            None => sse_reader::DEFAULT_MIN_INTERVAL,
+            Some(t) if (0.0..=1.0).contains(&t) => Duration::from_secs_f64(t),
+            Some(t) => {
+                return Err(value_error(format!(
+                    "min_interval must be between 0 and 1 s, got {t}"
+                )))
+            }
+        };
         let sink = reconciler.map(|r| Arc::clone(&r.get().inner));
-        let inner = sse_reader::SseReader::start(sink, Duration::from_secs_f64(min_interval))?;
+        let inner = sse_reader::SseReader::start(sink, min_interval)?;
         Ok(SseReader {
             inner: Mutex::new(inner),
-            num_streams: reconciler.map(|r| r.get().num_streams),
+            reconciler: reconciler.map(|r| r.clone().unbind()),
         })
     }
 
@@ -680,7 +697,7 @@ impl SseReader {
     #[pyo3(signature = (stream, fd, framing, length, initial, timeout))]
     fn add(
         &self,
-        stream: u16,
+        stream: &Bound<'_, PyAny>,
         fd: i32,
         framing: &str,
         length: Option<u64>,
@@ -688,32 +705,23 @@ impl SseReader {
         timeout: Option<f64>,
     ) -> PyResult<()> {
         let framing = parse_framing(framing, length)?;
-        if let Some(n) = self.num_streams {
-            if stream >= n {
-                return Err(value_error(ArgError::Stream {
-                    stream: stream.to_string(),
-                    n,
-                }));
-            }
-        }
+        let stream = match &self.reconciler {
+            Some(r) => r.get().stream(stream)?,
+            None => stream.extract::<u16>()?,
+        };
         let timeout = match timeout {
             None => None,
             Some(t) if t > 0.0 && t.is_finite() => Some(Duration::from_secs_f64(t)),
             Some(t) => return Err(value_error(format!("timeout must be positive, got {t}"))),
         };
-        self.inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
+        self.lock()?
             .add(stream, fd, framing, initial.to_vec(), timeout);
         Ok(())
     }
 
     /// Stop reading `stream` and close its descriptor.
     fn remove(&self, stream: u16) -> PyResult<()> {
-        self.inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
-            .remove(stream);
+        self.lock()?.remove(stream);
         Ok(())
     }
 
@@ -721,11 +729,7 @@ impl SseReader {
     /// times, tokens, text_bytes)`, finished are `(stream, end, message,
     /// finish_reason, usage)`.
     fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let (reads, finished) = self
-            .inner
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("SSE reader poisoned"))?
-            .take();
+        let (reads, finished) = self.lock()?.take();
         let out_reads = PyList::empty(py);
         for (stream, read) in reads {
             out_reads.append((stream, read.texts, read.times, read.tokens, read.bytes))?;
@@ -843,6 +847,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HttpBody>()?;
     #[cfg(unix)]
     m.add_class::<SseReader>()?;
+    #[cfg(unix)]
+    m.add(
+        "SSE_READ_INTERVAL",
+        sse_reader::DEFAULT_MIN_INTERVAL.as_secs_f64(),
+    )?;
+    #[cfg(unix)]
+    m.add("SSE_COALESCE_STREAMS", sse_reader::COALESCE_STREAMS)?;
     m.add_class::<Receiver>()?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     Ok(())
