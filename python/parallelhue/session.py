@@ -156,10 +156,8 @@ class RunDriver:
         for event in self.reconciler.drain():
             kind = event[0]
             if kind == "span":
-                # StreamState.add_span, inlined: spans are most events.
-                state = streams[event[1]]
-                state.spans.append((event[3], event[4]))
-                state.last_span = (event[2], event[3])
+                _, stream, byte_start, text, step_index, _first, _count = event
+                streams[stream].add_span(int(byte_start), str(text), step_index)
             elif kind == "exact":
                 streams[event[1]].verdict = "exact"
             elif kind == "failed":
