@@ -14,7 +14,7 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use parallelhue_core::protocol::decode;
 use parallelhue_core::reconcile::{Event, Reconciler};
-use parallelhue_core::workload::{feed_inputs, generate, Input, Workload, WorkloadConfig};
+use parallelhue_core::workload::{feed_inputs, generate, Workload, WorkloadConfig};
 
 /// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
 struct CpuTime(WallTime);
@@ -86,14 +86,7 @@ fn bench(c: &mut Criterion<CpuTime>) {
     let coalesced = workload(4);
     let tokens = per_step.total_tokens;
 
-    let frames: Vec<&[u8]> = per_step
-        .inputs
-        .iter()
-        .filter_map(|i| match i {
-            Input::Frame(f) => Some(f.as_slice()),
-            _ => None,
-        })
-        .collect();
+    let frames = per_step.frames();
     let frame_bytes: usize = frames.iter().map(|f| f.len()).sum();
     let mut g = c.benchmark_group("decode");
     g.measurement_time(Duration::from_secs(5));

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use parallelhue_core::protocol::decode;
 use parallelhue_core::reconcile::Reconciler;
-use parallelhue_core::workload::{feed_inputs, generate, Input, Workload, WorkloadConfig};
+use parallelhue_core::workload::{feed_inputs, generate, Workload, WorkloadConfig};
 
 fn cpu_now() -> f64 {
     let mut ts = libc::timespec {
@@ -59,14 +59,7 @@ fn main() {
     let per_step = generate(&cfg(1));
     let coalesced = generate(&cfg(4));
     let tokens = per_step.total_tokens;
-    let frames: Vec<&[u8]> = per_step
-        .inputs
-        .iter()
-        .filter_map(|i| match i {
-            Input::Frame(f) => Some(f.as_slice()),
-            _ => None,
-        })
-        .collect();
+    let frames = per_step.frames();
     println!(
         "workload: 64 streams x 2000 tokens = {tokens} tokens, {} frames, {} SSE chunks per step / {} coalesced",
         frames.len(),

@@ -302,6 +302,15 @@ fn opt_u64(v: Option<&Value>, path: impl FnOnce() -> String) -> Result<Option<u6
     }
 }
 
+/// An error object's `message`, else the whole object as JSON.
+fn server_error(error: &Value) -> SseError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map_or_else(|| error.to_string(), str::to_owned);
+    SseError::Server { message }
+}
+
 /// Extract a chunk from an event's `data:` payload.
 pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
     let v: Value = serde_json::from_str(data).map_err(|e| SseError::Json {
@@ -311,20 +320,10 @@ pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
         .as_object()
         .ok_or_else(|| shape("the data", "a JSON object"))?;
     if let Some(err) = obj.get("error") {
-        let message = err
-            .get("message")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| err.to_string());
-        return Err(SseError::Server { message });
+        return Err(server_error(err));
     }
     if obj.get("object").and_then(Value::as_str) == Some("error") {
-        let message = obj
-            .get("message")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| v.to_string());
-        return Err(SseError::Server { message });
+        return Err(server_error(&v));
     }
     let id = opt_str(obj.get("id"), || "id".to_owned())?;
     let choices = match obj.get("choices") {

@@ -277,6 +277,17 @@ impl Workload {
     pub fn feed(&self, r: &mut crate::reconcile::Reconciler) {
         feed_inputs(&self.inputs, r);
     }
+
+    /// The telemetry frames among the inputs, in order.
+    pub fn frames(&self) -> Vec<&[u8]> {
+        self.inputs
+            .iter()
+            .filter_map(|i| match i {
+                Input::Frame(f) => Some(f.as_slice()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Feed inputs to a reconciler.
