@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import workloads
@@ -32,13 +32,7 @@ except ImportError:  # pragma: no cover - depends on `make native`
 if NativeReconciler is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
     raise RuntimeError("PH_REQUIRE_NATIVE=1 but parallelhue._native is not built")
 
-EXAMPLES = int(os.environ.get("PH_HYPOTHESIS_EXAMPLES", "2000"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=bool(os.environ.get("CI")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = workloads.property_settings()
 SMALL = {"num_streams": (1, 3), "tokens": (1, 16), "k": (0, 4)}
 
 # Both reconcilers run on every example (one workload generation for both).

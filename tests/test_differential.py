@@ -22,7 +22,7 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import workloads
@@ -47,13 +47,7 @@ if NativeReconciler is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
     raise RuntimeError(f"PH_REQUIRE_NATIVE=1 but {SKIP_REASON}")
 pytestmark = pytest.mark.skipif(NativeReconciler is None, reason=SKIP_REASON)
 
-EXAMPLES = int(os.environ.get("PH_HYPOTHESIS_EXAMPLES", "2000"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=bool(os.environ.get("CI")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROPERTY = workloads.property_settings()
 # Small examples keep 2,000 of them per property within seconds.
 SMALL = {"num_streams": (1, 3), "tokens": (1, 30), "k": (0, 4)}
 

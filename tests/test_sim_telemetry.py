@@ -27,17 +27,23 @@ def socket_dir() -> Iterator[str]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_sources_announce_a_simulated_engine_and_streams_are_exact(socket_dir: str) -> None:
+def session_against(config: SimConfig, **session: Any) -> Any:
+    """`run_session` (the lean client) against a simulated engine started for it."""
 
     async def main() -> Any:
-        server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=3))
+        server = SimServer(config)
         url = await server.start()
         try:
-            return await run_session(url, num_streams=3, socket_dir=socket_dir, max_tokens=30)
+            return await run_session(url, **session)
         finally:
             await server.stop()
 
-    result = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_sources_announce_a_simulated_engine_and_streams_are_exact(socket_dir: str) -> None:
+    config = SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=3)
+    result = session_against(config, num_streams=3, socket_dir=socket_dir, max_tokens=30)
     assert [v for v, _ in result.verdicts] == ["exact"] * 3
     roles = sorted(source["role"] for source in result.sources)
     assert roles == ["frontend", "scheduler"]
@@ -52,16 +58,8 @@ def test_sources_announce_a_simulated_engine_and_streams_are_exact(socket_dir: s
 
 
 def test_without_drafts_the_hello_says_no_speculative_decoding(socket_dir: str) -> None:
-
-    async def main() -> Any:
-        server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=0))
-        url = await server.start()
-        try:
-            return await run_session(url, num_streams=2, socket_dir=socket_dir, max_tokens=12)
-        finally:
-            await server.stop()
-
-    result = asyncio.run(main())
+    config = SimConfig(step_ms=1.0, socket_dir=socket_dir, draft_len=0)
+    result = session_against(config, num_streams=2, socket_dir=socket_dir, max_tokens=12)
     assert [v for v, _ in result.verdicts] == ["exact"] * 2
     for source in result.sources:
         assert (source["spec_method"], source["num_speculative_tokens"]) == ("", 0)
@@ -222,24 +220,16 @@ def _kinds() -> list[str]:
 def test_the_benchmarks_lean_client_reconciles_exactly(socket_dir: str) -> None:
     """The raw-HTTP client of benches/bench_load.py, with each reconciler and SSE parser."""
 
-    async def main(kind: str) -> Any:
-        server = SimServer(SimConfig(step_ms=1.0, socket_dir=socket_dir))
-        url = await server.start()
-        try:
-            return await run_session(
-                url,
-                num_streams=4,
-                socket_dir=socket_dir,
-                max_tokens=50,
-                reconciler_kind=kind,
-                http="raw",
-                stop=["。"],
-            )
-        finally:
-            await server.stop()
-
     for kind in _kinds():
-        result = asyncio.run(main(kind))
+        result = session_against(
+            SimConfig(step_ms=1.0, socket_dir=socket_dir),
+            num_streams=4,
+            socket_dir=socket_dir,
+            max_tokens=50,
+            reconciler_kind=kind,
+            http="raw",
+            stop=["。"],
+        )
         assert [v for v, _ in result.verdicts] == ["exact"] * 4, result.verdicts
         assert result.totals["tokens"] == result.sse_tokens
         assert all(reason in ("stop", "length") for reason in result.finish_reasons)

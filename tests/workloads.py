@@ -34,6 +34,7 @@ Inputs are tuples ready to feed a reconciler:
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import sys
@@ -881,3 +882,17 @@ def mutated_workloads(kinds: tuple[str, ...] = MUTATIONS, **kwargs: Any) -> Any:
     return st.tuples(
         st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.sampled_from(kinds)
     ).map(lambda t: mutate(generate(t[0], **kwargs), t[1], t[2]))
+
+
+def property_settings() -> Any:
+    """Hypothesis settings of the differential properties: PH_HYPOTHESIS_EXAMPLES
+    examples (default 2000), derandomized under CI, no deadline. Hypothesis is
+    imported here only: the benchmarks import this module without it."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=int(os.environ.get("PH_HYPOTHESIS_EXAMPLES", "2000")),
+        deadline=None,
+        derandomize=bool(os.environ.get("CI")),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
