@@ -47,6 +47,37 @@ class SessionResult:
         return [reason for _, reason in self.verdicts]
 
 
+class _StreamOut:
+    """What one stream's SSE deltas do, whichever way they were read: counted,
+    kept, pushed into the reconciler; at the end, finished and stored."""
+
+    def __init__(self, stream: int, reconciler: ReconcilerLike, result: SessionResult) -> None:
+        self.stream = stream
+        self.reconciler = reconciler
+        self.result = result
+        self.texts: list[str] = []
+        self.ids: list[int] = []
+        self.finish: str | None = None
+
+    def add(self, text: str, token_ids: list[int], finish_reason: str | None) -> None:
+        if not text and not token_ids:
+            return
+        self.result.sse_chunks += 1
+        self.result.sse_tokens += len(token_ids)
+        self.texts.append(text)
+        self.ids.extend(token_ids)
+        self.reconciler.push_sse(self.stream, text, token_ids)
+        if finish_reason is not None:
+            self.finish = finish_reason
+
+    def close(self) -> None:
+        if self.finish is not None:
+            self.reconciler.finish_sse(self.stream)
+        self.result.texts[self.stream] = "".join(self.texts)
+        self.result.token_ids[self.stream] = self.ids
+        self.result.finish_reasons[self.stream] = self.finish
+
+
 async def _one_stream(
     client: httpx.AsyncClient,
     url: str,
@@ -57,9 +88,7 @@ async def _one_stream(
     result: SessionResult,
     chat: bool,
 ) -> None:
-    texts: list[str] = []
-    ids: list[int] = []
-    finish: str | None = None
+    out = _StreamOut(stream, reconciler, result)
     async with client.stream(
         "POST", url, json=body, headers={"X-Request-Id": request_id}
     ) as response:
@@ -78,24 +107,11 @@ async def _one_stream(
                 text = (choice.get("delta") or {}).get("content") or ""
             else:
                 text = choice.get("text") or ""
-            token_ids = choice.get("token_ids") or []
-            if not text and not token_ids:
-                continue
-            result.sse_chunks += 1
-            result.sse_tokens += len(token_ids)
-            texts.append(text)
-            ids.extend(token_ids)
-            reconciler.push_sse(stream, text, token_ids)
-            if choice.get("finish_reason") is not None:
-                finish = choice["finish_reason"]
+            out.add(text, choice.get("token_ids") or [], choice.get("finish_reason"))
             # While the socket holds buffered data, httpx returns without
             # suspending: yield so the receiver and the other streams run.
             await asyncio.sleep(0)
-    if finish is not None:
-        reconciler.finish_sse(stream)
-    result.texts[stream] = "".join(texts)
-    result.token_ids[stream] = ids
-    result.finish_reasons[stream] = finish
+    out.close()
 
 
 class _PySse:
@@ -169,9 +185,7 @@ async def _raw_stream(
             raise RuntimeError(f"HTTP error: {head.splitlines()[0].decode()}")
         chunked = b"transfer-encoding: chunked" in head.lower()
         parser: _PySse | _RustSse = _RustSse() if rust_sse else _PySse()
-        texts: list[str] = []
-        ids: list[int] = []
-        finish: str | None = None
+        out = _StreamOut(stream, reconciler, result)
         while True:
             if chunked:
                 size = int((await reader.readuntil(b"\r\n")).strip(), 16)
@@ -183,23 +197,11 @@ async def _raw_stream(
                 if not data:
                     break
             for text, token_ids, finish_reason in parser.feed(data):
-                if not text and not token_ids:
-                    continue
-                result.sse_chunks += 1
-                result.sse_tokens += len(token_ids)
-                texts.append(text)
-                ids.extend(token_ids)
-                reconciler.push_sse(stream, text, token_ids)
-                if finish_reason is not None:
-                    finish = finish_reason
+                out.add(text, token_ids, finish_reason)
             await asyncio.sleep(0)  # let the receiver and the other streams run
     finally:
         writer.close()
-    if finish is not None:
-        reconciler.finish_sse(stream)
-    result.texts[stream] = "".join(texts)
-    result.token_ids[stream] = ids
-    result.finish_reasons[stream] = finish
+    out.close()
 
 
 async def run_session(
