@@ -15,18 +15,15 @@ import termios
 import threading
 import time
 
+# The CPU sampling and the steady-state figure are bench_load.py's.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_load import process_cpu_seconds, steady_cpu_per_10k
+
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def proc_cpu(pid):
-    """user + system seconds of a live process (all threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu(pid):
@@ -59,16 +56,6 @@ def engine_tokens(port):
         return None
     m = re.search(rb"^vllm:generation_tokens_total(?:\{[^}]*\})? ([0-9.e+]+)", data, re.M)
     return float(m.group(1)) if m else None
-
-
-def steady_state(samples, total):
-    """CPU seconds per 10k tokens between 20 % and 80 % of the run's tokens:
-    the rate without start-up, connection set-up, the final picture and summary."""
-    window = [s for s in samples if s[2] is not None and 0.2 * total <= s[2] <= 0.8 * total]
-    if len(window) < 2 or window[-1][2] <= window[0][2]:
-        return None
-    (_, c0, t0), (_, c1, t1) = window[0], window[-1]
-    return (c1 - c0) / (t1 - t0) * 1e4
 
 
 def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
@@ -129,10 +116,10 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
     def sample():
         while not stop.wait(0.25):
             try:
-                cpu = proc_cpu(p.pid)
+                cpu = process_cpu_seconds(p.pid)
             except (OSError, IndexError):
                 return
-            samples.append((time.monotonic(), cpu, engine_tokens(port)))
+            samples.append((cpu, engine_tokens(port)))
             threads.update(thread_cpu(p.pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -154,7 +141,7 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         wall=wall,
         tokens=tokens,
         rss_mib=ru.ru_maxrss / 1024,
-        steady_per10k=steady_state(samples, conc * max_tokens),
+        steady_per10k=steady_cpu_per_10k(samples, conc * max_tokens),
         threads={k: round(v, 2) for k, v in threads.items()},
         tail=text[-600:] if not m else "",
     )
