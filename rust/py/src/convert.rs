@@ -1,0 +1,94 @@
+//! Conversions between Python objects and Rust values shared by the bindings.
+
+use parallelhue_core::reconcile::ArgError;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
+use serde_json::Value;
+
+pub(crate) fn value_error(e: impl ToString) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// Python's `str()` of an object, for messages.
+pub(crate) fn repr_str(obj: &Bound<'_, PyAny>) -> String {
+    obj.str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The datagram as `bytes`: `bytes` itself, or `bytes(obj)` for any other
+/// bytes-like object (as the reference reconciler does).
+pub(crate) fn frame_bytes<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.clone());
+    }
+    let py = obj.py();
+    Ok(py
+        .get_type::<PyBytes>()
+        .call1((obj,))?
+        .cast_into::<PyBytes>()?)
+}
+
+pub(crate) fn token_ids(list: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::new();
+    token_ids_into(list, &mut out)?;
+    Ok(out)
+}
+
+fn token_id(item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match item.extract::<u32>() {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            // Only ints get the range message; other types a TypeError.
+            item.cast::<PyInt>()?;
+            Err(value_error(ArgError::TokenId(repr_str(item))))
+        }
+    }
+}
+
+/// Append the token ids of `list` (any iterable of ints; a list is read directly).
+pub(crate) fn token_ids_into(list: &Bound<'_, PyAny>, out: &mut Vec<u32>) -> PyResult<()> {
+    if let Ok(l) = list.cast::<PyList>() {
+        out.reserve(l.len());
+        for item in l.iter() {
+            out.push(token_id(&item)?);
+        }
+        return Ok(());
+    }
+    for item in list.try_iter()? {
+        out.push(token_id(&item?)?);
+    }
+    Ok(())
+}
+
+pub(crate) fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let list = PyList::empty(py);
+            for x in a {
+                list.append(json_to_py(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}

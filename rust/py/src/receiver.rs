@@ -1,0 +1,82 @@
+//! `Receiver`: the telemetry socket's reading thread.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::reconciler::Reconciler;
+
+/// The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
+/// SO_PASSCRED) and pushes every datagram from this uid into `reconciler`
+/// from a Rust thread that never takes the GIL.
+#[pyclass(module = "parallelhue._native", frozen)]
+pub(crate) struct Receiver {
+    inner: Mutex<parallelhue_core::receiver::Receiver>,
+    path: PathBuf,
+}
+
+#[pymethods]
+impl Receiver {
+    #[new]
+    #[pyo3(signature = (path, reconciler, rcvbuf = 8 << 20))]
+    fn new(path: PathBuf, reconciler: &Bound<'_, Reconciler>, rcvbuf: usize) -> PyResult<Self> {
+        let sink = Arc::clone(&reconciler.get().inner);
+        let rx = parallelhue_core::receiver::Receiver::bind(&path, rcvbuf, sink)?;
+        Ok(Receiver {
+            inner: Mutex::new(rx),
+            path,
+        })
+    }
+
+    /// The socket path.
+    #[getter]
+    fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    /// Stop the thread (after it pushed what was already queued), close the
+    /// socket and unlink its path. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| match self.inner.lock() {
+            Ok(mut rx) => rx.close(),
+            Err(_) => Ok(()),
+        })?;
+        Ok(())
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)
+    }
+
+    /// Counters: datagrams, bytes, rejected_uid, oversized, batches, errors, rcvbuf.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self
+            .inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("receiver poisoned"))?
+            .stats();
+        let d = PyDict::new(py);
+        d.set_item("datagrams", st.received)?;
+        d.set_item("bytes", st.bytes)?;
+        d.set_item("rejected_uid", st.rejected_uid)?;
+        d.set_item("oversized", st.oversized)?;
+        d.set_item("batches", st.batches)?;
+        d.set_item("errors", st.errors)?;
+        d.set_item("rcvbuf", st.rcvbuf)?;
+        Ok(d)
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
