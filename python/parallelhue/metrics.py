@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .streams import server_root
+from .endpoint import server_root
 
 __all__ = [
     "MetricsSnapshot",

@@ -29,6 +29,7 @@ from parallelhue_vllm.wire import request_id
 
 from .backend import detect_backend
 from .config import RunConfig
+from .endpoint import api_base
 from .metrics import MetricsSnapshot, fetch_metrics, server_deltas
 from .receiver import FrameSource, NativeReceiver, PyReceiver, ReceiverError
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
@@ -38,7 +39,6 @@ from .state import RunModel, StreamState
 from .stream_reader import NativeStreamReader
 from .streams import (
     StreamRequest,
-    api_base,
     build_body,
     connect_reason,
     make_client,

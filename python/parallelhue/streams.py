@@ -19,10 +19,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 
+from .endpoint import is_chat_endpoint
 from .sanitize import one_line
 from .stream_reader import NativeStreamReader
 from .transport import LEAN_EXTENSION, LeanBody, LeanTransport, lean_response
@@ -30,9 +31,7 @@ from .transport import LEAN_EXTENSION, LeanBody, LeanTransport, lean_response
 __all__ = [
     "StreamRequest",
     "StreamSink",
-    "api_base",
     "build_body",
-    "is_chat_endpoint",
     "make_client",
     "native_parser_factory",
     "run_stream",
@@ -57,27 +56,6 @@ class StreamSink(Protocol):
     def on_finish(self, stream: int, finish_reason: str) -> None: ...
     def on_error(self, stream: int, message: str) -> None: ...
     def on_usage(self, stream: int, usage: dict[str, Any]) -> None: ...
-
-
-def is_chat_endpoint(endpoint: str) -> bool:
-    return urlsplit(endpoint).path.rstrip("/").endswith("/chat/completions")
-
-
-def api_base(endpoint: str) -> str:
-    """`http://host:port/v1` for `http://host:port/v1/chat/completions`."""
-    parts = urlsplit(endpoint)
-    path = parts.path.rstrip("/")
-    for suffix in ("/chat/completions", "/completions"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-def server_root(endpoint: str) -> str:
-    """`http://host:port` plus any prefix before /v1 (where /metrics lives)."""
-    base = api_base(endpoint)
-    return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
 def build_body(
