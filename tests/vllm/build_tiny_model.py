@@ -2,12 +2,17 @@
 
 Run with the vLLM venv's python (it has torch, transformers and tokenizers):
 
-    python tests/vllm/build_tiny_model.py OUT_DIR
+    python tests/vllm/build_tiny_model.py OUT_DIR [byte-level|byte-fallback]
 
-The tokenizer is a byte-level BPE trained here on Python standard-library
-sources plus CJK and emoji text, so generated text is full of tokens that end
-inside a UTF-8 character. Weights are random (fixed seed). A chat template makes
-the chat endpoint usable. Takes about 10 s on 2 cores.
+Two tokenizers, both trained here on Python standard-library sources plus CJK
+and emoji text, so generated text is full of tokens that end inside a UTF-8
+character:
+- `byte-level` (default): a GPT-2-style byte-level BPE; a token is any byte string.
+- `byte-fallback`: a Llama-2-style BPE over characters with `▁` for spaces and
+  the 256 `<0xNN>` byte tokens for what the vocabulary lacks (a rare character
+  is spelled byte by byte), decoded by byte fallback.
+Weights are random (fixed seed). A chat template makes the chat endpoint
+usable. Takes about 10 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 VOCAB_SIZE = 3000
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -52,22 +58,56 @@ def training_text(limit_bytes: int = 1_500_000) -> list[str]:
     return texts
 
 
-def build(out_dir: Path) -> None:
+TOKENIZERS = ("byte-level", "byte-fallback")
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+
+
+def train_tokenizer(kind: str) -> object:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if kind == "byte-level":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    else:
+        # The layout of a Llama-2 tokenizer.json: spaces become "▁" in the
+        # normalizer, no pre-tokenizer, and a decoder that turns <0xNN> runs back
+        # into bytes. A small character alphabet leaves most CJK and emoji to the
+        # byte tokens, so characters are often spelled by two to four tokens.
+        tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token=None))
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+        tokenizer.decoder = decoders.Sequence(
+            [
+                decoders.Replace("▁", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=SPECIAL_TOKENS + BYTE_TOKENS,
+            limit_alphabet=110,
+            show_progress=False,
+        )
+    tokenizer.train_from_iterator(training_text(), trainer=trainer)
+    return tokenizer
+
+
+def build(out_dir: Path, kind: str = "byte-level") -> None:
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(training_text(), trainer=trainer)
+    tokenizer: Any = train_tokenizer(kind)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
@@ -99,15 +139,16 @@ def build(out_dir: Path) -> None:
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(str(out_dir), safe_serialization=True)
-    (out_dir / "BUILT").write_text(json.dumps({"vocab": tokenizer.get_vocab_size()}) + "\n")
+    built = {"vocab": tokenizer.get_vocab_size(), "tokenizer": kind}
+    (out_dir / "BUILT").write_text(json.dumps(built) + "\n")
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: build_tiny_model.py OUT_DIR", file=sys.stderr)
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in TOKENIZERS):
+        print(f"usage: build_tiny_model.py OUT_DIR [{'|'.join(TOKENIZERS)}]", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    build(Path(sys.argv[1]))
+    build(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) == 3 else "byte-level")
     return 0
 
 
