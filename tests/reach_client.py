@@ -75,7 +75,7 @@ class Connection:
     ) -> None:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        if body or method == "POST":
+        if (body or method == "POST") and "Content-Length" not in (headers or {}):
             lines.append(f"Content-Length: {len(body)}")
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
 
