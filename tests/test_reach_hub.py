@@ -14,6 +14,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +37,8 @@ def base() -> Iterator[str]:
         yield os.path.join(name, "hubs")
 
 
-def make_hub(base: str, scope: str = "abc1", **limits: float) -> Hub:
-    hub = Hub(scope, base=base, limits=HubLimits(**limits))  # type: ignore[arg-type]
+def make_hub(base: str, scope: str = "abc1", **limits: Any) -> Hub:
+    hub = Hub(scope, base=base, limits=HubLimits(**limits))
     hub.start()
     return hub
 
@@ -546,3 +547,16 @@ def test_without_hubs_a_missing_client_socket_is_reported_as_before(
         "not listening there; give the server the client's PARALLELHUE_SOCKET_DIR"
     ]
     sock_dir.rmdir()
+
+
+def test_the_scope_is_chosen_once_and_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(hub_module.ENV_SCOPE, raising=False)
+    chosen = hub_module.ensure_scope()
+    assert len(chosen) == 16 and int(chosen, 16) >= 0
+    assert os.environ[hub_module.ENV_SCOPE] == chosen  # what vLLM's child processes inherit
+    assert hub_module.ensure_scope() == chosen
+    monkeypatch.setenv(hub_module.ENV_SCOPE, "../etc")
+    replaced = hub_module.ensure_scope()
+    assert replaced != "../etc" and len(replaced) == 16
+    with pytest.raises(HubError, match=r"^invalid hub scope '\.\./etc': expected 1-32 lowercase"):
+        hub_module.scope_dir("../etc")

@@ -168,6 +168,8 @@ def start(
         "PYTHONUNBUFFERED": "1",
     }
     child_env.pop("PARALLELHUE_VLLM_EXACT", None)
+    # Each server picks its own hub scope (a test process may carry one from register()).
+    child_env.pop("PARALLELHUE_HUB_SCOPE", None)
     if plugin:
         child_env["PARALLELHUE_VLLM_EXACT"] = "1"
     if socket_dir is not None:
