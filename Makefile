@@ -62,7 +62,7 @@ FUZZ_SECONDS ?= 600
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 	$(PYTHON) rust/fuzz/make_seeds.py
-	for target in decode_frame sse_chunks reconciler http_body; do \
+	for target in decode_frame sse_chunks reconciler http_body telemetry_stream; do \
 	    RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- \
 	        -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import paths, wire
+from .destination import Destination, RunSink
 
 __all__ = ["Emitter"]
 
@@ -39,7 +40,6 @@ MAX_RUNS = 256
 # After a failed socket check or send, how long a run's frames are dropped
 # (and counted) before the socket is checked again.
 RECHECK_SECONDS = 0.5
-SNDBUF_BYTES = 1 << 20
 
 _ITEM_RECORDS = 0
 _ITEM_END = 1
@@ -54,7 +54,7 @@ class _RunState:
     hello_sent: bool = False
     dropped: int = 0  # frames lost since the previous sent frame
     last_step: int = 0
-    sock: socket.socket | None = None
+    sock: RunSink | None = None
     retry_at: float = 0.0
     warned: bool = False
     send_warned: bool = False
@@ -79,6 +79,7 @@ class Emitter:
         socket_dir: str | None = None,
         queue_size: int = 8192,
         send_timeout: float = 2.0,
+        destination: Destination | None = None,
     ) -> None:
         self._hello = wire.Hello(
             role=role,
@@ -90,9 +91,10 @@ class Emitter:
             engine_version=engine_version,
             spec_method=spec_method,
         )
-        self._socket_dir = socket_dir
         self._queue_size = queue_size
         self._send_timeout = send_timeout
+        # Where frames go (the client's socket, this server's hubs): destination.py.
+        self._destination = destination or Destination(socket_dir, send_timeout)
         self._start_lock = threading.Lock()
         self._drop_lock = threading.Lock()
         self._reset_process_state()
@@ -284,19 +286,7 @@ class Emitter:
         if now < state.retry_at:
             return False
         try:
-            socket_dir = paths.ensure_socket_dir(
-                self._socket_dir or paths.default_socket_dir(), create=False
-            )
-            path = paths.socket_path(socket_dir, run_id)
-            paths.check_socket_file(path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
-                sock.settimeout(self._send_timeout)
-                sock.connect(path)
-            except OSError:
-                sock.close()
-                raise
+            sock = self._destination.open(run_id)
         except (paths.SocketPathError, OSError) as error:
             state.retry_at = now + RECHECK_SECONDS
             if not state.warned:
@@ -304,7 +294,7 @@ class Emitter:
                 log.warning("parallelhue: telemetry for run %s not sent: %s", run_id, error)
             return False
         state.sock = sock
-        state.path = path
+        state.path = sock.path
         return True
 
     def _send(self, state: _RunState, frame: bytes) -> bool:

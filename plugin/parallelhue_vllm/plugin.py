@@ -30,6 +30,11 @@ def register() -> None:
     if _installed is not None or not enabled():
         return
     try:
+        # One hub scope per server, chosen in the first process and inherited by
+        # every process vLLM starts, so their frames reach this server's hubs.
+        from .hub import ensure_scope
+
+        ensure_scope()
         _installed = _install()
     except Exception as error:  # the server must keep serving whatever happens here
         _installed = False

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -132,18 +133,32 @@ def start(
     socket_dir: str | None = None,
     env: dict[str, str] | None = None,
     max_num_seqs: int = 32,
+    extra_args: list[str] | None = None,
+    serve: bool = False,
+    tls: tuple[str, str] | None = None,
 ) -> Server:
-    """Start a server and wait until /health answers; raises with the log tail on failure."""
+    """Start a server and wait until /health answers; raises with the log tail on failure.
+
+    `serve`: start it as `vllm serve` (needed for --api-server-count > 1);
+    `tls`: (certfile, keyfile), served as https and checked against certfile.
+    """
     port = free_port()
+    entry = (
+        [str(REPO / "tests" / "vllm" / "vllm_serve.py"), str(model_dir)]
+        if serve
+        else ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    )
     args = [
-        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", "tiny",
+        str(vllm_python()), *entry, "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip
     if speculative is not None:
         args += ["--speculative-config", json.dumps(speculative)]
+    if tls is not None:
+        args += ["--ssl-certfile", tls[0], "--ssl-keyfile", tls[1]]
+    args += extra_args or []
     child_env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -153,6 +168,8 @@ def start(
         "PYTHONUNBUFFERED": "1",
     }
     child_env.pop("PARALLELHUE_VLLM_EXACT", None)
+    # Each server picks its own hub scope (a test process may carry one from register()).
+    child_env.pop("PARALLELHUE_HUB_SCOPE", None)
     if plugin:
         child_env["PARALLELHUE_VLLM_EXACT"] = "1"
     if socket_dir is not None:
@@ -173,7 +190,8 @@ def start(
         preexec_fn=_die_with_parent,
     )
     log.close()
-    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    scheme = "https" if tls is not None else "http"
+    server = Server(f"{scheme}://127.0.0.1:{port}", process, log_path)
     _LIVE.append(server)
     deadline = time.monotonic() + START_TIMEOUT
     try:
@@ -183,7 +201,8 @@ def start(
                     f"vLLM server exited with {process.returncode}:\n{server.log_tail()}"
                 )
             try:
-                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                verify = ssl.create_default_context(cafile=tls[0]) if tls is not None else True
+                if httpx.get(server.url + "/health", timeout=2, verify=verify).status_code == 200:
                     return server
             except httpx.HTTPError:
                 pass

@@ -10,8 +10,9 @@ import sys
 from typing import NoReturn
 
 from parallelhue_vllm import paths
+from parallelhue_vllm.hub import HubLimits
 
-from .config import FaultConfig, SimConfig
+from .config import TELEMETRY_MODES, FaultConfig, SimConfig
 from .server import SimServer
 
 PROG = "python -m parallelhue.sim"
@@ -88,7 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="benchmarks: wait (up to 10 s) for this many requests before the first step",
     )
-    parser.add_argument("--no-telemetry", action="store_true", help="send no telemetry frames")
+    telemetry = parser.add_mutually_exclusive_group()
+    telemetry.add_argument(
+        "--telemetry",
+        choices=TELEMETRY_MODES,
+        default="socket",
+        help="where telemetry goes: the client's socket, the HTTP route "
+        "POST /v1/parallelhue/runs, or both (default socket)",
+    )
+    telemetry.add_argument("--no-telemetry", action="store_true", help="send no telemetry frames")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every /v1 route, as vLLM's --api-key "
+        "(repeatable)",
+    )
     parser.add_argument(
         "--fault", default=None, help="inject faults, e.g. drop:0.01,sse-byte (docs/SIMULATOR.md)"
     )
@@ -109,6 +126,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         socket_dir=args.socket_dir,
         telemetry=not args.no_telemetry,
+        telemetry_mode=args.telemetry,
+        api_keys=tuple(args.api_key or ()),
+        hub_limits=HubLimits.from_env(),
         faults=faults,
         host=args.host,
         port=args.port,

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+
+from parallelhue_vllm.hub import HubLimits
 
 __all__ = ["FaultConfig", "SimConfig", "acceptance_for_stream"]
 
 MAX_DRAFT_LEN = 16
+# Where telemetry goes: the client's socket, the HTTP route (through the hub), or both.
+TELEMETRY_MODES = ("socket", "http", "both")
 
 
 @dataclass(slots=True)
@@ -127,6 +131,14 @@ class SimConfig:
     seed: int = 0
     socket_dir: str | None = None
     telemetry: bool = True
+    # socket: frames to the client's <run>.sock; http: POST /v1/parallelhue/runs
+    # streams them (through a hub, as in the vLLM plugin); both.
+    telemetry_mode: str = "socket"
+    # Bearer tokens required on every /v1 route (vLLM's --api-key); empty = none.
+    api_keys: tuple[str, ...] = ()
+    hub_limits: HubLimits = field(default_factory=HubLimits)
+    # Hub base directory (default: parallelhue_vllm.hub.base_dir()).
+    hub_dir: str | None = None
     faults: FaultConfig | None = None
     host: str = "127.0.0.1"
     port: int = 0
@@ -177,8 +189,20 @@ class SimConfig:
             raise ValueError(f"min batch must be 1..65535, got {self.min_batch}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.telemetry_mode not in TELEMETRY_MODES:
+            raise ValueError(
+                f"telemetry mode must be one of {', '.join(TELEMETRY_MODES)}, "
+                f"got '{self.telemetry_mode}'"
+            )
+        for key in self.api_keys:
+            if not key or any(c.isspace() for c in key):
+                raise ValueError("an API key must be non-empty and without whitespace")
         if self.faults is not None:
             self.faults.validate()
+            if self.faults.datagram_faults and self.telemetry_mode == "http":
+                raise ValueError(
+                    "datagram faults act on the socket path: use --telemetry socket or both"
+                )
 
 
 def acceptance_for_stream(acceptance: float | list[float] | None, stream: int) -> float:

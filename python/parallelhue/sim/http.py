@@ -17,19 +17,33 @@ __all__ = ["HttpError", "HttpRequest", "HttpResponder", "serve_connection"]
 MAX_HEADER_LINE = 16_384
 MAX_HEADERS = 100
 MAX_BODY = 4 << 20
+# A request that started must be complete within this (a slow sender holds
+# only its own connection, never the server); an idle connection is closed after IDLE_SECONDS.
+REQUEST_SECONDS = 10.0
+IDLE_SECONDS = 120.0
 
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     411: "Length Required",
     413: "Payload Too Large",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    413: "PayloadTooLarge",
+    503: "ServiceUnavailable",
+}
 
 
 class HttpError(Exception):
@@ -73,10 +87,17 @@ def error_body(status: int, message: str) -> bytes:
 class HttpResponder:
     """Writes one response: either whole, or as a stream of chunks."""
 
-    __slots__ = ("_chunked", "_keep_alive", "_started", "writer")
+    __slots__ = ("_chunked", "_keep_alive", "_started", "reader", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        keep_alive: bool,
+        reader: asyncio.StreamReader | None = None,
+    ) -> None:
         self.writer = writer
+        # For long responses that must notice the client leaving while idle.
+        self.reader = reader
         self._keep_alive = keep_alive
         self._chunked = False
         self._started = False
@@ -91,24 +112,38 @@ class HttpResponder:
         lines.append("Connection: keep-alive" if self._keep_alive else "Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
-    async def send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    async def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        *,
+        head: bool = False,
+    ) -> None:
+        """A whole response; `head`: the headers a GET would get, without the body (HEAD)."""
         self._started = True
-        head = self._head(
+        lines = self._head(
             status, [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         )
-        self.writer.write(head + body)
+        self.writer.write(lines if head else lines + body)
         await self.writer.drain()
 
     async def send_error(self, status: int, message: str) -> None:
         await self.send(status, error_body(status, message))
 
-    async def start_stream(self, content_type: str, chunked: bool) -> None:
+    async def start_stream(
+        self,
+        content_type: str,
+        chunked: bool,
+        extra_headers: list[tuple[str, str]] | None = None,
+    ) -> None:
         """Begin a streamed body: chunked, or delimited by closing the connection."""
         self._started = True
         self._chunked = chunked
         if not chunked:
             self._keep_alive = False
-        headers = [("Content-Type", content_type), ("Cache-Control", "no-cache")]
+        headers = [("Content-Type", content_type)]
+        headers += extra_headers or [("Cache-Control", "no-cache")]
         if chunked:
             headers.append(("Transfer-Encoding", "chunked"))
         self.writer.write(self._head(200, headers))
@@ -128,20 +163,33 @@ class HttpResponder:
     def started(self) -> bool:
         return self._started
 
+    def close_after(self) -> None:
+        """Close the connection once this response is done."""
+        self._keep_alive = False
+
 
 Handler = Callable[[HttpRequest, HttpResponder], Awaitable[None]]
 
 
 async def _read_request(reader: asyncio.StreamReader) -> HttpRequest | None:
-    """Read one request; None at a clean end of the connection."""
+    """Read one request; None at a clean end of the connection (or when it stays idle)."""
     try:
-        line = await reader.readuntil(b"\r\n")
+        line = await asyncio.wait_for(reader.readuntil(b"\r\n"), IDLE_SECONDS)
+    except TimeoutError:
+        return None
     except asyncio.IncompleteReadError as error:
         if not error.partial.strip():
             return None
         raise HttpError(400, "malformed request line") from None
     except asyncio.LimitOverrunError:
         raise HttpError(431, "request line too long") from None
+    try:
+        return await asyncio.wait_for(_read_rest(reader, line), REQUEST_SECONDS)
+    except TimeoutError:
+        raise HttpError(408, f"request not received within {REQUEST_SECONDS:g} s") from None
+
+
+async def _read_rest(reader: asyncio.StreamReader, line: bytes) -> HttpRequest:
     parts = line.decode("latin-1").strip().split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         raise HttpError(400, "malformed request line")
@@ -191,7 +239,7 @@ async def serve_connection(
                 return
             if request is None:
                 return
-            responder = HttpResponder(writer, keep_alive=request.keep_alive)
+            responder = HttpResponder(writer, keep_alive=request.keep_alive, reader=reader)
             try:
                 await handler(request, responder)
             except HttpError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import parallelhue_vllm
-from parallelhue_vllm import paths, wire
+from parallelhue_vllm import paths, route, wire
+from parallelhue_vllm.destination import Destination
 from parallelhue_vllm.emitter import Emitter
+from parallelhue_vllm.hub import Hub, HubError, Subscription
 
 from .config import SimConfig, acceptance_for_stream
 from .engine import ContentFaultHook, Engine, SimRequest, request_seed
@@ -37,6 +40,10 @@ SPEC_METHOD = "simulated"
 BACKLOG_BYTES = 16_384
 # A run without requests for this long is ended in the emitters (sockets closed).
 RUN_IDLE_SECONDS = 30.0
+# Kernel send buffer of a telemetry connection: fixed (no autotuning up to
+# tcp_wmem's 4 MiB), so a subscriber that stops reading backs up into the hub,
+# whose bounded buffer counts the loss, after at most this much in the kernel.
+TELEMETRY_SNDBUF = 256 << 10
 
 _VOCAB: Vocabulary | None = None
 
@@ -130,6 +137,9 @@ class SimServer:
         self.fault_proxy: FaultProxy | None = None
         self.content_faults: ContentFaults | None = None
         self.other_uid_results: dict[str, str] = {}
+        # The telemetry route's hub (--telemetry http|both): the plugin's own code.
+        self.hub: Hub | None = None
+        self._api_key_hashes = [hashlib.sha256(k.encode()).digest() for k in self.config.api_keys]
         self._runs: set[str] = set()
         self._run_requests: dict[str, int] = {}  # requests in flight per run
         self._server: asyncio.Server | None = None
@@ -154,8 +164,18 @@ class SimServer:
             if faults is not None and faults.datagram_faults:
                 self.fault_proxy = FaultProxy(faults, config.socket_dir or _default_dir())
                 emitter_dir = self.fault_proxy.proxy_dir
-            self.scheduler_emitter = self._emitter(wire.SOURCE_SCHEDULER, emitter_dir)
-            self.frontend_emitter = self._emitter(wire.SOURCE_FRONTEND, emitter_dir)
+            if config.telemetry_mode != "socket":
+                # Its own scope: several simulated engines in one process never mix.
+                self.hub = Hub(secrets.token_hex(8), base=config.hub_dir, limits=config.hub_limits)
+            destination = Destination(
+                emitter_dir,
+                config.send_timeout,
+                client_sockets=config.telemetry_mode != "http",
+                hub_dir=self.hub.dir if self.hub is not None else None,
+                use_env_scope=False,
+            )
+            self.scheduler_emitter = self._emitter(wire.SOURCE_SCHEDULER, emitter_dir, destination)
+            self.frontend_emitter = self._emitter(wire.SOURCE_FRONTEND, emitter_dir, destination)
             scheduler_submit = self.scheduler_emitter.submit
             frontend_submit = self.frontend_emitter.submit
 
@@ -174,7 +194,7 @@ class SimServer:
             content_faults=hook,
         )
 
-    def _emitter(self, role: int, socket_dir: str | None) -> Emitter:
+    def _emitter(self, role: int, socket_dir: str | None, destination: Destination) -> Emitter:
         draft_len = self.config.draft_len
         return Emitter(
             role=role,
@@ -190,11 +210,17 @@ class SimServer:
             # The sender thread may wait for a busy receiver: the queue absorbs
             # bursts, the engine loop never waits.
             send_timeout=self.config.send_timeout,
+            destination=destination,
         )
 
     async def start(self) -> str:
         """Listen and start the scheduler; returns the base URL."""
         config = self.config
+        if self.hub is not None:
+            try:
+                self.hub.start()
+            except HubError as error:
+                raise OSError(str(error)) from None
         try:
             self._server = await asyncio.start_server(
                 self._on_connection, config.host, config.port, reuse_address=True
@@ -220,7 +246,7 @@ class SimServer:
             self.url,
             config.draft_len,
             config.step_ms,
-            "on" if config.telemetry else "off",
+            config.telemetry_mode if config.telemetry else "off",
         )
         return self.url
 
@@ -244,6 +270,8 @@ class SimServer:
                 await loop.run_in_executor(None, emitter.close, 1.0)
         if self.fault_proxy is not None:
             await loop.run_in_executor(None, self.fault_proxy.close)
+        if self.hub is not None:
+            await loop.run_in_executor(None, self.hub.close)
 
     def telemetry_stats(self) -> dict[str, dict[str, int]]:
         """Emitter counters per source, and the fault proxy's when there is one."""
@@ -254,6 +282,8 @@ class SimServer:
             result["frontend"] = self.frontend_emitter.stats()
         if self.fault_proxy is not None:
             result["faults"] = dict(self.fault_proxy.stats)
+        if self.hub is not None:
+            result["hub"] = self.hub.stats()
         return result
 
     def stats(self) -> dict[str, object]:
@@ -291,20 +321,28 @@ class SimServer:
     async def _route(self, request: HttpRequest, responder: HttpResponder) -> None:
         path = request.path.rstrip("/") or "/"
         routes = {
-            "/v1/models": "GET",
-            "/health": "GET",
-            "/metrics": "GET",
-            "/v1/chat/completions": "POST",
-            "/v1/completions": "POST",
-            "/sim/stats": "GET",
+            "/v1/models": ("GET",),
+            "/health": ("GET",),
+            "/metrics": ("GET",),
+            "/v1/chat/completions": ("POST",),
+            "/v1/completions": ("POST",),
+            "/sim/stats": ("GET",),
+            route.PROBE_PATH: ("GET", "HEAD"),
+            route.RUNS_PATH: ("POST",),
         }
-        method = routes.get(path)
-        if method is None:
+        if path.startswith("/v1") and request.method != "OPTIONS" and not self._authorized(request):
+            # vLLM's --api-key middleware answers exactly this.
+            await responder.send(401, b'{"error":"Unauthorized"}')
+            return
+        methods = routes.get(path)
+        if methods is None:
             raise HttpError(
                 404, f"no route {request.path}: the simulated engine serves {', '.join(routes)}"
             )
-        if request.method != method:
-            raise HttpError(405, f"{request.path} takes {method}, not {request.method}")
+        if request.method not in methods:
+            raise HttpError(
+                405, f"{request.path} takes {' or '.join(methods)}, not {request.method}"
+            )
         if path == "/health":
             await responder.send(200, b"", "text/plain")
         elif path == "/metrics":
@@ -314,8 +352,70 @@ class SimServer:
             await responder.send(200, _json_dumps(self.stats()).encode())
         elif path == "/v1/models":
             await responder.send(200, self._models_body())
+        elif path == route.PROBE_PATH:
+            probe = route.probe(self.hub, engine="simulated", off_reason=self._telemetry_off())
+            await responder.send(200, _json_dumps(probe).encode(), head=request.method == "HEAD")
+        elif path == route.RUNS_PATH:
+            await self._telemetry_stream(request, responder)
         else:
             await self._generate(request, responder, chat=path == "/v1/chat/completions")
+
+    def _authorized(self, request: HttpRequest) -> bool:
+        if not self._api_key_hashes:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        matched = False
+        for expected in self._api_key_hashes:
+            matched |= secrets.compare_digest(digest, expected)
+        return matched
+
+    def _telemetry_off(self) -> str:
+        if not self.config.telemetry:
+            return "exact telemetry is off on this server (started with --no-telemetry)"
+        return (
+            "telemetry over HTTP is off on this server: start the SIMULATED engine with "
+            "--telemetry http or both"
+        )
+
+    async def _telemetry_stream(self, request: HttpRequest, responder: HttpResponder) -> None:
+        """POST /v1/parallelhue/runs: one new run's frames, framed for a byte stream."""
+        try:
+            route.check_create_body(request.body)
+            sub = route.subscribe(self.hub, self._telemetry_off())
+        except route.RouteError as error:
+            raise HttpError(error.status, error.message) from None
+        writer = responder.writer
+        raw = writer.transport.get_extra_info("socket")
+        if raw is not None:
+            try:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TELEMETRY_SNDBUF)
+            except OSError:
+                pass
+        watcher = asyncio.create_task(_close_on_eof(responder.reader, sub))
+        try:
+            await responder.start_stream(
+                route.stream_headers()[0][1],
+                chunked=responder.keep_alive,
+                extra_headers=route.stream_headers()[1:],
+            )
+            async for chunk in route.stream_body(sub):
+                if writer.transport.is_closing():
+                    break
+                responder.write(chunk)
+                # Backpressure: while the client does not read, the hub's bounded
+                # buffer fills and then counts drops; this coroutine only waits.
+                await writer.drain()
+            else:
+                await responder.end_stream()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            watcher.cancel()
+            sub.close()
+        responder.close_after()
 
     def _models_body(self) -> bytes:
         model = {
@@ -665,6 +765,18 @@ class SimServer:
         if params.chat and params.return_token_ids:
             body["prompt_token_ids"] = prompt_ids
         await responder.send(200, _json_dumps(body).encode())
+
+
+async def _close_on_eof(reader: asyncio.StreamReader | None, sub: Subscription) -> None:
+    """The subscriber sends nothing after its request: EOF means it left; free its run at once."""
+    if reader is None:
+        return
+    try:
+        while await reader.read(4096):
+            pass
+    except (ConnectionError, OSError):
+        pass
+    sub.close()
 
 
 def _default_dir() -> str:

@@ -1,6 +1,6 @@
 //! ParallelHue core: telemetry frame decoding, per-source sequence tracking,
-//! the three-witness reconciler, HTTP body framing and SSE parsing. No Python here: `cargo test`
-//! runs without an interpreter. See docs/PROTOCOL.md for the contract.
+//! the three-witness reconciler, HTTP body framing, SSE parsing and the HTTP
+//! telemetry stream. No Python here: `cargo test` runs without an interpreter. See docs/PROTOCOL.md for the contract.
 
 pub mod describe;
 pub mod encode;
@@ -18,6 +18,7 @@ pub mod sse;
 pub mod sse_reader;
 pub mod sse_stream;
 pub mod stats;
+pub mod telemetry_stream;
 pub mod text;
 pub mod window;
 pub mod workload;

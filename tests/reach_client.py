@@ -1,0 +1,365 @@
+"""Test-side client of the HTTP telemetry route: a plain HTTP/1.1 client on a socket (TLS when
+the URL is https), so a test controls every byte, the receive buffer and when it reads, and a
+driver that runs streaming requests of one run and feeds their SSE into reconcilers.
+
+Used by tests/test_reach_route.py (simulated engine) and tests/vllm/test_reach_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from parallelhue_vllm import telemetry_stream as ts
+
+RUNS_PATH = "/v1/parallelhue/runs"
+PROBE_PATH = "/v1/parallelhue"
+
+
+def _connect(url: str, cafile: str | None, rcvbuf: int | None, timeout: float) -> socket.socket:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        # Before connect: the advertised window stays small, so the server's writes back up.
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    raw.settimeout(timeout)
+    raw.connect((host, port))
+    if parts.scheme != "https":
+        return raw
+    context = ssl.create_default_context(cafile=cafile)
+    return context.wrap_socket(raw, server_hostname=host)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Connection:
+    """One HTTP/1.1 connection; responses read with Content-Length or chunked framing."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cafile: str | None = None,
+        rcvbuf: int | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.host = urlsplit(url).netloc
+        self.sock = _connect(url, cafile, rcvbuf, timeout)
+        self._buffer = b""
+        self._chunk_left = 0
+        self._body_done = False
+
+    def send(
+        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+    ) -> None:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        if (body or method == "POST") and "Content-Length" not in (headers or {}):
+            lines.append(f"Content-Length: {len(body)}")
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            return False
+        self._buffer += data
+        return True
+
+    def read_head(self) -> tuple[int, dict[str, str]]:
+        while b"\r\n\r\n" not in self._buffer:
+            if not self._fill():
+                raise ConnectionError("connection closed before the response head")
+        head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.headers = headers
+        self._body_done = False
+        return status, headers
+
+    def read_body(self, method: str = "GET") -> bytes:
+        if method == "HEAD":
+            return b""
+        if "content-length" in self.headers:
+            length = int(self.headers["content-length"])
+            while len(self._buffer) < length:
+                if not self._fill():
+                    raise ConnectionError("connection closed inside the body")
+            body, self._buffer = self._buffer[:length], self._buffer[length:]
+            return body
+        parts = []
+        while True:
+            piece = self.read_some()
+            if piece is None:
+                return b"".join(parts)
+            parts.append(piece)
+
+    def read_some(self) -> bytes | None:
+        """The next body bytes of a chunked response; None at its end (or the connection's)."""
+        while True:
+            if self._body_done:
+                return None
+            if self._chunk_left > 0:
+                if not self._buffer and not self._fill():
+                    self._body_done = True
+                    return None
+                piece = self._buffer[: self._chunk_left]
+                self._buffer = self._buffer[len(piece) :]
+                self._chunk_left -= len(piece)
+                if self._chunk_left == 0:
+                    self._chunk_left = -2  # the CRLF after the chunk
+                return piece
+            if self._chunk_left == -2:
+                while len(self._buffer) < 2:
+                    if not self._fill():
+                        self._body_done = True
+                        return None
+                self._buffer = self._buffer[2:]
+                self._chunk_left = 0
+            while b"\r\n" not in self._buffer:
+                if not self._fill():
+                    self._body_done = True
+                    return None
+            size_line, self._buffer = self._buffer.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                self._body_done = True
+                return None
+            self._chunk_left = size
+
+    def request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+    ) -> Response:
+        self.send(method, path, headers, body)
+        status, response_headers = self.read_head()
+        return Response(status, response_headers, self.read_body(method))
+
+    @property
+    def finished(self) -> bool:
+        """The chunked body (or the connection) ended."""
+        return self._body_done
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def request(
+    url: str,
+    method: str,
+    path: str,
+    *,
+    api_key: str | None = None,
+    cafile: str | None = None,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    conn = Connection(url, cafile=cafile)
+    try:
+        return conn.request(method, path, {**auth(api_key), **(headers or {})}, body)
+    finally:
+        conn.close()
+
+
+class Subscriber:
+    """POST /v1/parallelhue/runs and read its telemetry stream."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        cafile: str | None = None,
+        rcvbuf: int | None = None,
+        body: bytes = b"",
+        read_preamble: bool = True,
+    ) -> None:
+        self.conn = Connection(url, cafile=cafile, rcvbuf=rcvbuf)
+        self.conn.send("POST", RUNS_PATH, auth(api_key), body)
+        self.status, self.headers = self.conn.read_head()
+        self.decoder = ts.StreamDecoder()
+        self.items: list[ts.Item] = []
+        self.error: str | None = None
+        self.run_id = ""
+        if self.status != 200:
+            self.error_body = self.conn.read_body()
+            return
+        if read_preamble:
+            self.read_until(lambda items: bool(items))
+            assert self.items[0].kind == "preamble"
+            self.run_id = self.items[0].run_id.hex()
+
+    def read_until(
+        self, done: Callable[[list[ts.Item]], bool], timeout: float = 60.0
+    ) -> list[ts.Item]:
+        """Read and decode until `done(all items so far)`, the stream's end, or a decode error."""
+        deadline = time.monotonic() + timeout
+        while not done(self.items) and self.error is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("telemetry stream did not deliver in time")
+            try:
+                piece = self.conn.read_some()
+            except TimeoutError:
+                continue
+            except OSError as error:  # closed by the test, or reset by the server
+                self.error = f"connection error: {error}"
+                break
+            try:
+                if piece is None:
+                    self.decoder.finish()
+                    break
+                self.items += self.decoder.push(piece)
+            except ts.StreamError as error:
+                self.items += error.items
+                self.error = str(error)
+        return self.items
+
+    @property
+    def frames(self) -> list[bytes]:
+        return [item.frame for item in self.items if item.kind == "frame"]
+
+    @property
+    def dropped(self) -> int:
+        return sum(item.frames for item in self.items if item.kind == "dropped")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ------------------------------------------------------------------ streams
+@dataclass
+class StreamOut:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    status: int = 0
+    error: str = ""
+
+
+def run_streams(
+    url: str,
+    run_id: str,
+    bodies: Sequence[dict[str, Any]],
+    reconcilers: Sequence[Any],
+    *,
+    api_key: str | None = None,
+    cafile: str | None = None,
+    chat: bool = True,
+) -> list[StreamOut]:
+    """One streaming request per body (ids ph1_<run>_<i>); each delta goes to every reconciler."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    outs = [StreamOut() for _ in bodies]
+
+    async def one(client: httpx.AsyncClient, index: int, body: dict[str, Any]) -> None:
+        out = outs[index]
+        headers = {"X-Request-Id": f"ph1_{run_id}_{index}", **auth(api_key)}
+        async with client.stream("POST", url + path, json=body, headers=headers) as response:
+            out.status = response.status_code
+            if response.status_code != 200:
+                out.error = (await response.aread()).decode(errors="replace")
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:]).get("choices", ()):
+                    text = (
+                        (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    ) or ""
+                    ids = choice.get("token_ids") or []
+                    if text or ids:
+                        out.text += text
+                        out.token_ids += ids
+                        for reconciler in reconcilers:
+                            reconciler.push_sse(index, text, list(ids))
+        for reconciler in reconcilers:
+            reconciler.finish_sse(index)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=len(bodies) + 2)
+        verify: Any = ssl.create_default_context(cafile=cafile) if cafile else True
+        async with httpx.AsyncClient(
+            limits=limits, timeout=httpx.Timeout(300.0), verify=verify
+        ) as client:
+            await asyncio.gather(*(one(client, i, b) for i, b in enumerate(bodies)))
+
+    asyncio.run(main())
+    return outs
+
+
+def settle(reconciler: Any, streams: int, timeout: float = 10.0) -> list[tuple[str, str | None]]:
+    """Wait for every stream's verdict (frames may trail the SSE a little), then finalize."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(reconciler.verdict(i)[0] != "pending" for i in range(streams)):
+            break
+        time.sleep(0.02)
+    reconciler.finalize()
+    return [reconciler.verdict(i) for i in range(streams)]
+
+
+class Locked:
+    """A reconciler shared by the SSE driver and a subscriber's feeding thread."""
+
+    def __init__(self, reconciler: Any) -> None:
+        self.inner = reconciler
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+
+        def locked(*args: Any) -> Any:
+            with self.lock:
+                return method(*args)
+
+        return locked
+
+
+def feed(subscriber: Subscriber, reconciler: Any) -> threading.Thread:
+    """Read the subscriber's stream in a thread, pushing every frame into `reconciler`."""
+
+    def loop() -> None:
+        done = len(subscriber.items)
+        while True:
+            try:
+                subscriber.read_until(lambda items, seen=done: len(items) > seen, timeout=600)
+            except TimeoutError:
+                return
+            for item in subscriber.items[done:]:
+                if item.kind == "frame":
+                    reconciler.push_frame(item.frame)
+            done = len(subscriber.items)
+            if subscriber.error is not None or subscriber.decoder.ended or subscriber.conn.finished:
+                return
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
