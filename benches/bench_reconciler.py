@@ -4,9 +4,11 @@ Workload: 64 streams x 2,000 tokens (tests/workloads.py, fixed length), steps of
 1-6 tokens (K = 5, per-stream acceptance), CJK and emoji split across tokens,
 SSE chunks one per step or coalesced. The side-by-side test times both
 reconcilers alternately in one run and writes docs/benchmarks/reconciler.md:
-first both fed the same best way (`push_inputs` batches of BATCH inputs, one
-`drain()` per batch), then both fed per call (the previous method), so that the
-per-call cost stays visible.
+the Rust one through its packed API (inputs as one recording buffer per batch,
+`push_recorded`; output as packed span runs per stream, `take`, applied to
+arrays as the screen model does), then both fed the same tuple way
+(`push_inputs` batches of BATCH inputs, one `drain()` per batch), then both fed
+per call (the previous method), so that each cost stays visible.
 
     .venv/bin/python -m pytest -q benches/bench_reconciler.py --benchmark-only
 """
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,8 @@ import workloads  # noqa: E402
 from parallelhue.reference import Reconciler as ReferenceReconciler  # noqa: E402
 
 try:
-    from parallelhue._native import Reconciler as NativeReconciler  # type: ignore[attr-defined]
+    from parallelhue._native import Reconciler as NativeReconciler
+    from parallelhue._native import pack_inputs
 except ImportError:  # pragma: no cover - depends on `make native`
     NativeReconciler = None
 
@@ -98,6 +102,38 @@ def run(cls: Any, workload: workloads.Workload, mode: str) -> tuple[Any, int]:
     return rec, events
 
 
+def pack(workload: workloads.Workload) -> list[bytes]:
+    """The inputs as recording buffers of BATCH inputs (not timed: in a live run
+    the Rust threads produce the inputs, and a replay reads them in this form)."""
+    inputs = workload.inputs
+    return [pack_inputs(inputs[i : i + BATCH]) for i in range(0, len(inputs), BATCH)]
+
+
+def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any, int]:
+    """The packed API: push_recorded per buffer, take() after each, its span runs
+    appended to per-stream arrays (what StreamState.add_span_runs does)."""
+    rec = NativeReconciler(workload.run_id, workload.num_streams)
+    ends = [array("Q") for _ in range(workload.num_streams)]
+    steps = [array("i") for _ in range(workload.num_streams)]
+    roles = [array("b") for _ in range(workload.num_streams)]
+    events = 0
+
+    def apply() -> int:
+        _texts, spans, others, _ends = rec.take()
+        for stream, span_ends, span_steps, span_roles in spans:
+            ends[stream].frombytes(span_ends)
+            steps[stream].frombytes(span_steps)
+            roles[stream].frombytes(span_roles)
+        return len(others)
+
+    for buffer in buffers:
+        rec.push_recorded(buffer)
+        events += apply()
+    rec.finalize()
+    events += apply()
+    return rec, events + sum(len(e) for e in ends)
+
+
 def _check(result: tuple[Any, int], workload: workloads.Workload) -> None:
     rec, events = result
     assert [rec.verdict(i)[0] for i in range(workload.num_streams)] == ["exact"] * STREAMS
@@ -128,6 +164,15 @@ def _timed(cls: Any, workload: workloads.Workload, mode: str) -> float:
     gc.collect()  # neither run pays for the other's garbage
     start = CLOCK()
     result = run(cls, workload, mode)
+    elapsed = CLOCK() - start
+    _check(result, workload)
+    return elapsed
+
+
+def _timed_packed(workload: workloads.Workload, buffers: list[bytes]) -> float:
+    gc.collect()
+    start = CLOCK()
+    result = run_packed(workload, buffers)
     elapsed = CLOCK() - start
     _check(result, workload)
     return elapsed
@@ -205,10 +250,19 @@ def _measure(workload: workloads.Workload, mode: str) -> dict[str, Any]:
     reference_times: list[float] = []
     native_times: list[float] = []
     per_reference = max(1, NATIVE_ROUNDS // max(1, REFERENCE_ROUNDS))
-    # Alternate so that both see the same machine load.
+    buffers = pack(workload) if mode == "packed" else []
+    # Alternate so that both see the same machine load. The reference has no
+    # packed API: against the Rust packed runs it is fed its best way (batched).
     for _ in range(REFERENCE_ROUNDS):
-        reference_times.append(_timed(ReferenceReconciler, workload, mode))
-        native_times.extend(_timed(NativeReconciler, workload, mode) for _ in range(per_reference))
+        reference_times.append(
+            _timed(ReferenceReconciler, workload, "batched" if mode == "packed" else mode)
+        )
+        if mode == "packed":
+            native_times.extend(_timed_packed(workload, buffers) for _ in range(per_reference))
+        else:
+            native_times.extend(
+                _timed(NativeReconciler, workload, mode) for _ in range(per_reference)
+            )
     tokens = workload.total_tokens
     ref_median = statistics.median(reference_times)
     nat_median = statistics.median(native_times)
@@ -227,8 +281,17 @@ def _measure(workload: workloads.Workload, mode: str) -> dict[str, Any]:
 
 
 @needs_native
+def test_native_packed(benchmark: Any, workload: workloads.Workload) -> None:
+    buffers = pack(workload)
+    result = benchmark.pedantic(
+        run_packed, args=(workload, buffers), rounds=NATIVE_ROUNDS, iterations=1
+    )
+    _check(result, workload)
+
+
+@needs_native
 def test_side_by_side_report() -> None:
-    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in ("packed", *MODES)}
     breakdowns = {}
     for shape in sorted(SHAPES):
         workload = make_workload(shape)
@@ -240,7 +303,7 @@ def test_side_by_side_report() -> None:
             "sse": sum(1 for item in workload.inputs if item[0] == "sse"),
             "mixed": sum(t.mixed_spans for t in workload.truth),
         }
-        for mode in MODES:
+        for mode in ("packed", *MODES):
             rows[mode].append({**shape_info, **_measure(workload, mode)})
         breakdowns[shape] = _breakdown(workload)
     _write_report(rows, breakdowns)
@@ -302,11 +365,23 @@ def _write_report(
         "  engine step for all streams; `per_step`: one SSE chunk per step; `coalesced`:",
         "  each chunk merges the next step with probability 0.5. All streams end `exact`.",
         "- Timed: constructing the reconciler, feeding every input in arrival order,",
-        "  `drain()` (the events become Python tuples, as a renderer needs them),",
-        "  `finalize()`. Workload generation is not timed.",
+        "  collecting the events (packed runs, or Python tuples from `drain()`),",
+        "  `finalize()`. Workload generation (and packing it) is not timed.",
         "- Single thread (one core) for both. Times are CPU time of the process",
         "  (`time.process_time`), so that other jobs on the shared machine do not count;",
         "  the Rust extension runs on the calling thread.",
+        "",
+        f"## Results: Rust through its packed API, {BATCH} inputs per buffer",
+        "",
+        f"The Rust reconciler gets the inputs as one recording buffer of {BATCH} inputs per",
+        "`push_recorded` call (the recording format: what the tap writes and a replay",
+        "reads; packing is not timed, as in a live run the Rust threads produce the",
+        "inputs), and after each buffer one `take()`: the spans as packed runs per",
+        "stream (end offsets, steps, roles), appended to arrays with `frombytes` as",
+        "the screen model does. The reference, which has no packed API, is fed its",
+        "best way (`push_inputs`, `drain()`), alternating with the Rust runs.",
+        "",
+        *_table(rows["packed"]),
         "",
         f"## Results: both fed through `push_inputs` ({BATCH} inputs per call)",
         "",

@@ -294,7 +294,8 @@ impl Fed {
             }
             let end = byte_start + text.len() as u64;
             run.ends.push(end);
-            run.steps.push(step.map_or(-1, |v| v.min(i32::MAX as u32) as i32));
+            run.steps
+                .push(step.map_or(-1, |v| v.min(i32::MAX as u32) as i32));
             run.roles.push(-1);
             shown.span_end[s] = shown.span_end[s].max(end);
         }

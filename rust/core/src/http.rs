@@ -367,27 +367,36 @@ pub fn find_head_end(buf: &[u8]) -> Option<(usize, usize)> {
 impl Head {
     /// Parse the head (without its blank line).
     pub fn parse(raw: &[u8]) -> Result<Head, HeadError> {
-        let mut lines = raw.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+        let mut lines = raw
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
         let first = lines.next().unwrap_or(b"");
         let mut parts = first.splitn(3, |&b| b == b' ');
         let version = parts.next().unwrap_or(b"");
         let code = parts.next().unwrap_or(b"");
         let reason = parts.next().unwrap_or(b"");
-        if !version.starts_with(b"HTTP/1.") || code.len() != 3 || !code.iter().all(u8::is_ascii_digit)
+        if !version.starts_with(b"HTTP/1.")
+            || code.len() != 3
+            || !code.iter().all(u8::is_ascii_digit)
         {
             return Err(HeadError(format!(
                 "not an HTTP/1.x status line: {}",
                 shown_line(first)
             )));
         }
-        let status = std::str::from_utf8(code).unwrap_or("0").parse().unwrap_or(0);
+        let status = std::str::from_utf8(code)
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0);
         let mut headers = Vec::new();
         for line in lines {
             if line.is_empty() {
                 continue;
             }
             if line[0] == b' ' || line[0] == b'\t' {
-                return Err(HeadError("obsolete folded header line in the response".into()));
+                return Err(HeadError(
+                    "obsolete folded header line in the response".into(),
+                ));
             }
             let colon = line.iter().position(|&b| b == b':');
             let bad = || {
@@ -455,7 +464,10 @@ impl Head {
                 Framing::Close
             });
         }
-        let mut lengths: Vec<&[u8]> = self.values("content-length").map(<[u8]>::trim_ascii).collect();
+        let mut lengths: Vec<&[u8]> = self
+            .values("content-length")
+            .map(<[u8]>::trim_ascii)
+            .collect();
         lengths.sort_unstable();
         lengths.dedup();
         match lengths.as_slice() {
@@ -596,7 +608,9 @@ mod tests {
         );
         let bad = vec![("X".to_string(), "a\r\nEvil: 1".to_string())];
         assert_eq!(
-            request_bytes("POST", "/", &bad, b"").unwrap_err().to_string(),
+            request_bytes("POST", "/", &bad, b"")
+                .unwrap_err()
+                .to_string(),
             "the value of header X holds a line break or NUL"
         );
         assert!(request_bytes("POST", "x", &[], b"").is_err());
@@ -604,15 +618,33 @@ mod tests {
 
     #[test]
     fn heads_parse_with_precise_errors() {
-        let head = Head::parse(b"HTTP/1.1 500 Oops\r\ncontent-type: application/json\r\nTransfer-Encoding: chunked").unwrap();
+        let head = Head::parse(
+            b"HTTP/1.1 500 Oops\r\ncontent-type: application/json\r\nTransfer-Encoding: chunked",
+        )
+        .unwrap();
         assert_eq!((head.status, head.reason.as_str()), (500, "Oops"));
-        assert_eq!(head.get("Content-Type").as_deref(), Some("application/json"));
+        assert_eq!(
+            head.get("Content-Type").as_deref(),
+            Some("application/json")
+        );
         assert_eq!(head.framing("POST"), Ok(Framing::Chunked));
         let cases: [(&[u8], &str); 4] = [
-            (b"HTTP/2 200 OK", "not an HTTP/1.x status line: 'HTTP/2 200 OK'"),
-            (b"HTTP/1.1 200 OK\r\nbroken header", "malformed response header line: 'broken header'"),
-            (b"HTTP/1.1 200 OK\r\n folded: x", "obsolete folded header line in the response"),
-            (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2", "invalid Content-Length in the response"),
+            (
+                b"HTTP/2 200 OK",
+                "not an HTTP/1.x status line: 'HTTP/2 200 OK'",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nbroken header",
+                "malformed response header line: 'broken header'",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n folded: x",
+                "obsolete folded header line in the response",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
+                "invalid Content-Length in the response",
+            ),
         ];
         for (raw, message) in cases {
             let got = Head::parse(raw).and_then(|h| h.framing("POST").map(|_| h));
@@ -623,8 +655,14 @@ mod tests {
         assert_eq!(find_head_end(b"HTTP/1.1 200 OK\r\n"), None);
         let h = Head::parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5").unwrap();
         assert_eq!(h.framing("POST"), Ok(Framing::Length(5)));
-        assert_eq!(Head::parse(b"HTTP/1.1 204 No").unwrap().framing("POST"), Ok(Framing::Length(0)));
-        assert_eq!(Head::parse(b"HTTP/1.0 200 OK").unwrap().framing("POST"), Ok(Framing::Close));
+        assert_eq!(
+            Head::parse(b"HTTP/1.1 204 No").unwrap().framing("POST"),
+            Ok(Framing::Length(0))
+        );
+        assert_eq!(
+            Head::parse(b"HTTP/1.0 200 OK").unwrap().framing("POST"),
+            Ok(Framing::Close)
+        );
         assert!(Head::parse(b"HTTP/1.1 100 Continue").unwrap().is_interim());
     }
 }

@@ -396,9 +396,7 @@ impl Exchange {
             Some(StreamEnd::Done | StreamEnd::BodyEnded) if body.finish_reason.is_some() => {
                 Outcome::finished()
             }
-            Some(StreamEnd::Done | StreamEnd::BodyEnded) => {
-                Outcome::failed(EndKind::NoFinish, "")
-            }
+            Some(StreamEnd::Done | StreamEnd::BodyEnded) => Outcome::failed(EndKind::NoFinish, ""),
             Some(StreamEnd::BadEvent(m)) => Outcome::failed(EndKind::BadSse, m.clone()),
             Some(StreamEnd::Framing(BodyError::Incomplete { .. })) => {
                 Outcome::failed(EndKind::Closed, "")
@@ -409,7 +407,9 @@ impl Exchange {
     }
 
     fn push_error_body(&mut self, data: Option<&[u8]>) {
-        let Some(eb) = &mut self.error_body else { return };
+        let Some(eb) = &mut self.error_body else {
+            return;
+        };
         let done = match data {
             Some(d) => {
                 let mut out = Vec::new();
@@ -472,7 +472,10 @@ impl Exchange {
                 return;
             }
             let content_type = head.get("content-type").unwrap_or_default();
-            if !content_type.to_ascii_lowercase().contains("text/event-stream") {
+            if !content_type
+                .to_ascii_lowercase()
+                .contains("text/event-stream")
+            {
                 return self.fail(Outcome::http(EndKind::NotSse, head.status, content_type));
             }
             let encoding = head.get("content-encoding").unwrap_or_default();
@@ -505,7 +508,14 @@ impl Exchange {
     }
 
     /// One round's work on this exchange.
-    fn drive(&mut self, target: &Target, revents: libc::c_short, buf: &mut [u8], time: f64, now: Instant) {
+    fn drive(
+        &mut self,
+        target: &Target,
+        revents: libc::c_short,
+        buf: &mut [u8],
+        time: f64,
+        now: Instant,
+    ) {
         if self.end.is_some() {
             return;
         }
@@ -745,7 +755,9 @@ impl Thread<'_> {
                 });
             self.addrs = Some(found);
         }
-        self.addrs.clone().unwrap_or_else(|| Err("no lookup".into()))
+        self.addrs
+            .clone()
+            .unwrap_or_else(|| Err("no lookup".into()))
     }
 
     fn start_exchange(&mut self, stream: u16, request: Vec<u8>, now: Instant, at: f64) -> Exchange {
@@ -788,11 +800,12 @@ impl Thread<'_> {
                 .filter_map(|ex| ex.deadline(&self.timeouts))
                 .map(|(at, _)| at.saturating_duration_since(round_start))
                 .min()
-                .map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as libc::c_int + 1);
+                .map_or(-1, |d| {
+                    d.as_millis().min(i32::MAX as u128) as libc::c_int + 1
+                });
             // SAFETY: a valid array of pollfds.
-            let r = unsafe {
-                libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms)
-            };
+            let r =
+                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
             if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                 let why = format!("poll failed: {}", io::Error::last_os_error());
                 for ex in &mut exchanges {
@@ -801,8 +814,8 @@ impl Thread<'_> {
             }
             if pollfds[0].revents != 0 {
                 // SAFETY: reading our own non-blocking pipe.
-                while unsafe { libc::read(self.wake, drain.as_mut_ptr().cast(), drain.len()) } > 0
-                {}
+                while unsafe { libc::read(self.wake, drain.as_mut_ptr().cast(), drain.len()) } > 0 {
+                }
             }
             let time = monotonic();
             let now = Instant::now();
@@ -815,12 +828,15 @@ impl Thread<'_> {
                 ready += 1;
                 let target = &self.target;
                 let buf = &mut buf;
-                if let Err(payload) =
-                    catch_unwind(AssertUnwindSafe(|| ex.drive(target, revents, buf, time, now)))
-                {
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| {
+                    ex.drive(target, revents, buf, time, now)
+                })) {
                     ex.fail(Outcome::failed(
                         EndKind::Internal,
-                        format!("the HTTP thread failed on this stream: {}", panic_message(&*payload)),
+                        format!(
+                            "the HTTP thread failed on this stream: {}",
+                            panic_message(&*payload)
+                        ),
                     ));
                 }
             }
@@ -942,7 +958,9 @@ mod tests {
         let kept = Arc::clone(&seen);
         std::thread::spawn(move || {
             for answer in answers {
-                let Ok((conn, _)) = listener.accept() else { return };
+                let Ok((conn, _)) = listener.accept() else {
+                    return;
+                };
                 let kept = Arc::clone(&kept);
                 std::thread::spawn(move || {
                     let mut reader = io::BufReader::new(conn.try_clone().unwrap());
@@ -1034,8 +1052,13 @@ mod tests {
             ("Host".to_string(), "127.0.0.1".to_string()),
             ("Connection".to_string(), "keep-alive".to_string()),
         ];
-        crate::http::request_bytes("POST", "/v1/x?q=1", &headers, format!("{{\"s\":{n}}}").as_bytes())
-            .unwrap()
+        crate::http::request_bytes(
+            "POST",
+            "/v1/x?q=1",
+            &headers,
+            format!("{{\"s\":{n}}}").as_bytes(),
+        )
+        .unwrap()
     }
 
     /// Collect batches until `n` streams ended.
@@ -1075,9 +1098,17 @@ mod tests {
         let end = &batch.ends[0];
         assert_eq!(end.outcome, Outcome::finished());
         assert_eq!(end.finish_reason.as_deref(), Some("stop"));
-        let text: Vec<u8> = batch.texts.iter().flat_map(|(_, t)| t.utf8.clone()).collect();
+        let text: Vec<u8> = batch
+            .texts
+            .iter()
+            .flat_map(|(_, t)| t.utf8.clone())
+            .collect();
         assert_eq!(text, "h\u{e9}\u{4e16}!".as_bytes());
-        let times: Vec<f64> = batch.texts.iter().flat_map(|(_, t)| t.times.clone()).collect();
+        let times: Vec<f64> = batch
+            .texts
+            .iter()
+            .flat_map(|(_, t)| t.times.clone())
+            .collect();
         let tokens: u64 = batch.texts.iter().map(|(_, t)| t.tokens).sum();
         assert_eq!((times.len(), tokens), (3, 4));
         assert!(before <= times[0] && times[2] <= after && times.windows(2).all(|w| w[0] <= w[1]));
@@ -1098,7 +1129,10 @@ mod tests {
         assert!(r.streams.is_closed());
     }
 
-    fn ends_of(answers: Vec<Vec<u8>>, read: Option<Duration>) -> Vec<(Option<EndKind>, u16, String)> {
+    fn ends_of(
+        answers: Vec<Vec<u8>>,
+        read: Option<Duration>,
+    ) -> Vec<(Option<EndKind>, u16, String)> {
         let n = answers.len() as u16;
         let (port, _) = serve(answers, false);
         let mut r = run(port, n, read);
@@ -1144,8 +1178,16 @@ mod tests {
         assert_eq!(
             ends,
             vec![
-                (Some(EndKind::HttpStatus), 500, "{\"error\": \"boom\"}".into()),
-                (Some(EndKind::NotSse), 200, "text/html; charset=utf-8".into()),
+                (
+                    Some(EndKind::HttpStatus),
+                    500,
+                    "{\"error\": \"boom\"}".into()
+                ),
+                (
+                    Some(EndKind::NotSse),
+                    200,
+                    "text/html; charset=utf-8".into()
+                ),
                 (Some(EndKind::Closed), 0, String::new()),
                 (
                     Some(EndKind::Framing),

@@ -316,12 +316,7 @@ fn recv_one(fd: libc::c_int, buf: &mut [u8], cbuf: &mut [u64; CMSG_BUF / 8]) -> 
     Ok(Got::Frame(n))
 }
 
-fn read_loop(
-    fd: libc::c_int,
-    wake: libc::c_int,
-    sink: &Mutex<Fed>,
-    counters: &ReceiverCounters,
-) {
+fn read_loop(fd: libc::c_int, wake: libc::c_int, sink: &Mutex<Fed>, counters: &ReceiverCounters) {
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
     let mut lens: Vec<usize> = Vec::with_capacity(BATCH);
     let mut oversized: Vec<usize> = Vec::new();

@@ -26,11 +26,7 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    pub fn bind(
-        _path: &Path,
-        _rcvbuf: usize,
-        _sink: Arc<Mutex<Fed>>,
-    ) -> io::Result<Receiver> {
+    pub fn bind(_path: &Path, _rcvbuf: usize, _sink: Arc<Mutex<Fed>>) -> io::Result<Receiver> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "the native receiver needs Linux (SO_PASSCRED / SCM_CREDENTIALS)",

@@ -75,7 +75,14 @@ impl Item<'_> {
 
 /// The 6-byte preamble of a recording.
 pub fn preamble() -> [u8; 6] {
-    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], MAGIC[4], FORMAT_VERSION]
+    [
+        MAGIC[0],
+        MAGIC[1],
+        MAGIC[2],
+        MAGIC[3],
+        MAGIC[4],
+        FORMAT_VERSION,
+    ]
 }
 
 fn head(out: &mut Vec<u8>, kind: u8, len: usize, at: f64) {
@@ -151,8 +158,9 @@ pub fn encode_sse(out: &mut Vec<u8>, at: f64, stream: u16, text: &str, ids: &[u3
 /// A recording (or a buffer of items) that cannot be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecordError {
-    /// Not the preamble: `Some(v)` for another format version.
+    /// The data does not start with the preamble.
     NotARecording,
+    /// The preamble of another format version.
     Version(u8),
     /// The data ends inside an item that starts at `offset`.
     Truncated { offset: usize },
@@ -173,7 +181,10 @@ impl fmt::Display for RecordError {
                 "recording format {v}, this build reads {FORMAT_VERSION}: record the run again"
             ),
             RecordError::Truncated { offset } => {
-                write!(f, "the recording is cut short inside the item at byte {offset}")
+                write!(
+                    f,
+                    "the recording is cut short inside the item at byte {offset}"
+                )
             }
             RecordError::BadItem { offset, kind, why } => {
                 write!(f, "invalid item of kind {kind} at byte {offset}: {why}")
@@ -199,11 +210,7 @@ fn u16_at(p: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([p[i], p[i + 1]])
 }
 
-fn text<'a>(
-    p: &'a [u8],
-    offset: usize,
-    kind: u8,
-) -> Result<&'a str, RecordError> {
+fn text(p: &[u8], offset: usize, kind: u8) -> Result<&str, RecordError> {
     std::str::from_utf8(p).map_err(|_| RecordError::BadItem {
         offset,
         kind,
@@ -213,7 +220,13 @@ fn text<'a>(
 
 fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError> {
     let bad = |why| RecordError::BadItem { offset, kind, why };
-    let need = |n: usize| if p.len() < n { Err(bad("payload too short")) } else { Ok(()) };
+    let need = |n: usize| {
+        if p.len() < n {
+            Err(bad("payload too short"))
+        } else {
+            Ok(())
+        }
+    };
     Ok(match kind {
         kind::HEADER => Item::Header(text(p, offset, kind)?),
         kind::FOOTER => Item::Footer(text(p, offset, kind)?),
@@ -276,8 +289,8 @@ pub fn decode_items<'a>(
             return Err(RecordError::Truncated { offset: at });
         }
         let kind = data[at];
-        let len = u32::from_le_bytes([data[at + 1], data[at + 2], data[at + 3], data[at + 4]])
-            as usize;
+        let len =
+            u32::from_le_bytes([data[at + 1], data[at + 2], data[at + 3], data[at + 4]]) as usize;
         let mut t = [0u8; 8];
         t.copy_from_slice(&data[at + 5..at + 13]);
         let time = f64::from_le_bytes(t);
@@ -388,7 +401,10 @@ mod tests {
             decode_items(&bad, |_, _| {}).unwrap_err().to_string(),
             "invalid item of kind 3 at byte 0: payload too short"
         );
-        assert_eq!(check_preamble(b"PHREC\x01rest"), Err(RecordError::Version(1)));
+        assert_eq!(
+            check_preamble(b"PHREC\x01rest"),
+            Err(RecordError::Version(1))
+        );
         assert_eq!(check_preamble(b"{\"x\""), Err(RecordError::NotARecording));
         assert_eq!(check_preamble(&preamble()).unwrap(), b"");
     }

@@ -98,7 +98,11 @@ impl Reconciler {
             };
             let mut ids = Vec::new();
             let decoded = record::decode_items(data, |_, item| match item {
-                Item::Sse { stream, text, ids: raw } if stream < n => {
+                Item::Sse {
+                    stream,
+                    text,
+                    ids: raw,
+                } if stream < n => {
                     ids.clear();
                     ids.extend(Item::token_ids(raw));
                     fed.push_sse(stream, text, &ids);

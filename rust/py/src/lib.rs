@@ -67,7 +67,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROTOCOL_VERSION", protocol::PROTOCOL_VERSION)?;
     m.add("MAX_FRAME_BYTES", protocol::MAX_FRAME_BYTES)?;
     m.add("REORDER_WINDOW", parallelhue_core::sequence::REORDER_WINDOW)?;
-    m.add("RECORDING_VERSION", parallelhue_core::record::FORMAT_VERSION)?;
+    m.add(
+        "RECORDING_VERSION",
+        parallelhue_core::record::FORMAT_VERSION,
+    )?;
     m.add("STAT_KEYS", STAT_KEYS.to_vec())?;
     m.add("COUNTER_KEYS", COUNTER_KEYS.to_vec())?;
     m.add("SOURCE_KEYS", SOURCE_KEYS.to_vec())?;

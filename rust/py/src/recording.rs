@@ -20,7 +20,9 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
             let ids: Vec<u32> = Item::token_ids(ids).collect();
             (t, "sse", stream, text, ids).into_pyobject(py)?.into_any()
         }
-        Item::Finish { stream, reason } => (t, "finish", stream, reason).into_pyobject(py)?.into_any(),
+        Item::Finish { stream, reason } => {
+            (t, "finish", stream, reason).into_pyobject(py)?.into_any()
+        }
         Item::End {
             stream,
             code,
@@ -32,9 +34,18 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
                 .into_pyobject(py)?
                 .into_any()
         }
-        Item::Frame(data) => (t, "frame", PyBytes::new(py, data)).into_pyobject(py)?.into_any(),
+        Item::Frame(data) => (t, "frame", PyBytes::new(py, data))
+            .into_pyobject(py)?
+            .into_any(),
         Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
-        Item::Finalize => PyTuple::new(py, [t.into_pyobject(py)?.into_any(), PyString::new(py, "finalize").into_any()])?.into_any(),
+        Item::Finalize => PyTuple::new(
+            py,
+            [
+                t.into_pyobject(py)?.into_any(),
+                PyString::new(py, "finalize").into_any(),
+            ],
+        )?
+        .into_any(),
         Item::Header(_) | Item::Footer(_) => return Ok(None),
     }))
 }
@@ -82,7 +93,10 @@ pub(crate) fn decode_recording<'py>(
 /// `("finish", stream)`, as `push_inputs` takes them) as one
 /// `push_recorded` buffer, all at time 0.
 #[pyfunction]
-pub(crate) fn pack_inputs<'py>(py: Python<'py>, inputs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+pub(crate) fn pack_inputs<'py>(
+    py: Python<'py>,
+    inputs: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let mut out = Vec::new();
     let mut ids = Vec::new();
     for item in inputs.try_iter()? {
@@ -232,7 +246,13 @@ pub(crate) fn encode_recording<'py>(
         last = t;
         let field = |i: usize| tuple.get_item(i);
         match kind.as_str() {
-            "start" => record::encode_item(&mut out, t, &Item::Start { stream: field(2)?.extract()? }),
+            "start" => record::encode_item(
+                &mut out,
+                t,
+                &Item::Start {
+                    stream: field(2)?.extract()?,
+                },
+            ),
             "sse" => {
                 ids.clear();
                 token_ids_into(&field(4)?, &mut ids)?;
@@ -244,7 +264,10 @@ pub(crate) fn encode_recording<'py>(
                 record::encode_item(
                     &mut out,
                     t,
-                    &Item::Finish { stream: field(2)?.extract()?, reason: reason.as_deref() },
+                    &Item::Finish {
+                        stream: field(2)?.extract()?,
+                        reason: reason.as_deref(),
+                    },
                 );
             }
             "end" => {
@@ -270,7 +293,11 @@ pub(crate) fn encode_recording<'py>(
                 record::encode_item(&mut out, t, &Item::Reject(&reason));
             }
             "finalize" => record::encode_item(&mut out, t, &Item::Finalize),
-            other => return Err(value_error(format!("unknown recording item kind {other:?}"))),
+            other => {
+                return Err(value_error(format!(
+                    "unknown recording item kind {other:?}"
+                )))
+            }
         }
     }
     if let Some(footer) = footer {

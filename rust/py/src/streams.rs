@@ -73,7 +73,9 @@ impl HttpStreams {
         };
         let timeouts = Timeouts {
             connect: seconds("connect_timeout", connect_timeout)?,
-            read: read_timeout.map(|t| seconds("read_timeout", t)).transpose()?,
+            read: read_timeout
+                .map(|t| seconds("read_timeout", t))
+                .transpose()?,
             write: seconds("write_timeout", write_timeout)?,
         };
         if host.is_empty() {
