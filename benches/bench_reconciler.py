@@ -113,17 +113,13 @@ def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any,
     """The packed API: push_recorded per buffer, take() after each, its span runs
     appended to per-stream arrays (what StreamState.add_span_runs does)."""
     rec = NativeReconciler(workload.run_id, workload.num_streams)
-    ends = [array("Q") for _ in range(workload.num_streams)]
-    steps = [array("i") for _ in range(workload.num_streams)]
-    roles = [array("b") for _ in range(workload.num_streams)]
+    records = [array("Q") for _ in range(workload.num_streams)]
     events = 0
 
     def apply() -> int:
         _texts, spans, others, _ends = rec.take()
-        for stream, span_ends, span_steps, span_roles in spans:
-            ends[stream].frombytes(span_ends)
-            steps[stream].frombytes(span_steps)
-            roles[stream].frombytes(span_roles)
+        for stream, packed in spans:
+            records[stream].frombytes(packed)
         return len(others)
 
     for buffer in buffers:
@@ -131,7 +127,7 @@ def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any,
         events += apply()
     rec.finalize()
     events += apply()
-    return rec, events + sum(len(e) for e in ends)
+    return rec, events + sum(len(r) // 2 for r in records)
 
 
 def _check(result: tuple[Any, int], workload: workloads.Workload) -> None:
@@ -377,8 +373,9 @@ def _write_report(
         "`push_recorded` call (the recording format: what the tap writes and a replay",
         "reads; packing is not timed, as in a live run the Rust threads produce the",
         "inputs), and after each buffer one `take()`: the spans as packed runs per",
-        "stream (end offsets, steps, roles), appended to arrays with `frombytes` as",
-        "the screen model does. The reference, which has no packed API, is fed its",
+        "stream (16 bytes a span: end offset, step and role), appended to an array",
+        "with `frombytes` as the screen model does. The reference, which has no",
+        "packed API, is fed its",
         "best way (`push_inputs`, `drain()`), alternating with the Rust runs.",
         "",
         *_table(rows["packed"]),

@@ -59,11 +59,12 @@ SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix
 ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
 
 # Reconciler.take(): (stream, new SSE text as UTF-8, where each non-empty delta
-# ends (u64 byte offsets from the stream's start, native order), one arrival
-# time per delta (f64, time.monotonic's clock), tokens)
+# ends (u64 LE byte offsets from the stream's start), one arrival time per
+# delta (f64 LE, time.monotonic's clock), tokens)
 _Text = tuple[int, bytes, bytes, bytes, int]
-# (stream, span end offsets (u64), step indices (i32, -1 mixed), roles (i8, -1 none))
-_SpanRuns = tuple[int, bytes, bytes, bytes]
+# (stream, 16 bytes per span: u64 LE end offset, u64 LE step | role << 32 with
+# step 0xFFFFFFFF for a mixed span and role 0xFF for none)
+_SpanRuns = tuple[int, bytes]
 # (stream, end kind or None for a normal finish, HTTP status, detail,
 #  finish_reason, usage, monotonic time)
 _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]

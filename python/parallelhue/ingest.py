@@ -127,9 +127,9 @@ class RustIngest:
                 streams[stream].add_text(utf8, chunk_ends, times, tokens)
             except Exception as error:
                 self._failed_here(stream, error)
-        for stream, span_ends, steps, roles in spans:
+        for stream, records in spans:
             try:
-                streams[stream].add_span_runs(span_ends, steps, roles)
+                streams[stream].add_span_runs(records)
             except Exception as error:
                 self._failed_here(stream, error)
         self.feed.events(events)

@@ -14,6 +14,7 @@ path delivers them (`Reconciler.take`): a redraw decodes only what it shows.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from array import array
 from collections.abc import Iterator, Mapping
@@ -86,24 +87,72 @@ class _Runs:
         return f"{type(self).__name__}({list(self)!r})"
 
 
-class _Spans(_Runs):
-    """The proven spans as (text, step index or None for a mixed span)."""
+class _Spans:
+    """The proven spans as (text, step index or None for a mixed span).
 
-    __slots__ = ("_steps",)
+    `records` holds two u64 words per span, as the Rust path packs them
+    (rust/core/src/fed.rs `SpanRuns`): its end offset in the stream's UTF-8
+    text, then `step | role << 32` (step 0xFFFFFFFF: mixed; role 0xFF: none).
+    """
 
-    def __init__(self, data: bytearray, ends: array[int], steps: array[int]) -> None:
-        super().__init__(data, ends)
-        self._steps = steps
+    __slots__ = ("_data", "_records")
+
+    def __init__(self, data: bytearray, records: array[int]) -> None:
+        self._data = data
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records) // 2
+
+    def end(self, i: int) -> int:
+        return self._records[2 * i]
+
+    def text(self, i: int) -> str:
+        if i < 0:
+            i += len(self)
+        start = self._records[2 * i - 2] if i > 0 else 0
+        return self._data[start : self._records[2 * i]].decode("utf-8", "replace")
 
     def step(self, i: int) -> int | None:
-        value = self._steps[i]
-        return None if value < 0 else value
+        value = self._records[2 * i + 1] & _NO_STEP
+        return None if value == _NO_STEP else value
 
-    def __getitem__(self, i: int) -> tuple[str, int | None]:  # type: ignore[override]
+    def role(self, i: int) -> int | None:
+        value = (self._records[2 * i + 1] >> 32) & _NO_ROLE
+        return None if value == _NO_ROLE else value
+
+    def __getitem__(self, i: int) -> tuple[str, int | None]:
         return self.text(i), self.step(i)
 
-    def __iter__(self) -> Iterator[tuple[str, int | None]]:  # type: ignore[override]
-        return (self[i] for i in range(len(self._ends)))
+    def __iter__(self) -> Iterator[tuple[str, int | None]]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another span view or list with the same items (tests compare runs)."""
+        if isinstance(other, _Spans | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"_Spans({list(self)!r})"
+
+
+_NO_STEP = 0xFFFFFFFF
+_NO_ROLE = 0xFF
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _append_le(target: array[int] | array[float], data: bytes) -> None:
+    """Append little-endian packed values (how the Rust path sends them)."""
+    if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
+        extra: array[Any] = array(target.typecode)
+        extra.frombytes(data)
+        extra.byteswap()
+        target.extend(extra)
+    else:
+        target.frombytes(data)
 
 
 def _color(step: int | None, colorize: bool) -> int | None:
@@ -121,9 +170,8 @@ class StreamState:
     sse_utf8: bytearray = field(default_factory=bytearray)  # the SSE text, once
     chunk_ends: array[int] = field(default_factory=lambda: array("Q"))  # non-empty deltas
     sse_tokens: int = 0
-    span_ends: array[int] = field(default_factory=lambda: array("Q"))
-    span_steps: array[int] = field(default_factory=lambda: array("i"))  # -1: mixed
-    span_roles: array[int] = field(default_factory=lambda: array("b"))  # -1: not one role
+    # The proven spans, two words each (see _Spans): end offset, step | role << 32.
+    span_records: array[int] = field(default_factory=lambda: array("Q"))
     verdict: str = "pending"  # pending, exact, failed
     reason: str | None = None
     error: str | None = None  # the HTTP stream's own failure
@@ -141,7 +189,7 @@ class StreamState:
         return (
             f"StreamState(index={self.index}, mode={self.mode!r}, verdict={self.verdict!r}, "
             f"sse_tokens={self.sse_tokens}, chunks={len(self.chunk_ends)}, "
-            f"spans={len(self.span_ends)})"
+            f"spans={len(self.span_records) // 2})"
         )
 
     # --- inputs -----------------------------------------------------------------
@@ -161,30 +209,26 @@ class StreamState:
         """Deltas as the Rust path packs them (`Reconciler.take`): the new text
         once, where each non-empty delta ends, one arrival time per delta."""
         before = len(self.delta_times)
-        self.delta_times.frombytes(times)
+        _append_le(self.delta_times, times)
         if self.first_token_at is None and len(self.delta_times) > before:
             self.first_token_at = self.delta_times[before]
         self.sse_tokens += tokens
         self.sse_utf8 += utf8
-        self.chunk_ends.frombytes(chunk_ends)
+        _append_le(self.chunk_ends, chunk_ends)
 
     def add_span(self, byte_start: int, text: str, step_index: int | None) -> None:
         """One span event (the reference path and replay)."""
         # Spans arrive in order and cover the text contiguously (PROTOCOL.md);
         # should one start further on, the bytes between stay uncolored.
+        records = self.span_records
         if byte_start > self.proven_bytes:
-            self.span_ends.append(byte_start)
-            self.span_steps.append(-1)
-            self.span_roles.append(-1)
-        self.span_ends.append(byte_start + len(text.encode("utf-8")))
-        self.span_steps.append(-1 if step_index is None else step_index)
-        self.span_roles.append(-1)
+            records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
+        step = _NO_STEP if step_index is None else step_index
+        records.extend((byte_start + len(text.encode("utf-8")), step | _NO_ROLE << 32))
 
-    def add_span_runs(self, ends: bytes, steps: bytes, roles: bytes) -> None:
-        """Spans as the Rust path packs them: end offsets, steps, roles."""
-        self.span_ends.frombytes(ends)
-        self.span_steps.frombytes(steps)
-        self.span_roles.frombytes(roles)
+    def add_span_runs(self, records: bytes) -> None:
+        """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
+        _append_le(self.span_records, records)
 
     @property
     def chunks(self) -> _Runs:
@@ -194,7 +238,7 @@ class StreamState:
     @property
     def spans(self) -> _Spans:
         """The proven spans, in order: (text, step index or None)."""
-        return _Spans(self.sse_utf8, self.span_ends, self.span_steps)
+        return _Spans(self.sse_utf8, self.span_records)
 
     @property
     def sse_byte_count(self) -> int:
@@ -204,7 +248,7 @@ class StreamState:
     @property
     def proven_bytes(self) -> int:
         """SSE bytes proven so far: where the last span ends."""
-        return self.span_ends[-1] if self.span_ends else 0
+        return self.span_records[-2] if self.span_records else 0
 
     def fail_http(self, message: str) -> None:
         self.error = message

@@ -35,15 +35,45 @@ pub struct StreamText {
     pub tokens: u64,
 }
 
-/// A stream's spans since the last take, as runs of its SSE text: span `i`
-/// covers bytes `ends[i-1]..ends[i]` (the first from where the previous take
-/// ended). `steps[i]` is the step index or -1 (mixed or unproven); `roles[i]`
-/// the role code or -1.
+/// Bytes of one packed span: two little-endian u64 words, `end` then
+/// `step | role << 32` (see [`SpanRuns`]).
+pub const SPAN_RECORD_BYTES: usize = 16;
+/// The step of a mixed (or unproven) span in a packed record.
+pub const NO_STEP: u32 = u32::MAX;
+/// The role of a span whose characters do not share one role.
+pub const NO_ROLE: u8 = u8::MAX;
+
+/// A stream's spans since the last take, as runs of its SSE text, packed:
+/// span `i` covers bytes `end[i-1]..end[i]` (the first from where the
+/// previous take ended). Each span is [`SPAN_RECORD_BYTES`]: its end offset
+/// (u64), then its step index (u32, [`NO_STEP`] for a mixed span) and role
+/// code (u8, [`NO_ROLE`]) as `step | role << 32` (u64). One buffer per stream
+/// and take, so Python appends it with one `array('Q').frombytes`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpanRuns {
-    pub ends: Vec<u64>,
-    pub steps: Vec<i32>,
-    pub roles: Vec<i8>,
+    pub records: Vec<u8>,
+}
+
+impl SpanRuns {
+    pub fn push(&mut self, end: u64, step: Option<u32>, role: Option<u8>) {
+        let word = u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32);
+        self.records.extend_from_slice(&end.to_le_bytes());
+        self.records.extend_from_slice(&word.to_le_bytes());
+    }
+
+    /// (end, step, role) of each span, for tests.
+    pub fn spans(&self) -> Vec<(u64, Option<u32>, Option<u8>)> {
+        self.records
+            .chunks_exact(SPAN_RECORD_BYTES)
+            .map(|r| {
+                let end = u64::from_le_bytes(r[..8].try_into().unwrap_or([0; 8]));
+                let word = u64::from_le_bytes(r[8..].try_into().unwrap_or([0; 8]));
+                let step = (word as u32 != NO_STEP).then_some(word as u32);
+                let role = ((word >> 32) as u8 != NO_ROLE).then_some((word >> 32) as u8);
+                (end, step, role)
+            })
+            .collect()
+    }
 }
 
 /// A stream whose HTTP exchange is over.
@@ -69,6 +99,8 @@ pub struct Batch {
 
 #[derive(Default)]
 struct Shown {
+    /// Where each stream's runs are in the batch being built (usize::MAX: none).
+    run_index: Vec<usize>,
     texts: HashMap<u16, StreamText>,
     /// Streams of `texts` in the order they first had news.
     order: Vec<u16>,
@@ -114,6 +146,7 @@ impl Fed {
             shown: Shown {
                 text_bytes: vec![0; n],
                 span_end: vec![0; n],
+                run_index: vec![usize::MAX; n],
                 ..Shown::default()
             },
             scratch: Vec::new(),
@@ -144,7 +177,10 @@ impl Fed {
     // -------------------------------------------------------------- inputs
 
     pub fn push_frame(&mut self, data: &[u8]) {
-        self.push_frame_at(data, monotonic());
+        if let Some(tap) = &mut self.tap {
+            tap.item(monotonic(), &Item::Frame(data));
+        }
+        self.rec.push_frame(data);
     }
 
     pub fn push_frame_at(&mut self, data: &[u8], at: f64) {
@@ -153,7 +189,7 @@ impl Fed {
     }
 
     pub fn push_frames<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) {
-        let at = monotonic();
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
         for f in frames {
             self.push_frame_at(f, at);
         }
@@ -161,7 +197,8 @@ impl Fed {
 
     /// A datagram rejected before decoding (e.g. oversized).
     pub fn reject(&mut self, reason: String) {
-        self.reject_at(reason, monotonic());
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.reject_at(reason, at);
     }
 
     pub fn reject_at(&mut self, reason: String, at: f64) {
@@ -179,7 +216,8 @@ impl Fed {
     }
 
     pub fn finish_sse(&mut self, stream: u16) {
-        self.finish_at(stream, None, monotonic());
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.finish_at(stream, None, at);
     }
 
     fn finish_at(&mut self, stream: u16, reason: Option<&str>, at: f64) {
@@ -188,7 +226,9 @@ impl Fed {
     }
 
     pub fn finalize(&mut self) {
-        self.tap_item(monotonic(), &Item::Finalize);
+        if let Some(tap) = &mut self.tap {
+            tap.item(monotonic(), &Item::Finalize);
+        }
         self.rec.finalize();
     }
 
@@ -263,7 +303,6 @@ impl Fed {
         }
         batch.ends = std::mem::take(&mut shown.ends);
         self.rec.drain_into(&mut self.scratch);
-        let mut runs: HashMap<u16, usize> = HashMap::new();
         for event in self.scratch.drain(..) {
             let Event::Span {
                 stream,
@@ -280,24 +319,22 @@ impl Fed {
             if s >= shown.span_end.len() {
                 continue;
             }
-            let i = *runs.entry(stream).or_insert_with(|| {
+            if shown.run_index[s] == usize::MAX {
+                shown.run_index[s] = batch.spans.len();
                 batch.spans.push((stream, SpanRuns::default()));
-                batch.spans.len() - 1
-            });
-            let run = &mut batch.spans[i].1;
+            }
+            let run = &mut batch.spans[shown.run_index[s]].1;
             // Spans cover the text contiguously (PROTOCOL.md); should one
             // ever start further on, the bytes between stay uncolored.
             if byte_start > shown.span_end[s] {
-                run.ends.push(byte_start);
-                run.steps.push(-1);
-                run.roles.push(-1);
+                run.push(byte_start, None, None);
             }
             let end = byte_start + text.len() as u64;
-            run.ends.push(end);
-            run.steps
-                .push(step.map_or(-1, |v| v.min(i32::MAX as u32) as i32));
-            run.roles.push(-1);
+            run.push(end, step, None);
             shown.span_end[s] = shown.span_end[s].max(end);
+        }
+        for (stream, _) in &batch.spans {
+            shown.run_index[*stream as usize] = usize::MAX;
         }
         batch
     }

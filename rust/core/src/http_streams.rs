@@ -45,7 +45,10 @@ pub const ERROR_BODY_LIMIT: usize = 4096;
 pub const COALESCE_STREAMS: usize = 4;
 /// The client's `min_interval`: below an engine step of a GPU server at 64
 /// streams, and what arrival times are exact to while rounds are spaced.
-pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(5);
+/// 10 ms rather than 5: half the reads (each `recv` and the TCP
+/// acknowledgement it causes cost about as much as parsing the chunks it
+/// brings; docs/benchmarks/client.md measures both side by side).
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Where the streams go.
 #[derive(Clone, Debug, PartialEq, Eq)]

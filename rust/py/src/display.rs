@@ -2,8 +2,8 @@
 //! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
 //!
 //! `take` replaces a Python tuple per event by a few `bytes` per stream: the
-//! new SSE text once, and the spans as runs of that text (end offsets, step
-//! and role arrays in native byte order, read with `array.frombytes`).
+//! new SSE text once, and the spans as packed runs of that text (16 bytes per
+//! span, `fed::SpanRuns`, appended with one `array('Q').frombytes`).
 
 use std::path::PathBuf;
 
@@ -18,7 +18,7 @@ use crate::convert::value_error;
 use crate::reconciler::{event_tuple, Reconciler};
 use crate::streams::usage_dict;
 
-fn ne_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * N);
     for v in values {
         out.extend_from_slice(&f(*v));
@@ -32,19 +32,14 @@ fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTupl
         texts.append((
             stream,
             PyBytes::new(py, &t.utf8),
-            PyBytes::new(py, &ne_bytes(&t.chunk_ends, u64::to_ne_bytes)),
-            PyBytes::new(py, &ne_bytes(&t.times, f64::to_ne_bytes)),
+            PyBytes::new(py, &le_bytes(&t.chunk_ends, u64::to_le_bytes)),
+            PyBytes::new(py, &le_bytes(&t.times, f64::to_le_bytes)),
             t.tokens,
         ))?;
     }
     let spans = PyList::empty(py);
     for (stream, runs) in batch.spans {
-        spans.append((
-            stream,
-            PyBytes::new(py, &ne_bytes(&runs.ends, u64::to_ne_bytes)),
-            PyBytes::new(py, &ne_bytes(&runs.steps, i32::to_ne_bytes)),
-            PyBytes::new(py, &ne_bytes(&runs.roles, i8::to_ne_bytes)),
-        ))?;
+        spans.append((stream, PyBytes::new(py, &runs.records)))?;
     }
     let events = PyList::empty(py);
     for e in batch.events {
