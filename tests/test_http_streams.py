@@ -376,3 +376,27 @@ def test_a_dead_http_thread_fails_every_unfinished_stream(monkeypatch: pytest.Mo
     assert [s.error for s in ran.model.streams] == [
         "internal error in this stream: the Rust HTTP thread stopped unexpectedly"
     ] * 2
+
+
+def test_a_connect_that_never_completes_times_out_in_one_line() -> None:
+    # A listener whose accept queue is full drops further SYNs: connect() hangs.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(8):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.1)
+        ran = run_ingest(respond(b""), url=f"http://127.0.0.1:{port}", timeout=0.3)
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    assert ran.model.streams[0].error == "connecting timed out after 0.3 s"
+    assert 0.25 < ran.after - ran.before < 2.0
