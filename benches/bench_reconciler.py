@@ -208,7 +208,17 @@ def _breakdown(workload: workloads.Workload, rounds: int = 5) -> dict[str, float
     def sse_per_call() -> None:
         workloads.feed(NativeReconciler(workload.run_id, workload.num_streams), sse)
 
+    buffers = pack(workload)
+    whole = b"".join(buffers)
+
+    def core_only() -> None:
+        rec = NativeReconciler(workload.run_id, workload.num_streams)
+        rec.push_recorded(whole)  # one call, events left inside Rust
+        rec.finalize()
+
     return {
+        "packed": best(lambda: run_packed(workload, buffers)),
+        "packed, core only": best(core_only),
         "full": best(lambda: run(NativeReconciler, workload, "batched")),
         "full, no drain": best(lambda: batched(workload.inputs)),
         "frames only": best(lambda: batched(frames)),
@@ -400,22 +410,27 @@ def _write_report(
         "",
         "## Where the Rust run's time goes",
         "",
-        "Best of 5 CPU times per variant, Rust only: the full batched run; the same",
-        "without any `drain()` (events stay inside Rust); only the frames through",
+        "Best of 5 CPU times per variant, Rust only: the packed run (as above); all",
+        "inputs in one `push_recorded` call with no `take()` (the core's own work plus",
+        "decoding the buffer: what the packed API adds is the difference); the",
+        "batched tuple run; the same without any `drain()` (events stay inside Rust);",
+        "only the frames through",
         "`push_inputs` (decoding, sequencing, provenance/text joins; no SSE, so nothing",
         "is confirmed); only the SSE inputs through `push_inputs` (no frames); the SSE",
         "inputs as one `push_sse`/`finish_sse` call each; and the per-call feeding loop",
         "calling do-nothing methods (the interpreter's share of a per-call run).",
         "",
-        "| SSE shape | full | no drain | frames only | SSE only | SSE only, per call "
-        "| no-op loop | per-call ceiling |",
-        "|---|---|---|---|---|---|---|---|",
+        "| SSE shape | packed | packed, core only | tuples (full) | no drain | frames only "
+        "| SSE only | SSE only, per call | no-op loop | per-call ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape, spent in breakdowns.items():
         row = next(r for r in rows["batched"] if r["shape"] == shape)
         ceiling = row["tokens"] / spent["no-op loop"]
         lines.append(
-            f"| {shape} | {spent['full'] * 1000:.1f} ms | {spent['full, no drain'] * 1000:.1f} ms "
+            f"| {shape} | {spent['packed'] * 1000:.1f} ms "
+            f"| {spent['packed, core only'] * 1000:.1f} ms "
+            f"| {spent['full'] * 1000:.1f} ms | {spent['full, no drain'] * 1000:.1f} ms "
             f"| {spent['frames only'] * 1000:.1f} ms | {spent['SSE only'] * 1000:.1f} ms "
             f"| {spent['SSE only, per call'] * 1000:.1f} ms "
             f"| {spent['no-op loop'] * 1000:.1f} ms | {ceiling:,.0f} tokens/s |"

@@ -32,7 +32,9 @@ pub struct Tap {
 }
 
 fn write_all(file: File, chunks: mpsc::Receiver<Vec<u8>>) -> io::Result<()> {
-    let mut gz = GzEncoder::new(BufWriter::with_capacity(1 << 20, file), Compression::new(3));
+    // zlib-rs at level 1: about a third of the CPU of miniz at level 3 for a
+    // file about 40 % larger (docs/benchmarks/record.md).
+    let mut gz = GzEncoder::new(BufWriter::with_capacity(1 << 20, file), Compression::fast());
     let mut failed: Option<io::Error> = None;
     for chunk in chunks {
         if failed.is_none() {
