@@ -38,8 +38,10 @@ def child(mode: str, data: str, reps: int) -> None:
         records = [array("Q") for _ in range(num_streams)]
         for buffer in buffers:
             rec.push_recorded(buffer)
-            for stream, runs in rec.take()[1]:
-                records[stream].frombytes(runs)
+            packed, index = rec.take()[1]
+            view = memoryview(packed)
+            for stream, start, end in index:
+                records[stream].frombytes(view[start:end])
         rec.finalize()
         rec.take()
 

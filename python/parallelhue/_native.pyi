@@ -62,9 +62,10 @@ ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
 # delta (f64 LE, time.monotonic's clock), tokens)
 _Text = tuple[int, bytes, bytes, bytes, int]
-# (stream, 16 bytes per span: u64 LE end offset, u64 LE step | role << 32 with
-# step 0xFFFFFFFF for a mixed span and role 0xFF for none)
-_SpanRuns = tuple[int, bytes]
+# (every stream's spans, 16 bytes a span: u64 LE end offset, u64 LE
+# step | role << 32 with step 0xFFFFFFFF for a mixed span and role 0xFF for
+# none; grouped by stream), [(stream, start, end) byte ranges of each stream's part]
+_SpanRuns = tuple[bytes, list[tuple[int, int, int]]]
 # (stream, end kind or None for a normal finish, HTTP status, detail,
 #  finish_reason, usage, monotonic time)
 _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
@@ -104,7 +105,7 @@ class Reconciler:
     def verdict(self, stream: int) -> tuple[str, str | None]:
         """("pending" | "exact" | "failed", the failure reason or None)."""
     # display.rs
-    def take(self) -> tuple[list[_Text], list[_SpanRuns], list[Event], list[_Ended]]:
+    def take(self) -> tuple[list[_Text], _SpanRuns, list[Event], list[_Ended]]:
         """Since the last call, for the screen: new SSE text per stream (from
         HttpStreams), the spans as runs of that text (grouped by stream), every
         other event in order, and the streams whose exchange ended."""

@@ -127,9 +127,11 @@ class RustIngest:
                 streams[stream].add_text(utf8, chunk_ends, times, tokens)
             except Exception as error:
                 self._failed_here(stream, error)
-        for stream, records in spans:
+        records, index = spans
+        view = memoryview(records)
+        for stream, start, end in index:
             try:
-                streams[stream].add_span_runs(records)
+                streams[stream].add_span_runs(view[start:end])
             except Exception as error:
                 self._failed_here(stream, error)
         self.feed.events(events)

@@ -144,7 +144,7 @@ _NO_ROLE = 0xFF
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
-def _append_le(target: array[int] | array[float], data: bytes) -> None:
+def _append_le(target: array[int] | array[float], data: bytes | memoryview) -> None:
     """Append little-endian packed values (how the Rust path sends them)."""
     if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
         extra: array[Any] = array(target.typecode)
@@ -226,7 +226,7 @@ class StreamState:
         step = _NO_STEP if step_index is None else step_index
         records.extend((byte_start + len(text.encode("utf-8")), step | _NO_ROLE << 32))
 
-    def add_span_runs(self, records: bytes) -> None:
+    def add_span_runs(self, records: bytes | memoryview) -> None:
         """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
         _append_le(self.span_records, records)
 

@@ -35,45 +35,32 @@ pub struct StreamText {
     pub tokens: u64,
 }
 
-/// Bytes of one packed span: two little-endian u64 words, `end` then
-/// `step | role << 32` (see [`SpanRuns`]).
+/// Bytes of one packed span: two little-endian u64 words, its end offset in
+/// the stream's SSE text, then `step | role << 32` (step [`NO_STEP`] for a
+/// mixed span, role [`NO_ROLE`] when its characters do not share one). Span
+/// `i` of a stream covers bytes `end[i-1]..end[i]`.
 pub const SPAN_RECORD_BYTES: usize = 16;
 /// The step of a mixed (or unproven) span in a packed record.
 pub const NO_STEP: u32 = u32::MAX;
 /// The role of a span whose characters do not share one role.
 pub const NO_ROLE: u8 = u8::MAX;
 
-/// A stream's spans since the last take, as runs of its SSE text, packed:
-/// span `i` covers bytes `end[i-1]..end[i]` (the first from where the
-/// previous take ended). Each span is [`SPAN_RECORD_BYTES`]: its end offset
-/// (u64), then its step index (u32, [`NO_STEP`] for a mixed span) and role
-/// code (u8, [`NO_ROLE`]) as `step | role << 32` (u64). One buffer per stream
-/// and take, so Python appends it with one `array('Q').frombytes`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SpanRuns {
-    pub records: Vec<u8>,
+fn span_word(step: Option<u32>, role: Option<u8>) -> u64 {
+    u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32)
 }
 
-impl SpanRuns {
-    pub fn push(&mut self, end: u64, step: Option<u32>, role: Option<u8>) {
-        let word = u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32);
-        self.records.extend_from_slice(&end.to_le_bytes());
-        self.records.extend_from_slice(&word.to_le_bytes());
-    }
-
-    /// (end, step, role) of each span, for tests.
-    pub fn spans(&self) -> Vec<(u64, Option<u32>, Option<u8>)> {
-        self.records
-            .chunks_exact(SPAN_RECORD_BYTES)
-            .map(|r| {
-                let end = u64::from_le_bytes(r[..8].try_into().unwrap_or([0; 8]));
-                let word = u64::from_le_bytes(r[8..].try_into().unwrap_or([0; 8]));
-                let step = (word as u32 != NO_STEP).then_some(word as u32);
-                let role = ((word >> 32) as u8 != NO_ROLE).then_some((word >> 32) as u8);
-                (end, step, role)
-            })
-            .collect()
-    }
+/// (end, step, role) of each packed span in `records`, for tests and tools.
+pub fn unpack_spans(records: &[u8]) -> Vec<(u64, Option<u32>, Option<u8>)> {
+    records
+        .chunks_exact(SPAN_RECORD_BYTES)
+        .map(|r| {
+            let end = u64::from_le_bytes(r[..8].try_into().unwrap_or([0; 8]));
+            let word = u64::from_le_bytes(r[8..].try_into().unwrap_or([0; 8]));
+            let step = (word as u32 != NO_STEP).then_some(word as u32);
+            let role = ((word >> 32) as u8 != NO_ROLE).then_some((word >> 32) as u8);
+            (end, step, role)
+        })
+        .collect()
 }
 
 /// A stream whose HTTP exchange is over.
@@ -91,7 +78,12 @@ pub struct Ended {
 #[derive(Debug, Default)]
 pub struct Batch {
     pub texts: Vec<(u16, StreamText)>,
-    pub spans: Vec<(u16, SpanRuns)>,
+    /// Every stream's new spans, packed ([`SPAN_RECORD_BYTES`] each) and
+    /// grouped by stream: one buffer, so Python appends each stream's part
+    /// with one `frombytes` of a slice.
+    pub spans: Vec<u8>,
+    /// `(stream, start, end)`: where each stream's spans are in `spans`.
+    pub span_index: Vec<(u16, usize, usize)>,
     /// Every event except spans, in order.
     pub events: Vec<Event>,
     pub ends: Vec<Ended>,
@@ -99,8 +91,10 @@ pub struct Batch {
 
 #[derive(Default)]
 struct Shown {
-    /// Where each stream's runs are in the batch being built (usize::MAX: none).
-    run_index: Vec<usize>,
+    /// The batch's spans in event order: (stream, end, step | role << 32).
+    span_scratch: Vec<(u16, u64, u64)>,
+    /// Spans per stream in the batch being built, then where each goes.
+    span_count: Vec<usize>,
     texts: HashMap<u16, StreamText>,
     /// Streams of `texts` in the order they first had news.
     order: Vec<u16>,
@@ -146,7 +140,7 @@ impl Fed {
             shown: Shown {
                 text_bytes: vec![0; n],
                 span_end: vec![0; n],
-                run_index: vec![usize::MAX; n],
+                span_count: vec![0; n],
                 ..Shown::default()
             },
             scratch: Vec::new(),
@@ -303,6 +297,7 @@ impl Fed {
         }
         batch.ends = std::mem::take(&mut shown.ends);
         self.rec.drain_into(&mut self.scratch);
+        let spans = &mut shown.span_scratch;
         for event in self.scratch.drain(..) {
             let Event::Span {
                 stream,
@@ -319,22 +314,37 @@ impl Fed {
             if s >= shown.span_end.len() {
                 continue;
             }
-            if shown.run_index[s] == usize::MAX {
-                shown.run_index[s] = batch.spans.len();
-                batch.spans.push((stream, SpanRuns::default()));
-            }
-            let run = &mut batch.spans[shown.run_index[s]].1;
             // Spans cover the text contiguously (PROTOCOL.md); should one
             // ever start further on, the bytes between stay uncolored.
             if byte_start > shown.span_end[s] {
-                run.push(byte_start, None, None);
+                spans.push((stream, byte_start, span_word(None, None)));
+                shown.span_count[s] += 1;
             }
             let end = byte_start + text.len() as u64;
-            run.push(end, step, None);
+            spans.push((stream, end, span_word(step, None)));
+            shown.span_count[s] += 1;
             shown.span_end[s] = shown.span_end[s].max(end);
         }
-        for (stream, _) in &batch.spans {
-            shown.run_index[*stream as usize] = usize::MAX;
+        // Group by stream (a counting sort keeps each stream's order).
+        let mut start = 0;
+        for (s, count) in shown.span_count.iter_mut().enumerate() {
+            if *count > 0 {
+                let bytes = *count * SPAN_RECORD_BYTES;
+                batch.span_index.push((s as u16, start, start + bytes));
+                *count = start; // from here on: where the stream's next record goes
+                start += bytes;
+            }
+        }
+        batch.spans = vec![0; start];
+        for &(stream, end, word) in spans.iter() {
+            let at = &mut shown.span_count[stream as usize];
+            batch.spans[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
+            batch.spans[*at + 8..*at + 16].copy_from_slice(&word.to_le_bytes());
+            *at += SPAN_RECORD_BYTES;
+        }
+        spans.clear();
+        for &(s, _, _) in &batch.span_index {
+            shown.span_count[s as usize] = 0;
         }
         batch
     }
@@ -380,7 +390,7 @@ mod tests {
             )]
         );
         assert_eq!(batch.ends.len(), 2);
-        assert!(batch.spans.is_empty()); // no telemetry: nothing proven
+        assert!(batch.spans.is_empty() && batch.span_index.is_empty()); // nothing proven
         let again = fed.take();
         assert!(again.texts.is_empty() && again.ends.is_empty());
         // The next delta's chunk end continues the stream's byte count.

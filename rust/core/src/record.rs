@@ -211,6 +211,11 @@ fn u16_at(p: &[u8], i: usize) -> u16 {
 }
 
 fn text(p: &[u8], offset: usize, kind: u8) -> Result<&str, RecordError> {
+    if p.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8. (Most deltas are a few ASCII bytes,
+        // where the general check costs more than the item's decoding.)
+        return Ok(unsafe { std::str::from_utf8_unchecked(p) });
+    }
     std::str::from_utf8(p).map_err(|_| RecordError::BadItem {
         offset,
         kind,

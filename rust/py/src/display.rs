@@ -1,9 +1,10 @@
 //! The run's output for the screen, packed (`Reconciler.take`), inputs as
 //! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
 //!
-//! `take` replaces a Python tuple per event by a few `bytes` per stream: the
-//! new SSE text once, and the spans as packed runs of that text (16 bytes per
-//! span, `fed::SpanRuns`, appended with one `array('Q').frombytes`).
+//! `take` replaces a Python tuple per event by a few `bytes`: each stream's
+//! new SSE text once, and every stream's spans as packed runs of that text in
+//! one buffer (16 bytes a span, grouped by stream, `fed::SPAN_RECORD_BYTES`),
+//! appended per stream with one `array('Q').frombytes` of a slice.
 
 use std::path::PathBuf;
 
@@ -37,10 +38,14 @@ fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTupl
             t.tokens,
         ))?;
     }
-    let spans = PyList::empty(py);
-    for (stream, runs) in batch.spans {
-        spans.append((stream, PyBytes::new(py, &runs.records)))?;
+    let index = PyList::empty(py);
+    for (stream, start, end) in batch.span_index {
+        index.append((stream, start, end))?;
     }
+    let spans = PyTuple::new(
+        py,
+        [PyBytes::new(py, &batch.spans).into_any(), index.into_any()],
+    )?;
     let events = PyList::empty(py);
     for e in batch.events {
         events.append(event_tuple(py, e)?)?;
