@@ -21,19 +21,23 @@ $(VENV)/.deps: pyproject.toml
 	    "pytest-timeout>=2.3"
 	touch $@
 
-# Build the extension in release mode and install the project editable into the venv.
+# Build the extension in release mode and install the project editable into the
+# venv, after the plugin distribution it depends on (plugin/, pure Python).
 native: $(VENV)/.deps
+	$(PIP) install -q --no-deps -e ./plugin
 	$(VENV)/bin/maturin develop --release -q
 
 demo: native
 	$(PY) -m parallelhue demo
 
-lint: $(VENV)/.deps
+lint: native
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python plugin tests benches
 	$(VENV)/bin/ruff format --check python plugin tests benches
 	$(VENV)/bin/mypy
+	# The stub of the Rust extension against the built module.
+	$(PY) -m mypy.stubtest parallelhue._native
 
 rust-test:
 	cargo test -p parallelhue-core

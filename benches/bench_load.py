@@ -1,11 +1,14 @@
 """Load at 64 streams: the SIMULATED engine in one process, the client in another.
 
-For each reconciler path (Rust: `parallelhue._native.Reconciler` + `Receiver`;
-Python: `parallelhue.reference.Reconciler` + a socket read from the asyncio
-loop) and each engine rate (as fast as it goes, and fixed rates of 5k, 20k and
-50k step records/s; a step record is one request's share of one engine step),
-it starts `python -m parallelhue.sim` as its own process, runs one session of
-64 concurrent streams from a separate client process, and reports:
+For each client path and each engine rate (as fast as it goes, and fixed
+rates of 5k, 20k and 50k step records/s; a step record is one request's share
+of one engine step), it starts `python -m parallelhue.sim` as its own process,
+runs one session of 64 concurrent streams from a separate client process, and
+reports what follows. The clients are the real one: `rust` and `python` run
+`parallelhue.session.Session` without a screen (`parallelhue.headless`: the
+shipped Rust path, and the reference path), `rust+record` the same with
+`--record`; `cli-<view>-<reconciler>` runs `python -m parallelhue` on a
+pseudo-terminal. Reported:
 
 - step records and telemetry datagrams the engine sent, and the achieved rate;
 - frames lost: frames the engine's emitters dropped plus sequence gaps and
@@ -257,34 +260,48 @@ def steady_cpu_per_10k(samples: list[tuple[float, float | None]], total: int) ->
 
 
 def client_main(url: str, path: str, socket_dir: str, max_tokens: int) -> None:
-    from parallelhue.sim.loadgen import run_session
+    """The real client without a screen: `rust`, `python`, `rust+record`."""
+    from parallelhue.headless import run_headless
 
+    reconciler, _, record = path.partition("+")
     before = resource.getrusage(resource.RUSAGE_SELF)
-    result = asyncio.run(
-        run_session(
-            url,
-            num_streams=STREAMS,
-            socket_dir=socket_dir,
-            max_tokens=max_tokens,
-            reconciler_kind=path,
-            grace=10.0,
-            http="raw",
+    with tempfile.TemporaryDirectory(prefix="phr-") as scratch:
+        result = asyncio.run(
+            run_headless(
+                url,
+                num_streams=STREAMS,
+                socket_dir=socket_dir,
+                max_tokens=max_tokens,
+                reconciler_kind=reconciler,
+                grace=10.0,
+                mode="auto",
+                timeout=300.0,
+                prompt=PROMPT,
+                record=os.path.join(scratch, "run.phr") if record == "record" else None,
+            )
         )
-    )
+        recorded = os.path.getsize(os.path.join(scratch, "run.phr")) if record == "record" else None
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     report = {
         "exact_streams": sum(1 for verdict, _ in result.verdicts if verdict == "exact"),
-        "failures": sorted({reason for _, reason in result.verdicts if reason})[:5],
+        "failures": sorted(
+            {
+                e or r or ""
+                for (_, r), e in zip(result.verdicts, result.errors, strict=True)
+                if e or r
+            }
+        )[:5],
         "sse_tokens": result.sse_tokens,
         "sse_chunks": result.sse_chunks,
         "verified_tokens": int(result.totals.get("tokens", 0)),
-        "counters": result.counters,
-        "receiver": result.receiver,
+        "counters": dict(result.counters),
+        "receiver": dict(result.receiver),
         "elapsed": result.elapsed,
-        "http_elapsed": result.http_elapsed,
+        "http_elapsed": result.elapsed,
         "cpu_seconds": cpu,
         "peak_rss_kib": after.ru_maxrss,
+        "recording_bytes": recorded,
     }
     print(json.dumps(report))
 
@@ -415,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--paths",
         default="rust,python,cli-grid-rust",
-        help="clients: rust, python (lean client), cli-<view>-<reconciler> (the real CLI)",
+        help="clients: rust, python, rust+record (the real Session, headless), "
+        "cli-<view>-<reconciler> (python -m parallelhue on a pty)",
     )
     parser.add_argument("--rates", default="max,5000,20000,50000", help="rates in step records/s")
     parser.add_argument("--client", help=argparse.SUPPRESS)

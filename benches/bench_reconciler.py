@@ -4,9 +4,11 @@ Workload: 64 streams x 2,000 tokens (tests/workloads.py, fixed length), steps of
 1-6 tokens (K = 5, per-stream acceptance), CJK and emoji split across tokens,
 SSE chunks one per step or coalesced. The side-by-side test times both
 reconcilers alternately in one run and writes docs/benchmarks/reconciler.md:
-first both fed the same best way (`push_inputs` batches of BATCH inputs, one
-`drain()` per batch), then both fed per call (the previous method), so that the
-per-call cost stays visible.
+the Rust one through its packed API (inputs as one recording buffer per batch,
+`push_recorded`; output as packed span runs per stream, `take`, applied to
+arrays as the screen model does), then both fed the same tuple way
+(`push_inputs` batches of BATCH inputs, one `drain()` per batch), then both fed
+per call (the previous method), so that each cost stays visible.
 
     .venv/bin/python -m pytest -q benches/bench_reconciler.py --benchmark-only
 """
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,8 @@ import workloads  # noqa: E402
 from parallelhue.reference import Reconciler as ReferenceReconciler  # noqa: E402
 
 try:
-    from parallelhue._native import Reconciler as NativeReconciler  # type: ignore[attr-defined]
+    from parallelhue._native import Reconciler as NativeReconciler
+    from parallelhue._native import pack_inputs
 except ImportError:  # pragma: no cover - depends on `make native`
     NativeReconciler = None
 
@@ -68,6 +72,9 @@ def workload(request: Any) -> workloads.Workload:
 
 
 BATCH = 256  # inputs per push_inputs call (and per drain) in the batched mode
+# Inputs per take() at the live client's pace: it collects once per redraw (4 Hz
+# at 64 panes), about 6,000 tokens at 25k tokens/s, i.e. about 2,600 inputs here.
+TICK = 2560
 DRAIN_EVERY = 64  # per-call mode: inputs between drain() calls, like a renderer tick
 MODES = ("batched", "per_call")
 
@@ -96,6 +103,35 @@ def run(cls: Any, workload: workloads.Workload, mode: str) -> tuple[Any, int]:
     rec.finalize()
     events += len(rec.drain())
     return rec, events
+
+
+def pack(workload: workloads.Workload, size: int = BATCH) -> list[bytes]:
+    """The inputs as recording buffers of `size` inputs (not timed: in a live run
+    the Rust threads produce the inputs, and a replay reads them in this form)."""
+    inputs = workload.inputs
+    return [pack_inputs(inputs[i : i + size]) for i in range(0, len(inputs), size)]
+
+
+def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any, int]:
+    """The packed API: push_recorded per buffer, take() after each, its span runs
+    appended to per-stream arrays (what StreamState.add_span_runs does)."""
+    rec = NativeReconciler(workload.run_id, workload.num_streams)
+    records = [array("Q") for _ in range(workload.num_streams)]
+    events = 0
+
+    def apply() -> int:
+        _texts, (packed, index), others, _ends = rec.take()
+        view = memoryview(packed)
+        for stream, start, end in index:
+            records[stream].frombytes(view[start:end])
+        return len(others)
+
+    for buffer in buffers:
+        rec.push_recorded(buffer)
+        events += apply()
+    rec.finalize()
+    events += apply()
+    return rec, events + sum(len(r) // 2 for r in records)
 
 
 def _check(result: tuple[Any, int], workload: workloads.Workload) -> None:
@@ -128,6 +164,15 @@ def _timed(cls: Any, workload: workloads.Workload, mode: str) -> float:
     gc.collect()  # neither run pays for the other's garbage
     start = CLOCK()
     result = run(cls, workload, mode)
+    elapsed = CLOCK() - start
+    _check(result, workload)
+    return elapsed
+
+
+def _timed_packed(workload: workloads.Workload, buffers: list[bytes]) -> float:
+    gc.collect()
+    start = CLOCK()
+    result = run_packed(workload, buffers)
     elapsed = CLOCK() - start
     _check(result, workload)
     return elapsed
@@ -167,7 +212,17 @@ def _breakdown(workload: workloads.Workload, rounds: int = 5) -> dict[str, float
     def sse_per_call() -> None:
         workloads.feed(NativeReconciler(workload.run_id, workload.num_streams), sse)
 
+    buffers = pack(workload)
+    whole = b"".join(buffers)
+
+    def core_only() -> None:
+        rec = NativeReconciler(workload.run_id, workload.num_streams)
+        rec.push_recorded(whole)  # one call, events left inside Rust
+        rec.finalize()
+
     return {
+        "packed": best(lambda: run_packed(workload, buffers)),
+        "packed, core only": best(core_only),
         "full": best(lambda: run(NativeReconciler, workload, "batched")),
         "full, no drain": best(lambda: batched(workload.inputs)),
         "frames only": best(lambda: batched(frames)),
@@ -205,10 +260,18 @@ def _measure(workload: workloads.Workload, mode: str) -> dict[str, Any]:
     reference_times: list[float] = []
     native_times: list[float] = []
     per_reference = max(1, NATIVE_ROUNDS // max(1, REFERENCE_ROUNDS))
-    # Alternate so that both see the same machine load.
+    buffers = pack(workload, TICK if mode == "packed_tick" else BATCH)
+    packed = mode.startswith("packed")
+    # Alternate so that both see the same machine load. The reference has no
+    # packed API: against the Rust packed runs it is fed its best way (batched).
     for _ in range(REFERENCE_ROUNDS):
-        reference_times.append(_timed(ReferenceReconciler, workload, mode))
-        native_times.extend(_timed(NativeReconciler, workload, mode) for _ in range(per_reference))
+        reference_times.append(_timed(ReferenceReconciler, workload, "batched" if packed else mode))
+        if packed:
+            native_times.extend(_timed_packed(workload, buffers) for _ in range(per_reference))
+        else:
+            native_times.extend(
+                _timed(NativeReconciler, workload, mode) for _ in range(per_reference)
+            )
     tokens = workload.total_tokens
     ref_median = statistics.median(reference_times)
     nat_median = statistics.median(native_times)
@@ -227,8 +290,18 @@ def _measure(workload: workloads.Workload, mode: str) -> dict[str, Any]:
 
 
 @needs_native
+def test_native_packed(benchmark: Any, workload: workloads.Workload) -> None:
+    buffers = pack(workload)
+    result = benchmark.pedantic(
+        run_packed, args=(workload, buffers), rounds=NATIVE_ROUNDS, iterations=1
+    )
+    _check(result, workload)
+
+
+@needs_native
 def test_side_by_side_report() -> None:
-    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    all_modes = ("packed", "packed_tick", *MODES)
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in all_modes}
     breakdowns = {}
     for shape in sorted(SHAPES):
         workload = make_workload(shape)
@@ -240,7 +313,7 @@ def test_side_by_side_report() -> None:
             "sse": sum(1 for item in workload.inputs if item[0] == "sse"),
             "mixed": sum(t.mixed_spans for t in workload.truth),
         }
-        for mode in MODES:
+        for mode in all_modes:
             rows[mode].append({**shape_info, **_measure(workload, mode)})
         breakdowns[shape] = _breakdown(workload)
     _write_report(rows, breakdowns)
@@ -302,11 +375,30 @@ def _write_report(
         "  engine step for all streams; `per_step`: one SSE chunk per step; `coalesced`:",
         "  each chunk merges the next step with probability 0.5. All streams end `exact`.",
         "- Timed: constructing the reconciler, feeding every input in arrival order,",
-        "  `drain()` (the events become Python tuples, as a renderer needs them),",
-        "  `finalize()`. Workload generation is not timed.",
+        "  collecting the events (packed runs, or Python tuples from `drain()`),",
+        "  `finalize()`. Workload generation (and packing it) is not timed.",
         "- Single thread (one core) for both. Times are CPU time of the process",
         "  (`time.process_time`), so that other jobs on the shared machine do not count;",
         "  the Rust extension runs on the calling thread.",
+        "",
+        f"## Results: Rust through its packed API, {BATCH} inputs per buffer",
+        "",
+        f"The Rust reconciler gets the inputs as one recording buffer of {BATCH} inputs per",
+        "`push_recorded` call (the recording format: what the tap writes and a replay",
+        "reads; packing is not timed, as in a live run the Rust threads produce the",
+        "inputs), and after each buffer one `take()`: the spans as packed runs per",
+        "stream (16 bytes a span: end offset, step and role), appended to an array",
+        "with `frombytes` as the screen model does. The reference, which has no",
+        "packed API, is fed its",
+        "best way (`push_inputs`, `drain()`), alternating with the Rust runs.",
+        "",
+        *_table(rows["packed"]),
+        "",
+        f"The same with one buffer and one `take()` per {TICK} inputs, about the",
+        "live client's pace (it collects once per redraw: 4 Hz at 64 panes, about",
+        "6,000 tokens at 25k tokens/s):",
+        "",
+        *_table(rows["packed_tick"]),
         "",
         f"## Results: both fed through `push_inputs` ({BATCH} inputs per call)",
         "",
@@ -328,22 +420,27 @@ def _write_report(
         "",
         "## Where the Rust run's time goes",
         "",
-        "Best of 5 CPU times per variant, Rust only: the full batched run; the same",
-        "without any `drain()` (events stay inside Rust); only the frames through",
+        "Best of 5 CPU times per variant, Rust only: the packed run (as above); all",
+        "inputs in one `push_recorded` call with no `take()` (the core's own work plus",
+        "decoding the buffer: what the packed API adds is the difference); the",
+        "batched tuple run; the same without any `drain()` (events stay inside Rust);",
+        "only the frames through",
         "`push_inputs` (decoding, sequencing, provenance/text joins; no SSE, so nothing",
         "is confirmed); only the SSE inputs through `push_inputs` (no frames); the SSE",
         "inputs as one `push_sse`/`finish_sse` call each; and the per-call feeding loop",
         "calling do-nothing methods (the interpreter's share of a per-call run).",
         "",
-        "| SSE shape | full | no drain | frames only | SSE only | SSE only, per call "
-        "| no-op loop | per-call ceiling |",
-        "|---|---|---|---|---|---|---|---|",
+        "| SSE shape | packed | packed, core only | tuples (full) | no drain | frames only "
+        "| SSE only | SSE only, per call | no-op loop | per-call ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape, spent in breakdowns.items():
         row = next(r for r in rows["batched"] if r["shape"] == shape)
         ceiling = row["tokens"] / spent["no-op loop"]
         lines.append(
-            f"| {shape} | {spent['full'] * 1000:.1f} ms | {spent['full, no drain'] * 1000:.1f} ms "
+            f"| {shape} | {spent['packed'] * 1000:.1f} ms "
+            f"| {spent['packed, core only'] * 1000:.1f} ms "
+            f"| {spent['full'] * 1000:.1f} ms | {spent['full, no drain'] * 1000:.1f} ms "
             f"| {spent['frames only'] * 1000:.1f} ms | {spent['SSE only'] * 1000:.1f} ms "
             f"| {spent['SSE only, per call'] * 1000:.1f} ms "
             f"| {spent['no-op loop'] * 1000:.1f} ms | {ceiling:,.0f} tokens/s |"

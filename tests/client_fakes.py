@@ -9,7 +9,10 @@ run can mix healthy streams with every kind of failure:
   html        HTTP 200 with text/html instead of SSE
   disconnect  one SSE chunk, then the connection drops mid-body
   nofinish    one SSE chunk and [DONE] without any finish_reason
+  error400    HTTP 400 with vLLM's JSON error for a prompt over the context length
+  surrogate   a delta whose JSON text is a lone surrogate (\\ud800), then the rest
 It runs its own event loop in a thread, so synchronous CLI calls can use it.
+With `tls` (an ssl.SSLContext with the server's certificate) it speaks https.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import threading
 from typing import Any
 
@@ -55,8 +59,10 @@ class FakeServer:
         self,
         models: list[str] | None = None,
         metrics: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.models = ["fake-model"] if models is None else models
+        self.tls = tls
         self.metrics = metrics
         self.requests: list[dict[str, Any]] = []
         self.loop = asyncio.new_event_loop()
@@ -78,10 +84,10 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _stop(self) -> None:
@@ -144,6 +150,15 @@ class FakeServer:
             error = {"error": {"message": "boom\x1b[31m red\nsecond line", "code": 500}}
             self._respond(writer, 500, "application/json", json.dumps(error).encode())
             return
+        if prompt == "error400":
+            error = {
+                "object": "error",
+                "message": "This model's maximum context length is 8 tokens.",
+                "type": "BadRequestError",
+                "code": 400,
+            }
+            self._respond(writer, 400, "application/json", json.dumps(error).encode())
+            return
         if prompt == "error404":
             self._respond(writer, 404, "text/plain", b"no such\troute\n")
             return
@@ -171,6 +186,8 @@ class FakeServer:
             writer.write(_sse(_delta("half", [7])) + _sse("[DONE]") + _chunk(b""))
             await writer.drain()
             return
+        if prompt == "surrogate":
+            writer.write(_sse(_delta("\ud800", [9])))
         text = EVIL_TEXT if prompt == "evil" else "Hello"
         parts = [
             _sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),

@@ -1,8 +1,8 @@
 """Every injected fault ends in the expected verdict, never in a false EXACT.
 
 A real SimServer (with its emitters and, for datagram faults, its fault proxy)
-is driven by a small client (parallelhue.sim.loadgen) that feeds a receiver
-and a reconciler: the pure-Python reference, and the Rust one when built.
+is driven by the real client without a screen (parallelhue.headless): the
+reference path, and the Rust path when built.
 The last tests run the real CLI against the standalone engine with faults.
 """
 
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from parallelhue.headless import HeadlessResult as SessionResult
+from parallelhue.headless import run_headless as run_session
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
-from parallelhue.sim.loadgen import SessionResult, run_session
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = 4
@@ -132,10 +133,9 @@ def test_frames_from_another_run_are_rejected(kind: str) -> None:
     injected = server.fault_proxy.stats["foreign_run"]
     assert injected > 0
     assert result.counters["rejected_frames"] == injected
-    run_messages = [event for event in result.events if event[0] == "run"]
     assert any(
-        re.fullmatch(r"rejected frame: frame for run [0-9a-f]{32}, expected " + result.run_id, e[1])
-        for e in run_messages
+        re.fullmatch(r"rejected frame: frame for run [0-9a-f]{32}, expected " + result.run_id, m)
+        for m in result.run_messages
     )
     assert verdicts(result) == ["exact"] * STREAMS
 

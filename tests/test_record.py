@@ -11,6 +11,7 @@ import tempfile
 import pytest
 
 from parallelhue import cli
+from parallelhue.record import read_recording, write_recording
 from test_cli import _CLEARED
 
 
@@ -70,13 +71,11 @@ def test_replay_reports_a_changed_verdict(
     )  # fmt: skip
     assert code == 0
     capsys.readouterr()
-    with gzip.open(record, "rt", encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    recording = read_recording(record)
     # Drop every telemetry frame: the replay cannot prove anything now.
-    kept = [line for line in lines if '"frame"' not in line]
+    recording.events = [event for event in recording.events if event[1] != "frame"]
     tampered = os.path.join(str(tmp_path), "tampered.phr")
-    with gzip.open(tampered, "wt", encoding="utf-8") as handle:
-        handle.write("\n".join(kept) + "\n")
+    write_recording(tampered, recording)
     code = cli.main(["replay", tampered, "--speed", "max", "--view", "plain",
                      "--reconciler", "python"])  # fmt: skip
     _out, err = capsys.readouterr()
@@ -112,16 +111,15 @@ def test_recording_is_compact_and_holds_no_secrets(
     )  # fmt: skip
     capsys.readouterr()
     assert code == 0
-    with gzip.open(record, "rt", encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
-    header = json.loads(lines[0])
-    footer = json.loads(lines[-1])
-    events = [json.loads(line) for line in lines[1:-1]]
-    assert header["parallelhue_recording"] == 1
+    with gzip.open(record, "rb") as handle:
+        assert handle.read(6) == b"PHREC\x02"  # recording format 2
+    recording = read_recording(record)
+    header, footer, events = recording.header, recording.footer, recording.events
+    assert footer is not None
     assert header["num_streams"] == 2 and header["simulated"] is True
     assert "api_key" not in header and "endpoint" not in header
     kinds = {event[1] for event in events}
-    assert kinds == {"start", "sse", "fin", "frame", "finalize"}
+    assert kinds == {"start", "sse", "finish", "frame", "finalize"}
     assert sum(len(event[4]) for event in events if event[1] == "sse") == 60
     assert footer["verdicts"] == [["exact", None], ["exact", None]]
     times = [event[0] for event in events]
@@ -176,3 +174,43 @@ def test_rust_recording_replays_on_python_and_back(
         replayed = re.findall(r"^stream \d+: .*$", out, re.M)
         # Same verdicts, steps, roles and recorded times, whichever reconciler replays.
         assert replayed == original
+
+
+def test_a_version_1_recording_is_refused_in_one_line(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = os.path.join(str(tmp_path), "old.phr")
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write(json.dumps({"parallelhue_recording": 1, "run_id": "0" * 32}) + "\n")
+        handle.write(json.dumps([0.0, "start", 0]) + "\n")
+    code = cli.main(["replay", path, "--view", "plain"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        f"parallelhue: error: replay: {path} has recording format 1 (JSON lines), "
+        "this build reads 2: record the run again\n"
+    )
+
+
+def test_a_recording_cut_short_is_refused_in_one_line(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = os.path.join(str(tmp_path), "run.phr")
+    assert cli.main(
+        ["demo", "--concurrency", "1", "--max-tokens", "8", "--step-ms", "1",
+         "--reconciler", "python", "--view", "plain", "--record", record]
+    ) == 0  # fmt: skip
+    capsys.readouterr()
+    with gzip.open(record, "rb") as handle:
+        data = handle.read()
+    cut = os.path.join(str(tmp_path), "cut.phr")
+    with gzip.open(cut, "wb") as handle:
+        handle.write(data[:-3])
+    code = cli.main(["replay", cut, "--view", "plain"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert re.fullmatch(
+        rf"parallelhue: error: replay: {re.escape(cut)}: the recording is cut short "
+        r"inside the item at byte \d+\n",
+        err,
+    ), err

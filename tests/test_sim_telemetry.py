@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from parallelhue.headless import run_headless as run_session
 from parallelhue.reference import decode_frame
 from parallelhue.sim import SimConfig, SimServer
-from parallelhue.sim.loadgen import run_session
 from parallelhue_vllm import paths, wire
 
 
@@ -28,7 +28,7 @@ def socket_dir() -> Iterator[str]:
 
 
 def session_against(config: SimConfig, **session: Any) -> Any:
-    """`run_session` (the lean client) against a simulated engine started for it."""
+    """The real client, headless, against a simulated engine started for it."""
 
     async def main() -> Any:
         server = SimServer(config)
@@ -214,11 +214,11 @@ def _kinds() -> list[str]:
         from parallelhue import _native
     except ImportError:
         return ["python"]
-    return ["python", "rust"] if hasattr(_native, "SseParser") else ["python"]
+    return ["python", "rust"] if hasattr(_native, "HttpStreams") else ["python"]
 
 
-def test_the_benchmarks_lean_client_reconciles_exactly(socket_dir: str) -> None:
-    """The raw-HTTP client of benches/bench_load.py, with each reconciler and SSE parser."""
+def test_the_benchmarks_headless_client_reconciles_exactly(socket_dir: str) -> None:
+    """The client of benches/bench_load.py (the real one, headless), on each path."""
 
     for kind in _kinds():
         result = session_against(
@@ -227,7 +227,6 @@ def test_the_benchmarks_lean_client_reconciles_exactly(socket_dir: str) -> None:
             socket_dir=socket_dir,
             max_tokens=50,
             reconciler_kind=kind,
-            http="raw",
             stop=["。"],
         )
         assert [v for v, _ in result.verdicts] == ["exact"] * 4, result.verdicts

@@ -19,6 +19,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_load import process_cpu_seconds, steady_cpu_per_10k
 
+ROOT_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+
 
 def free_port():
     with socket.socket() as s:
@@ -111,6 +113,7 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
     th.start()
     samples = []
     threads = {}
+    per_thread = []  # (engine tokens, {thread: CPU s}) for the steady split by thread
     stop = threading.Event()
 
     def sample():
@@ -119,8 +122,11 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
                 cpu = process_cpu_seconds(p.pid)
             except (OSError, IndexError):
                 return
-            samples.append((cpu, engine_tokens(port)))
-            threads.update(thread_cpu(p.pid))
+            tokens = engine_tokens(port)
+            samples.append((cpu, tokens))
+            now = thread_cpu(p.pid)
+            threads.update(now)
+            per_thread.append((tokens, now))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -142,9 +148,19 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         tokens=tokens,
         rss_mib=ru.ru_maxrss / 1024,
         steady_per10k=steady_cpu_per_10k(samples, conc * max_tokens),
+        steady_by_thread=steady_by_thread(per_thread, conc * max_tokens),
         threads={k: round(v, 2) for k, v in threads.items()},
         tail=text[-600:] if not m else "",
     )
+
+
+def steady_by_thread(per_thread, total):
+    """Each thread's CPU per 10k tokens in the steady window (20-80 % of the tokens)."""
+    window = [(t, c) for t, c in per_thread if t is not None and 0.2 * total <= t <= 0.8 * total]
+    if len(window) < 2 or window[-1][0] <= window[0][0]:
+        return None
+    (t0, c0), (t1, c1) = window[0], window[-1]
+    return {k: round((c1.get(k, 0) - c0.get(k, 0)) * 1e4 / (t1 - t0), 4) for k in c1}
 
 
 def main():
@@ -176,7 +192,8 @@ def main():
                     "--min-batch",
                     str(a.concurrency),
                 ],
-                env=dict(os.environ, PYTHONPATH="/work/main/python"),
+                # The engine is this checkout's (the same for every variant).
+                env=dict(os.environ, PYTHONPATH=ROOT_PYTHON),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -1,40 +1,74 @@
 """Type stubs of `parallelhue._native`, the PyO3 bindings of the Rust core (rust/py).
 
-The `Reconciler` API is exactly the one of docs/PROTOCOL.md ("Python-facing
-API"), shared with `parallelhue.reference.Reconciler` (and typed like the
-`parallelhue.reconciler.ReconcilerLike` protocol, so either fits it).
+Checked against the built module by `python -m mypy.stubtest parallelhue._native`
+(`make lint`). The `Reconciler` API is exactly the one of docs/PROTOCOL.md
+("Python-facing API"), shared with `parallelhue.reference.Reconciler` (typed
+like `parallelhue.reconciler.ReconcilerLike`); the dicts and events it hands
+out are the shapes of `parallelhue.shapes`, whose keys the constants below
+list (tests/test_native_types.py holds them equal).
 """
 
 import os
 from types import TracebackType
-from typing import Any, Literal, TypeAlias, TypedDict, final, type_check_only
+from typing import Any, final
+
+from parallelhue.shapes import (
+    Counters,
+    EndKind,
+    Event,
+    ReceiverStats,
+    SourceInfo,
+    StreamStats,
+    Usage,
+)
 
 __all__ = [
+    "COUNTER_KEYS",
+    "END_KINDS",
+    "ERROR_BODY_LIMIT",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
+    "RECEIVER_KEYS",
+    "RECORDING_VERSION",
     "REORDER_WINDOW",
+    "SOURCE_KEYS",
     "SSE_COALESCE_STREAMS",
     "SSE_READ_INTERVAL",
-    "HttpBody",
+    "STAT_KEYS",
+    "HttpStreams",
     "Receiver",
     "Reconciler",
-    "SseParser",
-    "SseReader",
+    "RecordWriter",
     "decode_frame",
+    "decode_recording",
+    "encode_recording",
+    "pack_inputs",
 ]
 
 PROTOCOL_VERSION: int
 MAX_FRAME_BYTES: int
 REORDER_WINDOW: int
-SSE_READ_INTERVAL: float  # seconds; SseReader's default min_interval (Unix only)
+RECORDING_VERSION: int
+STAT_KEYS: list[str]
+COUNTER_KEYS: list[str]
+SOURCE_KEYS: list[str]
+RECEIVER_KEYS: list[str]
+END_KINDS: list[str]
+SSE_READ_INTERVAL: float  # seconds; HttpStreams' default min_interval (Unix only)
 SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
+ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
 
-# drain() events, in the order they happened:
-#   ("span", stream, byte_start, text, step index or None (mixed span), first_offset, n_tokens)
-#   ("exact", stream)
-#   ("failed", stream, reason)
-#   ("run", message)        run-level messages, rejected frames included
-_Event: TypeAlias = tuple[Any, ...]
+# Reconciler.take(): (stream, new SSE text as UTF-8, where each non-empty delta
+# ends (u64 LE byte offsets from the stream's start), one arrival time per
+# delta (f64 LE, time.monotonic's clock), tokens)
+_Text = tuple[int, bytes, bytes, bytes, int]
+# (every stream's spans, 16 bytes a span: u64 LE end offset, u64 LE
+# step | role << 32 with step 0xFFFFFFFF for a mixed span and role 0xFF for
+# none; grouped by stream), [(stream, start, end) byte ranges of each stream's part]
+_SpanRuns = tuple[bytes, list[tuple[int, int, int]]]
+# (stream, end kind or None for a normal finish, HTTP status, detail,
+#  finish_reason, usage, monotonic time)
+_Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
 
 @final
 class Reconciler:
@@ -60,24 +94,30 @@ class Reconciler:
         """The stream's SSE ended normally."""
     def finalize(self) -> None:
         """Every stream that is neither exact nor failed gets its verdict."""
-    def drain(self) -> list[_Event]:
+    def drain(self) -> list[Event]:
         """The events since the previous call."""
-    def stream_stats(self, stream: int) -> dict[str, Any]:
-        """Keys: tokens steps hist drafts_scheduled drafts_padded plain accepted
-        target bonus surplus_tokens surplus_accepted surplus_target surplus_bonus
-        surplus_plain mixed_spans bytes; ints, except `hist`: dict[int, int]
-        (tokens in a settled record -> number of records)."""
-    def totals(self) -> dict[str, Any]:
+    def stream_stats(self, stream: int) -> StreamStats: ...
+    def totals(self) -> StreamStats:
         """`stream_stats` summed over the streams."""
-    def counters(self) -> dict[str, int]:
-        """frames rejected_frames duplicate_frames foreign_records dropped_reported gaps."""
-    def sources(self) -> list[dict[str, Any]]:
-        """One per hello seen: source_id, role ("scheduler" | "frontend"), engine
-        ("vllm" | "simulated"), role_derivation ("none" | "draft_ids" | "counts"),
-        async_scheduling (bool), num_speculative_tokens, plugin_version,
-        engine_version, spec_method."""
+    def counters(self) -> Counters: ...
+    def sources(self) -> list[SourceInfo]:
+        """One per hello seen."""
     def verdict(self, stream: int) -> tuple[str, str | None]:
         """("pending" | "exact" | "failed", the failure reason or None)."""
+    # display.rs
+    def take(self) -> tuple[list[_Text], _SpanRuns, list[Event], list[_Ended]]:
+        """Since the last call, for the screen: new SSE text per stream (from
+        HttpStreams), the spans as runs of that text (grouped by stream), every
+        other event in order, and the streams whose exchange ended."""
+    def push_recorded(self, data: bytes) -> None:
+        """Apply a buffer of recording items (no preamble) in order, the GIL
+        released; ValueError at an invalid item, after the items before it."""
+    def record(self, path: str | os.PathLike[str], header: str) -> None:
+        """Record every input from now on to `path` after `header` (JSON); OSError."""
+    def close_record(self, footer: str | None = None) -> None:
+        """Write the footer (None: interrupted run) and finish the file; OSError."""
+    @property
+    def recording(self) -> bool: ...
 
 def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
     """Decode one datagram into the decoded-meaning dict of tests/vectors/*.json.
@@ -85,129 +125,80 @@ def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
     Raises ValueError with the protocol's exact decoder message.
     """
 
-@type_check_only
-class SseChoice(TypedDict):
-    index: int
-    text: str
-    """`delta.content` (chat) or `text` (completions); "" when absent or null."""
-    token_ids: list[int] | None
-    finish_reason: str | None
+def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | None]:
+    """(header JSON, items, footer JSON or None) of a decompressed recording;
+    items are (time, kind, ...): ("start", s), ("sse", s, text, ids),
+    ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
+    ("reject", reason), ("finalize",). ValueError names what is wrong."""
 
-@type_check_only
-class SseUsage(TypedDict):
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    total_tokens: int | None
+def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
+    """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
 
-@type_check_only
-class SseChunkEvent(TypedDict):
-    kind: Literal["chunk"]
-    id: str | None
-    choices: list[SseChoice]
-    usage: SseUsage | None
-
-@type_check_only
-class SseDoneEvent(TypedDict):
-    """`data: [DONE]`."""
-
-    kind: Literal["done"]
-
-@type_check_only
-class SseOtherEvent(TypedDict):
-    """An event with a non-default `event:` type, passed through."""
-
-    kind: Literal["other"]
-    event: str
-    data: str
-
-@type_check_only
-class SseErrorEvent(TypedDict):
-    """Malformed input (bad JSON, wrong shape, invalid UTF-8, over-long line,
-    an in-stream server error, a body ending inside an event); parsing goes on."""
-
-    kind: Literal["error"]
-    message: str
-
-_SseEvent: TypeAlias = SseChunkEvent | SseDoneEvent | SseOtherEvent | SseErrorEvent
+def pack_inputs(inputs: Any) -> bytes:
+    """push_inputs' items as one push_recorded buffer."""
 
 @final
-class SseParser:
-    """Incremental parser of an OpenAI chat/completions SSE body."""
+class RecordWriter:
+    """A recording fed from Python (the reference path): the tap's encoder and
+    writer, each call one item at the current time. OSError from the file."""
 
-    def __new__(cls) -> SseParser: ...
-    def feed(self, data: bytes) -> list[_SseEvent]:
-        """Feed body bytes (split anywhere); returns the events they complete, in order."""
-    def finish(self) -> list[_SseEvent]:
-        """The body ended; an unterminated event is reported as an error."""
-
-_Framing: TypeAlias = Literal["chunked", "length", "close"]
-
-@final
-class HttpBody:
-    """An HTTP/1.1 response body decoder: chunked, Content-Length ("length",
-    with `length`) or close-delimited. Raises ValueError on a bad framing name."""
-
-    def __new__(cls, framing: _Framing | str, length: int | None = None) -> HttpBody: ...
-    def feed(self, data: bytes) -> bytes:
-        """Bytes from the connection (split anywhere) -> the body bytes they hold.
-        Raises ValueError with the precise framing error; errors are final."""
-    def close(self) -> None:
-        """The connection closed; ValueError if the body was cut short."""
-    @property
-    def complete(self) -> bool:
-        """The whole body was read."""
-
-_Read: TypeAlias = tuple[int, list[str], list[float], int, int]
-_Finished: TypeAlias = tuple[int, str, str | None, str | None, SseUsage | None]
+    def __new__(cls, path: str | os.PathLike[str], header: str) -> RecordWriter: ...
+    def start(self, stream: int) -> None: ...
+    def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def finish(self, stream: int, reason: str | None = None) -> None: ...
+    def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
+    def frames(self, frames: list[bytes]) -> None: ...
+    def reject(self, reason: str) -> None: ...
+    def finalize(self) -> None: ...
+    def close(self, footer: str | None = None) -> None: ...
 
 @final
-class SseReader:
-    """The SSE reading thread: reads handed-over connections without the GIL
-    (HTTP framing, SSE, chunk JSON), pushes each delta (the first choice's text
-    and token ids) into `reconciler` exactly as `Reconciler.push_sse` would, and
-    queues what the screen model needs. With SSE_COALESCE_STREAMS or more
-    connections open, reading rounds are at least `min_interval` seconds apart
+class HttpStreams:
+    """Every stream's HTTP exchange in one Rust thread without the GIL: connect
+    (connect_timeout, also the TLS handshake), TLS for `tls` (rustls; roots:
+    webpki-roots and the system store, SSL_CERT_FILE/SSL_CERT_DIR in its place),
+    the request, the response head, the SSE body. Deltas and ends go into
+    `reconciler` (see Reconciler.take). With SSE_COALESCE_STREAMS or more
+    streams open, reading rounds are at least `min_interval` seconds apart
     (0..1, else ValueError; default SSE_READ_INTERVAL). Unix only."""
 
     def __new__(
-        cls, reconciler: Reconciler | None = None, min_interval: float | None = None
-    ) -> SseReader: ...
+        cls,
+        reconciler: Reconciler,
+        host: str,
+        port: int,
+        tls: bool,
+        shown: str,
+        connect_timeout: float,
+        read_timeout: float | None,
+        write_timeout: float = 30.0,
+        min_interval: float | None = None,
+    ) -> HttpStreams: ...
     def add(
-        self,
-        stream: int,
-        fd: int,
-        framing: _Framing | str,
-        length: int | None,
-        initial: bytes,
-        timeout: float | None,
-    ) -> None:
-        """Read `stream` from `fd` (owned by the reader from now on; -1 for a
-        connection that already closed); `initial` are body bytes read with the
-        head; `timeout` the longest silence (None: none). ValueError for a
-        stream the reconciler would refuse (its own message), a bad framing or
-        a non-positive timeout."""
-    def remove(self, stream: int) -> None:
-        """Stop reading `stream` and close its descriptor (nothing is reported for it)."""
-    def take(self) -> tuple[list[_Read], list[_Finished]]:
-        """Since the last call: reads (stream, non-empty texts, one arrival time
-        per delta, tokens, UTF-8 bytes of the texts), then finished streams
-        (stream, end, message, finish_reason, usage); end is "done" ([DONE]),
-        "eof" (the body ended without it), "error" (bad SSE event), "framing"
-        (broken HTTP framing), "cut" (closed inside the body), "timeout" or "io"."""
+        self, stream: int, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> float:
+        """Start `stream`'s request; returns its start time (time.monotonic's clock,
+        as recorded). ValueError for a stream the reconciler would refuse (its
+        message) or a header that would break the request."""
+    def cancel(self, stream: int) -> None:
+        """End `stream` as "cancelled" (also when its exchange was over)."""
+    def fail(self, stream: int, detail: str) -> None:
+        """End `stream` as "internal" with `detail`."""
     def close(self) -> None:
-        """Stop the thread and close every descriptor it holds. Idempotent."""
+        """Stop the thread and close every connection. Idempotent."""
     @property
     def closed(self) -> bool: ...
     @property
     def failed(self) -> bool:
-        """The thread died (a bug): the streams it held will never finish."""
+        """The thread died (a bug): the streams it held will never end."""
 
 @final
 class Receiver:
     """The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
     SO_PASSCRED; the path must not exist) and pushes every datagram from this
-    uid into `reconciler` from a Rust thread that never takes the GIL.
-    Datagrams from other uids are dropped and counted (`rejected_uid`).
+    uid into `reconciler` (its tap and reconciler, under its lock) from a Rust
+    thread that never takes the GIL. Datagrams from other uids are dropped and
+    counted (`rejected_uid`).
 
     Raises OSError when the socket cannot be bound (path too long for
     sun_path, path exists, directory missing, ...).
@@ -222,8 +213,7 @@ class Receiver:
     def closed(self) -> bool: ...
     def close(self) -> None:
         """Stop the thread (after it pushed what was queued), close, unlink. Idempotent."""
-    def stats(self) -> dict[str, int]:
-        """datagrams, bytes, rejected_uid, oversized, batches, errors, rcvbuf."""
+    def stats(self) -> ReceiverStats: ...
     def __enter__(self) -> Receiver: ...
     def __exit__(
         self,

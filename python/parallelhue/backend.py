@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .metrics import MetricsSnapshot
 from .sanitize import one_line
+from .shapes import SourceInfo
 
 __all__ = ["Backend", "detect_backend"]
 
@@ -37,7 +37,7 @@ class Backend:
         return f"{prefix}backend {self.name} ({self.evidence})"
 
 
-def _from_hello(sources: Sequence[dict[str, Any]]) -> Backend | None:
+def _from_hello(sources: Sequence[SourceInfo]) -> Backend | None:
     schedulers = [s for s in sources if s.get("role") == "scheduler"] or list(sources)
     if not schedulers:
         return None
@@ -65,7 +65,7 @@ def _from_hello(sources: Sequence[dict[str, Any]]) -> Backend | None:
 
 def detect_backend(
     override: str,
-    sources: Sequence[dict[str, Any]],
+    sources: Sequence[SourceInfo],
     metrics: MetricsSnapshot | None,
 ) -> Backend:
     """The backend verdict from the evidence at hand (call again as hellos arrive)."""

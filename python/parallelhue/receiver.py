@@ -1,26 +1,23 @@
-"""The telemetry socket: bind it, receive datagrams, check the sender's uid.
+"""The reference path's telemetry socket: bind it, receive datagrams, check the sender's uid.
 
-Two implementations behind one small interface:
-- `NativeReceiver` wraps `parallelhue._native.Receiver`, a Rust thread that
-  pushes frames straight into the Rust reconciler without the GIL;
-- `PyReceiver` reads the socket from the asyncio loop (no thread) and hands
-  frames to the session, which feeds the reconciler and, with --record, logs
-  them. It is used with --reconciler python and whenever a run is recorded,
-  because the recording needs every raw frame.
+`PyReceiver` reads the run's AF_UNIX datagram socket from the asyncio loop
+(no thread) and hands the frames to the session, which feeds the reference
+reconciler (`--reconciler python`). The shipped path binds the socket in
+Rust instead (`parallelhue._native.Receiver`, a thread that pushes frames
+into the Rust reconciler under its lock, see ingest.py); both check every
+datagram's `SO_PASSCRED` credentials and drop other users' datagrams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import socket
 import struct
 import sys
-from typing import Any, Protocol
 
-__all__ = ["FrameSource", "NativeReceiver", "PyReceiver", "ReceiverError"]
+__all__ = ["PyReceiver", "ReceiverError"]
 
 RCVBUF_BYTES = 8 << 20
 # One more than the protocol's largest datagram, so an oversized one is seen whole
@@ -31,43 +28,6 @@ _UCRED = struct.Struct("iII")  # pid, uid, gid
 
 class ReceiverError(Exception):
     """The socket could not be bound; one line naming the fix."""
-
-
-class FrameSource(Protocol):
-    def take(self) -> list[bytes]:
-        """Frames received since the last call that the session must push itself."""
-        ...
-
-    def close(self) -> None: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-
-class NativeReceiver:
-    """The Rust receiver thread; frames never pass through Python."""
-
-    def __init__(self, path: str, reconciler: Any) -> None:
-        try:
-            # Typed as Any: the stub file belongs to the Rust crate and may lag behind.
-            native: Any = importlib.import_module("parallelhue._native")
-        except ImportError as error:
-            raise ReceiverError(
-                f"the Rust receiver is not built: run `make native` ({error})"
-            ) from None
-        try:
-            self._receiver = native.Receiver(path, reconciler)
-        except (OSError, ValueError) as error:
-            raise ReceiverError(f"cannot bind telemetry socket {path}: {error}") from None
-        self.path = path
-
-    def take(self) -> list[bytes]:
-        return []
-
-    def close(self) -> None:
-        self._receiver.close()
-
-    def stats(self) -> dict[str, int]:
-        return {str(k): int(v) for k, v in dict(self._receiver.stats()).items()}
 
 
 class PyReceiver:

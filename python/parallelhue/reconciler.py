@@ -1,7 +1,9 @@
 """Pick the reconciler: the Rust core (default) or the pure-Python reference.
 
 Both implement the same API and semantics (docs/PROTOCOL.md, "Python-facing
-API"), so the session never needs to know which one it got.
+API"; the shapes of what they return are `shapes.py`), so the reference path
+and replay never need to know which one they got. The shipped path drives the
+Rust one through `ingest.py`.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-__all__ = ["ReconcilerError", "ReconcilerLike", "make_reconciler"]
+from .shapes import Counters, Event, SourceInfo, StreamStats
 
-Event = tuple[Any, ...]
+__all__ = ["ReconcilerError", "ReconcilerLike", "make_reconciler", "reconciler_class"]
 
 
 class ReconcilerError(Exception):
@@ -25,10 +27,10 @@ class ReconcilerLike(Protocol):
     def finish_sse(self, stream: int) -> None: ...
     def finalize(self) -> None: ...
     def drain(self) -> list[Event]: ...
-    def stream_stats(self, stream: int) -> dict[str, Any]: ...
-    def totals(self) -> dict[str, Any]: ...
-    def counters(self) -> dict[str, int]: ...
-    def sources(self) -> list[dict[str, Any]]: ...
+    def stream_stats(self, stream: int) -> StreamStats: ...
+    def totals(self) -> StreamStats: ...
+    def counters(self) -> Counters: ...
+    def sources(self) -> list[SourceInfo]: ...
     def verdict(self, stream: int) -> tuple[str, str | None]: ...
 
 
@@ -43,13 +45,13 @@ def _load(module_name: str, missing_hint: str) -> Any:
     return cls
 
 
+RUST_MISSING = "the Rust reconciler is not built: run `make native`, or use --reconciler python"
+
+
 def reconciler_class(kind: str) -> Any:
     """The Reconciler class for `kind` ("rust" or "python")."""
     if kind == "rust":
-        return _load(
-            "parallelhue._native",
-            "the Rust reconciler is not built: run `make native`, or use --reconciler python",
-        )
+        return _load("parallelhue._native", RUST_MISSING)
     if kind == "python":
         return _load("parallelhue.reference", "the reference reconciler cannot be imported")
     raise ReconcilerError(f"--reconciler must be one of rust, python, got '{kind}'")

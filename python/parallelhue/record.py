@@ -1,93 +1,120 @@
-"""Record a run's inputs and replay them into a fresh reconciler.
+"""`--record` files: the ordered inputs a run's reconciler applied, and reading them back.
 
-The recording is gzip'd JSON lines: a header object, then one array per
-reconciler input in the exact order the session fed them (SSE deltas, SSE
-ends, raw telemetry frames, HTTP errors, finalize), each with its time in
-seconds since the run started, then a footer object with the verdicts and the
-server-wide numbers. Because the reconcilers are deterministic, replaying the
-same inputs in the same order gives the same spans and verdicts; replay checks
-that and says so.
+One format for both paths (version 2, rust/core/src/record.rs): a gzip'd
+stream of binary items — header, each stream's start, every SSE delta, SSE
+finish, telemetry frame and rejected datagram in the order the reconciler
+applied them, each stream's abnormal end, finalize — with times in seconds
+since the run started, then a footer. On the Rust path the tap inside the
+reconciler's lock writes it (`Reconciler.record`); on the reference path
+`RecordWriter`, the same encoder and writer, is fed by the session. Because
+the reconcilers are deterministic, replaying the inputs in the same order
+gives the same spans and verdicts; replay checks that and says so.
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .sanitize import one_line
 
-__all__ = ["FORMAT_VERSION", "Recorder", "Recording", "RecordingError", "read_recording"]
+__all__ = [
+    "FORMAT_VERSION",
+    "RecordWriterLike",
+    "Recording",
+    "RecordingError",
+    "open_writer",
+    "read_recording",
+    "write_recording",
+]
 
-FORMAT_VERSION = 1
-_MAGIC_KEY = "parallelhue_recording"
+FORMAT_VERSION = 2
+# The key of a version-1 recording's JSON header line.
+_V1_MAGIC_KEY = "parallelhue_recording"
 
 
 class RecordingError(Exception):
-    """An unreadable recording; one line naming the problem."""
+    """An unreadable or unwritable recording; one line naming the problem."""
 
 
-class Recorder:
-    """Appends a run's inputs to a gzip'd JSON-lines file as they happen."""
+class RecordWriterLike(Protocol):
+    """The reference path's recorder: one item per call, timed at the call."""
 
-    def __init__(self, path: str, header: dict[str, Any]) -> None:
-        self.path = path
+    def start(self, stream: int) -> None: ...
+    def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def finish(self, stream: int, reason: str | None) -> None: ...
+    def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
+    def frames(self, frames: list[bytes]) -> None: ...
+    def finalize(self) -> None: ...
+    def close(self, footer: dict[str, Any] | None) -> None: ...
+
+
+class _Recorder:
+    """`parallelhue._native.RecordWriter` (the tap's encoder and writer) for a
+    session that feeds its reconciler from Python."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+
+    def start(self, stream: int) -> None:
+        self._writer.start(stream)
+
+    def sse(self, stream: int, text: str, token_ids: list[int]) -> None:
+        self._writer.sse(stream, text, token_ids)
+
+    def finish(self, stream: int, reason: str | None) -> None:
+        self._writer.finish(stream, reason)
+
+    def end(self, stream: int, kind: str, status: int, detail: str) -> None:
+        self._writer.end(stream, kind, status, detail)
+
+    def frames(self, frames: list[bytes]) -> None:
+        self._writer.frames(frames)
+
+    def finalize(self) -> None:
+        self._writer.finalize()
+
+    def close(self, footer: dict[str, Any] | None) -> None:
         try:
-            self._file = gzip.GzipFile(path, "wb", compresslevel=6)
+            self._writer.close(None if footer is None else json.dumps(footer, ensure_ascii=False))
         except OSError as error:
-            raise RecordingError(f"--record: cannot write {path}: {error.strerror}") from None
-        self._start = time.monotonic()
-        self._write({_MAGIC_KEY: FORMAT_VERSION, **header})
+            raise RecordingError(f"--record: writing failed: {error.strerror or error}") from None
 
-    def _write(self, item: object) -> None:
-        self._file.write(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode())
-        self._file.write(b"\n")
 
-    def clock(self) -> float:
-        """Seconds since the run started, rounded as stored: the live run uses these
-        exact values too, so a replay computes the same latencies to the last digit."""
-        return round(time.monotonic() - self._start, 6)
-
-    def start(self, at: float, stream: int) -> None:
-        self._write([at, "start", stream])
-
-    def sse(self, at: float, stream: int, text: str, token_ids: list[int]) -> None:
-        self._write([at, "sse", stream, text, token_ids])
-
-    def finish(self, at: float, stream: int, reason: str) -> None:
-        self._write([at, "fin", stream, reason])
-
-    def error(self, at: float, stream: int, message: str) -> None:
-        self._write([at, "err", stream, message])
-
-    def frames(self, at: float, frames: list[bytes]) -> None:
-        for frame in frames:
-            self._write([at, "frame", base64.b64encode(frame).decode("ascii")])
-
-    def finalize(self, at: float) -> None:
-        self._write([at, "finalize"])
-
-    def close(self, footer: dict[str, Any]) -> None:
-        self._write({"end": self.clock(), **footer})
-        self._file.close()
-
-    def abandon(self) -> None:
-        """Close without a footer (interrupted run); the file stays readable."""
-        self._file.close()
+def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
+    """The reference path's recorder (it needs the native extension: one writer)."""
+    try:
+        from ._native import RecordWriter
+    except ImportError as error:
+        raise RecordingError(
+            f"--record needs the parallelhue._native extension: run `make native` ({error})"
+        ) from None
+    try:
+        writer = RecordWriter(path, json.dumps(header, ensure_ascii=False))
+    except OSError as error:
+        raise RecordingError(f"--record: cannot write {path}: {error.strerror or error}") from None
+    return _Recorder(writer)
 
 
 @dataclass
 class Recording:
     header: dict[str, Any]
-    events: list[list[Any]] = field(default_factory=list)
+    # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("finish", s, reason)
+    # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason) ("finalize",)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
     footer: dict[str, Any] | None = None
 
-    def iter_events(self) -> Iterator[list[Any]]:
-        return iter(self.events)
+
+def _json_object(text: str, what: str, shown: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RecordingError(f"replay: {shown}: the recording's {what} is not a JSON object")
+    return value
 
 
 def read_recording(path: str) -> Recording:
@@ -95,39 +122,47 @@ def read_recording(path: str) -> Recording:
     shown = one_line(path)
     try:
         with gzip.open(path, "rb") as handle:
-            raw_lines = handle.read().splitlines()
+            data = handle.read()
     except (OSError, EOFError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise RecordingError(
             f"replay: {shown} is not a ParallelHue recording ({one_line(reason)})"
         ) from None
-    if not raw_lines:
+    if not data:
         raise RecordingError(f"replay: {shown} is empty")
-    try:
-        header = json.loads(raw_lines[0])
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or _MAGIC_KEY not in header:
-        raise RecordingError(f"replay: {shown} is not a ParallelHue recording")
-    if header[_MAGIC_KEY] != FORMAT_VERSION:
-        raise RecordingError(
-            f"replay: {shown} has recording format {one_line(str(header[_MAGIC_KEY]))}, "
-            f"this build reads {FORMAT_VERSION}"
-        )
-    recording = Recording(header=header)
-    for number, raw in enumerate(raw_lines[1:], start=2):
+    if data.startswith(b"{"):
+        first = data.split(b"\n", 1)[0]
         try:
-            item = json.loads(raw)
+            header = json.loads(first)
         except ValueError:
-            raise RecordingError(f"replay: {shown} line {number} is not JSON") from None
-        if isinstance(item, dict):
-            recording.footer = item
-        elif isinstance(item, list) and len(item) >= 2 and isinstance(item[1], str):
-            recording.events.append(item)
-        else:
-            raise RecordingError(f"replay: {shown} line {number} is not a recorded event")
-    return recording
+            header = None
+        if isinstance(header, dict) and _V1_MAGIC_KEY in header:
+            raise RecordingError(
+                f"replay: {shown} has recording format {one_line(str(header[_V1_MAGIC_KEY]))} "
+                f"(JSON lines), this build reads {FORMAT_VERSION}: record the run again"
+            )
+    try:
+        from ._native import decode_recording
+    except ImportError as error:
+        raise RecordingError(
+            f"replay needs the parallelhue._native extension: run `make native` ({error})"
+        ) from None
+    try:
+        header_text, events, footer_text = decode_recording(data)
+    except ValueError as error:
+        raise RecordingError(f"replay: {shown}: {one_line(str(error))}") from None
+    header = _json_object(header_text, "header", shown)
+    footer = None if footer_text is None else _json_object(footer_text, "footer", shown)
+    return Recording(header=header, events=list(events), footer=footer)
 
 
-def decode_frame_field(value: str) -> bytes:
-    return base64.b64decode(value.encode("ascii"), validate=True)
+def write_recording(path: str, recording: Recording) -> None:
+    """Write `recording` (e.g. an edited one) to `path`, items with their times.
+
+    For tools and tests; live runs write through the tap or `open_writer`."""
+    from ._native import encode_recording
+
+    footer = None if recording.footer is None else json.dumps(recording.footer)
+    data = encode_recording(json.dumps(recording.header), recording.events, footer)
+    with gzip.open(path, "wb") as handle:
+        handle.write(data)

@@ -17,11 +17,14 @@ from rich.console import Console
 
 from .backend import detect_backend
 from .config import ReplayConfig
+from .feed import Feed
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
-from .record import Recording, RecordingError, decode_frame_field, read_recording
+from .record import Recording, RecordingError, read_recording
+from .sanitize import one_line
 from .session import RunDriver, SetupError, outcome
 from .state import RunModel, StreamState
+from .streams import StreamStopped
 from .views import REFRESH_HZ, make_view
 
 __all__ = ["replay"]
@@ -69,23 +72,34 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         reconciler_kind=config.reconciler,
     )
     model.started_at = 0.0
-    driver = RunDriver(model, reconciler, None, override, metrics)
+    timeout = float(header.get("timeout", 60.0))
+    feed = Feed(model, timeout=timeout, backend_override=override, metrics_before=metrics)
+    driver = RunDriver(model, feed, reconciler)
     return model, driver
 
 
-def _apply(driver: RunDriver, event: list[Any]) -> bool:
+def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     """Feed one recorded input; True when it was the finalize call."""
     kind = event[1]
     if kind == "start":
         driver.start(int(event[2]))
     elif kind == "sse":
-        driver.on_delta(int(event[2]), str(event[3]), [int(t) for t in event[4]])
-    elif kind == "fin":
-        driver.on_finish(int(event[2]), str(event[3]))
-    elif kind == "err":
-        driver.on_error(int(event[2]), str(event[3]))
+        stream = int(event[2])
+        try:
+            driver.on_delta(stream, str(event[3]), [int(t) for t in event[4]])
+        except StreamStopped:
+            pass  # failed as in the live run; its reason is on the model
+        except Exception as error:  # as the live run's reader did: this stream only
+            driver.on_end(stream, "internal", 0, f"{type(error).__name__}: {error}")
+    elif kind == "finish":
+        driver.on_finish(int(event[2]), event[3])
+    elif kind == "end":
+        driver.on_end(int(event[2]), event[3], int(event[4]), str(event[5]))
     elif kind == "frame":
-        driver.frames([decode_frame_field(str(event[2]))])
+        driver.frames([bytes(event[2])])
+    elif kind == "reject":
+        # A datagram refused before decoding (oversized): a run message, no input.
+        driver.model.run_messages.append(one_line(f"rejected frame: {event[2]}"))
     elif kind == "finalize":
         driver.finalize()
         return True
@@ -116,7 +130,7 @@ async def replay(config: ReplayConfig, console: Console) -> tuple[int, str | Non
     try:
         wall_start = time.monotonic()
         last_refresh = 0.0
-        for event in recording.iter_events():
+        for event in recording.events:
             try:
                 at = float(event[0])
                 if not math.isinf(config.speed):

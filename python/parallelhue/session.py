@@ -1,9 +1,17 @@
-"""One run: the socket, the reconciler, the streams, the view, the verdicts.
+"""One live run: the socket, the reconciler, the streams, the view, the verdicts.
 
-`RunDriver` holds the run's state and is the only place inputs reach the
-reconciler (so a recording captures them in order, and replay reuses it).
-`Session` adds the live parts: socket directory and receiver, the HTTP
-streams, the refresh task, the grace period for late telemetry and cleanup.
+A run takes one of two paths, chosen by `--reconciler`:
+- `rust` (the shipped path, `ingest.RustIngest`): Rust threads do every
+  stream's HTTP exchange and read the telemetry socket; the reconciler, the
+  `--record` tap and the screen's queue share one lock; Python applies one
+  packed batch per refresh to the screen model.
+- `python` (the reference path, `ReferenceIngest` here): httpx streams and
+  `PyReceiver` on this event loop feed the pure-Python reference reconciler
+  through `RunDriver`, which `replay` reuses.
+
+`Session` does what both share: model discovery, `/metrics`, the loop that
+polls and redraws, exact mode's fail-closed stop, the grace period for late
+telemetry, finalize, the outcome, cleanup.
 """
 
 from __future__ import annotations
@@ -13,9 +21,9 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -30,27 +38,34 @@ from parallelhue_vllm.wire import request_id
 from .backend import detect_backend
 from .config import RunConfig
 from .endpoint import api_base
-from .metrics import MetricsSnapshot, fetch_metrics, server_deltas
-from .receiver import FrameSource, NativeReceiver, PyReceiver, ReceiverError
-from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
-from .record import Recorder
+from .feed import Feed
+from .metrics import fetch_metrics, server_deltas
+from .receiver import PyReceiver, ReceiverError
+from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
+from .record import RecordingError, RecordWriterLike, open_writer
 from .sanitize import one_line
+from .shapes import EndKind, Usage
 from .state import RunModel, StreamState
-from .stream_reader import NativeStreamReader
-from .streams import (
-    StreamRequest,
-    build_body,
-    connect_reason,
-    make_client,
-    native_parser_factory,
-    run_stream,
-)
+from .stream_errors import connect_reason
+from .streams import StreamRequest, StreamStopped, build_body, make_client, read_stream
 from .views import View
 
-__all__ = ["GRACE_SECONDS", "RunDriver", "Session", "SessionResult", "SetupError", "outcome"]
+if TYPE_CHECKING:
+    from .ingest import RustIngest
+
+__all__ = [
+    "GRACE_SECONDS",
+    "ReferenceIngest",
+    "RunDriver",
+    "Session",
+    "SessionResult",
+    "SetupError",
+    "outcome",
+]
 
 # After the last SSE stream ends, how long late telemetry may still arrive.
 GRACE_SECONDS = 2.0
+# How often the reference path (and the grace period) look for news.
 PUMP_INTERVAL = 0.02
 
 
@@ -66,83 +81,68 @@ class SessionResult:
 
 
 class RunDriver:
-    """Feeds the reconciler and the screen model; records every input in order."""
+    """The reference path's and replay's inputs: each goes to the recording (if
+    any), the reconciler and the screen model, in the order it happened."""
 
     def __init__(
         self,
         model: RunModel,
+        feed: Feed,
         reconciler: ReconcilerLike | None,
-        recorder: Recorder | None = None,
-        backend_override: str = "auto",
-        metrics_before: MetricsSnapshot | None = None,
+        recorder: RecordWriterLike | None = None,
     ) -> None:
         self.model = model
+        self.feed = feed
         self.reconciler = reconciler
         self.recorder = recorder
-        self.backend_override = backend_override
-        self.metrics_before = metrics_before
-        self.on_failure: Callable[[int], None] | None = None
-        # The replayer swaps in the recording's clock so times match the original run;
-        # a recorded run uses the recorder's clock so both hold the same numbers.
-        self.clock: Callable[[], float] = recorder.clock if recorder else time.monotonic
+        # The replayer swaps in the recording's clock so times match the original run.
+        self.clock: Callable[[], float] = time.monotonic
 
-    # --- inputs (StreamSink) ------------------------------------------------------
+    # --- inputs (streams.StreamSink) ------------------------------------------------
 
     def start(self, stream: int) -> None:
-        now = self.clock()
-        self.model.streams[stream].started_at = now
+        self.model.streams[stream].started_at = self.clock()
         if self.recorder is not None:
-            self.recorder.start(now, stream)
+            self.recorder.start(stream)
 
     def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None:
-        now = self.clock()
-        self.model.streams[stream].add_delta(text, token_ids, now)
+        self.model.streams[stream].add_delta(text, token_ids, self.clock())
         if self.recorder is not None:
-            self.recorder.sse(now, stream, text, token_ids)
+            self.recorder.sse(stream, text, token_ids)
         if self.reconciler is not None:
             try:
                 self.reconciler.push_sse(stream, text, token_ids)
             except ValueError as error:  # e.g. a token id outside u32
-                self.on_error(stream, f"invalid SSE data: {one_line(str(error))}")
+                self.feed.stream_error(stream, f"invalid SSE data: {one_line(str(error))}")
+                raise StreamStopped from None
 
-    def on_reads(
-        self, stream: int, texts: list[str], times: list[float], tokens: int, text_bytes: int
-    ) -> None:
-        """Deltas the Rust SSE thread read and already pushed into the reconciler
-        (never while recording: a recording needs each input in order, via `on_delta`)."""
-        self.model.streams[stream].add_reads(texts, times, tokens, text_bytes)
-
-    def on_finish(self, stream: int, finish_reason: str) -> None:
-        state = self.model.streams[stream]
-        state.sse_finished = True
-        state.finish_reason = finish_reason
+    def on_finish(self, stream: int, finish_reason: str | None) -> None:
         if self.recorder is not None:
-            self.recorder.finish(self.clock(), stream, finish_reason)
+            self.recorder.finish(stream, finish_reason)
         if self.reconciler is not None:
             self.reconciler.finish_sse(stream)
+        self.feed.end(stream, None, 0, "", finish_reason)
 
-    def on_error(self, stream: int, message: str) -> None:
-        self.model.streams[stream].fail_http(message)
+    def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None:
         if self.recorder is not None:
-            self.recorder.error(self.clock(), stream, message)
-        if self.on_failure is not None:
-            self.on_failure(stream)
+            self.recorder.end(stream, kind, status, detail)
+        self.feed.end(stream, kind, status, detail)
 
-    def on_usage(self, stream: int, usage: dict[str, Any]) -> None:
+    def on_usage(self, stream: int, usage: Usage) -> None:
         self.model.streams[stream].usage = usage
 
     def frames(self, frames: list[bytes]) -> None:
         if not frames or self.reconciler is None:
             return
         if self.recorder is not None:
-            self.recorder.frames(self.clock(), frames)
+            self.recorder.frames(frames)
         self.reconciler.push_frames(frames)
 
     def finalize(self) -> None:
         if self.reconciler is None:
             return
         if self.recorder is not None:
-            self.recorder.finalize(self.clock())
+            self.recorder.finalize()
         self.reconciler.finalize()
         self.apply_events()
         self.update_stats()
@@ -150,55 +150,32 @@ class RunDriver:
     # --- outputs -------------------------------------------------------------------
 
     def apply_events(self) -> None:
-        if self.reconciler is None:
-            return
-        streams = self.model.streams
-        for event in self.reconciler.drain():
-            kind = event[0]
-            if kind == "span":
-                _, stream, byte_start, text, step_index, _first, _count = event
-                streams[stream].add_span(int(byte_start), str(text), step_index)
-            elif kind == "exact":
-                streams[event[1]].verdict = "exact"
-            elif kind == "failed":
-                state = streams[event[1]]
-                state.verdict = "failed"
-                state.reason = str(event[2])
-                if self.on_failure is not None:
-                    self.on_failure(event[1])
-            elif kind == "run":
-                self.model.run_messages.append(one_line(str(event[1])))
+        if self.reconciler is not None:
+            self.feed.events(self.reconciler.drain())
 
     def update_stats(self) -> None:
-        reconciler = self.reconciler
-        if reconciler is None:
-            return
-        for state in self.model.streams:
-            state.stats = dict(reconciler.stream_stats(state.index))
-        self.model.totals = dict(reconciler.totals())
-        self.model.counters = {str(k): int(v) for k, v in reconciler.counters().items()}
-        sources = [dict(source) for source in reconciler.sources()]
-        if len(sources) != len(self.model.sources):
-            self.model.sources = sources
-            self.update_backend(sources)
-
-    def update_backend(self, sources: list[dict[str, Any]]) -> None:
-        self.model.backend = detect_backend(self.backend_override, sources, self.metrics_before)
-
-    def all_settled(self) -> bool:
-        """Every stream that can still get a verdict has one."""
-        return all(s.verdict != "pending" or s.error is not None for s in self.model.streams)
+        if self.reconciler is not None:
+            self.feed.stats(self.reconciler)
 
 
 def outcome(model: RunModel) -> tuple[int, str | None]:
     """Exit code and one-line message for a finished run."""
     streams = model.streams
     if model.mode == "exact":
-        for state in streams:
-            if state.verdict != "exact":
-                why = state.error or state.reason or "no verdict"
-                return 2, f"exact mode: stream {state.index} is not exact: {one_line(why)}"
-        return 0, None
+        if all(s.verdict == "exact" for s in streams):
+            return 0, None
+        # The stream that failed first is to blame, with its own reason; the
+        # streams stopped because of it are cancelled, not "not exact".
+        blamed = next((s for s in streams if s.index == model.first_failure), None)
+        if blamed is None:
+            blamed = next(s for s in streams if s.verdict != "exact" and not s.cancelled)
+        why = blamed.error or blamed.reason or "no verdict"
+        message = f"exact mode: stream {blamed.index} is not exact: {one_line(why)}"
+        cancelled = sum(1 for s in streams if s.cancelled and s.verdict != "exact")
+        if cancelled:
+            plural = "stream was" if cancelled == 1 else "streams were"
+            message += f"; {cancelled} {plural} cancelled because of it"
+        return 2, message
     failed = [s for s in streams if s.error is not None]
     if failed:
         first = failed[0]
@@ -207,11 +184,6 @@ def outcome(model: RunModel) -> tuple[int, str | None]:
             f"stream {first.index}: {one_line(first.error or '')}"
         )
     return 0, None
-
-
-def _collect(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def new_run_id() -> str:
@@ -262,6 +234,109 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
 
 
 ViewFactory = Callable[[RunModel], View]
+Requests = list[tuple[StreamRequest, dict[str, Any]]]
+
+
+class IngestPath(Protocol):
+    """What the session's loop needs of either path."""
+
+    def start(self) -> None: ...
+    def poll(self) -> None: ...
+    def streams_done(self) -> bool: ...
+    def cancel(self, stream: int) -> None: ...
+    def update_stats(self) -> None: ...
+    def finalize(self) -> None: ...
+    def close(self, footer: dict[str, Any] | None = None) -> None: ...
+
+
+class ReferenceIngest:
+    """The reference path: httpx streams and `PyReceiver` on this event loop."""
+
+    def __init__(
+        self,
+        model: RunModel,
+        feed: Feed,
+        client: httpx.AsyncClient,
+        *,
+        run_id: str,
+        endpoint: str,
+        requests: Requests,
+        socket_path: str | None,
+        record: tuple[str, dict[str, Any]] | None,
+    ) -> None:
+        self.model = model
+        self.client = client
+        self.endpoint = endpoint
+        self.requests = requests
+        reconciler: ReconcilerLike | None = None
+        if model.mode != "chunk":
+            try:
+                reconciler = make_reconciler("python", run_id, len(model.streams))
+            except ReconcilerError as error:
+                raise SetupError(str(error)) from None
+        recorder = open_writer(*record) if record is not None else None
+        self.receiver: PyReceiver | None = None
+        if reconciler is not None and socket_path is not None:
+            try:
+                self.receiver = PyReceiver(socket_path)
+            except ReceiverError:
+                if recorder is not None:
+                    recorder.close(None)
+                raise
+        self.driver = RunDriver(model, feed, reconciler, recorder)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._closed = False
+
+    def start(self) -> None:
+        # The socket is read from this loop: the readers yield after every event.
+        yield_each_read = self.receiver is not None
+        for request, body in self.requests:
+            self.driver.start(request.index)
+            self.tasks[request.index] = asyncio.create_task(
+                read_stream(
+                    self.client,
+                    self.endpoint,
+                    body,
+                    request,
+                    self.driver,
+                    yield_each_read=yield_each_read,
+                )
+            )
+
+    def poll(self) -> None:
+        if self.receiver is not None:
+            self.driver.frames(self.receiver.take())
+        self.driver.apply_events()
+
+    def streams_done(self) -> bool:
+        return all(task.done() for task in self.tasks.values())
+
+    def cancel(self, stream: int) -> None:
+        task = self.tasks.get(stream)
+        if task is not None and not task.done():
+            task.cancel()
+        self.driver.on_end(stream, "cancelled", 0, "")
+
+    def update_stats(self) -> None:
+        self.driver.update_stats()
+
+    def finalize(self) -> None:
+        self.poll()
+        self.driver.finalize()
+
+    def close(self, footer: dict[str, Any] | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self.tasks.values():
+            task.cancel()
+        if self.receiver is not None:
+            self.receiver.close()
+        if self.driver.recorder is not None:
+            self.driver.recorder.close(footer)
+
+    def receiver_stats(self) -> Mapping[str, object]:
+        return self.receiver.stats() if self.receiver is not None else {}
 
 
 class Session:
@@ -275,8 +350,13 @@ class Session:
         simulated: bool = False,
         title: str = "ParallelHue",
         run_id: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+        grace: float | None = None,
     ) -> None:
         self.config = config
+        # Request fields no flag sets (tests: stop strings); None: GRACE_SECONDS.
+        self.extra_body = dict(extra_body or {})
+        self.grace = grace
         self.view_factory = view_factory
         self.simulated = simulated
         self.title = title
@@ -284,55 +364,88 @@ class Session:
         self.socket_path = resolve_socket(config.mode, config.socket_dir, self.run_id)
         self.model_name: str | None = config.model
         self._abort = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._stream_reader: NativeStreamReader | None = None
+        self.path: RustIngest | ReferenceIngest | None = None
 
-    def _recorder(self) -> Recorder | None:
+    def _header(self) -> dict[str, Any]:
         cfg = self.config
-        if cfg.record is None:
-            return None
-        return Recorder(
-            cfg.record,
-            {
-                "run_id": self.run_id,
-                "num_streams": cfg.concurrency,
-                "mode": cfg.mode,
-                "backend_override": cfg.backend,
-                "simulated": self.simulated,
-                "model": self.model_name,
-                "max_tokens": cfg.max_tokens,
-                "prompts": cfg.prompts,
-                "started_unix": time.time(),
-            },
+        return {
+            "run_id": self.run_id,
+            "num_streams": cfg.concurrency,
+            "mode": cfg.mode,
+            "backend_override": cfg.backend,
+            "simulated": self.simulated,
+            "model": self.model_name,
+            "max_tokens": cfg.max_tokens,
+            "prompts": cfg.prompts,
+            "timeout": cfg.timeout,
+            "reconciler": cfg.reconciler,
+            "started_unix": time.time(),
+        }
+
+    def _requests(self) -> Requests:
+        cfg = self.config
+        assert self.model_name is not None
+        requests: Requests = []
+        for index, prompt in enumerate(cfg.prompts):
+            request = StreamRequest(
+                index=index,
+                request_id=request_id(self.run_id, index),
+                prompt=prompt,
+                seed=(cfg.seed + index) % 2**32,
+            )
+            body = build_body(
+                cfg.endpoint, self.model_name, request, cfg.max_tokens, cfg.temperature
+            )
+            body.update(self.extra_body)
+            requests.append((request, body))
+        return requests
+
+    def _open_path(
+        self, model: RunModel, feed: Feed, client: httpx.AsyncClient
+    ) -> RustIngest | ReferenceIngest:
+        cfg = self.config
+        record = (cfg.record, self._header()) if cfg.record is not None else None
+        socket = self.socket_path if cfg.mode != "chunk" else None
+        if cfg.reconciler == "python":
+            return ReferenceIngest(
+                model,
+                feed,
+                client,
+                run_id=self.run_id,
+                endpoint=cfg.endpoint,
+                requests=self._requests(),
+                socket_path=socket,
+                record=record,
+            )
+        from .ingest import RustIngest
+
+        ingest = RustIngest(
+            model,
+            feed,
+            run_id=self.run_id,
+            endpoint=cfg.endpoint,
+            requests=self._requests(),
+            api_key=cfg.api_key,
+            timeout=cfg.timeout,
+            socket_path=socket,
+            record=record,
         )
+        model.arrival_note = ingest.arrival_note()
+        return ingest
 
     async def run(self) -> SessionResult:
         cfg = self.config
-        reconciler: ReconcilerLike | None = None
-        if cfg.mode != "chunk":
-            try:
-                reconciler = make_reconciler(cfg.reconciler, self.run_id, cfg.concurrency)
-            except ReconcilerError as error:
-                raise SetupError(str(error)) from None
-
+        try:
+            reconciler_class(cfg.reconciler)  # a missing extension is a setup error now
+        except ReconcilerError as error:
+            raise SetupError(str(error)) from None
         client = make_client(cfg.concurrency, cfg.timeout, cfg.api_key)
-        receiver: FrameSource | None = None
-        recorder: Recorder | None = None
         view: View | None = None
-        model: RunModel | None = None
+        path: RustIngest | ReferenceIngest | None = None
         try:
             if self.model_name is None:
                 self.model_name = await discover_model(client, cfg.endpoint)
             metrics_before = await fetch_metrics(client, cfg.endpoint)
-            if reconciler is not None:
-                try:
-                    if cfg.reconciler == "rust" and cfg.record is None:
-                        receiver = NativeReceiver(self.socket_path, reconciler)
-                    else:
-                        receiver = PyReceiver(self.socket_path)
-                except ReceiverError as error:
-                    raise SetupError(str(error)) from None
-            recorder = self._recorder()
             streams = [
                 StreamState(index=i, mode=cfg.mode, prompt=prompt)
                 for i, prompt in enumerate(cfg.prompts)
@@ -346,143 +459,85 @@ class Session:
                 simulated=self.simulated,
                 reconciler_kind=cfg.reconciler,
             )
-            driver = RunDriver(model, reconciler, recorder, cfg.backend, metrics_before)
+            feed = Feed(
+                model,
+                timeout=cfg.timeout,
+                backend_override=cfg.backend,
+                metrics_before=metrics_before,
+            )
             if cfg.mode == "exact":
-                driver.on_failure = lambda _stream: self._abort.set()
+                feed.on_failure = lambda _stream: self._abort.set()
+            try:
+                path = self.path = self._open_path(model, feed, client)
+            except ReceiverError as error:
+                raise SetupError(str(error)) from None
             view = self.view_factory(model)
             view.start()
-            await self._drive(client, driver, receiver, view)
+            await self._drive(path, model, feed, view)
             model.server_deltas = server_deltas(
                 metrics_before, await fetch_metrics(client, cfg.endpoint)
             )
             model.ended_at = time.monotonic()
             model.finished = True
-            if recorder is not None:
-                recorder.close(
-                    {
-                        "verdicts": [[s.verdict, s.reason] for s in model.streams],
-                        "errors": [s.error for s in model.streams],
-                        "server_deltas": model.server_deltas,
-                        "metrics_has_spec_decode": bool(
-                            metrics_before is not None and metrics_before.has_spec_decode
-                        ),
-                        "wall_seconds": model.ended_at - model.started_at,
-                    }
-                )
-                recorder = None
+            footer = {
+                "verdicts": [[s.verdict, s.reason] for s in model.streams],
+                "errors": [s.error for s in model.streams],
+                "server_deltas": model.server_deltas,
+                "metrics_has_spec_decode": bool(
+                    metrics_before is not None and metrics_before.has_spec_decode
+                ),
+                "wall_seconds": model.ended_at - model.started_at,
+            }
+            path.close(footer)
             view.stop()
             view = None
             code, message = outcome(model)
             return SessionResult(code, message, model)
         finally:
-            for task in self._tasks:
-                task.cancel()
-            if self._stream_reader is not None:
-                self._stream_reader.close()
             if view is not None:
                 with contextlib.suppress(Exception):
                     view.abort()
-            if recorder is not None:
-                recorder.abandon()
-            if receiver is not None:
-                receiver.close()
+            if path is not None:
+                with contextlib.suppress(RecordingError):
+                    path.close(None)
             await client.aclose()
 
     async def _drive(
-        self,
-        client: httpx.AsyncClient,
-        driver: RunDriver,
-        receiver: FrameSource | None,
-        view: View,
+        self, path: RustIngest | ReferenceIngest, model: RunModel, feed: Feed, view: View
     ) -> None:
-        cfg = self.config
-        assert self.model_name is not None
-        # The Rust SSE parser goes with the Rust reconciler; --reconciler python parses
-        # SSE in Python (the reference path). A socket read from this loop needs the
-        # readers to yield after every read.
-        parser_factory = native_parser_factory() if cfg.reconciler == "rust" else None
-        yield_each_read = isinstance(receiver, PyReceiver)
-        # The Rust SSE thread pushes deltas into the Rust reconciler itself, so it
-        # needs that reconciler and no recorder (which must see every input).
-        if parser_factory is not None and driver.recorder is None:
-            self._stream_reader = NativeStreamReader.create(driver.reconciler, driver)
-            if self._stream_reader is not None:
-                driver.model.arrival_note = self._stream_reader.arrival_note()
-        stream_tasks: list[asyncio.Task[None]] = []
-        for index, prompt in enumerate(cfg.prompts):
-            request = StreamRequest(
-                index=index,
-                request_id=request_id(self.run_id, index),
-                prompt=prompt,
-                seed=(cfg.seed + index) % 2**32,
-            )
-            body = build_body(
-                cfg.endpoint, self.model_name, request, cfg.max_tokens, cfg.temperature
-            )
-            driver.start(index)
-            stream_tasks.append(
-                asyncio.create_task(
-                    run_stream(
-                        client,
-                        cfg.endpoint,
-                        body,
-                        request,
-                        driver,
-                        cfg.timeout,
-                        parser_factory=parser_factory,
-                        yield_each_read=yield_each_read,
-                        stream_reader=self._stream_reader,
-                    )
-                )
-            )
-        pump = asyncio.create_task(self._pump(driver, receiver))
-        refresher = asyncio.create_task(self._refresh(driver, view))
-        self._tasks = [*stream_tasks, pump, refresher]
-
-        all_streams: asyncio.Future[Any] = asyncio.gather(*stream_tasks)
-        # On Ctrl-C the streams are cancelled from outside; collect that quietly.
-        all_streams.add_done_callback(_collect)
-        abort_wait: asyncio.Task[Any] = asyncio.create_task(self._abort.wait())
-        self._tasks.append(abort_wait)
-        await asyncio.wait([all_streams, abort_wait], return_when=asyncio.FIRST_COMPLETED)
+        # The Rust path's threads work on their own: Python collects at the
+        # render rate. The reference path's socket and streams share this loop.
+        interval = view.refresh_interval if self.config.reconciler == "rust" else PUMP_INTERVAL
+        path.start()
+        last_refresh = 0.0
+        while True:
+            path.poll()
+            if self._abort.is_set() or path.streams_done():
+                break
+            now = time.monotonic()
+            if now - last_refresh >= view.refresh_interval:
+                path.update_stats()
+                view.refresh()
+                last_refresh = now
+            await asyncio.sleep(interval)
+        if not self._abort.is_set():
+            await self._grace(path, feed)
         if self._abort.is_set():
-            # exact mode fails closed: the first failure stops every stream.
-            for task in stream_tasks:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await all_streams
-        else:
-            abort_wait.cancel()
-            await self._grace(driver, receiver)
-        pump.cancel()
-        if receiver is not None:
-            driver.frames(receiver.take())
-        driver.apply_events()
-        driver.finalize()
-        refresher.cancel()
+            # exact mode fails closed: the first failure stops every stream that
+            # has not been proven or failed on its own.
+            for state in model.streams:
+                if state.verdict == "pending" and state.error is None:
+                    path.cancel(state.index)
+            await asyncio.sleep(0)  # let cancelled reference tasks unwind
+        path.finalize()
         view.refresh()
 
-    async def _grace(self, driver: RunDriver, receiver: FrameSource | None) -> None:
-        if driver.reconciler is None:
+    async def _grace(self, path: RustIngest | ReferenceIngest, feed: Feed) -> None:
+        if self.config.mode == "chunk":
             return
-        deadline = time.monotonic() + GRACE_SECONDS
+        deadline = time.monotonic() + (GRACE_SECONDS if self.grace is None else self.grace)
         while time.monotonic() < deadline and not self._abort.is_set():
-            if receiver is not None:
-                driver.frames(receiver.take())
-            driver.apply_events()
-            if driver.all_settled():
+            path.poll()
+            if feed.all_settled():
                 return
             await asyncio.sleep(PUMP_INTERVAL)
-
-    async def _pump(self, driver: RunDriver, receiver: FrameSource | None) -> None:
-        while True:
-            if receiver is not None:
-                driver.frames(receiver.take())
-            driver.apply_events()
-            await asyncio.sleep(PUMP_INTERVAL)
-
-    async def _refresh(self, driver: RunDriver, view: View) -> None:
-        while True:
-            driver.update_stats()
-            view.refresh()
-            await asyncio.sleep(view.refresh_interval)

@@ -5,19 +5,28 @@ coloring rule lives here so every view (and the export) applies it the same
 way: a character is colored by its engine step only inside a span the
 reconciler proved; a mixed span stays uncolored; `SSE CHUNK MODE` colors by SSE
 chunk; nothing is colored for a non-speculative server or under NO_COLOR.
+
+A stream's SSE text is stored once, as UTF-8; its chunks and the proven spans
+are runs of that text (end offsets with their steps), which is how the Rust
+path delivers them (`Reconciler.take`): a redraw decodes only what it shows.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import time
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import Backend
 from .sanitize import one_line
+from .shapes import SourceInfo, Usage
 
 __all__ = [
+    "LABEL_CANCELLED",
     "LABEL_CHUNK",
     "LABEL_ERROR",
     "LABEL_EXACT",
@@ -37,8 +46,117 @@ LABEL_CHUNK = "SSE CHUNK MODE"
 LABEL_VERIFYING = "VERIFYING"
 LABEL_NOT_EXACT = "NOT EXACT"
 LABEL_ERROR = "ERROR"
+LABEL_CANCELLED = "CANCELLED"
 
 Segment = tuple[str, int | None]  # text (raw, sanitized by the renderer), xterm color
+
+
+class _Runs:
+    """Runs of one stream's UTF-8 text: run `i` is `data[ends[i-1]:ends[i]]`."""
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, data: bytearray, ends: array[int]) -> None:
+        self._data = data
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def text(self, i: int) -> str:
+        if i < 0:
+            i += len(self._ends)
+        start = self._ends[i - 1] if i > 0 else 0
+        return self._data[start : self._ends[i]].decode("utf-8", "replace")
+
+    def __getitem__(self, i: int) -> str:
+        return self.text(i)
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.text(i) for i in range(len(self._ends)))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another run view or list with the same items (tests compare runs)."""
+        if isinstance(other, _Runs | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class _Spans:
+    """The proven spans as (text, step index or None for a mixed span).
+
+    `records` holds two u64 words per span, as the Rust path packs them
+    (rust/core/src/fed.rs `SpanRuns`): its end offset in the stream's UTF-8
+    text, then `step | role << 32` (step 0xFFFFFFFF: mixed; role 0xFF: none).
+    """
+
+    __slots__ = ("_data", "_records")
+
+    def __init__(self, data: bytearray, records: array[int]) -> None:
+        self._data = data
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records) // 2
+
+    def end(self, i: int) -> int:
+        return self._records[2 * i]
+
+    def text(self, i: int) -> str:
+        if i < 0:
+            i += len(self)
+        start = self._records[2 * i - 2] if i > 0 else 0
+        return self._data[start : self._records[2 * i]].decode("utf-8", "replace")
+
+    def step(self, i: int) -> int | None:
+        value = self._records[2 * i + 1] & _NO_STEP
+        return None if value == _NO_STEP else value
+
+    def role(self, i: int) -> int | None:
+        value = (self._records[2 * i + 1] >> 32) & _NO_ROLE
+        return None if value == _NO_ROLE else value
+
+    def __getitem__(self, i: int) -> tuple[str, int | None]:
+        return self.text(i), self.step(i)
+
+    def __iter__(self) -> Iterator[tuple[str, int | None]]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another span view or list with the same items (tests compare runs)."""
+        if isinstance(other, _Spans | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"_Spans({list(self)!r})"
+
+
+_NO_STEP = 0xFFFFFFFF
+_NO_ROLE = 0xFF
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _append_le(target: array[int] | array[float], data: bytes | memoryview) -> None:
+    """Append little-endian packed values (how the Rust path sends them)."""
+    if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
+        extra: array[Any] = array(target.typecode)
+        extra.frombytes(data)
+        extra.byteswap()
+        target.extend(extra)
+    else:
+        target.frombytes(data)
+
+
+def _color(step: int | None, colorize: bool) -> int | None:
+    return PALETTE[step % len(PALETTE)] if colorize and step is not None else None
 
 
 # Compact reprs: asyncio's end-of-run signal bookkeeping (Python 3.11) formats
@@ -49,63 +167,88 @@ class StreamState:
     index: int
     mode: str  # the run's mode: exact, auto or chunk
     prompt: str = ""
-    chunks: list[str] = field(default_factory=list)
-    sse_byte_count: int = 0  # UTF-8 bytes of the SSE text so far
+    sse_utf8: bytearray = field(default_factory=bytearray)  # the SSE text, once
+    chunk_ends: array[int] = field(default_factory=lambda: array("Q"))  # non-empty deltas
     sse_tokens: int = 0
-    spans: list[tuple[str, int | None]] = field(default_factory=list)
-    # The last span's start and text: proven_bytes is computed from them when read
-    # (once per redraw), not for every span.
-    last_span: tuple[int, str] = (0, "")
+    # The proven spans, two words each (see _Spans): end offset, step | role << 32.
+    span_records: array[int] = field(default_factory=lambda: array("Q"))
     verdict: str = "pending"  # pending, exact, failed
     reason: str | None = None
     error: str | None = None  # the HTTP stream's own failure
+    cancelled: bool = False  # stopped by the client (exact mode, after another failed)
     sse_finished: bool = False
     finish_reason: str | None = None
     started_at: float | None = None
     first_token_at: float | None = None
-    delta_times: list[float] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
-    stats: dict[str, Any] = field(default_factory=dict)  # reconciler stream_stats
+    delta_times: array[float] = field(default_factory=lambda: array("d"))
+    usage: Usage | None = None
+    # reconciler.stream_stats (a StreamStats once the first update arrived)
+    stats: Mapping[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (
             f"StreamState(index={self.index}, mode={self.mode!r}, verdict={self.verdict!r}, "
-            f"sse_tokens={self.sse_tokens}, chunks={len(self.chunks)}, spans={len(self.spans)})"
+            f"sse_tokens={self.sse_tokens}, chunks={len(self.chunk_ends)}, "
+            f"spans={len(self.span_records) // 2})"
         )
 
     # --- inputs -----------------------------------------------------------------
 
     def add_delta(self, text: str, token_ids: list[int], now: float) -> None:
+        """One SSE delta (the reference path and replay)."""
+        data = text.encode("utf-8")  # before any change: a lone surrogate raises here
         if self.first_token_at is None:
             self.first_token_at = now
         self.delta_times.append(now)
         self.sse_tokens += len(token_ids)
-        if text:
-            self.chunks.append(text)
-            self.sse_byte_count += len(text.encode("utf-8"))
+        if data:
+            self.sse_utf8 += data
+            self.chunk_ends.append(len(self.sse_utf8))
 
-    def add_reads(self, texts: list[str], times: list[float], tokens: int, text_bytes: int) -> None:
-        """Several deltas read by the Rust SSE thread: the same state as `add_delta`
-        for each (one arrival time per delta), `texts` being the non-empty ones."""
-        if not times:
-            return
-        if self.first_token_at is None:
-            self.first_token_at = times[0]
-        self.delta_times.extend(times)
+    def add_text(self, utf8: bytes, chunk_ends: bytes, times: bytes, tokens: int) -> None:
+        """Deltas as the Rust path packs them (`Reconciler.take`): the new text
+        once, where each non-empty delta ends, one arrival time per delta."""
+        before = len(self.delta_times)
+        _append_le(self.delta_times, times)
+        if self.first_token_at is None and len(self.delta_times) > before:
+            self.first_token_at = self.delta_times[before]
         self.sse_tokens += tokens
-        self.chunks.extend(texts)
-        self.sse_byte_count += text_bytes
+        self.sse_utf8 += utf8
+        _append_le(self.chunk_ends, chunk_ends)
 
     def add_span(self, byte_start: int, text: str, step_index: int | None) -> None:
-        # Spans arrive in order and cover the text contiguously (PROTOCOL.md).
-        self.spans.append((text, step_index))
-        self.last_span = (byte_start, text)
+        """One span event (the reference path and replay)."""
+        # Spans arrive in order and cover the text contiguously (PROTOCOL.md);
+        # should one start further on, the bytes between stay uncolored.
+        records = self.span_records
+        if byte_start > self.proven_bytes:
+            records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
+        step = _NO_STEP if step_index is None else step_index
+        records.extend((byte_start + len(text.encode("utf-8")), step | _NO_ROLE << 32))
+
+    def add_span_runs(self, records: bytes | memoryview) -> None:
+        """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
+        _append_le(self.span_records, records)
+
+    @property
+    def chunks(self) -> _Runs:
+        """The non-empty SSE deltas' texts, in order."""
+        return _Runs(self.sse_utf8, self.chunk_ends)
+
+    @property
+    def spans(self) -> _Spans:
+        """The proven spans, in order: (text, step index or None)."""
+        return _Spans(self.sse_utf8, self.span_records)
+
+    @property
+    def sse_byte_count(self) -> int:
+        """UTF-8 bytes of the SSE text so far."""
+        return len(self.sse_utf8)
 
     @property
     def proven_bytes(self) -> int:
         """SSE bytes proven so far: where the last span ends."""
-        start, text = self.last_span
-        return start + len(text.encode("utf-8")) if text else start
+        return self.span_records[-2] if self.span_records else 0
 
     def fail_http(self, message: str) -> None:
         self.error = message
@@ -121,6 +264,8 @@ class StreamState:
     def label(self) -> str:
         if self.error is not None:
             return LABEL_ERROR
+        if self.cancelled and self.verdict != "exact":
+            return LABEL_CANCELLED
         if self.shows_chunks:
             return LABEL_CHUNK
         if self.verdict == "exact":
@@ -134,6 +279,8 @@ class StreamState:
         """One line under the text: why the stream is not exact, or its HTTP failure."""
         if self.error is not None:
             return f"error: {self.error}"
+        if self.cancelled and self.verdict != "exact":
+            return "cancelled: exact mode stopped the run after another stream failed"
         if self.verdict == "failed" and self.reason:
             prefix = "downgraded: " if self.mode == "auto" else "not exact: "
             return prefix + one_line(self.reason)
@@ -141,23 +288,11 @@ class StreamState:
 
     @property
     def text(self) -> str:
-        return "".join(self.chunks)
+        return self.sse_utf8.decode("utf-8", "replace")
 
     def unproven_tail(self) -> str:
-        """The SSE text after the proven bytes, read back from the last chunks only."""
-        missing = self.sse_byte_count - self.proven_bytes
-        if missing <= 0:
-            return ""
-        gathered: list[bytes] = []
-        have = 0
-        for chunk in reversed(self.chunks):
-            data = chunk.encode("utf-8")
-            gathered.append(data)
-            have += len(data)
-            if have >= missing:
-                break
-        gathered.reverse()
-        return b"".join(gathered)[-missing:].decode("utf-8", "replace")
+        """The SSE text after the proven bytes."""
+        return self.sse_utf8[self.proven_bytes :].decode("utf-8", "replace")
 
     def segments(self, colorize: bool) -> list[Segment]:
         """The stream's text cut into colored pieces by the coloring rule."""
@@ -166,10 +301,7 @@ class StreamState:
                 (chunk, PALETTE[i % len(PALETTE)] if colorize else None)
                 for i, chunk in enumerate(self.chunks)
             ]
-        pieces: list[Segment] = [
-            (text, PALETTE[step % len(PALETTE)] if colorize and step is not None else None)
-            for text, step in self.spans
-        ]
+        pieces: list[Segment] = [(text, _color(step, colorize)) for text, step in self.spans]
         if self.mode == "auto" and self.verdict != "exact":
             # auto shows the text at once; the unproven tail stays uncolored.
             tail = self.unproven_tail()
@@ -189,7 +321,7 @@ class StreamState:
             chunks = self.chunks
             index = len(chunks) - 1
             while index >= 0 and total < max_chars:
-                chunk = chunks[index]
+                chunk = chunks.text(index)
                 pieces.append((chunk, PALETTE[index % len(PALETTE)] if colorize else None))
                 total += len(chunk)
                 index -= 1
@@ -203,9 +335,8 @@ class StreamState:
         spans = self.spans
         index = len(spans) - 1
         while index >= 0 and total < max_chars:
-            text, step = spans[index]
-            color = PALETTE[step % len(PALETTE)] if colorize and step is not None else None
-            pieces.append((text, color))
+            text = spans.text(index)
+            pieces.append((text, _color(spans.step(index), colorize)))
             total += len(text)
             index -= 1
         pieces.reverse()
@@ -239,7 +370,7 @@ class StreamState:
         return [b - a for a, b in itertools.pairwise(times)]
 
 
-def acceptance_of(stats: dict[str, Any]) -> float | None:
+def acceptance_of(stats: Mapping[str, Any]) -> float | None:
     """accepted / (drafts_scheduled - drafts_padded), None without real drafts."""
     drafted = int(stats.get("drafts_scheduled", 0)) - int(stats.get("drafts_padded", 0))
     if drafted <= 0:
@@ -257,16 +388,18 @@ class RunModel:
     simulated: bool = False
     reconciler_kind: str = "rust"
     run_messages: list[str] = field(default_factory=list)
-    sources: list[dict[str, Any]] = field(default_factory=list)  # hello frames seen
+    sources: list[SourceInfo] = field(default_factory=list)  # hello frames seen
     started_at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None
-    totals: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
+    totals: Mapping[str, Any] = field(default_factory=dict)  # a StreamStats
+    counters: Mapping[str, Any] = field(default_factory=dict)  # a Counters
     server_deltas: list[tuple[str, float]] = field(default_factory=list)
     # How precise the SSE arrival times are, when not to the read (the Rust reader).
     arrival_note: str = ""
     finished: bool = False
     interrupted: bool = False
+    # The stream whose failure stopped an exact-mode run (the first to fail).
+    first_failure: int | None = None
 
     def __repr__(self) -> str:
         return (

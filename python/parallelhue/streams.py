@@ -1,43 +1,51 @@
-"""One streaming HTTP request per stream, on httpx's asyncio client.
+"""One streaming request per stream: what it sends, and the reference path's reader.
 
-With the Rust reconciler, a plain-http stream goes through the lean transport
-(`transport.py`) and, after its response head, is read by the Rust SSE thread
-(`stream_reader.py`): HTTP framing, SSE, JSON and the push into the reconciler
-happen without Python; the screen model is updated in batches.
+Every stream's request carries the run's request id (`ph1_<run>_<i>`, in the
+body and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the
+usage chunk, and has its own seed. `build_body` and `request_headers` make
+it; `ingest.py` hands it to the Rust HTTP thread (the shipped path, plain
+http and https alike).
 
-A stream's request carries the run's request id (`ph1_<run>_<i>`, in the body
-and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the usage
-chunk, and has its own seed. Whatever goes wrong with one stream (refused
-connection, HTTP error, an answer that is not SSE, a disconnect) ends that
-stream with one sanitized line; the other streams go on.
+`read_stream` is the reference path's reader (`--reconciler python`): httpx
+and the SSE chunk extraction in Python, every delta reported to a
+`StreamSink`. However a stream ends, it is reported exactly once — a normal
+finish with its finish_reason, or an end kind (`shapes.EndKind`) that
+`stream_errors.end_message` turns into the user's line — and the other
+streams go on. `make_client` is the httpx client of a run (`/v1/models`,
+`/metrics`, and the reference path's streams).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import os
+import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
+from . import __version__
 from .endpoint import is_chat_endpoint
-from .sanitize import one_line
-from .stream_reader import NativeStreamReader
-from .transport import LEAN_EXTENSION, LeanBody, LeanTransport, lean_response
+from .shapes import EndKind, Usage
 
 __all__ = [
+    "ConnectTarget",
     "StreamRequest",
     "StreamSink",
+    "StreamStopped",
+    "body_bytes",
     "build_body",
+    "connect_target",
     "make_client",
-    "native_parser_factory",
-    "run_stream",
+    "read_stream",
+    "request_headers",
 ]
 
-_ERROR_BODY_LIMIT = 4096
+# The start of an error body kept for its message.
+ERROR_BODY_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,33 @@ class StreamRequest:
     seed: int
 
 
+@dataclass(frozen=True)
+class ConnectTarget:
+    """Where a completions endpoint's requests go."""
+
+    host: str
+    port: int
+    tls: bool
+    shown: str  # how messages name the server: host, or host:port as written
+    path: str  # the request target: path and query
+
+
+def connect_target(endpoint: str) -> ConnectTarget:
+    parts = urlsplit(endpoint)
+    tls = parts.scheme == "https"
+    host = parts.hostname or ""
+    shown = f"{host}:{parts.port}" if parts.port else host
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return ConnectTarget(host, parts.port or (443 if tls else 80), tls, shown, path)
+
+
 class StreamSink(Protocol):
     def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None: ...
-    def on_reads(
-        self, stream: int, texts: list[str], times: list[float], tokens: int, text_bytes: int
-    ) -> None: ...
     def on_finish(self, stream: int, finish_reason: str) -> None: ...
-    def on_error(self, stream: int, message: str) -> None: ...
-    def on_usage(self, stream: int, usage: dict[str, Any]) -> None: ...
+    def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None: ...
+    def on_usage(self, stream: int, usage: Usage) -> None: ...
 
 
 def build_body(
@@ -85,6 +112,47 @@ def build_body(
     return body
 
 
+def body_bytes(body: dict[str, Any]) -> bytes:
+    """The JSON body as sent (compact, UTF-8)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def request_headers(
+    target: ConnectTarget, api_key: str | None, request_id: str
+) -> list[tuple[str, str]]:
+    """The headers of a stream's request (framing headers are the sender's)."""
+    default_port = 443 if target.tls else 80
+    host = target.host if ":" not in target.host else f"[{target.host}]"
+    headers = [
+        ("Host", host if target.port == default_port else f"{host}:{target.port}"),
+        ("User-Agent", f"parallelhue/{__version__}"),
+        ("Accept", "text/event-stream"),
+        # An SSE body is read as it comes; compressing it only delays it.
+        ("Accept-Encoding", "identity"),
+        ("Content-Type", "application/json"),
+        ("X-Request-Id", request_id),
+    ]
+    if api_key:
+        headers.append(("Authorization", f"Bearer {api_key}"))
+    return headers
+
+
+def tls_context() -> ssl.SSLContext:
+    """Certificates httpx trusts: its defaults plus `SSL_CERT_FILE` (a private CA),
+    as the Rust HTTP thread does (docs/CLIENT.md)."""
+    context = ssl.create_default_context()
+    try:
+        import certifi
+
+        context.load_verify_locations(cafile=certifi.where())
+    except ImportError:  # pragma: no cover - httpx depends on certifi
+        pass
+    extra = os.environ.get("SSL_CERT_FILE")
+    if extra:
+        context.load_verify_locations(cafile=extra)
+    return context
+
+
 def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
     """A client with one connection per stream and a read timeout fit for long generations."""
     headers = {"Accept": "text/event-stream"}
@@ -94,258 +162,116 @@ def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.
     return httpx.AsyncClient(
         # --timeout bounds the silence between two bytes, not the whole generation.
         timeout=httpx.Timeout(connect=min(timeout, 30.0), read=timeout, write=30.0, pool=None),
-        # Streams marked LEAN_EXTENSION get one connection each from the lean
-        # transport; everything else goes through httpx's own pool.
-        transport=LeanTransport(httpx.AsyncHTTPTransport(limits=limits, trust_env=False)),
+        limits=limits,
         headers=headers,
+        verify=tls_context(),
         trust_env=False,
     )
 
 
-def _error_message(status: int, body: bytes) -> str:
-    return f"HTTP {status}: {_error_detail(body)}"
-
-
-def _error_detail(body: bytes) -> str:
-    """The server's error message from a JSON error body, else the body, on one line."""
-    text = body.decode("utf-8", "replace")
-    detail = text
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            detail = error["message"]
-        elif isinstance(error, str):
-            detail = error
-        elif isinstance(data.get("message"), str):
-            detail = data["message"]
-        elif isinstance(data.get("detail"), str):
-            detail = data["detail"]
-    return one_line(detail) or "(empty body)"
-
-
-def _connect_message(error: Exception, endpoint: str) -> str:
-    parts = urlsplit(endpoint)
-    where = parts.hostname or "?"
-    if parts.port:
-        where = f"{where}:{parts.port}"
-    return f"cannot connect to {where}: {connect_reason(error)}"
-
-
-def connect_reason(error: BaseException) -> str:
-    """Why a connection failed, found in the exception chain (httpx hides the errno)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) or "refused" in str(seen).lower():
-            return "connection refused (is the server running?)"
-        if isinstance(seen, OSError) and seen.strerror:
-            return one_line(seen.strerror)
-        seen = seen.__cause__ or seen.__context__
-    return one_line(str(error) or type(error).__name__)
-
-
-def _parse_choice(data: dict[str, Any]) -> tuple[str, list[int], str | None]:
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return "", [], None
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        return "", [], None
-    text = ""
-    delta = choice.get("delta")
-    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-        text = delta["content"]
-    elif isinstance(choice.get("text"), str):
-        text = choice["text"]
-    ids = choice.get("token_ids")
-    token_ids = [int(t) for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
-    finish = choice.get("finish_reason")
-    return text, token_ids, finish if isinstance(finish, str) else None
+class StreamStopped(Exception):
+    """Raised by a sink that already reported the stream's failure: stop reading it."""
 
 
 class _StreamEnded(Exception):
-    pass
+    def __init__(self, kind: EndKind, detail: str, status: int = 0) -> None:
+        super().__init__(detail)
+        self.kind: EndKind = kind
+        self.detail = detail
+        self.status = status
 
 
-async def run_stream(
+async def read_stream(
     client: httpx.AsyncClient,
     endpoint: str,
     body: dict[str, Any],
     request: StreamRequest,
     sink: StreamSink,
-    timeout: float,
     *,
-    parser_factory: Callable[[], Any] | None = None,
     yield_each_read: bool = False,
-    stream_reader: NativeStreamReader | None = None,
 ) -> None:
-    """Run one stream to its end; every outcome is reported to `sink` exactly once.
+    """The reference path: run one stream to its end; report every outcome once.
 
-    With `parser_factory` (`parallelhue._native.SseParser`) the body is read as raw
-    network chunks and each chunk is parsed (SSE lines and JSON) by one Rust call;
-    without it, SSE lines and JSON are parsed in Python (the reference path).
-    `yield_each_read` returns to the event loop after every read, for when the
-    telemetry socket is read from the same loop (`PyReceiver`): httpx returns
-    without suspending while the connection holds buffered data.
-    With `stream_reader`, a plain-http body is read by the Rust thread (deltas
-    reach the sink through `on_reads`, pushed into the reconciler already).
+    `yield_each_read` returns to the event loop after every SSE event, for when
+    the telemetry socket is read from the same loop (`PyReceiver`): httpx
+    returns without suspending while the connection holds buffered data. Any
+    exception while handling the stream ends that stream only (kind "internal").
     """
     stream = request.index
-    finish_reason: str | None = None
+    target = connect_target(endpoint)
     try:
-        async with client.stream(
-            "POST",
-            endpoint,
-            json=body,
-            # An SSE body is read as it comes; compressing it only delays it.
-            headers={"X-Request-Id": request.request_id, "Accept-Encoding": "identity"},
-            extensions={LEAN_EXTENSION: stream_reader is not None},
-        ) as response:
-            if response.status_code >= 400:
-                raw = b""
-                async for chunk in response.aiter_bytes():
-                    raw += chunk
-                    if len(raw) >= _ERROR_BODY_LIMIT:
-                        break
-                sink.on_error(stream, _error_message(response.status_code, raw))
-                return
-            content_type = response.headers.get("content-type", "")
-            if "text/event-stream" not in content_type.lower():
-                shown = one_line(content_type.split(";")[0]) or "no content type"
-                sink.on_error(
-                    stream,
-                    f"not an SSE stream: the server answered {shown} "
-                    f"(HTTP {response.status_code}); is --endpoint a streaming completions URL?",
-                )
-                return
-            lean = lean_response(response)
-            if stream_reader is not None and lean is not None and _identity_encoding(response):
-                finish_reason = await _read_lean(lean, stream_reader, stream, sink)
-            elif parser_factory is not None and _identity_encoding(response):
-                finish_reason = await _read_native(
-                    response, parser_factory(), stream, sink, yield_each_read
-                )
-            else:
-                finish_reason = await _read_python(response, stream, sink, yield_each_read)
-    except _StreamEnded:
+        finish_reason = await _exchange(client, endpoint, body, request, sink, yield_each_read)
+    except StreamStopped:
+        return
+    except _StreamEnded as ended:
+        sink.on_end(stream, ended.kind, ended.status, ended.detail)
         return
     except httpx.ConnectError as error:
-        sink.on_error(stream, _connect_message(error, endpoint))
+        from .stream_errors import connect_reason
+
+        reason = connect_reason(error)
+        if reason.startswith("connection refused"):
+            sink.on_end(stream, "refused", 0, target.shown)
+        else:
+            sink.on_end(stream, "connect_failed", 0, f"{target.shown}: {reason}")
         return
     except httpx.ConnectTimeout:
-        sink.on_error(stream, f"connecting timed out after {min(timeout, 30.0):g} s")
+        sink.on_end(stream, "connect_timeout", 0, "")
         return
     except httpx.ReadTimeout:
-        sink.on_error(stream, f"no data from the server for {timeout:g} s (raise --timeout)")
+        sink.on_end(stream, "read_timeout", 0, "")
         return
     except (httpx.RemoteProtocolError, httpx.ReadError):
-        sink.on_error(stream, "the server closed the connection mid-stream")
+        sink.on_end(stream, "closed", 0, "")
         return
     except httpx.HTTPError as error:
-        sink.on_error(stream, f"HTTP failure: {one_line(str(error) or type(error).__name__)}")
+        sink.on_end(stream, "io", 0, str(error) or type(error).__name__)
+        return
+    except Exception as error:
+        sink.on_end(stream, "internal", 0, f"{type(error).__name__}: {error}")
         return
     if finish_reason is None:
-        sink.on_error(stream, "the stream ended without a finish_reason (server closed it early)")
+        sink.on_end(stream, "no_finish", 0, "")
         return
     sink.on_finish(stream, finish_reason)
 
 
-def _identity_encoding(response: httpx.Response) -> bool:
-    """Raw body bytes are the SSE bytes (no gzip/deflate to undo)."""
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    return encoding in ("", "identity")
-
-
-def native_parser_factory() -> Callable[[], Any] | None:
-    """`parallelhue._native.SseParser`, or None when the extension is not built."""
-    try:
-        from ._native import SseParser
-    except ImportError:
-        return None
-    return SseParser
-
-
-async def _read_lean(
-    lean: LeanBody, stream_reader: NativeStreamReader, stream: int, sink: StreamSink
-) -> str | None:
-    """The body is read by the Rust thread; this waits for its end and reports it."""
-    ended = await stream_reader.read(stream, lean)
-    if ended.usage is not None:
-        sink.on_usage(stream, dict(ended.usage))
-    if ended.end in ("done", "eof"):
-        return ended.finish_reason
-    if ended.end == "timeout":
-        raise httpx.ReadTimeout("no data")
-    if ended.end in ("cut", "io"):
-        raise httpx.ReadError(ended.message or "connection lost")
-    if ended.end == "error":
-        sink.on_error(stream, "bad SSE data: " + one_line(ended.message or ""))
-    else:
-        sink.on_error(stream, "invalid HTTP body: " + one_line(ended.message or ""))
-    raise _StreamEnded
-
-
-async def _read_native(
-    response: httpx.Response,
-    parser: Any,
-    stream: int,
+async def _exchange(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    body: dict[str, Any],
+    request: StreamRequest,
     sink: StreamSink,
     yield_each_read: bool,
 ) -> str | None:
-    """Read the body with the Rust SSE parser: one parse call per network read."""
-    finish_reason: str | None = None
-    feed = parser.feed
-    on_delta = sink.on_delta
-    ended = False
-    async for raw in response.aiter_raw():
-        for event in feed(raw):
-            kind = event["kind"]
-            if kind == "chunk":
-                choices = event["choices"]
-                if choices:
-                    choice = choices[0]
-                    text = choice["text"]
-                    token_ids = choice["token_ids"]
-                    if text or token_ids:
-                        on_delta(stream, text, token_ids or [])
-                    finish = choice["finish_reason"]
-                    if finish is not None:
-                        finish_reason = finish
-                elif event["usage"] is not None:
-                    sink.on_usage(stream, dict(event["usage"]))
-            elif kind == "done":
-                ended = True
-                break
-            elif kind == "error":
-                sink.on_error(stream, "bad SSE data: " + one_line(str(event["message"])))
-                raise _StreamEnded
-            # kind "other": an event with its own `event:` type; not a completion chunk.
-        if ended:
-            return finish_reason
-        if yield_each_read:
-            await asyncio.sleep(0)
-    # Like the reference path, a last event without its blank line still counts.
-    for event in [*feed(b"\n\n"), *parser.finish()]:
-        kind = event["kind"]
-        if kind == "chunk" and event["choices"]:
-            choice = event["choices"][0]
-            if choice["text"] or choice["token_ids"]:
-                on_delta(stream, choice["text"], choice["token_ids"] or [])
-            if choice["finish_reason"] is not None:
-                finish_reason = choice["finish_reason"]
-        elif kind == "error":
-            sink.on_error(stream, "bad SSE data: " + one_line(str(event["message"])))
-            raise _StreamEnded
-    return finish_reason
+    async with client.stream(
+        "POST",
+        endpoint,
+        content=body_bytes(body),
+        headers={
+            "X-Request-Id": request.request_id,
+            "Accept-Encoding": "identity",
+            "Content-Type": "application/json",
+        },
+    ) as response:
+        if response.status_code >= 400:
+            raw = b""
+            async for chunk in response.aiter_bytes():
+                raw += chunk
+                if len(raw) >= ERROR_BODY_LIMIT:
+                    break
+            text = raw[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
+            raise _StreamEnded("http_status", text, response.status_code)
+        content_type = response.headers.get("content-type", "")
+        if "text/event-stream" not in content_type.lower():
+            raise _StreamEnded("not_sse", content_type, response.status_code)
+        return await _read_events(response, request.index, sink, yield_each_read)
 
 
-async def _read_python(
+async def _read_events(
     response: httpx.Response, stream: int, sink: StreamSink, yield_each_read: bool
 ) -> str | None:
-    """The reference path: httpx's line splitting and `json` in Python."""
+    """httpx's line splitting, then each event's JSON, in Python."""
     finish_reason: str | None = None
     data_lines: list[str] = []
     async for line in response.aiter_lines():
@@ -358,18 +284,37 @@ async def _read_python(
         data_lines = []
         if payload.strip() == "[DONE]":
             return finish_reason
-        result = _handle_payload(stream, payload, sink)
-        if result is not None:
-            finish_reason = result
+        finish_reason = _handle_payload(stream, payload, sink) or finish_reason
         if yield_each_read:
             await asyncio.sleep(0)
     if data_lines:
         payload = "\n".join(data_lines)
         if payload.strip() != "[DONE]":
-            result = _handle_payload(stream, payload, sink)
-            if result is not None:
-                finish_reason = result
+            finish_reason = _handle_payload(stream, payload, sink) or finish_reason
     return finish_reason
+
+
+def _token_ids(choice: dict[str, Any]) -> list[int]:
+    ids = choice.get("token_ids")
+    path = "token_ids"
+    if ids is None and isinstance(choice.get("delta"), dict):
+        ids = choice["delta"].get("token_ids")
+        path = "delta.token_ids"
+    if ids is None:
+        return []
+    if not isinstance(ids, list):
+        raise _StreamEnded(
+            "bad_sse", f"invalid SSE chunk: choices[0].{path} must be an array of integers or null"
+        )
+    for j, value in enumerate(ids):
+        # bool is an int to Python, not to JSON: true is not a token id. (The
+        # range is the reconciler's to check: push_sse names the bad id.)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _StreamEnded(
+                "bad_sse",
+                f"invalid SSE chunk: choices[0].{path}[{j}] must be an integer in 0..=4294967295",
+            )
+    return ids
 
 
 def _handle_payload(stream: int, payload: str, sink: StreamSink) -> str | None:
@@ -377,19 +322,37 @@ def _handle_payload(stream: int, payload: str, sink: StreamSink) -> str | None:
     try:
         data = json.loads(payload)
     except ValueError:
-        sink.on_error(stream, f"bad SSE data (not JSON): {one_line(payload, 80)}")
-        raise _StreamEnded from None
+        raise _StreamEnded("bad_sse", f"not JSON: {payload[:80]}") from None
     if not isinstance(data, dict):
-        sink.on_error(stream, f"bad SSE data (not an object): {one_line(payload, 80)}")
-        raise _StreamEnded
+        raise _StreamEnded("bad_sse", f"not an object: {payload[:80]}")
     if "error" in data:
-        sink.on_error(stream, "server error in stream: " + _error_detail(payload.encode()))
-        raise _StreamEnded
-    usage = data.get("usage")
-    if isinstance(usage, dict) and not data.get("choices"):
-        sink.on_usage(stream, usage)
+        from .stream_errors import error_detail
+
+        raise _StreamEnded("bad_sse", "server error in SSE stream: " + error_detail(payload))
+    choices = data.get("choices")
+    if not choices:
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            sink.on_usage(
+                stream,
+                Usage(
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    completion_tokens=usage.get("completion_tokens"),
+                    total_tokens=usage.get("total_tokens"),
+                ),
+            )
         return None
-    text, token_ids, finish = _parse_choice(data)
+    choice = choices[0] if isinstance(choices, list) else None
+    if not isinstance(choice, dict):
+        return None
+    text = ""
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+        text = delta["content"]
+    elif isinstance(choice.get("text"), str):
+        text = choice["text"]
+    token_ids = _token_ids(choice)
     if text or token_ids:
         sink.on_delta(stream, text, token_ids)
-    return finish
+    finish = choice.get("finish_reason")
+    return finish if isinstance(finish, str) else None

@@ -10,6 +10,7 @@ because they count everything the server did during the run.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -20,7 +21,7 @@ from .state import RunModel, StreamState, acceptance_of
 __all__ = ["render_summary", "role_line", "summary_lines", "totals_of"]
 
 
-def role_line(stats: dict[str, Any]) -> str:
+def role_line(stats: Mapping[str, Any]) -> str:
     """Roles of the confirmed tokens; the three token counts add up to `tokens`.
 
     A plain token (from a step that scheduled no drafts) is produced by the target
@@ -46,12 +47,12 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
 
-def _mean_tokens_per_step(stats: dict[str, Any]) -> float | None:
+def _mean_tokens_per_step(stats: Mapping[str, Any]) -> float | None:
     steps = int(stats.get("steps", 0))
     return int(stats.get("tokens", 0)) / steps if steps else None
 
 
-def _histogram(stats: dict[str, Any]) -> str:
+def _histogram(stats: Mapping[str, Any]) -> str:
     hist = stats.get("hist") or {}
     if not hist:
         return "-"

@@ -188,3 +188,43 @@ def test_requests_that_cannot_be_exact_get_a_notice(
         f"(notice 2 from source {source})"
         for source in frontends
     }
+
+
+def test_sixty_four_recorded_streams_lose_nothing_and_replay_exactly(
+    spec_server: tuple[str, server.Server, Path], socket_dir: str, tmp_path: Path
+) -> None:
+    """The shipped client (the real Session, headless) with --record at 64 streams:
+    0 frames lost, every stream exact, and the recording replays to the same verdicts."""
+    import asyncio
+
+    from parallelhue import cli
+    from parallelhue.headless import run_headless
+    from parallelhue.record import read_recording
+
+    method, srv, _ = spec_server
+    record = tmp_path / f"run-{method}.phr"
+    result = asyncio.run(
+        run_headless(
+            srv.url, num_streams=64, socket_dir=socket_dir, max_tokens=32,
+            reconciler_kind="rust", mode="exact", prompt=PROMPTS[0], record=str(record),
+            timeout=300.0, grace=10.0,
+        )
+    )  # fmt: skip
+    assert result.exit_code == 0, (result.message, srv.log_tail(30))
+    assert result.verdicts == [("exact", None)] * 64
+    counters = result.counters
+    assert (counters["gaps"], counters["dropped_reported"], counters["rejected_frames"]) == (
+        0,
+        0,
+        0,
+    )
+    assert result.totals["tokens"] == result.sse_tokens > 0
+    recording = read_recording(str(record))
+    assert recording.footer is not None
+    assert recording.footer["verdicts"] == [["exact", None]] * 64
+    kinds = {event[1] for event in recording.events}
+    assert {"start", "sse", "finish", "frame", "finalize"} <= kinds
+    for kind in ("rust", "python"):
+        code = cli.main(["replay", str(record), "--speed", "max", "--view", "plain",
+                         "--reconciler", kind])  # fmt: skip
+        assert code == 0, kind

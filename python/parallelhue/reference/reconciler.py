@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
+from parallelhue.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
 from parallelhue_vllm.wire import (
     ALL_STREAMS,
     KIND_HELLO,
@@ -72,32 +74,10 @@ TOKEN_ROLE_NAMES = {
     ROLE_TARGET: "target",
     ROLE_BONUS: "bonus",
 }
-STAT_KEYS = (
-    "tokens",
-    "steps",
-    "hist",
-    "drafts_scheduled",
-    "drafts_padded",
-    "plain",
-    "accepted",
-    "target",
-    "bonus",
-    "surplus_tokens",
-    "surplus_accepted",
-    "surplus_target",
-    "surplus_bonus",
-    "surplus_plain",
-    "mixed_spans",
-    "bytes",
-)
-COUNTER_KEYS = (
-    "frames",
-    "rejected_frames",
-    "duplicate_frames",
-    "foreign_records",
-    "dropped_reported",
-    "gaps",
-)
+# The keys of stats and counters are defined once, in parallelhue.shapes
+# (held equal to the Rust core's by tests/test_native_types.py).
+STAT_KEYS = _SHAPE_STAT_KEYS
+COUNTER_KEYS = _SHAPE_COUNTER_KEYS
 
 Event = tuple[Any, ...]
 

@@ -1,10 +1,18 @@
 //! ParallelHue core: telemetry frame decoding, per-source sequence tracking,
-//! the three-witness reconciler, HTTP body framing, SSE parsing and the HTTP
-//! telemetry stream. No Python here: `cargo test` runs without an interpreter. See docs/PROTOCOL.md for the contract.
+//! the three-witness reconciler, the HTTP telemetry stream, and the client's
+//! ingest path — the HTTP exchange of every stream (TLS included), SSE
+//! parsing, the telemetry socket, the `--record` tap and what the screen is
+//! handed. No Python here:
+//! `cargo test` runs without an interpreter. See docs/PROTOCOL.md for the
+//! contract and docs/ARCHITECTURE.md for the picture.
 
 pub mod describe;
 pub mod encode;
+pub mod fed;
 pub mod http;
+#[cfg(unix)]
+pub mod http_streams;
+pub mod outcome;
 pub mod protocol;
 #[cfg(target_os = "linux")]
 pub mod receiver;
@@ -12,14 +20,15 @@ pub mod receiver;
 #[path = "receiver_unsupported.rs"]
 pub mod receiver;
 pub mod reconcile;
+pub mod record;
 pub mod sequence;
 pub mod sse;
-#[cfg(unix)]
-pub mod sse_reader;
 pub mod sse_stream;
 pub mod stats;
+pub mod tap;
 pub mod telemetry_stream;
 pub mod text;
+pub mod tls;
 pub mod window;
 pub mod workload;
 

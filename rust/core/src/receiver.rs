@@ -1,8 +1,9 @@
 //! The telemetry socket (Linux): an `AF_UNIX` datagram socket bound at the
 //! run's path with mode 0600 and `SO_PASSCRED`, read by a dedicated thread.
 //! Each datagram's `SCM_CREDENTIALS` are checked: datagrams from another uid
-//! are dropped and counted. Accepted datagrams are pushed, in batches, into a
-//! shared [`Reconciler`]. No Python is involved: the thread never needs the GIL.
+//! are dropped and counted. Accepted datagrams are pushed, in batches, into
+//! the run's [`Fed`] (tap and reconciler under one lock), with the time of
+//! the read. No Python is involved: the thread never needs the GIL.
 
 use std::ffi::CString;
 use std::io;
@@ -12,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::fed::{monotonic, Fed};
 use crate::protocol::MAX_FRAME_BYTES;
-use crate::reconcile::Reconciler;
 
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
@@ -117,7 +118,7 @@ impl Receiver {
     /// Bind `path` (which must not exist) and start reading into `sink`.
     /// `rcvbuf` is the requested receive buffer in bytes
     /// (`SO_RCVBUFFORCE` when permitted, else `SO_RCVBUF`, capped by the kernel).
-    pub fn bind(path: &Path, rcvbuf: usize, sink: Arc<Mutex<Reconciler>>) -> io::Result<Receiver> {
+    pub fn bind(path: &Path, rcvbuf: usize, sink: Arc<Mutex<Fed>>) -> io::Result<Receiver> {
         let bytes = path.as_os_str().as_bytes();
         // SAFETY: sockaddr_un is plain old data.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -315,12 +316,7 @@ fn recv_one(fd: libc::c_int, buf: &mut [u8], cbuf: &mut [u64; CMSG_BUF / 8]) -> 
     Ok(Got::Frame(n))
 }
 
-fn read_loop(
-    fd: libc::c_int,
-    wake: libc::c_int,
-    sink: &Mutex<Reconciler>,
-    counters: &ReceiverCounters,
-) {
+fn read_loop(fd: libc::c_int, wake: libc::c_int, sink: &Mutex<Fed>, counters: &ReceiverCounters) {
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
     let mut lens: Vec<usize> = Vec::with_capacity(BATCH);
     let mut oversized: Vec<usize> = Vec::new();
@@ -379,14 +375,16 @@ fn read_loop(
             }
             if !lens.is_empty() || !oversized.is_empty() {
                 let total: usize = lens.iter().sum();
+                let at = monotonic();
                 if let Ok(mut r) = sink.lock() {
                     for (buf, &n) in bufs.iter().zip(&lens) {
-                        r.push_frame(&buf[..n]);
+                        r.push_frame_at(&buf[..n], at);
                     }
                     for &n in &oversized {
-                        r.reject(format!(
-                            "oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"
-                        ));
+                        r.reject_at(
+                            format!("oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"),
+                            at,
+                        );
                     }
                 }
                 counters
@@ -409,6 +407,7 @@ fn read_loop(
 mod tests {
     use super::*;
     use crate::encode::{HelloFields, Sender};
+    use crate::reconcile::Reconciler;
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixDatagram;
 
@@ -423,7 +422,7 @@ mod tests {
         let path = tmp_path("basic");
         let _ = std::fs::remove_file(&path);
         let run = [3u8; 16];
-        let rec = Arc::new(Mutex::new(Reconciler::with_run_id(run, 2)));
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id(run, 2))));
         let mut rx = Receiver::bind(&path, 1 << 20, Arc::clone(&rec)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
@@ -447,7 +446,7 @@ mod tests {
     fn existing_path_is_an_error() {
         let path = tmp_path("exists");
         std::fs::write(&path, b"x").unwrap();
-        let rec = Arc::new(Mutex::new(Reconciler::with_run_id([0; 16], 1)));
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([0; 16], 1))));
         let e = Receiver::bind(&path, 0, rec).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
         std::fs::remove_file(&path).unwrap();
@@ -456,7 +455,7 @@ mod tests {
     #[test]
     fn long_path_is_an_error_naming_the_limit() {
         let path = PathBuf::from(format!("/tmp/{}", "x".repeat(120)));
-        let rec = Arc::new(Mutex::new(Reconciler::with_run_id([0; 16], 1)));
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([0; 16], 1))));
         let e = Receiver::bind(&path, 0, rec).err().unwrap();
         assert!(e.to_string().contains("107 usable bytes"), "{e}");
     }

@@ -1,12 +1,12 @@
 //! The telemetry socket needs Linux (`SO_PASSCRED` / `SCM_CREDENTIALS` to
 //! check each sender's uid). Elsewhere `Receiver::bind` fails with a clear
-//! error and the client falls back to its Python receiver.
+//! error (the reference path, `--reconciler python`, reads the socket in Python).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::reconcile::Reconciler;
+use crate::fed::Fed;
 
 /// A point-in-time copy of the counters (same fields as on Linux).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,11 +26,7 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    pub fn bind(
-        _path: &Path,
-        _rcvbuf: usize,
-        _sink: Arc<Mutex<Reconciler>>,
-    ) -> io::Result<Receiver> {
+    pub fn bind(_path: &Path, _rcvbuf: usize, _sink: Arc<Mutex<Fed>>) -> io::Result<Receiver> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "the native receiver needs Linux (SO_PASSCRED / SCM_CREDENTIALS)",

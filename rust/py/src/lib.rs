@@ -1,49 +1,98 @@
-//! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`.
+//! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`, one file
+//! per area (reconciler, frame, display, streams, receiver, recording).
 //!
 //! The Python API of `Reconciler` is exactly the one of docs/PROTOCOL.md
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
 //! Batch entry points release the GIL (`py.detach`); single small calls do not.
+//! The key lists exported here are the one definition of the typed dicts in
+//! `parallelhue.reconciler` (tests/test_native_types.py holds them equal).
 
 mod convert;
+mod display;
 mod frame;
-mod http;
 mod receiver;
 mod reconciler;
-mod sse;
+mod recording;
 #[cfg(unix)]
-mod sse_reader;
+mod streams;
 
+use parallelhue_core::outcome::END_KINDS;
 use parallelhue_core::protocol;
+use parallelhue_core::stats::STAT_KEYS;
 use pyo3::prelude::*;
 
-use http::HttpBody;
-#[cfg(unix)]
-use parallelhue_core::sse_reader as core_sse_reader;
 use receiver::Receiver;
 use reconciler::Reconciler;
-use sse::SseParser;
+use recording::RecordWriter;
 #[cfg(unix)]
-use sse_reader::SseReader;
+use streams::HttpStreams;
 
-/// The native half of ParallelHue (see docs/PROTOCOL.md).
+/// Keys of `Reconciler.counters()`.
+const COUNTER_KEYS: [&str; 6] = [
+    "frames",
+    "rejected_frames",
+    "duplicate_frames",
+    "foreign_records",
+    "dropped_reported",
+    "gaps",
+];
+
+/// Keys of each dict of `Reconciler.sources()`.
+const SOURCE_KEYS: [&str; 9] = [
+    "source_id",
+    "role",
+    "engine",
+    "role_derivation",
+    "async_scheduling",
+    "num_speculative_tokens",
+    "plugin_version",
+    "engine_version",
+    "spec_method",
+];
+
+/// Keys of `Receiver.stats()`.
+const RECEIVER_KEYS: [&str; 7] = [
+    "datagrams",
+    "bytes",
+    "rejected_uid",
+    "oversized",
+    "batches",
+    "errors",
+    "rcvbuf",
+];
+
+/// The native half of ParallelHue (see docs/PROTOCOL.md, docs/ARCHITECTURE.md).
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROTOCOL_VERSION", protocol::PROTOCOL_VERSION)?;
     m.add("MAX_FRAME_BYTES", protocol::MAX_FRAME_BYTES)?;
     m.add("REORDER_WINDOW", parallelhue_core::sequence::REORDER_WINDOW)?;
-    m.add_class::<Reconciler>()?;
-    m.add_class::<SseParser>()?;
-    m.add_class::<HttpBody>()?;
-    #[cfg(unix)]
-    m.add_class::<SseReader>()?;
-    #[cfg(unix)]
     m.add(
-        "SSE_READ_INTERVAL",
-        core_sse_reader::DEFAULT_MIN_INTERVAL.as_secs_f64(),
+        "RECORDING_VERSION",
+        parallelhue_core::record::FORMAT_VERSION,
     )?;
-    #[cfg(unix)]
-    m.add("SSE_COALESCE_STREAMS", core_sse_reader::COALESCE_STREAMS)?;
+    m.add("STAT_KEYS", STAT_KEYS.to_vec())?;
+    m.add("COUNTER_KEYS", COUNTER_KEYS.to_vec())?;
+    m.add("SOURCE_KEYS", SOURCE_KEYS.to_vec())?;
+    m.add("RECEIVER_KEYS", RECEIVER_KEYS.to_vec())?;
+    m.add(
+        "END_KINDS",
+        END_KINDS.iter().map(|k| k.name()).collect::<Vec<_>>(),
+    )?;
+    m.add_class::<Reconciler>()?;
     m.add_class::<Receiver>()?;
+    m.add_class::<RecordWriter>()?;
+    #[cfg(unix)]
+    {
+        use parallelhue_core::http_streams as hs;
+        m.add_class::<HttpStreams>()?;
+        m.add("SSE_READ_INTERVAL", hs::DEFAULT_MIN_INTERVAL.as_secs_f64())?;
+        m.add("SSE_COALESCE_STREAMS", hs::COALESCE_STREAMS)?;
+        m.add("ERROR_BODY_LIMIT", hs::ERROR_BODY_LIMIT)?;
+    }
     m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;
     Ok(())
 }

@@ -1,8 +1,11 @@
-//! `Reconciler`: the binding of `parallelhue_core::reconcile::Reconciler`.
+//! `Reconciler`: the binding of `parallelhue_core::reconcile::Reconciler`,
+//! held in the run's `Fed` (tap and screen queue under the same lock; the
+//! packed screen output and the tap's controls are in `display.rs`).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use parallelhue_core::fed::Fed;
 use parallelhue_core::reconcile::{self as core, ArgError, Event, Verdict};
 use parallelhue_core::stats::{Stats, STAT_KEYS};
 use pyo3::exceptions::PyRuntimeError;
@@ -15,12 +18,12 @@ use crate::convert::{frame_bytes, repr_str, token_ids_into, value_error};
 /// The three-witness reconciler of one run (docs/PROTOCOL.md "Reconciliation").
 #[pyclass(module = "parallelhue._native", frozen)]
 pub(crate) struct Reconciler {
-    pub(crate) inner: Arc<Mutex<core::Reconciler>>,
-    num_streams: u16,
+    pub(crate) inner: Arc<Mutex<Fed>>,
+    pub(crate) num_streams: u16,
 }
 
 impl Reconciler {
-    fn lock(&self) -> PyResult<MutexGuard<'_, core::Reconciler>> {
+    pub(crate) fn lock(&self) -> PyResult<MutexGuard<'_, Fed>> {
         self.inner
             .lock()
             .map_err(|_| PyRuntimeError::new_err("reconciler poisoned by a panic"))
@@ -168,7 +171,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 }
 
 /// One event as its Python tuple (kinds interned; ints and text converted once).
-fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyAny>> {
     Ok(match e {
         Event::Span {
             stream,
@@ -210,7 +213,7 @@ impl Reconciler {
         };
         let r = core::Reconciler::new(&run, n).map_err(value_error)?;
         Ok(Reconciler {
-            inner: Arc::new(Mutex::new(r)),
+            inner: Arc::new(Mutex::new(Fed::new(r))),
             num_streams: n as u16,
         })
     }

@@ -1,0 +1,115 @@
+"""What the screen model learns from a run's reconciler and streams.
+
+Both ways a run is fed — the Rust path's packed batches (`ingest.py`) and the
+reference path or a replay (`session.RunDriver`) — end up here for the parts
+they share: verdicts and run messages, how each stream ended (through the one
+message mapper, `stream_errors.end_message`), the statistics and the backend
+verdict. `on_failure` is told of every stream that fails, HTTP or verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import cast
+
+from .backend import detect_backend
+from .metrics import MetricsSnapshot
+from .reconciler import ReconcilerLike
+from .sanitize import one_line
+from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
+from .state import RunModel
+from .stream_errors import end_message
+
+__all__ = ["Feed"]
+
+
+class Feed:
+    """Updates one `RunModel`; `timeout` is the run's --timeout (for messages)."""
+
+    def __init__(
+        self,
+        model: RunModel,
+        *,
+        timeout: float,
+        backend_override: str = "auto",
+        metrics_before: MetricsSnapshot | None = None,
+    ) -> None:
+        self.model = model
+        self.timeout = timeout
+        self.backend_override = backend_override
+        self.metrics_before = metrics_before
+        self.on_failure: Callable[[int], None] | None = None
+
+    def _failed(self, stream: int) -> None:
+        if self.model.first_failure is None:
+            self.model.first_failure = stream
+        if self.on_failure is not None:
+            self.on_failure(stream)
+
+    def stream_error(self, stream: int, message: str) -> None:
+        """Stream `stream` failed on its own: `message` is the user's line."""
+        self.model.streams[stream].fail_http(message)
+        self._failed(stream)
+
+    def end(
+        self,
+        stream: int,
+        kind: EndKind | None,
+        status: int,
+        detail: str,
+        finish_reason: str | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        """How stream `stream`'s exchange ended (kind None: normally)."""
+        state = self.model.streams[stream]
+        if usage is not None:
+            state.usage = usage
+        if kind is None:
+            state.sse_finished = True
+            state.finish_reason = finish_reason
+        elif kind == "cancelled":
+            state.cancelled = True
+        else:
+            self.stream_error(stream, end_message(kind, status, detail, timeout=self.timeout))
+
+    def events(self, events: Iterable[Event]) -> None:
+        """Reconciler events in order (spans included: the reference path)."""
+        streams = self.model.streams
+        for event in events:
+            kind = event[0]
+            if kind == "span":
+                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)
+                streams[stream].add_span(byte_start, text, step)
+            elif kind == "exact":
+                streams[cast(ExactEvent, event)[1]].verdict = "exact"
+            elif kind == "failed":
+                _, index, reason = cast(FailedEvent, event)
+                state = streams[index]
+                state.verdict = "failed"
+                state.reason = reason
+                self._failed(index)
+            elif kind == "run":
+                self.model.run_messages.append(one_line(str(event[1])))
+
+    def stats(self, reconciler: ReconcilerLike) -> None:
+        """The reconciler's statistics, counters and sources, stored once."""
+        model = self.model
+        for state in model.streams:
+            state.stats = reconciler.stream_stats(state.index)
+        model.totals = reconciler.totals()
+        model.counters = reconciler.counters()
+        sources = reconciler.sources()
+        if len(sources) != len(model.sources):
+            model.sources = sources
+            self.update_backend()
+
+    def update_backend(self) -> None:
+        self.model.backend = detect_backend(
+            self.backend_override, self.model.sources, self.metrics_before
+        )
+
+    def all_settled(self) -> bool:
+        """Every stream that can still get a verdict has one."""
+        return all(
+            s.verdict != "pending" or s.error is not None or s.cancelled for s in self.model.streams
+        )

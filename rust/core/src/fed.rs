@@ -1,0 +1,400 @@
+//! Everything that happens to a run's inputs, under one lock: the
+//! [`Reconciler`], the `--record` [`Tap`] and what the screen still has to be
+//! told.
+//!
+//! The receiver thread (datagrams), the HTTP thread (SSE deltas and stream
+//! ends) and Python (its own pushes, and collecting) share one
+//! `Arc<Mutex<Fed>>`. Each input goes to the tap and then to the reconciler
+//! while the lock is held, so the recording's order is the applied order; an
+//! SSE delta's text is queued for the screen in the same step, so a span can
+//! never reach Python before the text it covers. [`Fed::take`] hands Python
+//! one [`Batch`] per screen refresh: new text once per stream, spans packed
+//! as byte ranges of that text, the other events, the streams that ended.
+//!
+//! Queries go straight to the reconciler (`Deref`); every input has its own
+//! method here, so nothing can reach the reconciler around the tap.
+
+use std::collections::HashMap;
+use std::ops::Deref;
+
+use crate::outcome::Outcome;
+use crate::reconcile::{Event, Reconciler};
+use crate::record::Item;
+use crate::sse::Usage;
+use crate::tap::Tap;
+
+/// New SSE text of one stream since the last [`Fed::take`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StreamText {
+    /// The new text, UTF-8, once.
+    pub utf8: Vec<u8>,
+    /// Where each non-empty delta's text ends, in bytes from the stream's start.
+    pub chunk_ends: Vec<u64>,
+    /// One arrival time per delta (monotonic seconds), empty-text ones included.
+    pub times: Vec<f64>,
+    pub tokens: u64,
+}
+
+/// Bytes of one packed span: two little-endian u64 words, its end offset in
+/// the stream's SSE text, then `step | role << 32` (step [`NO_STEP`] for a
+/// mixed span, role [`NO_ROLE`] when its characters do not share one). Span
+/// `i` of a stream covers bytes `end[i-1]..end[i]`.
+pub const SPAN_RECORD_BYTES: usize = 16;
+/// The step of a mixed (or unproven) span in a packed record.
+pub const NO_STEP: u32 = u32::MAX;
+/// The role of a span whose characters do not share one role.
+pub const NO_ROLE: u8 = u8::MAX;
+
+fn span_word(step: Option<u32>, role: Option<u8>) -> u64 {
+    u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32)
+}
+
+/// (end, step, role) of each packed span in `records`, for tests and tools.
+pub fn unpack_spans(records: &[u8]) -> Vec<(u64, Option<u32>, Option<u8>)> {
+    records
+        .chunks_exact(SPAN_RECORD_BYTES)
+        .map(|r| {
+            let end = u64::from_le_bytes(r[..8].try_into().unwrap_or([0; 8]));
+            let word = u64::from_le_bytes(r[8..].try_into().unwrap_or([0; 8]));
+            let step = (word as u32 != NO_STEP).then_some(word as u32);
+            let role = ((word >> 32) as u8 != NO_ROLE).then_some((word >> 32) as u8);
+            (end, step, role)
+        })
+        .collect()
+}
+
+/// A stream whose HTTP exchange is over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ended {
+    pub stream: u16,
+    pub outcome: Outcome,
+    pub finish_reason: Option<String>,
+    pub usage: Option<Usage>,
+    /// Monotonic seconds.
+    pub at: f64,
+}
+
+/// What the screen needs since the last take.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub texts: Vec<(u16, StreamText)>,
+    /// Every stream's new spans, packed ([`SPAN_RECORD_BYTES`] each) and
+    /// grouped by stream: one buffer, so Python appends each stream's part
+    /// with one `frombytes` of a slice.
+    pub spans: Vec<u8>,
+    /// `(stream, start, end)`: where each stream's spans are in `spans`.
+    pub span_index: Vec<(u16, usize, usize)>,
+    /// Every event except spans, in order.
+    pub events: Vec<Event>,
+    pub ends: Vec<Ended>,
+}
+
+#[derive(Default)]
+struct Shown {
+    /// The batch's spans in event order: (stream, end, step | role << 32).
+    span_scratch: Vec<(u16, u64, u64)>,
+    /// Spans per stream in the batch being built, then where each goes.
+    span_count: Vec<usize>,
+    texts: HashMap<u16, StreamText>,
+    /// Streams of `texts` in the order they first had news.
+    order: Vec<u16>,
+    /// Bytes of SSE text per stream so far.
+    text_bytes: Vec<u64>,
+    /// Where each stream's last packed span ended.
+    span_end: Vec<u64>,
+    ends: Vec<Ended>,
+}
+
+/// The reconciler of a run with its tap and its queue for the screen.
+pub struct Fed {
+    rec: Reconciler,
+    tap: Option<Tap>,
+    shown: Shown,
+    scratch: Vec<Event>,
+}
+
+impl Deref for Fed {
+    type Target = Reconciler;
+    fn deref(&self) -> &Reconciler {
+        &self.rec
+    }
+}
+
+/// `CLOCK_MONOTONIC` in seconds: the clock of Python's `time.monotonic()`.
+pub fn monotonic() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+impl Fed {
+    pub fn new(rec: Reconciler) -> Fed {
+        let n = rec.num_streams() as usize;
+        Fed {
+            rec,
+            tap: None,
+            shown: Shown {
+                text_bytes: vec![0; n],
+                span_end: vec![0; n],
+                span_count: vec![0; n],
+                ..Shown::default()
+            },
+            scratch: Vec::new(),
+        }
+    }
+
+    // ------------------------------------------------------------- the tap
+
+    /// Record every input from now on (replacing no tap: one per run).
+    pub fn set_tap(&mut self, tap: Tap) {
+        self.tap = Some(tap);
+    }
+
+    pub fn take_tap(&mut self) -> Option<Tap> {
+        self.tap.take()
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.tap.is_some()
+    }
+
+    fn tap_item(&mut self, at: f64, item: &Item<'_>) {
+        if let Some(tap) = &mut self.tap {
+            tap.item(at, item);
+        }
+    }
+
+    // -------------------------------------------------------------- inputs
+
+    pub fn push_frame(&mut self, data: &[u8]) {
+        if let Some(tap) = &mut self.tap {
+            tap.item(monotonic(), &Item::Frame(data));
+        }
+        self.rec.push_frame(data);
+    }
+
+    pub fn push_frame_at(&mut self, data: &[u8], at: f64) {
+        self.tap_item(at, &Item::Frame(data));
+        self.rec.push_frame(data);
+    }
+
+    pub fn push_frames<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        for f in frames {
+            self.push_frame_at(f, at);
+        }
+    }
+
+    /// A datagram rejected before decoding (e.g. oversized).
+    pub fn reject(&mut self, reason: String) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.reject_at(reason, at);
+    }
+
+    pub fn reject_at(&mut self, reason: String, at: f64) {
+        self.tap_item(at, &Item::Reject(&reason));
+        self.rec.reject(reason);
+    }
+
+    /// An SSE delta pushed by the caller (not queued for the screen: that
+    /// caller keeps its own text).
+    pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {
+        if let Some(tap) = &mut self.tap {
+            tap.sse(monotonic(), stream, text, token_ids);
+        }
+        self.rec.push_sse(stream, text, token_ids);
+    }
+
+    pub fn finish_sse(&mut self, stream: u16) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.finish_at(stream, None, at);
+    }
+
+    fn finish_at(&mut self, stream: u16, reason: Option<&str>, at: f64) {
+        self.tap_item(at, &Item::Finish { stream, reason });
+        self.rec.finish_sse(stream);
+    }
+
+    pub fn finalize(&mut self) {
+        if let Some(tap) = &mut self.tap {
+            tap.item(monotonic(), &Item::Finalize);
+        }
+        self.rec.finalize();
+    }
+
+    pub fn drain(&mut self) -> Vec<Event> {
+        self.rec.drain()
+    }
+
+    pub fn drain_into(&mut self, out: &mut Vec<Event>) {
+        self.rec.drain_into(out);
+    }
+
+    // ----------------------------------------- the HTTP thread's inputs
+
+    /// A stream's request began.
+    pub fn stream_started(&mut self, stream: u16, at: f64) {
+        self.tap_item(at, &Item::Start { stream });
+    }
+
+    /// One SSE delta read by the HTTP thread: recorded, reconciled and queued
+    /// for the screen.
+    pub fn sse_delta(&mut self, stream: u16, text: &str, token_ids: &[u32], at: f64) {
+        if let Some(tap) = &mut self.tap {
+            tap.sse(at, stream, text, token_ids);
+        }
+        self.rec.push_sse(stream, text, token_ids);
+        let s = stream as usize;
+        if s >= self.shown.text_bytes.len() {
+            return;
+        }
+        let shown = &mut self.shown;
+        let entry = shown.texts.entry(stream).or_insert_with(|| {
+            shown.order.push(stream);
+            StreamText::default()
+        });
+        entry.times.push(at);
+        entry.tokens += token_ids.len() as u64;
+        if !text.is_empty() {
+            entry.utf8.extend_from_slice(text.as_bytes());
+            shown.text_bytes[s] += text.len() as u64;
+            entry.chunk_ends.push(shown.text_bytes[s]);
+        }
+    }
+
+    /// A stream's exchange is over: a normal end finishes its SSE in the
+    /// reconciler (with the finish reason), any other end is recorded as such.
+    pub fn stream_ended(&mut self, ended: Ended) {
+        match ended.outcome.kind {
+            None => self.finish_at(ended.stream, ended.finish_reason.as_deref(), ended.at),
+            Some(kind) => self.tap_item(
+                ended.at,
+                &Item::End {
+                    stream: ended.stream,
+                    code: kind.code(),
+                    status: ended.outcome.status,
+                    detail: &ended.outcome.detail,
+                },
+            ),
+        }
+        self.shown.ends.push(ended);
+    }
+
+    // ------------------------------------------------------------ output
+
+    /// Everything the screen needs since the last call.
+    pub fn take(&mut self) -> Batch {
+        let mut batch = Batch::default();
+        let shown = &mut self.shown;
+        for stream in shown.order.drain(..) {
+            if let Some(text) = shown.texts.remove(&stream) {
+                batch.texts.push((stream, text));
+            }
+        }
+        batch.ends = std::mem::take(&mut shown.ends);
+        self.rec.drain_into(&mut self.scratch);
+        let spans = &mut shown.span_scratch;
+        for event in self.scratch.drain(..) {
+            let Event::Span {
+                stream,
+                byte_start,
+                text,
+                step,
+                ..
+            } = event
+            else {
+                batch.events.push(event);
+                continue;
+            };
+            let s = stream as usize;
+            if s >= shown.span_end.len() {
+                continue;
+            }
+            // Spans cover the text contiguously (PROTOCOL.md); should one
+            // ever start further on, the bytes between stay uncolored.
+            if byte_start > shown.span_end[s] {
+                spans.push((stream, byte_start, span_word(None, None)));
+                shown.span_count[s] += 1;
+            }
+            let end = byte_start + text.len() as u64;
+            spans.push((stream, end, span_word(step, None)));
+            shown.span_count[s] += 1;
+            shown.span_end[s] = shown.span_end[s].max(end);
+        }
+        // Group by stream (a counting sort keeps each stream's order).
+        let mut start = 0;
+        for (s, count) in shown.span_count.iter_mut().enumerate() {
+            if *count > 0 {
+                let bytes = *count * SPAN_RECORD_BYTES;
+                batch.span_index.push((s as u16, start, start + bytes));
+                *count = start; // from here on: where the stream's next record goes
+                start += bytes;
+            }
+        }
+        batch.spans = vec![0; start];
+        for &(stream, end, word) in spans.iter() {
+            let at = &mut shown.span_count[stream as usize];
+            batch.spans[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
+            batch.spans[*at + 8..*at + 16].copy_from_slice(&word.to_le_bytes());
+            *at += SPAN_RECORD_BYTES;
+        }
+        spans.clear();
+        for &(s, _, _) in &batch.span_index {
+            shown.span_count[s as usize] = 0;
+        }
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::EndKind;
+
+    #[test]
+    fn take_gives_text_once_spans_as_ranges_and_ends() {
+        let mut fed = Fed::new(Reconciler::with_run_id([1; 16], 3));
+        fed.stream_started(2, 1.0);
+        fed.sse_delta(2, "h\u{e9}", &[5, 6], 1.5);
+        fed.sse_delta(2, "", &[7], 1.6);
+        fed.sse_delta(2, "!", &[8], 1.7);
+        fed.stream_ended(Ended {
+            stream: 2,
+            outcome: Outcome::finished(),
+            finish_reason: Some("stop".into()),
+            usage: None,
+            at: 1.8,
+        });
+        fed.stream_ended(Ended {
+            stream: 0,
+            outcome: Outcome::http(EndKind::HttpStatus, 500, "boom"),
+            finish_reason: None,
+            usage: None,
+            at: 1.9,
+        });
+        let batch = fed.take();
+        assert_eq!(
+            batch.texts,
+            vec![(
+                2,
+                StreamText {
+                    utf8: "h\u{e9}!".as_bytes().to_vec(),
+                    chunk_ends: vec![3, 4],
+                    times: vec![1.5, 1.6, 1.7],
+                    tokens: 4,
+                }
+            )]
+        );
+        assert_eq!(batch.ends.len(), 2);
+        assert!(batch.spans.is_empty() && batch.span_index.is_empty()); // nothing proven
+        let again = fed.take();
+        assert!(again.texts.is_empty() && again.ends.is_empty());
+        // The next delta's chunk end continues the stream's byte count.
+        fed.sse_delta(2, "ab", &[9], 2.0);
+        assert_eq!(fed.take().texts[0].1.chunk_ends, vec![6]);
+    }
+}

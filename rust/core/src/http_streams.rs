@@ -1,0 +1,1252 @@
+//! The HTTP thread (Unix): every stream's whole exchange, without Python.
+//!
+//! One thread polls every stream's connection and drives each through its
+//! exchange: connect (with the connect timeout; each resolved address in
+//! turn), TLS for `https://` ([`crate::tls`]), write the request Python
+//! composed, read the response head ([`crate::http::Head`]), then either the
+//! error body (status >= 400), a refusal (not `text/event-stream`, or a
+//! compressed body), or the SSE body ([`StreamBody`]: HTTP framing, SSE
+//! events, chunk JSON). Every delta goes into the run's [`Fed`] — recorded,
+//! reconciled, queued for the screen — and the thread finishes each stream
+//! itself: a normal end with its finish reason, any other end as an
+//! [`Outcome`] the client's one mapper turns into the user's message.
+//!
+//! With several connections open, rounds that read something are at least
+//! `min_interval` apart: each read then brings several chunks, and the
+//! thread's wake-ups stay bounded whatever the token rate (arrival times are
+//! then exact to `min_interval`). One stream's failure — a panic included —
+//! ends that stream only.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustls::ClientConnection;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::fed::{monotonic, Ended, Fed};
+use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD_BYTES};
+use crate::outcome::{EndKind, Outcome};
+use crate::sse_stream::{StreamBody, StreamEnd};
+
+/// Bytes read by one `recv`.
+const READ_BYTES: usize = 256 * 1024;
+/// Reads of one connection per round before the others get their turn.
+const READS_PER_ROUND: usize = 4;
+/// The start of an error body kept for the message.
+pub const ERROR_BODY_LIMIT: usize = 4096;
+/// Open connections from which the thread waits out `min_interval` between
+/// two rounds that read something.
+pub const COALESCE_STREAMS: usize = 4;
+/// The client's `min_interval`: below an engine step of a GPU server at 64
+/// streams, and what arrival times are exact to while rounds are spaced.
+/// 10 ms rather than 5: half the reads (each `recv` and the TCP
+/// acknowledgement it causes cost about as much as parsing the chunks it
+/// brings; docs/benchmarks/client.md measures both side by side).
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Where the streams go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    /// How messages name the server (`host` or `host:port`, as the user wrote it).
+    pub shown: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// TCP connect and TLS handshake.
+    pub connect: Duration,
+    /// The longest silence while waiting for the response; None: no limit.
+    pub read: Option<Duration>,
+    /// The longest stall while writing the request.
+    pub write: Duration,
+}
+
+enum Command {
+    Add {
+        stream: u16,
+        request: Vec<u8>,
+        at: f64,
+    },
+    /// End the stream with this outcome (cancelled, or failed by the client).
+    Stop { stream: u16, outcome: Outcome },
+}
+
+#[derive(Default)]
+struct Shared {
+    commands: Vec<Command>,
+}
+
+struct Delta {
+    text: String,
+    ids: Vec<u32>,
+    time: f64,
+}
+
+/// The error body of a status >= 400 being read.
+struct ErrorBody {
+    status: u16,
+    decoder: BodyDecoder,
+    bytes: Vec<u8>,
+}
+
+enum Phase {
+    Connecting,
+    /// Connected: writing the request, reading the answer.
+    Talking,
+}
+
+struct Exchange {
+    stream: u16,
+    phase: Phase,
+    sock: Option<TcpStream>,
+    tls: Option<ClientConnection>,
+    addrs: Vec<SocketAddr>,
+    next_addr: usize,
+    request: Vec<u8>,
+    /// Plain connections: request bytes written so far.
+    sent: usize,
+    /// The write side is done (or the server closed it).
+    sent_all: bool,
+    head: Vec<u8>,
+    error_body: Option<ErrorBody>,
+    body: Option<StreamBody>,
+    started: Instant,
+    last_progress: Instant,
+    /// Monotonic time of the start, published with the first round.
+    start_at: Option<f64>,
+    deltas: Vec<Delta>,
+    end: Option<Outcome>,
+    /// Its end was handed to the run: the exchange is dropped.
+    done: bool,
+}
+
+/// What reading a connection gave.
+enum Got {
+    Data(usize),
+    Eof,
+    Again,
+}
+
+fn strerror(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    }
+}
+
+impl Exchange {
+    fn new(stream: u16, request: Vec<u8>, now: Instant, at: f64) -> Exchange {
+        Exchange {
+            stream,
+            phase: Phase::Connecting,
+            sock: None,
+            tls: None,
+            addrs: Vec::new(),
+            next_addr: 0,
+            request,
+            sent: 0,
+            sent_all: false,
+            head: Vec::new(),
+            error_body: None,
+            body: None,
+            started: now,
+            last_progress: now,
+            start_at: Some(at),
+            deltas: Vec::new(),
+            end: None,
+            done: false,
+        }
+    }
+
+    fn fail(&mut self, outcome: Outcome) {
+        if self.end.is_none() {
+            self.end = Some(outcome);
+        }
+        self.sock = None;
+        self.tls = None;
+    }
+
+    fn fd(&self) -> libc::c_int {
+        self.sock.as_ref().map_or(-1, |s| s.as_raw_fd())
+    }
+
+    /// Poll events this exchange waits for.
+    fn interest(&self) -> libc::c_short {
+        match self.phase {
+            Phase::Connecting => libc::POLLOUT,
+            Phase::Talking => {
+                let wants_write = match &self.tls {
+                    Some(tls) => tls.wants_write(),
+                    None => !self.sent_all,
+                };
+                libc::POLLIN | if wants_write { libc::POLLOUT } else { 0 }
+            }
+        }
+    }
+
+    /// Connect to the next address; a failure of the last one ends the stream.
+    fn connect_next(&mut self, target: &Target, mut last: Option<io::Error>) {
+        while self.next_addr < self.addrs.len() {
+            let addr = self.addrs[self.next_addr];
+            self.next_addr += 1;
+            let attempt = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+                .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                .and_then(|s| match s.connect(&addr.into()) {
+                    Ok(()) => Ok(s),
+                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(s),
+                    Err(e) => Err(e),
+                });
+            match attempt {
+                Ok(s) => {
+                    self.sock = Some(s.into());
+                    self.phase = Phase::Connecting;
+                    return;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let outcome = match last {
+            Some(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                Outcome::failed(EndKind::Refused, target.shown.clone())
+            }
+            Some(e) => Outcome::failed(
+                EndKind::ConnectFailed,
+                format!("{}: {}", target.shown, strerror(&e)),
+            ),
+            None => Outcome::failed(
+                EndKind::ConnectFailed,
+                format!("{}: no address to connect to", target.shown),
+            ),
+        };
+        self.fail(outcome);
+    }
+
+    /// The socket became writable (or failed) while connecting.
+    fn on_connected(&mut self, target: &Target, now: Instant) {
+        let Some(sock) = &self.sock else { return };
+        let error = match sock.take_error() {
+            Ok(Some(e)) => Some(e),
+            Ok(None) => sock.peer_addr().err(),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = error {
+            self.sock = None;
+            return self.connect_next(target, Some(e));
+        }
+        let _ = sock.set_nodelay(true);
+        self.phase = Phase::Talking;
+        self.last_progress = now;
+        if target.tls {
+            match crate::tls::connect(&target.host) {
+                Ok(mut tls) => {
+                    // rustls holds the request until the handshake is done.
+                    let _ = tls.writer().write_all(&self.request);
+                    self.request = Vec::new();
+                    self.tls = Some(tls);
+                }
+                Err(e) => self.fail(Outcome::failed(
+                    EndKind::Tls,
+                    format!("{}: {e}", target.shown),
+                )),
+            }
+        }
+    }
+
+    fn tls_error(&mut self, target: &Target, e: impl std::fmt::Display) {
+        self.fail(Outcome::failed(
+            EndKind::Tls,
+            format!("{}: {e}", target.shown),
+        ));
+    }
+
+    /// Write what can be written.
+    fn write_some(&mut self, target: &Target, now: Instant) {
+        let Some(sock) = &mut self.sock else { return };
+        if let Some(tls) = &mut self.tls {
+            while tls.wants_write() {
+                match tls.write_tls(sock) {
+                    Ok(_) => self.last_progress = now,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return self.tls_error(target, strerror(&e));
+                    }
+                }
+            }
+            self.sent_all = !tls.is_handshaking();
+            return;
+        }
+        while self.sent < self.request.len() {
+            match sock.write(&self.request[self.sent..]) {
+                Ok(n) => {
+                    self.sent += n;
+                    self.last_progress = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The server closed its side: what it answered is still read.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    break;
+                }
+                Err(e) => return self.fail(Outcome::failed(EndKind::Io, strerror(&e))),
+            }
+        }
+        self.sent_all = true;
+        self.request = Vec::new();
+    }
+
+    /// Read plaintext into `buf`.
+    fn read_some(&mut self, target: &Target, buf: &mut [u8]) -> Got {
+        let Some(sock) = &mut self.sock else {
+            return Got::Eof;
+        };
+        let Some(tls) = &mut self.tls else {
+            return loop {
+                match sock.read(buf) {
+                    Ok(0) => break Got::Eof,
+                    Ok(n) => break Got::Data(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Got::Again,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // A reset is a close: the body decides whether it was complete.
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break Got::Eof,
+                    Err(e) => {
+                        self.fail(Outcome::failed(EndKind::Io, strerror(&e)));
+                        break Got::Again;
+                    }
+                }
+            };
+        };
+        // Plaintext already decrypted comes first.
+        match tls.reader().read(buf) {
+            Ok(0) => return Got::Eof,
+            Ok(n) => return Got::Data(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Got::Eof,
+            Err(e) => {
+                self.tls_error(target, e);
+                return Got::Again;
+            }
+        }
+        let closed = loop {
+            match tls.read_tls(sock) {
+                Ok(0) => break true,
+                Ok(_) => break false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Got::Again,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break true,
+                Err(e) => {
+                    self.fail(Outcome::failed(EndKind::Io, strerror(&e)));
+                    return Got::Again;
+                }
+            }
+        };
+        if let Err(e) = tls.process_new_packets() {
+            // Let the peer know why, if the socket still takes it.
+            let _ = tls.write_tls(sock);
+            self.tls_error(target, e);
+            return Got::Again;
+        }
+        match tls.reader().read(buf) {
+            Ok(0) => Got::Eof,
+            Ok(n) => Got::Data(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if closed {
+                    Got::Eof
+                } else {
+                    Got::Again
+                }
+            }
+            // Closed without close_notify: an HTTP body knows its own end.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Got::Eof,
+            Err(e) => {
+                self.tls_error(target, e);
+                Got::Again
+            }
+        }
+    }
+
+    fn push_body(&mut self, data: Option<&[u8]>, time: f64) {
+        let Some(body) = &mut self.body else { return };
+        let deltas = &mut self.deltas;
+        let mut on_delta = |text: &str, ids: &[u32]| {
+            deltas.push(Delta {
+                text: text.to_owned(),
+                ids: ids.to_vec(),
+                time,
+            })
+        };
+        match data {
+            Some(d) => body.feed(d, &mut on_delta),
+            None => body.finish(&mut on_delta),
+        }
+        let outcome = match &body.end {
+            None => return,
+            Some(StreamEnd::Done | StreamEnd::BodyEnded) if body.finish_reason.is_some() => {
+                Outcome::finished()
+            }
+            Some(StreamEnd::Done | StreamEnd::BodyEnded) => Outcome::failed(EndKind::NoFinish, ""),
+            Some(StreamEnd::BadEvent(m)) => Outcome::failed(EndKind::BadSse, m.clone()),
+            Some(StreamEnd::Framing(BodyError::Incomplete { .. })) => {
+                Outcome::failed(EndKind::Closed, "")
+            }
+            Some(StreamEnd::Framing(e)) => Outcome::failed(EndKind::Framing, e.to_string()),
+        };
+        self.fail(outcome);
+    }
+
+    fn push_error_body(&mut self, data: Option<&[u8]>) {
+        let Some(eb) = &mut self.error_body else {
+            return;
+        };
+        let done = match data {
+            Some(d) => {
+                let mut out = Vec::new();
+                let result = eb.decoder.feed(d, &mut out);
+                let room = ERROR_BODY_LIMIT - eb.bytes.len();
+                eb.bytes.extend_from_slice(&out[..out.len().min(room)]);
+                result.is_err() || eb.decoder.is_complete() || eb.bytes.len() >= ERROR_BODY_LIMIT
+            }
+            None => true,
+        };
+        if done {
+            let outcome = Outcome::http(
+                EndKind::HttpStatus,
+                eb.status,
+                String::from_utf8_lossy(&eb.bytes).into_owned(),
+            );
+            self.fail(outcome);
+        }
+    }
+
+    /// Response bytes before the head was complete.
+    fn push_head(&mut self, data: &[u8], time: f64) {
+        self.head.extend_from_slice(data);
+        loop {
+            let Some((end, sep)) = find_head_end(&self.head) else {
+                if self.head.len() > MAX_HEAD_BYTES {
+                    self.fail(Outcome::failed(
+                        EndKind::Protocol,
+                        format!("response head longer than {MAX_HEAD_BYTES} bytes"),
+                    ));
+                }
+                return;
+            };
+            let head = match Head::parse(&self.head[..end]) {
+                Ok(h) => h,
+                Err(e) => return self.fail(Outcome::failed(EndKind::Protocol, e.0)),
+            };
+            let rest = self.head.split_off(end + sep);
+            self.head.clear();
+            if head.is_interim() {
+                self.head = rest;
+                continue; // 100 Continue, 103 Early Hints
+            }
+            let framing = match head.framing("POST") {
+                Ok(f) => f,
+                Err(e) => return self.fail(Outcome::failed(EndKind::Protocol, e.0)),
+            };
+            if head.status >= 400 {
+                self.error_body = Some(ErrorBody {
+                    status: head.status,
+                    decoder: BodyDecoder::new(framing),
+                    bytes: Vec::new(),
+                });
+                if framing == Framing::Length(0) {
+                    return self.push_error_body(None);
+                }
+                if !rest.is_empty() {
+                    self.push_error_body(Some(&rest));
+                }
+                return;
+            }
+            let content_type = head.get("content-type").unwrap_or_default();
+            if !content_type
+                .to_ascii_lowercase()
+                .contains("text/event-stream")
+            {
+                return self.fail(Outcome::http(EndKind::NotSse, head.status, content_type));
+            }
+            let encoding = head.get("content-encoding").unwrap_or_default();
+            let coding = encoding.trim().to_ascii_lowercase();
+            if !coding.is_empty() && coding != "identity" {
+                return self.fail(Outcome::failed(EndKind::Encoding, encoding));
+            }
+            self.body = Some(StreamBody::new(framing));
+            if framing == Framing::Length(0) {
+                return self.push_body(None, time);
+            }
+            if !rest.is_empty() {
+                self.push_body(Some(&rest), time);
+            }
+            return;
+        }
+    }
+
+    fn on_bytes(&mut self, data: Option<&[u8]>, time: f64) {
+        if self.body.is_some() {
+            self.push_body(data, time);
+        } else if self.error_body.is_some() {
+            self.push_error_body(data);
+        } else {
+            match data {
+                Some(d) => self.push_head(d, time),
+                None => self.fail(Outcome::failed(EndKind::NoResponse, "")),
+            }
+        }
+    }
+
+    /// One round's work on this exchange.
+    fn drive(
+        &mut self,
+        target: &Target,
+        revents: libc::c_short,
+        buf: &mut [u8],
+        time: f64,
+        now: Instant,
+    ) {
+        if self.end.is_some() {
+            return;
+        }
+        if let Phase::Connecting = self.phase {
+            if revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) == 0 {
+                return;
+            }
+            self.on_connected(target, now);
+            if self.end.is_some() || matches!(self.phase, Phase::Connecting) {
+                return;
+            }
+        }
+        self.write_some(target, now);
+        for _ in 0..READS_PER_ROUND {
+            if self.end.is_some() {
+                return;
+            }
+            match self.read_some(target, buf) {
+                Got::Data(n) => {
+                    self.last_progress = now;
+                    self.on_bytes(Some(&buf[..n]), time);
+                    if self.tls.as_ref().is_some_and(|t| t.wants_write()) {
+                        self.write_some(target, now);
+                    }
+                    if self.tls.is_none() && n < buf.len() {
+                        return; // drained
+                    }
+                }
+                Got::Eof => {
+                    self.on_bytes(None, time);
+                    if self.end.is_none() {
+                        self.fail(Outcome::failed(EndKind::Closed, ""));
+                    }
+                    return;
+                }
+                Got::Again => return,
+            }
+        }
+    }
+
+    /// When this exchange's current timeout expires, and what it means.
+    fn deadline(&self, t: &Timeouts) -> Option<(Instant, Outcome)> {
+        let handshaking = self.tls.as_ref().is_some_and(|c| c.is_handshaking());
+        if matches!(self.phase, Phase::Connecting) || handshaking {
+            return Some((
+                self.started + t.connect,
+                Outcome::failed(EndKind::ConnectTimeout, ""),
+            ));
+        }
+        if !self.sent_all {
+            return Some((
+                self.last_progress + t.write,
+                Outcome::failed(
+                    EndKind::Io,
+                    format!(
+                        "writing the request stalled for {} s",
+                        t.write.as_secs_f64()
+                    ),
+                ),
+            ));
+        }
+        t.read.map(|r| {
+            (
+                self.last_progress + r,
+                Outcome::failed(EndKind::ReadTimeout, ""),
+            )
+        })
+    }
+}
+
+/// The HTTP thread of a run.
+pub struct HttpStreams {
+    shared: Arc<Mutex<Shared>>,
+    wake: libc::c_int,
+    stop: Arc<AtomicBool>,
+    /// Set when the thread ended by a panic: nothing it held will finish.
+    failed: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+impl HttpStreams {
+    /// Start the thread; streams' deltas and ends go into `fed`.
+    pub fn start(
+        fed: Arc<Mutex<Fed>>,
+        target: Target,
+        timeouts: Timeouts,
+        min_interval: Duration,
+    ) -> io::Result<HttpStreams> {
+        let mut pipe = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the array.
+        cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
+        let (wake_r, wake_w) = (pipe[0], pipe[1]);
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(AtomicBool::new(false));
+        let (t_shared, t_stop, t_failed) =
+            (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&failed));
+        let spawned = std::thread::Builder::new()
+            .name("parallelhue-http".into())
+            .spawn(move || {
+                let mut thread = Thread {
+                    wake: wake_r,
+                    shared: &t_shared,
+                    stop: &t_stop,
+                    fed: &fed,
+                    target,
+                    timeouts,
+                    min_interval,
+                    addrs: None,
+                };
+                if catch_unwind(AssertUnwindSafe(|| thread.run())).is_err() {
+                    t_failed.store(true, Ordering::SeqCst);
+                }
+                // SAFETY: the thread owns the pipe's read end.
+                unsafe { libc::close(wake_r) };
+            });
+        match spawned {
+            Ok(thread) => Ok(HttpStreams {
+                shared,
+                wake: wake_w,
+                stop,
+                failed,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                // SAFETY: closing the pipe we just made.
+                unsafe {
+                    libc::close(wake_r);
+                    libc::close(wake_w);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn command(&self, command: Command) {
+        if let Ok(mut s) = self.shared.lock() {
+            s.commands.push(command);
+        }
+        // SAFETY: one byte into our pipe; a full pipe already means "wake up".
+        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
+    }
+
+    /// Start stream `stream` with the whole request (head and body); returns
+    /// its start time (monotonic seconds), recorded as such.
+    pub fn add(&self, stream: u16, request: Vec<u8>) -> f64 {
+        let at = monotonic();
+        self.command(Command::Add {
+            stream,
+            request,
+            at,
+        });
+        at
+    }
+
+    /// Stop `stream`: its connection closes and it ends as cancelled. A
+    /// stream whose exchange is already over gets the end too (recorded and
+    /// reported), so the recording says which streams the client stopped.
+    pub fn cancel(&self, stream: u16) {
+        self.stop(stream, Outcome::failed(EndKind::Cancelled, ""));
+    }
+
+    /// End `stream` with `outcome` (e.g. the client failed handling it),
+    /// like [`HttpStreams::cancel`].
+    pub fn stop(&self, stream: u16, outcome: Outcome) {
+        self.command(Command::Stop { stream, outcome });
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.thread.is_none()
+    }
+
+    /// The thread died (a bug): the streams it held will never finish.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Stop the thread and close every connection. Idempotent.
+    pub fn close(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.stop.store(true, Ordering::SeqCst);
+        // SAFETY: one byte into our pipe.
+        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
+        let _ = thread.join();
+        // SAFETY: closing our write end, once.
+        unsafe { libc::close(self.wake) };
+    }
+}
+
+impl Drop for HttpStreams {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Thread<'a> {
+    wake: libc::c_int,
+    shared: &'a Mutex<Shared>,
+    stop: &'a AtomicBool,
+    fed: &'a Mutex<Fed>,
+    target: Target,
+    timeouts: Timeouts,
+    min_interval: Duration,
+    /// The target's addresses, looked up once (or why the lookup failed).
+    addrs: Option<Result<Vec<SocketAddr>, String>>,
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+impl Thread<'_> {
+    fn resolve(&mut self) -> Result<Vec<SocketAddr>, String> {
+        if self.addrs.is_none() {
+            let found = (self.target.host.as_str(), self.target.port)
+                .to_socket_addrs()
+                .map(|a| a.collect::<Vec<_>>())
+                .map_err(|e| {
+                    let text = strerror(&e);
+                    text.strip_prefix("failed to lookup address information: ")
+                        .unwrap_or(&text)
+                        .to_owned()
+                });
+            self.addrs = Some(found);
+        }
+        self.addrs
+            .clone()
+            .unwrap_or_else(|| Err("no lookup".into()))
+    }
+
+    fn start_exchange(&mut self, stream: u16, request: Vec<u8>, now: Instant, at: f64) -> Exchange {
+        let mut ex = Exchange::new(stream, request, now, at);
+        match self.resolve() {
+            Ok(addrs) => {
+                ex.addrs = addrs;
+                ex.connect_next(&self.target, None);
+            }
+            Err(reason) => ex.fail(Outcome::failed(
+                EndKind::ConnectFailed,
+                format!("{}: {reason}", self.target.shown),
+            )),
+        }
+        ex
+    }
+
+    fn run(&mut self) {
+        let mut exchanges: Vec<Exchange> = Vec::new();
+        let mut buf = vec![0u8; READ_BYTES];
+        let mut pollfds: Vec<libc::pollfd> = Vec::new();
+        let mut drain = [0u8; 64];
+        loop {
+            let round_start = Instant::now();
+            pollfds.clear();
+            pollfds.push(libc::pollfd {
+                fd: self.wake,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            for ex in &exchanges {
+                pollfds.push(libc::pollfd {
+                    fd: ex.fd(),
+                    events: ex.interest(),
+                    revents: 0,
+                });
+            }
+            let wait_ms = exchanges
+                .iter()
+                .filter_map(|ex| ex.deadline(&self.timeouts))
+                .map(|(at, _)| at.saturating_duration_since(round_start))
+                .min()
+                .map_or(-1, |d| {
+                    d.as_millis().min(i32::MAX as u128) as libc::c_int + 1
+                });
+            // SAFETY: a valid array of pollfds.
+            let r =
+                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
+            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                let why = format!("poll failed: {}", io::Error::last_os_error());
+                for ex in &mut exchanges {
+                    ex.fail(Outcome::failed(EndKind::Io, why.clone()));
+                }
+            }
+            if pollfds[0].revents != 0 {
+                // SAFETY: reading our own non-blocking pipe.
+                while unsafe { libc::read(self.wake, drain.as_mut_ptr().cast(), drain.len()) } > 0 {
+                }
+            }
+            let time = monotonic();
+            let now = Instant::now();
+            let mut ready = 0;
+            for (i, ex) in exchanges.iter_mut().enumerate() {
+                let revents = pollfds[i + 1].revents;
+                if revents == 0 || ex.end.is_some() {
+                    continue;
+                }
+                ready += 1;
+                let target = &self.target;
+                let buf = &mut buf;
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| {
+                    ex.drive(target, revents, buf, time, now)
+                })) {
+                    ex.fail(Outcome::failed(
+                        EndKind::Internal,
+                        format!(
+                            "the HTTP thread failed on this stream: {}",
+                            panic_message(&*payload)
+                        ),
+                    ));
+                }
+            }
+            let commands = match self.shared.lock() {
+                Ok(mut s) => std::mem::take(&mut s.commands),
+                Err(_) => Vec::new(),
+            };
+            let mut stops: Vec<(u16, Outcome)> = Vec::new();
+            for command in commands {
+                match command {
+                    Command::Add {
+                        stream,
+                        request,
+                        at,
+                    } => {
+                        let ex = self.start_exchange(stream, request, now, at);
+                        exchanges.push(ex);
+                    }
+                    Command::Stop { stream, outcome } => stops.push((stream, outcome)),
+                }
+            }
+            for ex in &mut exchanges {
+                if ex.end.is_none() {
+                    if let Some((at, outcome)) = ex.deadline(&self.timeouts) {
+                        if now >= at {
+                            ex.fail(outcome);
+                        }
+                    }
+                }
+            }
+            self.publish(&mut exchanges, stops);
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            // Coalesce when many streams are open: the next round's reads then
+            // bring several chunks each, and an engine step's burst of 64 chunks
+            // is read in one or two rounds instead of one round per chunk.
+            let spent = round_start.elapsed();
+            if ready > 0 && exchanges.len() >= COALESCE_STREAMS && spent < self.min_interval {
+                std::thread::sleep(self.min_interval - spent);
+            }
+        }
+    }
+
+    /// Hand the round's starts, deltas and ends to the run (one lock).
+    fn publish(&self, exchanges: &mut Vec<Exchange>, mut stops: Vec<(u16, Outcome)>) {
+        let busy = exchanges
+            .iter()
+            .any(|ex| ex.start_at.is_some() || !ex.deltas.is_empty() || ex.end.is_some());
+        if !busy && stops.is_empty() {
+            return;
+        }
+        let mut fed = self.fed.lock().unwrap_or_else(|poisoned| {
+            // The reconciler panicked under another caller: nothing it says
+            // can be trusted any more, so this thread stops (the client then
+            // fails every unfinished stream).
+            drop(poisoned);
+            panic!("the run's reconciler failed")
+        });
+        let time = monotonic();
+        for ex in exchanges.iter_mut() {
+            if let Some(at) = ex.start_at.take() {
+                fed.stream_started(ex.stream, at);
+            }
+            if ex.end.is_none() {
+                if let Some(i) = stops.iter().position(|(s, _)| *s == ex.stream) {
+                    let (_, outcome) = stops.swap_remove(i);
+                    ex.fail(outcome);
+                }
+            }
+            for d in ex.deltas.drain(..) {
+                fed.sse_delta(ex.stream, &d.text, &d.ids, d.time);
+            }
+            if let Some(outcome) = ex.end.take() {
+                ex.sock = None;
+                ex.tls = None;
+                let (finish_reason, usage) = match &ex.body {
+                    Some(b) => (b.finish_reason.clone(), b.usage.clone()),
+                    None => (None, None),
+                };
+                fed.stream_ended(Ended {
+                    stream: ex.stream,
+                    outcome,
+                    finish_reason,
+                    usage,
+                    at: time,
+                });
+                ex.done = true;
+            }
+        }
+        exchanges.retain(|ex| !ex.done);
+        // Stops of streams whose exchange is already over.
+        for (stream, outcome) in stops {
+            fed.stream_ended(Ended {
+                stream,
+                outcome,
+                finish_reason: None,
+                usage: None,
+                at: time,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fed::Batch;
+    use crate::reconcile::Reconciler;
+    use std::io::BufRead;
+    use std::net::TcpListener;
+
+    /// A server that answers connection `i` with `answers[i]` (written in
+    /// 7-byte pieces when `dribble`), keeping each request it read.
+    fn serve(answers: Vec<Vec<u8>>, dribble: bool) -> (u16, Arc<Mutex<Vec<Vec<u8>>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for answer in answers {
+                let Ok((conn, _)) = listener.accept() else {
+                    return;
+                };
+                let kept = Arc::clone(&kept);
+                std::thread::spawn(move || {
+                    let mut reader = io::BufReader::new(conn.try_clone().unwrap());
+                    let mut request = Vec::new();
+                    let mut length = 0;
+                    loop {
+                        let mut line = Vec::new();
+                        if reader.read_until(b'\n', &mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let text = String::from_utf8_lossy(&line).to_ascii_lowercase();
+                        if let Some(v) = text.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                        request.extend_from_slice(&line);
+                        if line == b"\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    request.extend_from_slice(&body);
+                    kept.lock().unwrap().push(request);
+                    let mut conn = conn;
+                    if dribble {
+                        for piece in answer.chunks(7) {
+                            if conn.write_all(piece).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    } else {
+                        let _ = conn.write_all(&answer);
+                    }
+                    if answer.ends_with(b"\r\n\r\n") {
+                        // A head alone: stay silent until the client gives up.
+                        std::thread::sleep(Duration::from_millis(1500));
+                    }
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    fn chunked(parts: &[&str]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in parts {
+            out.extend_from_slice(format!("{:x}\r\n{p}\r\n", p.len()).as_bytes());
+        }
+        out
+    }
+
+    const SSE_HEAD: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    fn event(text: &str, ids: &[u32], finish: Option<&str>) -> String {
+        let finish = finish.map_or("null".into(), |f| format!("\"{f}\""));
+        format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text:?}}},\"token_ids\":{ids:?},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    }
+
+    struct Run {
+        fed: Arc<Mutex<Fed>>,
+        streams: HttpStreams,
+    }
+
+    fn run(port: u16, n: u16, read: Option<Duration>) -> Run {
+        let fed = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([1; 16], n))));
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port,
+            tls: false,
+            shown: format!("127.0.0.1:{port}"),
+        };
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(5),
+            read,
+            write: Duration::from_secs(5),
+        };
+        let streams =
+            HttpStreams::start(Arc::clone(&fed), target, timeouts, Duration::from_millis(1))
+                .unwrap();
+        Run { fed, streams }
+    }
+
+    fn request(n: u16) -> Vec<u8> {
+        let headers = vec![
+            ("Host".to_string(), "127.0.0.1".to_string()),
+            ("Connection".to_string(), "keep-alive".to_string()),
+        ];
+        crate::http::request_bytes(
+            "POST",
+            "/v1/x?q=1",
+            &headers,
+            format!("{{\"s\":{n}}}").as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// Collect batches until `n` streams ended.
+    fn collect(run: &Run, n: usize) -> Batch {
+        let mut all = Batch::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while all.ends.len() < n && Instant::now() < deadline {
+            let b = run.fed.lock().unwrap().take();
+            all.texts.extend(b.texts);
+            all.ends.extend(b.ends);
+            all.events.extend(b.events);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(all.ends.len(), n, "streams did not end in time");
+        all.ends.sort_by_key(|e| e.stream);
+        all
+    }
+
+    #[test]
+    fn a_stream_split_anywhere_is_reconciled_queued_and_finished() {
+        let body = [
+            event("h\u{e9}", &[5, 6], None),
+            event("", &[7], None),
+            event("\u{4e16}!", &[8], Some("stop")),
+            "data: [DONE]\n\n".into(),
+        ];
+        let parts: Vec<&str> = body.iter().map(String::as_str).collect();
+        let mut answer = SSE_HEAD.as_bytes().to_vec();
+        answer.extend(chunked(&parts));
+        answer.extend_from_slice(b"0\r\n\r\n");
+        let (port, requests) = serve(vec![answer], true);
+        let mut r = run(port, 2, None);
+        let before = monotonic();
+        r.streams.add(1, request(1));
+        let batch = collect(&r, 1);
+        let after = monotonic();
+        let end = &batch.ends[0];
+        assert_eq!(end.outcome, Outcome::finished());
+        assert_eq!(end.finish_reason.as_deref(), Some("stop"));
+        let text: Vec<u8> = batch
+            .texts
+            .iter()
+            .flat_map(|(_, t)| t.utf8.clone())
+            .collect();
+        assert_eq!(text, "h\u{e9}\u{4e16}!".as_bytes());
+        let times: Vec<f64> = batch
+            .texts
+            .iter()
+            .flat_map(|(_, t)| t.times.clone())
+            .collect();
+        let tokens: u64 = batch.texts.iter().map(|(_, t)| t.tokens).sum();
+        assert_eq!((times.len(), tokens), (3, 4));
+        assert!(before <= times[0] && times[2] <= after && times.windows(2).all(|w| w[0] <= w[1]));
+        // The reconciler holds what a twin fed the same deltas holds.
+        let mut twin = Reconciler::with_run_id([1; 16], 2);
+        twin.push_sse(1, "h\u{e9}", &[5, 6]);
+        twin.push_sse(1, "", &[7]);
+        twin.push_sse(1, "\u{4e16}!", &[8]);
+        twin.finish_sse(1);
+        assert_eq!(r.fed.lock().unwrap().retained(), twin.retained());
+        let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
+        assert_eq!(
+            sent,
+            "POST /v1/x?q=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 7\r\n\
+             Connection: close\r\n\r\n{\"s\":1}"
+        );
+        r.streams.close();
+        assert!(r.streams.is_closed());
+    }
+
+    fn ends_of(
+        answers: Vec<Vec<u8>>,
+        read: Option<Duration>,
+    ) -> Vec<(Option<EndKind>, u16, String)> {
+        let n = answers.len() as u16;
+        let (port, _) = serve(answers, false);
+        let mut r = run(port, n, read);
+        for s in 0..n {
+            r.streams.add(s, request(s));
+        }
+        let batch = collect(&r, n as usize);
+        r.streams.close();
+        batch
+            .ends
+            .into_iter()
+            .map(|e| (e.outcome.kind, e.outcome.status, e.outcome.detail))
+            .collect()
+    }
+
+    #[test]
+    fn every_other_end_is_reported_precisely() {
+        let first = event("a", &[1], None);
+        let sse = |tail: &[u8]| {
+            let mut a = SSE_HEAD.as_bytes().to_vec();
+            a.extend(chunked(&[&first]));
+            a.extend_from_slice(tail);
+            a
+        };
+        let bad_event = "data: {oops\n\n";
+        let answers = vec![
+            // 100 Continue, then a chunked JSON error.
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 500 Oops\r\ncontent-type: application/json\r\n\
+              transfer-encoding: chunked\r\n\r\n9\r\n{\"error\":\r\n8\r\n \"boom\"}\r\n0\r\n\r\n"
+                .to_vec(),
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: 2\r\n\r\nhi"
+                .to_vec(),
+            sse(b""),
+            sse(b"zz\r\n"),
+            sse(format!("{:x}\r\n{bad_event}\r\n", bad_event.len()).as_bytes()),
+            sse(b"0\r\n\r\n"),
+            b"HTTP/2 200 OK\r\n\r\n".to_vec(),
+            Vec::new(),
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n\r\n"
+                .to_vec(),
+        ];
+        let ends = ends_of(answers, Some(Duration::from_millis(300)));
+        assert_eq!(
+            ends,
+            vec![
+                (
+                    Some(EndKind::HttpStatus),
+                    500,
+                    "{\"error\": \"boom\"}".into()
+                ),
+                (
+                    Some(EndKind::NotSse),
+                    200,
+                    "text/html; charset=utf-8".into()
+                ),
+                (Some(EndKind::Closed), 0, String::new()),
+                (
+                    Some(EndKind::Framing),
+                    0,
+                    "invalid chunk size line \"zz\" in a chunked body".into()
+                ),
+                (
+                    Some(EndKind::BadSse),
+                    0,
+                    "invalid JSON in SSE data: key must be a string at line 1 column 2".into()
+                ),
+                (Some(EndKind::NoFinish), 0, String::new()),
+                (
+                    Some(EndKind::Protocol),
+                    0,
+                    "not an HTTP/1.x status line: 'HTTP/2 200 OK'".into()
+                ),
+                (Some(EndKind::NoResponse), 0, String::new()),
+                (Some(EndKind::Encoding), 0, "gzip".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn refused_timeout_and_cancel() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut r = run(port, 1, None);
+        r.streams.add(0, request(0));
+        let batch = collect(&r, 1);
+        assert_eq!(
+            batch.ends[0].outcome,
+            Outcome::failed(EndKind::Refused, format!("127.0.0.1:{port}"))
+        );
+        r.streams.close();
+
+        // A server that answers the head, then stays silent.
+        let silent = SSE_HEAD.as_bytes().to_vec();
+        let (port, _) = serve(vec![silent.clone(), silent], false);
+        let mut r = run(port, 2, Some(Duration::from_millis(150)));
+        let started = Instant::now();
+        r.streams.add(0, request(0));
+        let batch = collect(&r, 1);
+        assert_eq!(batch.ends[0].outcome.kind, Some(EndKind::ReadTimeout));
+        assert!(started.elapsed() >= Duration::from_millis(140));
+        r.streams.close();
+
+        let (port, _) = serve(vec![SSE_HEAD.as_bytes().to_vec()], false);
+        let mut r = run(port, 1, None);
+        r.streams.add(0, request(0));
+        std::thread::sleep(Duration::from_millis(50));
+        r.streams.cancel(0);
+        let batch = collect(&r, 1);
+        assert_eq!(batch.ends[0].outcome.kind, Some(EndKind::Cancelled));
+        r.streams.close();
+    }
+}

@@ -1,0 +1,153 @@
+//! The run's output for the screen, packed (`Reconciler.take`), inputs as
+//! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
+//!
+//! `take` replaces a Python tuple per event by a few `bytes`: each stream's
+//! new SSE text once, and every stream's spans as packed runs of that text in
+//! one buffer (16 bytes a span, grouped by stream, `fed::SPAN_RECORD_BYTES`),
+//! appended per stream with one `array('Q').frombytes` of a slice.
+
+use std::path::PathBuf;
+
+use parallelhue_core::fed::{monotonic, Batch};
+use parallelhue_core::record::{self, Item};
+use parallelhue_core::tap::Tap;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::convert::value_error;
+use crate::reconciler::{event_tuple, Reconciler};
+use crate::streams::usage_dict;
+
+fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * N);
+    for v in values {
+        out.extend_from_slice(&f(*v));
+    }
+    out
+}
+
+fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTuple>> {
+    let texts = PyList::empty(py);
+    for (stream, t) in batch.texts {
+        texts.append((
+            stream,
+            PyBytes::new(py, &t.utf8),
+            PyBytes::new(py, &le_bytes(&t.chunk_ends, u64::to_le_bytes)),
+            PyBytes::new(py, &le_bytes(&t.times, f64::to_le_bytes)),
+            t.tokens,
+        ))?;
+    }
+    let index = PyList::empty(py);
+    for (stream, start, end) in batch.span_index {
+        index.append((stream, start, end))?;
+    }
+    let spans = PyTuple::new(
+        py,
+        [PyBytes::new(py, &batch.spans).into_any(), index.into_any()],
+    )?;
+    let events = PyList::empty(py);
+    for e in batch.events {
+        events.append(event_tuple(py, e)?)?;
+    }
+    let ends = PyList::empty(py);
+    for e in batch.ends {
+        let usage = e.usage.as_ref().map(|u| usage_dict(py, u)).transpose()?;
+        ends.append((
+            e.stream,
+            e.outcome.kind.map(|k| k.name()),
+            e.outcome.status,
+            e.outcome.detail,
+            e.finish_reason,
+            usage,
+            e.at,
+        ))?;
+    }
+    PyTuple::new(
+        py,
+        [
+            texts.into_any(),
+            spans.into_any(),
+            events.into_any(),
+            ends.into_any(),
+        ],
+    )
+}
+
+#[pymethods]
+impl Reconciler {
+    /// `(texts, spans, events, ends)` since the last call (see the stub).
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let inner = &self.inner;
+        let batch = py
+            .detach(|| inner.lock().map(|mut fed| fed.take()).map_err(|_| ()))
+            .map_err(|_| PyRuntimeError::new_err("reconciler poisoned by a panic"))?;
+        batch_tuple(py, batch)
+    }
+
+    /// Apply a buffer of recording items (no preamble) in order: SSE deltas,
+    /// finishes, frames, rejections, finalize; starts, ends, header and
+    /// footer carry nothing for the reconciler. The GIL is released; an
+    /// invalid item raises ValueError after the items before it.
+    fn push_recorded(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
+        let inner = &self.inner;
+        let n = self.num_streams;
+        let result = py.detach(|| {
+            let Ok(mut fed) = inner.lock() else {
+                return Err("reconciler poisoned by a panic");
+            };
+            let mut ids = Vec::new();
+            let decoded = record::decode_items(data, |_, item| match item {
+                Item::Sse {
+                    stream,
+                    text,
+                    ids: raw,
+                } if stream < n => {
+                    ids.clear();
+                    ids.extend(Item::token_ids(raw));
+                    fed.push_sse(stream, text, &ids);
+                }
+                Item::Finish { stream, .. } if stream < n => fed.finish_sse(stream),
+                Item::Frame(frame) => fed.push_frame(frame),
+                Item::Reject(reason) => fed.reject(reason.to_owned()),
+                Item::Finalize => fed.finalize(),
+                _ => {}
+            });
+            Ok(decoded)
+        });
+        match result {
+            Err(message) => Err(PyRuntimeError::new_err(message)),
+            Ok(Err(e)) => Err(value_error(e)),
+            Ok(Ok(())) => Ok(()),
+        }
+    }
+
+    /// Start recording every input to `path` (gzip'd recording format 2)
+    /// after `header` (a JSON object). OSError if the file cannot be created.
+    fn record(&self, path: PathBuf, header: &str) -> PyResult<()> {
+        let tap = Tap::create(&path, header, monotonic())?;
+        let mut fed = self.lock()?;
+        if fed.is_recording() {
+            return Err(value_error("this reconciler is already recording"));
+        }
+        fed.set_tap(tap);
+        Ok(())
+    }
+
+    /// Write `footer` (a JSON object; None for an interrupted run) and close
+    /// the recording; OSError with the first write error. No-op when not
+    /// recording.
+    #[pyo3(signature = (footer = None))]
+    fn close_record(&self, py: Python<'_>, footer: Option<&str>) -> PyResult<()> {
+        let Some(tap) = self.lock()?.take_tap() else {
+            return Ok(());
+        };
+        py.detach(|| tap.close(monotonic(), footer))?;
+        Ok(())
+    }
+
+    #[getter]
+    fn recording(&self) -> PyResult<bool> {
+        Ok(self.lock()?.is_recording())
+    }
+}

@@ -1,0 +1,307 @@
+//! The recording format from Python: `RecordWriter` (the reference path's
+//! recording), `decode_recording` (for `replay`) and `pack_inputs` (inputs as
+//! one `push_recorded` buffer).
+
+use std::path::PathBuf;
+
+use parallelhue_core::fed::monotonic;
+use parallelhue_core::outcome::{EndKind, END_KINDS};
+use parallelhue_core::record::{self, Item};
+use parallelhue_core::tap::Tap;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::convert::{frame_bytes, token_ids_into, value_error};
+
+fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    Ok(Some(match item {
+        Item::Start { stream } => (t, "start", stream).into_pyobject(py)?.into_any(),
+        Item::Sse { stream, text, ids } => {
+            let ids: Vec<u32> = Item::token_ids(ids).collect();
+            (t, "sse", stream, text, ids).into_pyobject(py)?.into_any()
+        }
+        Item::Finish { stream, reason } => {
+            (t, "finish", stream, reason).into_pyobject(py)?.into_any()
+        }
+        Item::End {
+            stream,
+            code,
+            status,
+            detail,
+        } => {
+            let name = EndKind::from_code(code).map_or("internal", EndKind::name);
+            (t, "end", stream, name, status, detail)
+                .into_pyobject(py)?
+                .into_any()
+        }
+        Item::Frame(data) => (t, "frame", PyBytes::new(py, data))
+            .into_pyobject(py)?
+            .into_any(),
+        Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
+        Item::Finalize => PyTuple::new(
+            py,
+            [
+                t.into_pyobject(py)?.into_any(),
+                PyString::new(py, "finalize").into_any(),
+            ],
+        )?
+        .into_any(),
+        Item::Header(_) | Item::Footer(_) => return Ok(None),
+    }))
+}
+
+/// `(header, items, footer)` of a decompressed recording: the header and
+/// footer JSON text (footer None for an interrupted run) and the items as
+/// tuples `(time, kind, ...)`. ValueError names what is wrong.
+#[pyfunction]
+pub(crate) fn decode_recording<'py>(
+    py: Python<'py>,
+    data: &[u8],
+) -> PyResult<(String, Bound<'py, PyList>, Option<String>)> {
+    let body = record::check_preamble(data).map_err(value_error)?;
+    let items = PyList::empty(py);
+    let mut header: Option<String> = None;
+    let mut footer: Option<String> = None;
+    let mut failed: Option<PyErr> = None;
+    let decoded = record::decode_items(body, |t, item| {
+        if failed.is_some() {
+            return;
+        }
+        match item {
+            Item::Header(h) => header = Some(h.to_owned()),
+            Item::Footer(f) => footer = Some(f.to_owned()),
+            other => match item_tuple(py, t, other) {
+                Ok(Some(tuple)) => {
+                    if let Err(e) = items.append(tuple) {
+                        failed = Some(e);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => failed = Some(e),
+            },
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    decoded.map_err(value_error)?;
+    let header = header.ok_or_else(|| value_error("the recording has no header"))?;
+    Ok((header, items, footer))
+}
+
+/// Reconciler inputs (`("frame", bytes)`, `("sse", stream, text, ids)`,
+/// `("finish", stream)`, as `push_inputs` takes them) as one
+/// `push_recorded` buffer, all at time 0.
+#[pyfunction]
+pub(crate) fn pack_inputs<'py>(
+    py: Python<'py>,
+    inputs: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::new();
+    let mut ids = Vec::new();
+    for item in inputs.try_iter()? {
+        let item = item?;
+        let tuple = item.cast::<PyTuple>()?;
+        let kind: String = tuple.get_item(0)?.extract()?;
+        match (kind.as_str(), tuple.len()) {
+            ("frame", 2) => {
+                let data = frame_bytes(&tuple.get_item(1)?)?;
+                record::encode_item(&mut out, 0.0, &Item::Frame(data.as_bytes()));
+            }
+            ("sse", 4) => {
+                let stream: u16 = tuple.get_item(1)?.extract()?;
+                let text: String = tuple.get_item(2)?.extract()?;
+                ids.clear();
+                token_ids_into(&tuple.get_item(3)?, &mut ids)?;
+                record::encode_sse(&mut out, 0.0, stream, &text, &ids);
+            }
+            ("finish", 2) => {
+                let stream: u16 = tuple.get_item(1)?.extract()?;
+                record::encode_item(&mut out, 0.0, &Item::Finish { stream, reason: None });
+            }
+            _ => {
+                return Err(value_error(format!(
+                    "invalid input {}: expected (\"frame\", bytes), (\"sse\", stream, text, token_ids) or (\"finish\", stream)",
+                    item.repr()?
+                )))
+            }
+        }
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+/// The recording of a run whose inputs Python feeds (the reference path):
+/// the same format and writer as the Rust tap; each call records one item at
+/// the current time.
+#[pyclass(module = "parallelhue._native")]
+pub(crate) struct RecordWriter {
+    tap: Option<Tap>,
+}
+
+impl RecordWriter {
+    fn tap(&mut self) -> PyResult<&mut Tap> {
+        self.tap
+            .as_mut()
+            .ok_or_else(|| value_error("the recording is closed"))
+    }
+
+    fn put(&mut self, item: &Item<'_>) -> PyResult<()> {
+        self.tap()?.item(monotonic(), item);
+        Ok(())
+    }
+}
+
+fn end_code(kind: &str) -> PyResult<u8> {
+    END_KINDS
+        .iter()
+        .find(|k| k.name() == kind)
+        .map(|k| k.code())
+        .ok_or_else(|| value_error(format!("unknown end kind {kind:?}")))
+}
+
+#[pymethods]
+impl RecordWriter {
+    /// Create `path` and write the header (a JSON object); OSError on failure.
+    #[new]
+    fn new(path: PathBuf, header: &str) -> PyResult<Self> {
+        Ok(RecordWriter {
+            tap: Some(Tap::create(&path, header, monotonic())?),
+        })
+    }
+
+    fn start(&mut self, stream: u16) -> PyResult<()> {
+        self.put(&Item::Start { stream })
+    }
+
+    fn sse(&mut self, stream: u16, text: &str, token_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut ids = Vec::new();
+        token_ids_into(token_ids, &mut ids)?;
+        self.tap()?.sse(monotonic(), stream, text, &ids);
+        Ok(())
+    }
+
+    #[pyo3(signature = (stream, reason = None))]
+    fn finish(&mut self, stream: u16, reason: Option<&str>) -> PyResult<()> {
+        self.put(&Item::Finish { stream, reason })
+    }
+
+    /// A stream that ended otherwise: `kind` is one of END_KINDS.
+    fn end(&mut self, stream: u16, kind: &str, status: u16, detail: &str) -> PyResult<()> {
+        let code = end_code(kind)?;
+        self.put(&Item::End {
+            stream,
+            code,
+            status,
+            detail,
+        })
+    }
+
+    fn frames(&mut self, frames: &Bound<'_, PyAny>) -> PyResult<()> {
+        let at = monotonic();
+        for f in frames.try_iter()? {
+            let data = frame_bytes(&f?)?;
+            self.tap()?.item(at, &Item::Frame(data.as_bytes()));
+        }
+        Ok(())
+    }
+
+    fn reject(&mut self, reason: &str) -> PyResult<()> {
+        self.put(&Item::Reject(reason))
+    }
+
+    fn finalize(&mut self) -> PyResult<()> {
+        self.put(&Item::Finalize)
+    }
+
+    /// Write `footer` (None: an interrupted run) and finish the file; OSError
+    /// with the first write error. Idempotent.
+    #[pyo3(signature = (footer = None))]
+    fn close(&mut self, py: Python<'_>, footer: Option<&str>) -> PyResult<()> {
+        if let Some(tap) = self.tap.take() {
+            py.detach(|| tap.close(monotonic(), footer))?;
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of a recording (preamble, header, `items` as `decode_recording`
+/// gives them, footer), not compressed: for tools and tests that edit one.
+#[pyfunction]
+#[pyo3(signature = (header, items, footer = None))]
+pub(crate) fn encode_recording<'py>(
+    py: Python<'py>,
+    header: &str,
+    items: &Bound<'py, PyAny>,
+    footer: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = record::preamble().to_vec();
+    record::encode_item(&mut out, 0.0, &Item::Header(header));
+    let mut last = 0.0;
+    let mut ids = Vec::new();
+    for item in items.try_iter()? {
+        let item = item?;
+        let tuple = item.cast::<PyTuple>()?;
+        let t: f64 = tuple.get_item(0)?.extract()?;
+        let kind: String = tuple.get_item(1)?.extract()?;
+        last = t;
+        let field = |i: usize| tuple.get_item(i);
+        match kind.as_str() {
+            "start" => record::encode_item(
+                &mut out,
+                t,
+                &Item::Start {
+                    stream: field(2)?.extract()?,
+                },
+            ),
+            "sse" => {
+                ids.clear();
+                token_ids_into(&field(4)?, &mut ids)?;
+                let text: String = field(3)?.extract()?;
+                record::encode_sse(&mut out, t, field(2)?.extract()?, &text, &ids);
+            }
+            "finish" => {
+                let reason: Option<String> = field(3)?.extract()?;
+                record::encode_item(
+                    &mut out,
+                    t,
+                    &Item::Finish {
+                        stream: field(2)?.extract()?,
+                        reason: reason.as_deref(),
+                    },
+                );
+            }
+            "end" => {
+                let name: String = field(3)?.extract()?;
+                let detail: String = field(5)?.extract()?;
+                record::encode_item(
+                    &mut out,
+                    t,
+                    &Item::End {
+                        stream: field(2)?.extract()?,
+                        code: end_code(&name)?,
+                        status: field(4)?.extract()?,
+                        detail: &detail,
+                    },
+                );
+            }
+            "frame" => {
+                let data = frame_bytes(&field(2)?)?;
+                record::encode_item(&mut out, t, &Item::Frame(data.as_bytes()));
+            }
+            "reject" => {
+                let reason: String = field(2)?.extract()?;
+                record::encode_item(&mut out, t, &Item::Reject(&reason));
+            }
+            "finalize" => record::encode_item(&mut out, t, &Item::Finalize),
+            other => {
+                return Err(value_error(format!(
+                    "unknown recording item kind {other:?}"
+                )))
+            }
+        }
+    }
+    if let Some(footer) = footer {
+        record::encode_item(&mut out, last, &Item::Footer(footer));
+    }
+    Ok(PyBytes::new(py, &out))
+}
