@@ -23,11 +23,7 @@ import pytest
 from parallelhue.reference import decode_frame
 from parallelhue.reference.decode import Frame
 from parallelhue_vllm import hooks, wire
-from parallelhue_vllm.adapters import (
-    _wrap_make_request_output,
-    _wrap_process_outputs,
-    _wrap_scheduler,
-)
+from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs, _wrap_scheduler
 
 RUN = "0123456789abcdef0123456789abcdef"
 A, T, B, P = wire.ROLE_ACCEPTED, wire.ROLE_TARGET, wire.ROLE_BONUS, wire.ROLE_PLAIN
@@ -79,6 +75,8 @@ class FakeScheduler:
         self.requests: dict[str, object] = {}
         self.keep: dict[str, int] = {}
         self.finish: dict[str, FinishReason] = {}
+        self.scheduled: set[str] = set()  # ids scheduled before (not "new" any more)
+        self.finished_since: set[str] = set()  # finished or aborted since the last step
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = []
@@ -87,14 +85,18 @@ class FakeScheduler:
             tokens = model_runner_output.sampled_token_ids[index]
             if request_id in self.keep:
                 del tokens[self.keep[request_id] :]
+            reason = self.finish.get(request_id)
+            if reason is not None:
+                self.finished_since.add(request_id)
+                self.requests.pop(request_id, None)
             outputs.append(
-                SimpleNamespace(
-                    request_id=request_id,
-                    new_token_ids=tokens,
-                    finish_reason=self.finish.get(request_id),
-                )
+                SimpleNamespace(request_id=request_id, new_token_ids=tokens, finish_reason=reason)
             )
         return {0: SimpleNamespace(outputs=outputs)}
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self.finished_since.add(request_id)
 
 
 def sched_step(
@@ -102,19 +104,27 @@ def sched_step(
     update: Any,
     requests: dict[str, tuple[list[int], list[int]]],
 ) -> Any:
-    """One engine step: request id -> (sampled tokens, scheduled drafts)."""
+    """One engine step: request id -> (sampled tokens, scheduled drafts).
+
+    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs,
+    and the ids finished or aborted since the previous step are in finished_req_ids.
+    """
     ids = list(requests)
     scheduler_output = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in ids if r not in scheduler.scheduled],
         num_scheduled_tokens={r: 1 + len(requests[r][1]) for r in ids},
         scheduled_spec_decode_tokens={r: list(requests[r][1]) for r in ids if requests[r][1]},
         num_invalid_spec_tokens=None,
+        finished_req_ids=set(scheduler.finished_since),
     )
+    scheduler.finished_since.clear()
     model_runner_output = SimpleNamespace(
         sampled_token_ids=[list(requests[r][0]) for r in ids],
         req_id_to_index={r: i for i, r in enumerate(ids)},
     )
     for r in ids:
-        scheduler.requests[r] = object()
+        scheduler.requests.setdefault(r, object())
+        scheduler.scheduled.add(r)
     return update(scheduler, scheduler_output, model_runner_output)
 
 
@@ -271,86 +281,119 @@ def test_broken_engine_objects_never_reach_vllm(receiver: socket.socket) -> None
 
 # ------------------------------------------------------------------ frontend side
 class FakeDetokenizer:
-    def __init__(self, pieces: dict[int, str]) -> None:
+    """vLLM 0.32's detokenizer update / get_next_output_text; decode_next from a table."""
+
+    def __init__(self, pieces: dict[int, str], stop: list[str] | None = None) -> None:
         self.pieces = pieces
+        self.stop = stop or []
+        self.include_stop_str_in_output = False
+        self.stop_buffer_length = max((len(s) for s in self.stop), default=1) - 1
+        self.token_ids: list[int] = []
+        self.output_text = ""
+        self.sent = 0
 
     def decode_next(self, next_token_id: int) -> str:
         return self.pieces[next_token_id]
 
+    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        if not new_token_ids:
+            return None
+        fed = new_token_ids
+        if stop_terminated and not self.include_stop_str_in_output:
+            fed = new_token_ids[:-1]  # the stop token is kept out of the text
+        first = len(self.token_ids)
+        ends = [len(self.output_text)]
+        for token in fed:
+            self.token_ids.append(token)
+            self.output_text += self.decode_next(token)
+            ends.append(len(self.output_text))
+        if len(fed) < len(new_token_ids):
+            self.token_ids.append(new_token_ids[-1])
+        for stop in self.stop:
+            at = self.output_text.find(stop, ends[0] - len(stop) + 1 if ends[0] else 0)
+            if at >= 0:
+                # Keep the tokens up to the one that completes the stop string.
+                kept = next(i for i, end in enumerate(ends) if end >= at + len(stop))
+                del self.token_ids[first + kept :]
+                self.output_text = self.output_text[:at]
+                return stop
+        return None
 
-FakeDetokenizer.decode_next = hooks.wrap_decode_next(FakeDetokenizer.decode_next)  # type: ignore[method-assign]
+    def get_next_output_text(self, finished: bool, delta: bool) -> str:
+        length = len(self.output_text) - (0 if finished else self.stop_buffer_length)
+        text = self.output_text[self.sent : length] if self.sent < length else ""
+        self.sent = max(self.sent, length)
+        return text
 
 
 class FakeRequestState:
-    def __init__(self, request_id: str, detokenizer: FakeDetokenizer, **extra: Any) -> None:
+    def __init__(self, request_id: str, detokenizer: Any, **extra: Any) -> None:
         self.request_id = request_id
         self.detokenizer = detokenizer
         self.parent_req = extra.get("parent_req")
         self.stream_interval = extra.get("stream_interval", 1)
         self.output_kind = SimpleNamespace(name=extra.get("output_kind", "DELTA"))
         self.request_index = 0
-        self.http_text = ""
 
     def make_request_output(
-        self, new_token_ids: list[int], pooling_output: Any, finish_reason: Any, stop_reason: Any
+        self,
+        new_token_ids: list[int],
+        pooling_output: Any,
+        finish_reason: Any,
+        stop_reason: Any,
+        kv_transfer_params: Any = None,
+        ec_transfer_params: Any = None,
+        error: Any = None,
     ) -> Any:
-        return SimpleNamespace(outputs=[SimpleNamespace(index=0, text=self.http_text)])
+        text = self.detokenizer.get_next_output_text(finish_reason is not None, True)
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(index=0, text=text, token_ids=new_token_ids)]
+        )
 
 
 class FakeProcessor:
-    """process_outputs as vLLM 0.32 does it for one request per output."""
+    """OutputProcessor.add_request / process_outputs as vLLM 0.32 does them (n = 1)."""
 
     def __init__(self) -> None:
         self.request_states: dict[str, FakeRequestState] = {}
+
+    def add_request(self, request: Any, prompt: Any, parent_req: Any = None,
+                    request_index: int = 0, queue: Any = None) -> None:  # fmt: skip
+        self.request_states[request.request_id] = request.state
 
     def process_outputs(self, engine_core_outputs: list[Any], *args: Any) -> None:
         for output in engine_core_outputs:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue
-            fed = output.new_token_ids[: output.fed]
-            for token in fed:
-                state.detokenizer.decode_next(token)
-            if output.keep is not None:
-                del output.new_token_ids[output.keep :]  # surplus after a stop string
-            state.http_text = output.http_text
-            state.make_request_output(
-                output.new_token_ids, None, output.finish_reason, output.stop_reason
-            )
+            finish, stop_reason = output.finish_reason, None
+            detokenizer = state.detokenizer
+            before = len(detokenizer.token_ids)
+            stop = detokenizer.update(output.new_token_ids, finish == FinishReason.STOP)
+            if stop:
+                finish, stop_reason = FinishReason.STOP, stop
+                del output.new_token_ids[len(detokenizer.token_ids) - before :]
+            state.make_request_output(output.new_token_ids, None, finish, stop_reason, None, None,
+                                      error=None)  # fmt: skip
+            if finish is not None:
+                del self.request_states[output.request_id]
 
 
 def make_frontend() -> tuple[FakeProcessor, Any, hooks.FrontendTelemetry]:
     telemetry = hooks.FrontendTelemetry("0.32.0")
     processor = FakeProcessor()
     process = _wrap_process_outputs(FakeProcessor.process_outputs, telemetry)
-    FakeRequestState.make_request_output = _wrap_make_request_output(  # type: ignore[method-assign]
-        FakeRequestState.__dict__["make_request_output"].__dict__.get(
-            "__wrapped__", FakeRequestState.__dict__["make_request_output"]
-        ),
-        telemetry,
-    )
+    add = _wrap_add_request(FakeProcessor.add_request, telemetry)
+
+    def add_request(request_id: str, state: FakeRequestState) -> None:
+        add(processor, SimpleNamespace(request_id=request_id, state=state), None)
+
+    processor.add = add_request  # type: ignore[attr-defined]
     return processor, process, telemetry
 
 
-def output(
-    request_id: str,
-    tokens: list[int],
-    http_text: str,
-    *,
-    fed: int | None = None,
-    keep: int | None = None,
-    finish: FinishReason | None = None,
-    stop_reason: object = None,
-) -> Any:
-    return SimpleNamespace(
-        request_id=request_id,
-        new_token_ids=list(tokens),
-        fed=len(tokens) if fed is None else fed,
-        keep=keep,
-        http_text=http_text,
-        finish_reason=finish,
-        stop_reason=stop_reason,
-    )
+def output(request_id: str, tokens: list[int], *, finish: FinishReason | None = None) -> Any:
+    return SimpleNamespace(request_id=request_id, new_token_ids=list(tokens), finish_reason=finish)
 
 
 PIECES = {1: "a", 2: "", 3: "日", 4: "b", 5: "", 6: "", 7: "😀", 9: "</s>", 10: "c", 11: "d"}
@@ -364,10 +407,10 @@ def text_tokens(record: wire.Record) -> list[tuple[int, bytes, int]]:
 def test_fragments_span_back_and_http_delta(receiver: socket.socket) -> None:
     processor, process, telemetry = make_frontend()
     r0 = rid(0)
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES))
-    process(processor, [output(r0, [1, 2], "a")])
-    process(processor, [output(r0, [3, 4, 5], "日b")])  # 2 ends inside 日, claimed by 3
-    process(processor, [output(r0, [6, 7, 9], "😀", fed=2, finish=FinishReason.STOP)])
+    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES)))
+    process(processor, [output(r0, [1, 2])])
+    process(processor, [output(r0, [3, 4, 5])])  # 2 ends inside 日, claimed by 3
+    process(processor, [output(r0, [6, 7, 9], finish=FinishReason.STOP)])
     frames = frames_of(receiver, telemetry)
     assert frames[0].hello is not None and frames[0].hello.role == wire.SOURCE_FRONTEND
     records = [f.records[0] for f in frames[1:]]
@@ -393,17 +436,27 @@ def test_fragments_span_back_and_http_delta(receiver: socket.socket) -> None:
 def test_stop_string_surplus_trim(receiver: socket.socket) -> None:
     processor, process, telemetry = make_frontend()
     r0 = rid(0)
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES, stop=["c"])))
     # Stop string "c": tokens 10, 11 decoded, 11 deleted as surplus, text cut before "c".
-    process(
-        processor,
-        [output(r0, [1, 10, 11], "a", keep=2, finish=FinishReason.STOP, stop_reason="c")],
-    )
+    process(processor, [output(r0, [1, 10, 11])])
     record = frames_of(receiver, telemetry)[1].records[0]
     assert isinstance(record, wire.TextRecord)
     assert text_tokens(record) == [(1, b"a", 0), (10, b"c", 0)]
+    assert (record.finished, record.finish_reason) == (True, wire.FINISH_STOP)
     assert (record.text_truncated, record.tokens_trimmed, record.trimmed_tokens) == (True, True, 1)
     assert record.http_delta == b"a"
+
+
+def test_stop_string_and_stop_token_in_one_step(receiver: socket.socket) -> None:
+    processor, process, telemetry = make_frontend()
+    r0 = rid(0)
+    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES, stop=["c"])))
+    # The engine stopped on token 9 and the text holds the stop string: 11 and 9 go.
+    process(processor, [output(r0, [1, 10, 11, 9], finish=FinishReason.STOP)])
+    record = frames_of(receiver, telemetry)[1].records[0]
+    assert isinstance(record, wire.TextRecord)
+    assert text_tokens(record) == [(1, b"a", 0), (10, b"c", 0)]
+    assert (record.tokens_trimmed, record.trimmed_tokens, record.http_delta) == (True, 2, b"a")
 
 
 @pytest.mark.parametrize(
@@ -427,47 +480,65 @@ def test_requests_that_cannot_be_exact_get_a_notice(
 ) -> None:
     processor, process, telemetry = make_frontend()
     r0 = rid(2)
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES), **extra)
-    process(processor, [output(r0, [1], "a")])
-    process(processor, [output(r0, [4], "b", finish=FinishReason.LENGTH)])
+    state = FakeRequestState(r0, FakeDetokenizer(PIECES), **extra)
+    processor.add(r0, state)
+    process(processor, [output(r0, [1])])
+    process(processor, [output(r0, [4], finish=FinishReason.LENGTH)])
     frames = frames_of(receiver, telemetry)
     assert [f.kind for f in frames] == [wire.KIND_HELLO, wire.KIND_NOTICE]
     assert frames[1].records == [wire.NoticeRecord(2, code, message)]
+    assert "make_request_output" not in vars(state)  # nothing installed on it
 
 
 def test_detokenizer_mismatch_is_contained(receiver: socket.socket) -> None:
     processor, process, telemetry = make_frontend()
     r0 = rid(0)
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES))
-
-    class Odd(SimpleNamespace):
-        pass
-
-    bad = output(r0, [1, 4], "ab")
+    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES)))
     original_process = FakeProcessor.process_outputs
 
     def skewed(self: FakeProcessor, outputs: list[Any], *args: Any) -> None:
-        # The detokenizer sees token 4 first: the recorded fragments disagree with the ids.
+        # Something decodes token 4 outside update(): the fragments no longer line up.
         self.request_states[r0].detokenizer.decode_next(4)
-        outputs[0].fed = 0
         original_process(self, outputs, *args)
 
     process = _wrap_process_outputs(skewed, telemetry)
-    process(processor, [bad])
+    process(processor, [output(r0, [1, 4])])
+    process(processor, [output(r0, [1])])  # telemetry stays off for the request
     frames = frames_of(receiver, telemetry)
     assert [f.kind for f in frames] == [wire.KIND_HELLO, wire.KIND_NOTICE]
     notice = frames[1].records[0]
     assert isinstance(notice, wire.NoticeRecord)
     assert notice.message == (
-        "telemetry hook failed in OutputProcessor.process_outputs: "
-        "TelemetryError: detokenizer saw token 4 where the output has 1"
+        "telemetry hook failed in RequestState.make_request_output: "
+        "TelemetryError: the detokenizer decoded 3 tokens of a step of 2"
     )
+    assert telemetry.requests == {}
 
 
-def test_decode_next_records_only_marked_detokenizers() -> None:
-    detokenizer = FakeDetokenizer(PIECES)
-    assert detokenizer.decode_next(3) == "日"
-    assert hooks.FRAGMENTS_ATTR not in detokenizer.__dict__
+def test_other_requests_are_never_touched(receiver: socket.socket) -> None:
+    processor, process, telemetry = make_frontend()
+    r0, foreign = rid(0), "chatcmpl-someone-else-1a2b3c4d"
+    ours = FakeRequestState(r0, FakeDetokenizer(PIECES, stop=["zz"]))
+    theirs = FakeRequestState(foreign, FakeDetokenizer(PIECES, stop=["zz"]))
+    processor.add(foreign, theirs)
+    assert telemetry.requests == {} and telemetry.emitter is None
+    assert vars(theirs).keys() == {
+        "request_id", "detokenizer", "parent_req", "stream_interval", "output_kind",
+        "request_index",
+    }  # fmt: skip
+    processor.add(r0, ours)
+    # Wrapped on the request's own objects: the classes and the other request are untouched.
+    assert {"make_request_output"} <= vars(ours).keys()
+    assert {"decode_next", "update"} <= vars(ours.detokenizer).keys()
+    assert "decode_next" not in vars(theirs.detokenizer)
+    assert FakeRequestState.__dict__["make_request_output"].__name__ == "make_request_output"
+    process(processor, [output(foreign, [1]), output(r0, [1]), output(foreign, [4])])
+    process(processor, [output(r0, [4], finish=FinishReason.LENGTH)])
+    frames = frames_of(receiver, telemetry)
+    assert [[r.stream for r in f.records] for f in frames[1:]] == [[0], [0]]
+    # A finished request's wrappers are removed (they also hold vLLM's objects).
+    assert "make_request_output" not in vars(ours)
+    assert not {"decode_next", "update"} & vars(ours.detokenizer).keys()
 
 
 def test_aborted_requests_are_pruned(
@@ -477,16 +548,49 @@ def test_aborted_requests_are_pruned(
     scheduler, update, telemetry = make_scheduler()
     r0, r1 = rid(0), rid(1)
     sched_step(scheduler, update, {r0: ([1], []), r1: ([2], [])})
-    del scheduler.requests[r0]  # aborted: vLLM forgot it without a finished output
+    del scheduler.requests[r0]  # vLLM forgot it without a finished output or a notice
     sched_step(scheduler, update, {r1: ([3], [])})
     assert list(telemetry.requests) == [r1]
     assert telemetry.active == {RUN: {r1}}
 
     processor, process, front = make_frontend()
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES))
-    processor.request_states[r1] = FakeRequestState(r1, FakeDetokenizer(PIECES))
-    process(processor, [output(r0, [1], "a"), output(r1, [1], "a")])
+    state0 = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    processor.add(r0, state0)
+    processor.add(r1, FakeRequestState(r1, FakeDetokenizer(PIECES)))
+    process(processor, [output(r0, [1]), output(r1, [1])])
     del processor.request_states[r0]
     del processor.request_states[r1]
     process(processor, [])
     assert front.requests == {} and front.active == {}
+    assert "make_request_output" not in vars(state0)
+
+
+def test_aborts_reported_by_the_scheduler_end_the_run_at_once(receiver: socket.socket) -> None:
+    scheduler, update, telemetry = make_scheduler()
+    r0, r1 = rid(0), rid(1)
+    sched_step(scheduler, update, {r0: ([1], []), r1: ([2], [])})
+    scheduler.abort(r0)
+    sched_step(scheduler, update, {r1: ([3], [])})
+    assert list(telemetry.requests) == [r1]
+    scheduler.abort(r1)
+    sched_step(scheduler, update, {})
+    assert telemetry.requests == {} and telemetry.active == {}
+    frames = frames_of(receiver, telemetry)
+    assert [[r.stream for r in f.records] for f in frames[1:]] == [[0, 1], [1]]
+
+
+def test_a_request_listed_as_new_again_keeps_its_offsets(receiver: socket.socket) -> None:
+    scheduler, update, telemetry = make_scheduler()
+    r0 = rid(0)
+    sched_step(scheduler, update, {r0: ([1], [])})
+    scheduler.scheduled.clear()  # resumed after preemption: listed in scheduled_new_reqs again
+    sched_step(scheduler, update, {r0: ([2], [])})
+    frames = frames_of(receiver, telemetry)
+    assert [f.records[0].offset for f in frames[1:]] == [0, 1]
+
+
+def test_a_request_never_listed_as_new_is_not_ours(receiver: socket.socket) -> None:
+    scheduler, update, telemetry = make_scheduler()
+    scheduler.scheduled.add(rid(0))  # e.g. the plugin was installed after it arrived
+    sched_step(scheduler, update, {rid(0): ([1], [])})
+    assert telemetry.emitter is None and telemetry.requests == {}

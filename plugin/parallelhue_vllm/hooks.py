@@ -1,20 +1,28 @@
-"""What the patched vLLM methods do: turn engine state into provenance and text records.
+"""What the patched vLLM methods do: turn engine state into provenance and text rows.
 
 Version-independent. The adapters (adapters/v0_26.py, adapters/v0_33.py) check
-the signatures of the methods they patch and then wrap them with the
+the signatures of the methods they rely on and then wrap them with the
 functions here. Two collectors, one per vLLM process:
 
 - `SchedulerTelemetry` runs in the EngineCore process around
   `Scheduler.update_from_output`: roles derived from counts (tokens the step
   produced before the stop checks, drafts scheduled), kept for the tokens that
   survive the scheduler's stop / max_tokens trim.
-- `FrontendTelemetry` runs in the API-server process around
-  `OutputProcessor.process_outputs`, `RequestState.make_request_output` and the
-  detokenizers' `decode_next`: each token's fragment and the text delta handed
-  to HTTP.
+- `FrontendTelemetry` runs in the API-server process: `OutputProcessor.add_request`
+  admits a request of ours and wraps, on that request's own objects only,
+  `RequestState.make_request_output` (the text delta handed to HTTP) and the
+  detokenizer's `decode_next` (each token's fragment); `process_outputs` hands
+  the step's rows to the emitter.
 
-Both only ever touch requests whose id holds `ph1_<run>_<stream>`. Any
-exception is contained per request: logged once, telemetry for that request
+Cost model (docs/benchmarks/plugin.md): a request without a ParallelHue id is
+looked at once, when it arrives (one regular expression over its id); after
+that no hook does anything per step or per token for it. The scheduler learns
+of requests from `SchedulerOutput.scheduled_new_reqs`, the frontend from
+`add_request`, so a step without requests of ours costs two attribute checks.
+The hooks build one plain tuple ("row", wire.py's row layout) per request and
+step; the emitter's sender thread turns rows into bytes, off vLLM's loop.
+
+Any exception is contained per request: logged once, telemetry for that request
 turned off and a notice frame sent so the client knows why.
 """
 
@@ -22,8 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from . import __version__, wire
@@ -31,11 +38,12 @@ from .emitter import Emitter
 
 log = logging.getLogger("vllm.parallelhue")
 
-FRAGMENTS_ATTR = "_parallelhue_fragments"
-# Prune state of requests vLLM forgot (aborts) every this many steps.
+# Prune state of requests vLLM forgot without telling the hooks (aborts) every
+# this many steps.
 PRUNE_EVERY = 256
-MAX_CACHED_IDS = 8192
 MAX_SPAN_BACK = 255
+# Failed requests remembered so they are not admitted again (bounded).
+MAX_DISABLED = 8192
 
 _CHILD_ID = re.compile(r"[0-9]+_")
 _FINISH_CODES = {
@@ -45,6 +53,12 @@ _FINISH_CODES = {
     "ERROR": wire.FINISH_ERROR,
     "REPETITION": wire.FINISH_STOP,
 }
+_FLAG_FINISHED = wire.ROW_FLAG_FINISHED
+_FLAG_TRIMMED = wire.ROW_FLAG_TRIMMED
+_FLAG_TEXT_TRUNCATED = wire.ROW_FLAG_TEXT_TRUNCATED
+_FLAG_TOKENS_TRIMMED = wire.ROW_FLAG_TOKENS_TRIMMED
+_SCHEDULER_WHERE = "Scheduler.update_from_output"
+_FRONTEND_WHERE = "OutputProcessor.process_outputs"
 
 
 class TelemetryError(Exception):
@@ -76,28 +90,26 @@ def step_roles(generated: int, drafts: int) -> list[int]:
     return [wire.ROLE_ACCEPTED] * accepted + [last]
 
 
-class RequestIds:
-    """Cached `ph1_<run>_<stream>` lookups (one regex per request id, not per step)."""
+# step_roles as bytes, keyed by generated << 16 | drafts: one dict lookup per row.
+_ROLE_BYTES: dict[int, bytes] = {}
 
-    def __init__(self, *, skip_children: bool) -> None:
-        self._cache: dict[str, tuple[str, int] | None] = {}
-        self._skip_children = skip_children
 
-    def lookup(self, request_id: str) -> tuple[str, int] | None:
-        try:
-            return self._cache[request_id]
-        except KeyError:
-            pass
-        found = wire.parse_request_id(request_id)
-        if found is not None and self._skip_children and _CHILD_ID.match(request_id):
-            found = None  # an n > 1 child: the frontend sends the notice for it
-        if len(self._cache) >= MAX_CACHED_IDS:
-            self._cache.clear()
-        self._cache[request_id] = found
-        return found
+def _role_bytes(generated: int, drafts: int) -> bytes:
+    roles = bytes(step_roles(generated, drafts))
+    if len(_ROLE_BYTES) < 4096:
+        _ROLE_BYTES[generated << 16 | drafts] = roles
+    return roles
 
-    def forget(self, request_id: str) -> None:
-        self._cache.pop(request_id, None)
+
+def parse_ours(request_id: str, *, skip_children: bool) -> tuple[str, int] | None:
+    """(run, stream) when the request id is ParallelHue's, else None.
+
+    Runs once per request, when it arrives, never per step.
+    """
+    found = wire.parse_request_id(request_id)
+    if found is not None and skip_children and _CHILD_ID.match(request_id):
+        return None  # an n > 1 child: the frontend sends the notice for it
+    return found
 
 
 class _Base:
@@ -111,6 +123,7 @@ class _Base:
         self.step = 0
         self.active: dict[str, set[str]] = {}  # run -> request ids with state here
         self.emptied: set[str] = set()  # runs whose last request went this step
+        self.disabled: set[str] = set()  # failed or refused: never admitted again
         self.warned: set[str] = set()
 
     def _make_emitter(self, method: str, tokens: int, derivation: int, is_async: bool) -> Emitter:
@@ -141,6 +154,11 @@ class _Base:
         if not requests:
             self.emptied.add(run)
 
+    def disable(self, request_id: str) -> None:
+        if len(self.disabled) >= MAX_DISABLED:
+            self.disabled.clear()  # bounded; ids of requests long gone
+        self.disabled.add(request_id)
+
     def end_emptied_runs(self) -> None:
         """At the end of a step (never mid-step): end runs with no request left here."""
         for run in self.emptied:
@@ -163,11 +181,13 @@ class _Base:
             )
 
 
-@dataclass(slots=True)
 class _SchedRequest:
-    run: str
-    stream: int
-    offset: int = 0
+    __slots__ = ("offset", "run", "stream")
+
+    def __init__(self, run: str, stream: int) -> None:
+        self.run = run
+        self.stream = stream
+        self.offset = 0
 
 
 class SchedulerTelemetry(_Base):
@@ -177,17 +197,8 @@ class SchedulerTelemetry(_Base):
 
     def __init__(self, engine_version: str) -> None:
         super().__init__(engine_version)
-        self.ids = RequestIds(skip_children=True)
         self.requests: dict[str, _SchedRequest] = {}
-        self.disabled: set[str] = set()
         self.is_async = False
-
-    def idle_step(self, scheduler: Any) -> None:
-        """A step without requests of ours: still prune what vLLM forgot (aborts)."""
-        self.step += 1
-        if self.requests and self.step % PRUNE_EVERY == 0:
-            self._prune(scheduler)
-            self.end_emptied_runs()
 
     def _ensure_emitter(self, scheduler: Any) -> Emitter:
         if self.emitter is None:
@@ -209,124 +220,151 @@ class SchedulerTelemetry(_Base):
 
     def before(
         self, scheduler: Any, scheduler_output: Any, model_runner_output: Any
-    ) -> dict[str, tuple[int, int, int]] | None:
-        """Snapshot, per request of ours, what the stop checks will trim in place."""
-        lookup = self.ids.lookup
-        ours = [rid for rid in scheduler_output.num_scheduled_tokens if lookup(rid) is not None]
-        if not ours:
+    ) -> list[int] | None:
+        """Before vLLM's update: admit new requests; the tokens each request sampled.
+
+        The stop checks trim the sampled lists in place, so their lengths are
+        taken now, for the whole batch at once (C-level, no per-request bytecode).
+        None: no request of ours in this process, nothing to do after the update.
+        """
+        new_requests = scheduler_output.scheduled_new_reqs
+        if new_requests:
+            self._admit(scheduler, new_requests)
+        if not self.requests:
             return None
-        self._ensure_emitter(scheduler)
+        gone = scheduler_output.finished_req_ids
+        if gone:
+            self._forget_finished(gone)
+            if not self.requests:
+                self.end_emptied_runs()
+                return None
         sampled = model_runner_output.sampled_token_ids
+        return list(map(len, sampled)) if sampled else []
+
+    def _admit(self, scheduler: Any, new_requests: Iterable[Any]) -> None:
+        requests = self.requests
+        for new_request in new_requests:
+            rid = new_request.req_id
+            if rid in requests or rid in self.disabled:
+                continue  # resumed after preemption (listed as new again), or failed
+            found = parse_ours(rid, skip_children=True)
+            if found is None:
+                continue
+            self._ensure_emitter(scheduler)
+            requests[rid] = _SchedRequest(found[0], found[1])
+            self.track(found[0], rid)
+
+    def after(
+        self,
+        scheduler: Any,
+        scheduler_output: Any,
+        model_runner_output: Any,
+        lengths: list[int],
+        result: Any,
+    ) -> None:
+        """Build this step's provenance rows from the outputs vLLM returns."""
+        self.step += 1
+        requests = self.requests
         index_of = model_runner_output.req_id_to_index
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
-        invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
-        snapshot: dict[str, tuple[int, int, int]] = {}
-        for rid in ours:
-            if rid in self.disabled:
-                continue
-            index = index_of.get(rid)
-            generated = len(sampled[index]) if sampled and index is not None else 0
-            drafts = spec_tokens.get(rid) or ()
-            # Placeholders: -1 drafts; under async scheduling every draft is -1 in
-            # the scheduler, so only the grammar-invalidated ones count as padding.
-            if self.is_async:
-                padded = int(invalid.get(rid, 0))
-            else:
-                padded = sum(1 for token in drafts if token < 0) or int(invalid.get(rid, 0))
-            snapshot[rid] = (generated, len(drafts), min(padded, len(drafts)))
-        return snapshot
-
-    def after(self, scheduler: Any, snapshot: dict[str, tuple[int, int, int]], result: Any) -> None:
-        """Build this step's provenance records from the outputs vLLM returns."""
-        self.step += 1
-        emitter = self._ensure_emitter(scheduler)
-        by_run: dict[str, list[wire.Record]] = {}
+        invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
+        is_async = self.is_async
+        role_bytes = _ROLE_BYTES
+        by_run: dict[str, list[wire.ProvenanceRow]] = {}
         finished: list[str] = []
         for outputs in result.values():
             for output in outputs.outputs:
                 rid = output.request_id
-                counts = snapshot.get(rid)
-                if counts is None:
+                state = requests.get(rid)
+                if state is None:
                     continue
-                found = self.ids.lookup(rid)
-                if found is None:  # pragma: no cover - snapshot only holds ours
+                tokens = output.new_token_ids
+                reason = output.finish_reason
+                if reason is not None:
+                    finished.append(rid)
+                count = len(tokens)
+                if not count:
                     continue
-                run, stream = found
                 try:
-                    record = self._record(rid, run, stream, counts, output)
+                    generated = lengths[index_of[rid]] if lengths else 0
+                    drafts = spec_tokens.get(rid)
+                    if drafts:
+                        scheduled = len(drafts)
+                        # Placeholders: -1 drafts; under async scheduling every draft
+                        # is -1 in the scheduler, so only the grammar-invalidated ones
+                        # count as padding there.
+                        padded = 0 if is_async else drafts.count(-1)
+                        if not padded and invalid:
+                            padded = int(invalid.get(rid, 0))
+                        if padded > scheduled:
+                            padded = scheduled
+                    else:
+                        scheduled = padded = 0
+                    roles = role_bytes.get(generated << 16 | scheduled)
+                    if roles is None:
+                        roles = _role_bytes(generated, scheduled)
+                    flags = 0
+                    if count != generated:
+                        if count > generated:
+                            raise TelemetryError(
+                                f"{count} tokens out of a step that sampled {generated}"
+                            )
+                        roles = roles[:count]
+                        flags = _FLAG_TRIMMED
+                    code = 0
+                    if reason is not None:
+                        flags |= _FLAG_FINISHED
+                        code = finish_code(reason)
                 except Exception as error:
-                    self.fail_request(run, stream, "Scheduler.update_from_output", error)
+                    self.fail_request(state.run, state.stream, _SCHEDULER_WHERE, error)
                     self._forget(rid, keep_disabled=True)
                     continue
-                if record is not None:
-                    by_run.setdefault(run, []).append(record)
-                if output.finish_reason is not None:
-                    finished.append(rid)
-        for run, records in by_run.items():
-            emitter.submit(run, wire.KIND_PROVENANCE, self.step, records)
-        # Only after the step's frames are queued: forgetting the last request of
-        # a run ends the run in the emitter.
+                # The ids are copied: the list is vLLM's and outlives this step.
+                row = (state.stream, flags, code, state.offset, tokens[:], roles, scheduled, padded)
+                state.offset += count
+                rows = by_run.get(state.run)
+                if rows is None:
+                    by_run[state.run] = [row]
+                else:
+                    rows.append(row)
+        if by_run:
+            self._ensure_emitter(scheduler).submit_rows(wire.KIND_PROVENANCE, self.step, by_run)
+        # Only after the step's rows are queued: forgetting the last request of a
+        # run ends the run in the emitter.
         for rid in finished:
             self._forget(rid)
         if self.step % PRUNE_EVERY == 0:
             self._prune(scheduler)
         self.end_emptied_runs()
 
-    def _record(
-        self,
-        rid: str,
-        run: str,
-        stream: int,
-        counts: tuple[int, int, int],
-        output: Any,
-    ) -> wire.ProvenanceRecord | None:
-        state = self.requests.get(rid)
-        if state is None:
-            state = self.requests[rid] = _SchedRequest(run, stream)
-            self.track(run, rid)
-        generated, drafts, padded = counts
-        tokens = list(output.new_token_ids)
-        finished = output.finish_reason is not None
-        if not tokens:
-            return None
-        if len(tokens) > generated:
-            raise TelemetryError(f"{len(tokens)} tokens out of a step that sampled {generated}")
-        roles = step_roles(generated, drafts)[: len(tokens)]
-        record = wire.ProvenanceRecord(
-            stream=stream,
-            offset=state.offset,
-            token_ids=tokens,
-            roles=roles,
-            drafts_scheduled=drafts,
-            drafts_padded=padded,
-            finished=finished,
-            finish_reason=finish_code(output.finish_reason),
-            trimmed=len(tokens) < generated,
-        )
-        state.offset += len(tokens)
-        return record
+    def idle_step(self, scheduler: Any) -> None:
+        """A step without requests of ours (the wrapper skips before/after)."""
+        self.step += 1
+
+    def _forget_finished(self, request_ids: Iterable[str]) -> None:
+        """Requests vLLM finished or aborted since the previous step."""
+        requests = self.requests
+        for rid in request_ids:
+            if rid in requests:
+                self._forget(rid)
+        self.disabled.difference_update(request_ids)
 
     def _forget(self, rid: str, keep_disabled: bool = False) -> None:
         state = self.requests.pop(rid, None)
         if keep_disabled:
-            self.disabled.add(rid)
-        else:
-            self.disabled.discard(rid)
-            self.ids.forget(rid)
+            self.disable(rid)
         if state is not None:
             self.untrack(state.run, rid)
 
     def fail_step(self, scheduler_output: Any, where: str, error: BaseException) -> None:
+        """A failure not tied to one request: every request of ours in the step loses telemetry."""
         try:
-            self._ensure_emitter_quietly()
-            ids = list(scheduler_output.num_scheduled_tokens)
+            if self.emitter is None:
+                self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
+            ids = [rid for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
         except Exception:
             return
         _fail_ids(self, ids, where, error)
-
-    def _ensure_emitter_quietly(self) -> None:
-        if self.emitter is None:
-            self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
 
     def _prune(self, scheduler: Any) -> None:
         alive = scheduler.requests
@@ -335,41 +373,47 @@ class SchedulerTelemetry(_Base):
         self.disabled.intersection_update(alive)
 
 
-@dataclass(slots=True)
 class _FrontRequest:
-    run: str
-    stream: int
-    offset: int = 0
-    pending_empty: int = 0  # tokens that returned "" and no fragment has claimed yet
-    in_step: bool = False
-    pre_len: int = 0
-    captured: tuple[list[int], object, object, str] | None = None
-    detokenizer: Any = None
+    """A request of ours in the API server, with the per-instance wrappers installed on it."""
+
+    __slots__ = (
+        "detokenizer",
+        "fragments",
+        "offset",
+        "pending_empty",
+        "pre_len",
+        "req_state",
+        "run",
+        "stream",
+    )
+
+    def __init__(self, run: str, stream: int, req_state: Any) -> None:
+        self.run = run
+        self.stream = stream
+        self.offset = 0
+        self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
+        self.pre_len = -1  # tokens of this step before the stop-string trim (-1: not trimmed)
+        self.fragments: list[str] = []  # what decode_next returned this step, in order
+        self.req_state = req_state
+        self.detokenizer: Any = None
 
 
-@dataclass(slots=True)
-class _StepWork:
-    items: list[tuple[str, _FrontRequest, Any]] = field(default_factory=list)
+# Attributes the frontend sets on vLLM objects of its own requests (and removes).
+_STATE_ATTRS = ("make_request_output",)
+_DETOKENIZER_ATTRS = ("decode_next", "update")
 
 
 class FrontendTelemetry(_Base):
-    """Text frames from the output processor and the detokenizer (API-server process)."""
+    """Text rows from the output processor and the detokenizer (API-server process)."""
 
     role = wire.SOURCE_FRONTEND
 
     def __init__(self, engine_version: str) -> None:
         super().__init__(engine_version)
-        self.ids = RequestIds(skip_children=False)
         self.requests: dict[str, _FrontRequest] = {}
-        self.disabled: set[str] = set()
         self.noticed: set[tuple[str, int]] = set()
-
-    def idle_step(self, processor: Any) -> None:
-        """A call without outputs of ours: still prune what vLLM forgot (aborts)."""
-        self.step += 1
-        if self.requests and self.step % PRUNE_EVERY == 0:
-            self._prune(processor.request_states)
-            self.end_emptied_runs()
+        self.pending: dict[str, list[wire.TextRow]] = {}  # this step's rows, by run
+        self.finished: list[str] = []
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -378,203 +422,213 @@ class FrontendTelemetry(_Base):
             self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
         return self.emitter
 
-    def before(self, processor: Any, engine_core_outputs: Any) -> _StepWork | None:
-        work: _StepWork | None = None
-        lookup = self.ids.lookup
-        states = processor.request_states
-        for output in engine_core_outputs:
-            rid = output.request_id
-            found = lookup(rid)
-            if found is None or rid in self.disabled:
-                continue
-            req_state = states.get(rid)
-            if req_state is None:
-                continue
-            run, stream = found
-            state = self.requests.get(rid)
-            try:
-                if state is None:
-                    state = self._admit(rid, run, stream, req_state)
-                    if state is None:
-                        continue
-                fragments: list[tuple[int, str]] = []
-                detokenizer = req_state.detokenizer
-                if detokenizer is not None:
-                    detokenizer.__dict__[FRAGMENTS_ATTR] = fragments
-                state.detokenizer = detokenizer
-                state.in_step = True
-                state.captured = None
-                state.pre_len = len(output.new_token_ids)
-            except Exception as error:
-                self._disable(rid, run, stream, "OutputProcessor.process_outputs", error)
-                continue
-            if work is None:
-                work = _StepWork()
-            work.items.append((rid, state, output))
-        return work
-
-    def _admit(self, rid: str, run: str, stream: int, req_state: Any) -> _FrontRequest | None:
-        """First sight of a request: refuse (with a notice) what cannot be exact."""
-        problem: tuple[int, str] | None = None
-        if req_state.parent_req is not None:
-            n = getattr(req_state.parent_req, "n", None) or getattr(req_state, "n", "?")
-            problem = (
-                wire.NOTICE_N,
-                f"n={n}: choices of a parallel-sampling request are not tracked",
-            )
-        elif req_state.stream_interval != 1:
-            problem = (wire.NOTICE_STREAM_INTERVAL, f"stream_interval={req_state.stream_interval}")
-        elif getattr(req_state.output_kind, "name", "DELTA") == "CUMULATIVE":
-            problem = (wire.NOTICE_OTHER, "cumulative output mode is not supported")
+    # ------------------------------------------------------------ admission
+    def admit(self, processor: Any, request_id: str) -> None:
+        """After `OutputProcessor.add_request`: install the wrappers on a request of ours."""
+        if request_id in self.requests or request_id in self.disabled:
+            return  # a streaming-input update of a known request, or refused
+        found = parse_ours(request_id, skip_children=False)
+        if found is None:
+            return
+        req_state = processor.request_states.get(request_id)
+        if req_state is None:
+            return
+        run, stream = found
+        problem = _refusal(req_state)
         if problem is not None:
-            self.disabled.add(rid)
+            self.disable(request_id)
             key = (run, stream)
             if key not in self.noticed:
+                if len(self.noticed) > MAX_DISABLED:
+                    self.noticed.clear()
                 self.noticed.add(key)
                 self._ensure_emitter().notice(run, stream, problem[0], problem[1])
-            return None
-        state = self.requests[rid] = _FrontRequest(run, stream)
-        self.track(run, rid)
-        return state
-
-    def on_request_output(self, req_state: Any, args: tuple[Any, ...], result: Any) -> None:
-        """Inside make_request_output: what this step handed to HTTP."""
-        state = self.requests.get(req_state.request_id)
-        if state is None or not state.in_step:
             return
-        new_token_ids, _pooling, finish_reason, stop_reason = args[:4]
+        self._ensure_emitter()
+        state = _FrontRequest(run, stream, req_state)
+        self._install(state, req_state)
+        self.requests[request_id] = state
+        self.track(run, request_id)
+
+    def _install(self, state: _FrontRequest, req_state: Any) -> None:
+        """Per-instance wrappers: other requests' objects are never touched."""
+        detokenizer = state.detokenizer = req_state.detokenizer
+        decode = detokenizer.decode_next
+        append = state.fragments.append
+
+        def decode_next(next_token_id: int) -> str:
+            text: str = decode(next_token_id)
+            append(text)
+            return text
+
+        detokenizer.decode_next = decode_next
+        if getattr(detokenizer, "stop", None):
+            # Only stop strings make the frontend delete tokens after update().
+            update = detokenizer.update
+
+            def update_with_count(new_token_ids: list[int], stop_terminated: bool) -> Any:
+                state.pre_len = len(new_token_ids)
+                return update(new_token_ids, stop_terminated)
+
+            detokenizer.update = update_with_count
+        make = req_state.make_request_output
+        capture = self.capture
+
+        def make_request_output(
+            new_token_ids: list[int],
+            pooling_output: Any,
+            finish_reason: Any,
+            stop_reason: Any,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            result = make(
+                new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs
+            )
+            capture(state, new_token_ids, finish_reason, stop_reason, result)
+            return result
+
+        req_state.make_request_output = make_request_output
+
+    # ----------------------------------------------------------------- steps
+    def capture(
+        self,
+        state: _FrontRequest,
+        new_token_ids: list[int],
+        finish_reason: Any,
+        stop_reason: Any,
+        result: Any,
+    ) -> None:
+        """Inside make_request_output of a request of ours: this step's row."""
+        try:
+            row = self._row(state, new_token_ids, finish_reason, stop_reason, result)
+        except Exception as error:
+            self._disable(state, "RequestState.make_request_output", error)
+            return
+        if row is None:
+            return
+        rows = self.pending.get(state.run)
+        if rows is None:
+            self.pending[state.run] = [row]
+        else:
+            rows.append(row)
+
+    def _row(
+        self,
+        state: _FrontRequest,
+        new_token_ids: list[int],
+        finish_reason: Any,
+        stop_reason: Any,
+        result: Any,
+    ) -> wire.TextRow | None:
+        fragments = state.fragments
+        fed = len(fragments)
+        if fed:
+            used = fragments[:]
+            fragments.clear()
+        else:
+            used = []
+        count = len(new_token_ids)
+        before_trim = state.pre_len
+        if before_trim < 0:
+            before_trim = count
+        else:
+            state.pre_len = -1
+        finished = finish_reason is not None
+        if count > wire.MAX_TOKENS_PER_RECORD:
+            raise TelemetryError(f"{count} tokens in one step")
+        # The detokenizer decodes every token of the step, except a stop token
+        # it keeps out of the text (the last one, when the request finished).
+        if fed != before_trim and not (finished and fed == before_trim - 1):
+            raise TelemetryError(f"the detokenizer decoded {fed} tokens of a step of {before_trim}")
         text = ""
         if result is not None:
-            index = req_state.request_index
-            for completion in getattr(result, "outputs", ()):
-                if getattr(completion, "index", index) == index:
+            index = state.req_state.request_index
+            for completion in result.outputs:
+                if completion.index == index:
                     text = completion.text or ""
                     break
-        # No copy: the list is read in after(), within the same process_outputs call.
-        state.captured = (new_token_ids or [], finish_reason, stop_reason, text)
+        if fed > count:
+            used = used[:count]  # decoded, then deleted after a stop string
+        span_backs = None
+        pending = state.pending_empty
+        if pending or "" in used:
+            span_backs, state.pending_empty = _span_backs(used, count, pending)
+        if not finished:
+            if not count:
+                if text:
+                    raise TelemetryError("text without tokens before the request finished")
+                return None
+            row = (state.stream, 0, 0, state.offset, new_token_ids[:], used, span_backs, 0, text)
+        else:
+            trimmed = before_trim - count if before_trim > count else 0
+            flags = _FLAG_FINISHED
+            if isinstance(stop_reason, str):
+                flags |= _FLAG_TEXT_TRUNCATED
+            if trimmed:
+                flags |= _FLAG_TOKENS_TRIMMED
+            code = finish_code(finish_reason)
+            row = (state.stream, flags, code, state.offset, new_token_ids[:], used, span_backs,
+                   trimmed, text)  # fmt: skip
+            self.finished.append(state.req_state.request_id)
+        state.offset += count
+        return row
 
-    def after(self, processor: Any, work: _StepWork) -> None:
+    def end_step(self, processor: Any) -> None:
+        """At the end of process_outputs: hand the step's rows to the sender."""
         self.step += 1
-        emitter = self._ensure_emitter()
-        by_run: dict[str, list[wire.Record]] = {}
-        finished: list[str] = []
-        for rid, state, output in work.items:
-            state.in_step = False
-            detokenizer = state.detokenizer
-            fragments: list[tuple[int, str]] = []
-            if detokenizer is not None:
-                fragments = detokenizer.__dict__.pop(FRAGMENTS_ATTR, None) or []
-            state.detokenizer = None
-            if rid in self.disabled:
-                continue  # failed inside make_request_output; the notice is queued
-            try:
-                record = self._record(state, output, fragments)
-            except Exception as error:
-                self._disable(
-                    rid, state.run, state.stream, "OutputProcessor.process_outputs", error
-                )
-                continue
-            if record is not None:
-                by_run.setdefault(state.run, []).append(record)
-                if record.finished:
-                    finished.append(rid)
-        for run, records in by_run.items():
-            emitter.submit(run, wire.KIND_TEXT, self.step, records)
-        for rid in finished:
-            self._forget(rid)
+        pending = self.pending
+        if pending:
+            self.pending = {}
+            self._ensure_emitter().submit_rows(wire.KIND_TEXT, self.step, pending)
+        if self.finished:
+            finished, self.finished = self.finished, []
+            for rid in finished:
+                self._forget(rid)
         if self.step % PRUNE_EVERY == 0:
             self._prune(processor.request_states)
         self.end_emptied_runs()
 
-    def _record(
-        self, state: _FrontRequest, output: Any, fragments: list[tuple[int, str]]
-    ) -> wire.TextRecord | None:
-        captured = state.captured
-        if captured is None:
-            # vLLM made no output for it this step (e.g. rejected on arrival).
-            if output.finish_reason is None and not output.new_token_ids:
-                return None
-            raise TelemetryError("no request output was made for this step")
-        token_ids, finish_reason, stop_reason, text = captured
-        finished = finish_reason is not None
-        if len(token_ids) > wire.MAX_TOKENS_PER_RECORD:
-            raise TelemetryError(f"{len(token_ids)} tokens in one step")
-        tokens: list[wire.TextToken] = []
-        append = tokens.append
-        text_token = wire.TextToken
-        pending = state.pending_empty
-        fed = len(fragments)
-        for position, token_id in enumerate(token_ids):
-            if position < fed:
-                fed_id, piece = fragments[position]
-                if fed_id != token_id:
-                    raise TelemetryError(
-                        f"detokenizer saw token {fed_id} where the output has {token_id}"
-                    )
-                if piece:
-                    span_back = pending if pending <= MAX_SPAN_BACK else MAX_SPAN_BACK
-                    append(text_token(token_id, piece.encode("utf-8"), span_back))
-                    pending = 0
-                else:
-                    append(text_token(token_id, b"", 0))
-                    pending += 1
-            else:
-                # Never fed to the detokenizer (a stop token kept out of the text).
-                append(text_token(token_id, b"", 0))
-        state.pending_empty = pending
-        http_delta = text.encode("utf-8") if text else b""
-        if not finished:
-            if not tokens:
-                if http_delta:
-                    raise TelemetryError("text without tokens before the request finished")
-                return None
-            record = wire.TextRecord(state.stream, state.offset, tokens, http_delta)
-        else:
-            trimmed = max(state.pre_len - len(token_ids), 0)
-            record = wire.TextRecord(
-                stream=state.stream,
-                offset=state.offset,
-                tokens=tokens,
-                http_delta=http_delta,
-                finished=True,
-                finish_reason=finish_code(finish_reason),
-                text_truncated=isinstance(stop_reason, str),
-                tokens_trimmed=trimmed > 0,
-                trimmed_tokens=trimmed,
-            )
-        state.offset += len(tokens)
-        return record
+    def idle_step(self, processor: Any) -> None:
+        """A call without requests of ours in this process."""
+        self.step += 1
 
+    # -------------------------------------------------------------- failures
     def fail_step(self, engine_core_outputs: Any, where: str, error: BaseException) -> None:
         try:
             self._ensure_emitter()
             ids = [output.request_id for output in engine_core_outputs]
+            ids = [rid for rid in ids if rid in self.requests]
         except Exception:
             return
         _fail_ids(self, ids, where, error)
 
-    def fail_request_state(self, req_state: Any, where: str, error: BaseException) -> None:
+    def fail_admission(self, request: Any, where: str, error: BaseException) -> None:
         try:
-            state = self.requests.get(req_state.request_id)
-            if state is not None:
-                self._disable(req_state.request_id, state.run, state.stream, where, error)
-        except Exception:  # pragma: no cover
+            rid = request.request_id
+            found = parse_ours(rid, skip_children=False)
+            if found is None:
+                return
+            self._ensure_emitter()
+            self.fail_request(found[0], found[1], where, error)
+            self._forget(rid, keep_disabled=True)
+            self.end_emptied_runs()
+        except Exception:  # pragma: no cover - nothing may reach vLLM
             log.debug("parallelhue: failure while reporting a failure", exc_info=True)
 
-    def _disable(self, rid: str, run: str, stream: int, where: str, error: BaseException) -> None:
-        self.disabled.add(rid)
+    def _disable(self, state: _FrontRequest, where: str, error: BaseException) -> None:
         self._ensure_emitter()
-        self.fail_request(run, stream, where, error)
-        self._forget(rid, keep_disabled=True)
+        self.fail_request(state.run, state.stream, where, error)
+        self._forget(state.req_state.request_id, keep_disabled=True)
 
     def _forget(self, rid: str, keep_disabled: bool = False) -> None:
         state = self.requests.pop(rid, None)
-        if not keep_disabled:
+        if keep_disabled:
+            self.disable(rid)
+        else:
             self.disabled.discard(rid)
-            self.ids.forget(rid)
         if state is not None:
-            if state.detokenizer is not None:
-                state.detokenizer.__dict__.pop(FRAGMENTS_ATTR, None)
+            _uninstall(state)
             self.untrack(state.run, rid)
 
     def _prune(self, processor_states: Any) -> None:
@@ -582,23 +636,49 @@ class FrontendTelemetry(_Base):
         for rid in [rid for rid in self.requests if rid not in processor_states]:
             self._forget(rid)
         self.disabled.intersection_update(processor_states)
-        if len(self.noticed) > MAX_CACHED_IDS:
+        if len(self.noticed) > MAX_DISABLED:
             self.noticed.clear()
 
 
-def wrap_decode_next(original: Callable[..., str]) -> Callable[..., str]:
-    """Record each token's returned string, only on detokenizers marked by the frontend."""
+def _refusal(req_state: Any) -> tuple[int, str] | None:
+    """Why a request of ours cannot be exact (a notice), or None."""
+    if req_state.parent_req is not None:
+        n = getattr(req_state.parent_req, "n", None) or getattr(req_state, "n", "?")
+        return wire.NOTICE_N, f"n={n}: choices of a parallel-sampling request are not tracked"
+    if req_state.stream_interval != 1:
+        return wire.NOTICE_STREAM_INTERVAL, f"stream_interval={req_state.stream_interval}"
+    if getattr(req_state.output_kind, "name", "DELTA") == "CUMULATIVE":
+        return wire.NOTICE_OTHER, "cumulative output mode is not supported"
+    if not hasattr(req_state.detokenizer, "decode_next"):
+        return wire.NOTICE_OTHER, "the request has no detokenizer (no text to attribute)"
+    return None
 
-    def decode_next(self: Any, next_token_id: int) -> str:
-        text = original(self, next_token_id)
-        fragments = self.__dict__.get(FRAGMENTS_ATTR)
-        if fragments is not None:
-            fragments.append((next_token_id, text))
-        return text
 
-    decode_next.__wrapped__ = original  # type: ignore[attr-defined]
-    decode_next.__parallelhue__ = True  # type: ignore[attr-defined]
-    return decode_next
+def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[int], int]:
+    """Per token: how many preceding tokens that returned "" its fragment claims.
+
+    `fragments` holds the decoded strings of the first len(fragments) tokens;
+    the rest of the `count` tokens were never decoded (a stop token kept out of
+    the text) and claim nothing. Returns the span_backs and the new pending count.
+    """
+    span_backs = [0] * count
+    for position, piece in enumerate(fragments):
+        if piece:
+            span_backs[position] = pending if pending <= MAX_SPAN_BACK else MAX_SPAN_BACK
+            pending = 0
+        else:
+            pending += 1
+    return span_backs, pending
+
+
+def _uninstall(state: _FrontRequest) -> None:
+    """Remove the per-instance wrappers (they also hold references to vLLM's objects)."""
+    for owner, names in ((state.req_state, _STATE_ATTRS), (state.detokenizer, _DETOKENIZER_ATTRS)):
+        attributes = getattr(owner, "__dict__", None)
+        if attributes is not None:
+            for name in names:
+                attributes.pop(name, None)
+    state.detokenizer = None
 
 
 def _fail_ids(
@@ -610,10 +690,10 @@ def _fail_ids(
     """A failure not tied to one request: every request of ours in the step loses telemetry."""
     try:
         for rid in request_ids:
-            found = telemetry.ids.lookup(rid)
-            if found is None or rid in telemetry.disabled:
+            state = telemetry.requests.get(rid)
+            if state is None:
                 continue
-            telemetry.fail_request(found[0], found[1], where, error)
+            telemetry.fail_request(state.run, state.stream, where, error)
             telemetry._forget(rid, keep_disabled=True)
         telemetry.end_emptied_runs()
     except Exception:  # pragma: no cover - nothing may reach vLLM

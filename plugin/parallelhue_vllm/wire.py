@@ -423,3 +423,118 @@ def split_for_frames(kind: int, records: Sequence[Record]) -> list[list[Record]]
     if current:
         chunks.append(current)
     return chunks
+
+
+# ---------------------------------------------------------------------- rows
+# The plugin's hooks describe a record as a plain tuple ("row") instead of a
+# record object: a tuple is the cheapest thing to build inside vLLM's loop, and
+# the emitter's sender thread turns a whole step of rows into bytes. A row has
+# the fields of its record; its bytes are the record's bytes.
+ROW_FLAG_FINISHED = _FLAG_FINISHED
+ROW_FLAG_TRIMMED = _FLAG_TRIMMED
+ROW_FLAG_TEXT_TRUNCATED = _FLAG_TEXT_TRUNCATED
+ROW_FLAG_TOKENS_TRIMMED = _FLAG_TOKENS_TRIMMED
+
+# stream, flags, finish_reason, offset, token_ids, roles (one byte per token),
+# drafts_scheduled, drafts_padded
+ProvenanceRow = tuple[int, int, int, int, list[int], bytes, int, int]
+# stream, flags, finish_reason, offset, token_ids, fragments (the decoded strings
+# of the first len(fragments) tokens; the other tokens' fragments are empty),
+# span_backs (None: all 0), trimmed_tokens, http_text
+TextRow = tuple[int, int, int, int, list[int], list[str], list[int] | None, int, str]
+
+# One precompiled Struct per token count: a provenance row is one pack call.
+_PROVENANCE_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _provenance_struct(count: int) -> struct.Struct:
+    if count > MAX_TOKENS_PER_RECORD:
+        raise ValueError(f"{count} tokens, limit {MAX_TOKENS_PER_RECORD}")
+    packer = _PROVENANCE_STRUCTS[count] = struct.Struct(f"<HBBIHHH{count}I{count}s")
+    return packer
+
+
+def encode_provenance_rows(rows: Sequence[ProvenanceRow]) -> list[bytes]:
+    """The bytes of each provenance row, in order (see ProvenanceRow)."""
+    structs = _PROVENANCE_STRUCTS
+    encoded: list[bytes] = []
+    append = encoded.append
+    try:
+        for stream, flags, finish, offset, ids, roles, drafts, padded in rows:
+            count = len(ids)
+            if len(roles) != count:
+                raise ValueError(
+                    f"record for stream {stream}: {len(roles)} roles for {count} tokens"
+                )
+            packer = structs.get(count) or _provenance_struct(count)
+            append(packer.pack(stream, flags, finish, offset, count, drafts, padded, *ids, roles))
+    except struct.error as error:
+        raise ValueError(f"provenance record field out of range: {error}") from error
+    return encoded
+
+
+def encode_text_rows(rows: Sequence[TextRow]) -> list[bytes]:
+    """The bytes of each text row, in order (see TextRow)."""
+    encoded: list[bytes] = []
+    for stream, flags, finish, offset, ids, fragments, span_backs, trimmed, text in rows:
+        tokens = []
+        for position, token_id in enumerate(ids):
+            piece = fragments[position].encode("utf-8") if position < len(fragments) else b""
+            back = span_backs[position] if span_backs is not None else 0
+            tokens.append(TextToken(token_id, piece, back))
+        record = TextRecord(
+            stream=stream,
+            offset=offset,
+            tokens=tokens,
+            http_delta=text.encode("utf-8"),
+            finished=bool(flags & _FLAG_FINISHED),
+            finish_reason=finish,
+            text_truncated=bool(flags & _FLAG_TEXT_TRUNCATED),
+            tokens_trimmed=bool(flags & _FLAG_TOKENS_TRIMMED),
+            trimmed_tokens=trimmed,
+        )
+        encoded.append(encode_record(KIND_TEXT, record))
+    return encoded
+
+
+def encode_rows(kind: int, rows: Sequence[ProvenanceRow] | Sequence[TextRow]) -> list[bytes]:
+    """The bytes of each row of a provenance or text step."""
+    if kind == KIND_PROVENANCE:
+        return encode_provenance_rows(rows)  # type: ignore[arg-type]
+    if kind == KIND_TEXT:
+        return encode_text_rows(rows)  # type: ignore[arg-type]
+    raise ValueError(f"kind {kind} has no rows")
+
+
+def encode_record(kind: int, record: Record) -> bytes:
+    """The bytes of one record in a frame of the given kind."""
+    parts: list[bytes] = []
+    try:
+        if kind == KIND_PROVENANCE and isinstance(record, ProvenanceRecord):
+            _encode_provenance(record, parts)
+        elif kind == KIND_TEXT and isinstance(record, TextRecord):
+            _encode_text(record, parts)
+        elif kind == KIND_NOTICE and isinstance(record, NoticeRecord):
+            _encode_notice(record, parts)
+        else:
+            _wrong_kind(kind, record)
+    except struct.error as error:
+        raise ValueError(f"{_KIND_NAMES[kind]} record field out of range: {error}") from error
+    return b"".join(parts)
+
+
+def encode_frame(kind: int, header: Header, records: Sequence[bytes]) -> bytes:
+    """A frame of `kind` holding already encoded records (encode_record / encode_rows)."""
+    if not 1 <= len(records) <= MAX_RECORDS:
+        raise ValueError(f"{len(records)} records, a frame holds 1..={MAX_RECORDS}")
+    if len(header.run_id) != 16:
+        raise ValueError(f"run id must be 16 raw bytes, got {len(header.run_id)}")
+    body = _COUNT.pack(len(records)) + b"".join(records)
+    total = HEADER_SIZE + len(body)
+    if total > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {total} bytes exceeds {MAX_FRAME_BYTES}")
+    return _header(kind, header, len(body)) + body
+
+
+# Room for records in one frame.
+FRAME_RECORD_BUDGET = MAX_FRAME_BYTES - HEADER_SIZE - _COUNT.size
