@@ -563,6 +563,9 @@ def test_aborted_requests_are_pruned(
     process(processor, [])
     assert front.requests == {} and front.active == {}
     assert "make_request_output" not in vars(state0)
+    for emitter in (telemetry.emitter, front.emitter):
+        assert emitter is not None
+        emitter.close()
 
 
 def test_aborts_reported_by_the_scheduler_end_the_run_at_once(receiver: socket.socket) -> None:

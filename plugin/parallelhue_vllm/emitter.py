@@ -28,7 +28,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,16 +136,18 @@ class Emitter:
         self,
         kind: int,
         step: int,
-        rows_by_run: Mapping[str, Sequence[wire.ProvenanceRow] | Sequence[wire.TextRow]],
+        steps_by_run: Mapping[str, wire.ProvenanceStep | wire.TextStep],
+        records: int,
     ) -> bool:
-        """Queue one step's rows (wire.py) of every run: one item per step, whatever the runs."""
+        """Queue one step's rows (wire.py) of every run, `records` rows in all.
+
+        One item per step whatever the number of runs. Never blocks or raises;
+        False = dropped.
+        """
         try:
-            count = 0
-            for rows in rows_by_run.values():
-                count += len(rows)
-            if not self._admit(rows_by_run, count):
+            if not self._admit(steps_by_run, records):
                 return False
-            self._queue.put((_ITEM_ROWS, kind, step, time.monotonic_ns(), rows_by_run, count))
+            self._queue.put((_ITEM_ROWS, kind, step, time.monotonic_ns(), steps_by_run, records))
             return True
         except Exception:  # pragma: no cover
             return False

@@ -90,15 +90,19 @@ def step_roles(generated: int, drafts: int) -> list[int]:
     return [wire.ROLE_ACCEPTED] * accepted + [last]
 
 
-# step_roles as bytes, keyed by generated << 16 | drafts: one dict lookup per row.
-_ROLE_BYTES: dict[int, bytes] = {}
-
-
 def _role_bytes(generated: int, drafts: int) -> bytes:
     roles = bytes(step_roles(generated, drafts))
     if len(_ROLE_BYTES) < 4096:
         _ROLE_BYTES[generated << 16 | drafts] = roles
     return roles
+
+
+# step_roles as bytes, keyed by generated << 16 | drafts: one dict lookup per row.
+_ROLE_BYTES: dict[int, bytes] = {}
+_PLAIN_ROLE = bytes((wire.ROLE_PLAIN,))
+for _drafts in range(1, 33):
+    for _generated in range(1, _drafts + 2):
+        _role_bytes(_generated, _drafts)
 
 
 def parse_ours(request_id: str, *, skip_children: bool) -> tuple[str, int] | None:
@@ -122,6 +126,9 @@ class _Base:
         self.emitter: Emitter | None = None
         self.step = 0
         self.active: dict[str, set[str]] = {}  # run -> request ids with state here
+        # run -> this step's rows of that run; one bucket per run for the run's
+        # life, so a hook appends to it without looking the run up.
+        self.buckets: dict[str, _Bucket] = {}
         self.emptied: set[str] = set()  # runs whose last request went this step
         self.disabled: set[str] = set()  # failed or refused: never admitted again
         self.warned: set[str] = set()
@@ -143,8 +150,26 @@ class _Base:
             self.warned.add(key)
             log.warning("parallelhue: %s", message)
 
-    def track(self, run: str, request_id: str) -> None:
+    def track(self, run: str, request_id: str) -> _Bucket:
+        """Count a request of `run` in; returns the run's bucket."""
         self.active.setdefault(run, set()).add(request_id)
+        bucket = self.buckets.get(run)
+        if bucket is None:
+            bucket = self.buckets[run] = _Bucket()
+        return bucket
+
+    def flush_rows(self, kind: int) -> None:
+        """Hand this step's rows of every run to the emitter (one queue item)."""
+        by_run = None
+        records = 0
+        for run, bucket in self.buckets.items():
+            if bucket.rows:
+                if by_run is None:
+                    by_run = {}
+                records += len(bucket.rows)
+                by_run[run] = bucket.take(kind)
+        if by_run is not None and self.emitter is not None:
+            self.emitter.submit_rows(kind, self.step, by_run, records)
 
     def untrack(self, run: str, request_id: str) -> None:
         requests = self.active.get(run)
@@ -164,6 +189,7 @@ class _Base:
         for run in self.emptied:
             if not self.active.get(run):
                 self.active.pop(run, None)
+                self.buckets.pop(run, None)
                 if self.emitter is not None:
                     self.emitter.end_run(run)
         self.emptied.clear()
@@ -181,13 +207,39 @@ class _Base:
             )
 
 
-class _SchedRequest:
-    __slots__ = ("offset", "run", "stream")
+class _Bucket:
+    """One run's rows of the current step; for text also their token ids and fragments.
 
-    def __init__(self, run: str, stream: int) -> None:
+    Hooks bind these lists' methods once per request and append to them; the
+    step's end hands copies to the emitter (wire.ProvenanceStep / wire.TextStep).
+    """
+
+    __slots__ = ("fragments", "ids", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self.ids: list[int] = []
+        self.fragments: list[str] = []
+
+    def take(self, kind: int) -> Any:
+        rows = self.rows[:]
+        self.rows.clear()
+        if kind != wire.KIND_TEXT:
+            return rows
+        step = (rows, self.ids[:], self.fragments[:])
+        self.ids.clear()
+        self.fragments.clear()
+        return step
+
+
+class _SchedRequest:
+    __slots__ = ("offset", "rows", "run", "stream")
+
+    def __init__(self, run: str, stream: int, bucket: _Bucket) -> None:
         self.run = run
         self.stream = stream
         self.offset = 0
+        self.rows = bucket.rows  # the run's rows of this step
 
 
 class SchedulerTelemetry(_Base):
@@ -251,8 +303,7 @@ class SchedulerTelemetry(_Base):
             if found is None:
                 continue
             self._ensure_emitter(scheduler)
-            requests[rid] = _SchedRequest(found[0], found[1])
-            self.track(found[0], rid)
+            requests[rid] = _SchedRequest(found[0], found[1], self.track(found[0], rid))
 
     def after(
         self,
@@ -262,73 +313,46 @@ class SchedulerTelemetry(_Base):
         lengths: list[int],
         result: Any,
     ) -> None:
-        """Build this step's provenance rows from the outputs vLLM returns."""
+        """Build this step's provenance rows from the outputs vLLM returns.
+
+        The common row (not finished, no padding) takes the loop below; anything
+        else goes through `_row`. The token lists are vLLM's own, not copied:
+        the engine process never changes them after this call (the API server's
+        copies, which it does change, are other objects).
+        """
         self.step += 1
-        requests = self.requests
-        index_of = model_runner_output.req_id_to_index
-        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        get = self.requests.get
+        spec_get = scheduler_output.scheduled_spec_decode_tokens.get
         invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
-        is_async = self.is_async
-        role_bytes = _ROLE_BYTES
-        by_run: dict[str, list[wire.ProvenanceRow]] = {}
+        roles_of = _ROLE_BYTES.get
+        plain = _PLAIN_ROLE
+        # Under async scheduling every scheduled draft is a -1 placeholder.
+        padding = not self.is_async
+        index_of = model_runner_output.req_id_to_index
         finished: list[str] = []
         for outputs in result.values():
             for output in outputs.outputs:
-                rid = output.request_id
-                state = requests.get(rid)
+                state = get(output.request_id)
                 if state is None:
                     continue
                 tokens = output.new_token_ids
-                reason = output.finish_reason
-                if reason is not None:
-                    finished.append(rid)
                 count = len(tokens)
-                if not count:
-                    continue
-                try:
-                    generated = lengths[index_of[rid]] if lengths else 0
-                    drafts = spec_tokens.get(rid)
-                    if drafts:
-                        scheduled = len(drafts)
-                        # Placeholders: -1 drafts; under async scheduling every draft
-                        # is -1 in the scheduler, so only the grammar-invalidated ones
-                        # count as padding there.
-                        padded = 0 if is_async else drafts.count(-1)
-                        if not padded and invalid:
-                            padded = int(invalid.get(rid, 0))
-                        if padded > scheduled:
-                            padded = scheduled
-                    else:
-                        scheduled = padded = 0
-                    roles = role_bytes.get(generated << 16 | scheduled)
-                    if roles is None:
-                        roles = _role_bytes(generated, scheduled)
-                    flags = 0
-                    if count != generated:
-                        if count > generated:
-                            raise TelemetryError(
-                                f"{count} tokens out of a step that sampled {generated}"
-                            )
-                        roles = roles[:count]
-                        flags = _FLAG_TRIMMED
-                    code = 0
-                    if reason is not None:
-                        flags |= _FLAG_FINISHED
-                        code = finish_code(reason)
-                except Exception as error:
-                    self.fail_request(state.run, state.stream, _SCHEDULER_WHERE, error)
-                    self._forget(rid, keep_disabled=True)
-                    continue
-                # The ids are copied: the list is vLLM's and outlives this step.
-                row = (state.stream, flags, code, state.offset, tokens[:], roles, scheduled, padded)
-                state.offset += count
-                rows = by_run.get(state.run)
-                if rows is None:
-                    by_run[state.run] = [row]
+                drafts = spec_get(output.request_id)
+                if drafts:
+                    scheduled = len(drafts)
+                    roles = roles_of(count << 16 | scheduled)
+                    slow = roles is None or invalid or (padding and -1 in drafts)
                 else:
-                    rows.append(row)
-        if by_run:
-            self._ensure_emitter(scheduler).submit_rows(wire.KIND_PROVENANCE, self.step, by_run)
+                    scheduled = 0
+                    roles = plain
+                    slow = count != 1
+                if slow or output.finish_reason is not None:
+                    if self._special_row(state, output, scheduler_output, index_of, lengths):
+                        finished.append(output.request_id)
+                    continue
+                state.rows.append((state.stream, 0, 0, state.offset, tokens, roles, scheduled, 0))
+                state.offset += count
+        self.flush_rows(wire.KIND_PROVENANCE)
         # Only after the step's rows are queued: forgetting the last request of a
         # run ends the run in the emitter.
         for rid in finished:
@@ -336,6 +360,57 @@ class SchedulerTelemetry(_Base):
         if self.step % PRUNE_EVERY == 0:
             self._prune(scheduler)
         self.end_emptied_runs()
+
+    def _special_row(
+        self,
+        state: _SchedRequest,
+        output: Any,
+        scheduler_output: Any,
+        index_of: dict[str, int],
+        lengths: list[int],
+    ) -> bool:
+        """A row that finishes, was trimmed, carries padded drafts or looks impossible.
+
+        True when the request finished (it is forgotten after the step's rows are queued).
+        """
+        rid = output.request_id
+        reason = output.finish_reason
+        try:
+            tokens = output.new_token_ids
+            count = len(tokens)
+            if not count:
+                return reason is not None
+            index = index_of.get(rid)
+            generated = lengths[index] if lengths and index is not None else 0
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid) or ()
+            scheduled = len(drafts)
+            # Placeholders: -1 drafts; under async scheduling every draft is -1 in
+            # the scheduler, so only the grammar-invalidated ones count there.
+            padded = 0 if self.is_async else sum(1 for token in drafts if token < 0)
+            if not padded:
+                invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
+                padded = int(invalid.get(rid, 0))
+            padded = min(padded, scheduled)
+            if count > generated:
+                raise TelemetryError(f"{count} tokens out of a step that sampled {generated}")
+            roles = _role_bytes(generated, scheduled)
+            flags = 0
+            if count < generated:
+                roles = roles[:count]
+                flags = _FLAG_TRIMMED
+            code = 0
+            if reason is not None:
+                flags |= _FLAG_FINISHED
+                code = finish_code(reason)
+        except Exception as error:
+            self.fail_request(state.run, state.stream, _SCHEDULER_WHERE, error)
+            self._forget(rid, keep_disabled=True)
+            return False
+        state.rows.append(
+            (state.stream, flags, code, state.offset, tokens, roles, scheduled, padded)
+        )
+        state.offset += count
+        return reason is not None
 
     def idle_step(self, scheduler: Any) -> None:
         """A step without requests of ours (the wrapper skips before/after)."""
@@ -377,6 +452,7 @@ class _FrontRequest:
     """A request of ours in the API server, with the per-instance wrappers installed on it."""
 
     __slots__ = (
+        "bucket",
         "detokenizer",
         "fragments",
         "offset",
@@ -387,20 +463,24 @@ class _FrontRequest:
         "stream",
     )
 
-    def __init__(self, run: str, stream: int, req_state: Any) -> None:
+    def __init__(self, run: str, stream: int, req_state: Any, bucket: _Bucket) -> None:
         self.run = run
         self.stream = stream
         self.offset = 0
         self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
-        self.pre_len = -1  # tokens of this step before the stop-string trim (-1: not trimmed)
+        # Tokens of this step before a stop-string trim, set by the update wrapper
+        # (requests with stop strings only; -1: none).
+        self.pre_len = -1
         self.fragments: list[str] = []  # what decode_next returned this step, in order
         self.req_state = req_state
-        self.detokenizer: Any = None
+        self.detokenizer: Any = req_state.detokenizer
+        self.bucket = bucket  # the run's rows, ids and fragments of this step
 
 
 # Attributes the frontend sets on vLLM objects of its own requests (and removes).
 _STATE_ATTRS = ("make_request_output",)
 _DETOKENIZER_ATTRS = ("decode_next", "update")
+_MAKE_WHERE = "RequestState.make_request_output"
 
 
 class FrontendTelemetry(_Base):
@@ -408,12 +488,13 @@ class FrontendTelemetry(_Base):
 
     role = wire.SOURCE_FRONTEND
 
-    def __init__(self, engine_version: str) -> None:
+    def __init__(self, engine_version: str, *, make_request_output_has_error: bool = True) -> None:
         super().__init__(engine_version)
         self.requests: dict[str, _FrontRequest] = {}
         self.noticed: set[tuple[str, int]] = set()
-        self.pending: dict[str, list[wire.TextRow]] = {}  # this step's rows, by run
         self.finished: list[str] = []
+        # vLLM 0.32/0.33 pass `error=` to make_request_output, 0.26 does not.
+        self._with_error = make_request_output_has_error
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -445,16 +526,22 @@ class FrontendTelemetry(_Base):
                 self._ensure_emitter().notice(run, stream, problem[0], problem[1])
             return
         self._ensure_emitter()
-        state = _FrontRequest(run, stream, req_state)
-        self._install(state, req_state)
+        state = _FrontRequest(run, stream, req_state, self.track(run, request_id))
+        self._install(state)
         self.requests[request_id] = state
-        self.track(run, request_id)
 
-    def _install(self, state: _FrontRequest, req_state: Any) -> None:
-        """Per-instance wrappers: other requests' objects are never touched."""
-        detokenizer = state.detokenizer = req_state.detokenizer
+    def _install(self, state: _FrontRequest) -> None:
+        """Per-instance wrappers: other requests' objects are never touched.
+
+        make_request_output's wrapper has vLLM's explicit parameters: a generic
+        (*args, **kwargs) wrapper costs about ten times more per call.
+        """
+        detokenizer = state.detokenizer
+        _own_dict(detokenizer)
+        _own_dict(state.req_state)
         decode = detokenizer.decode_next
-        append = state.fragments.append
+        fragments = state.fragments
+        append = fragments.append
 
         def decode_next(next_token_id: int) -> str:
             text: str = decode(next_token_id)
@@ -471,27 +558,58 @@ class FrontendTelemetry(_Base):
                 return update(new_token_ids, stop_terminated)
 
             detokenizer.update = update_with_count
-        make = req_state.make_request_output
-        capture = self.capture
+        make = state.req_state.make_request_output
+        bucket = state.bucket
+        rows_append = bucket.rows.append
+        ids_extend = bucket.ids.extend
+        fragments_extend = bucket.fragments.extend
+        stream = state.stream
+        special = self._special_row
+        disable = self._disable
+        with_error = self._with_error
 
         def make_request_output(
             new_token_ids: list[int],
             pooling_output: Any,
             finish_reason: Any,
             stop_reason: Any,
-            *args: Any,
-            **kwargs: Any,
+            kv_transfer_params: Any = None,
+            ec_transfer_params: Any = None,
+            error: Any = None,
         ) -> Any:
-            result = make(
-                new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs
-            )
-            capture(state, new_token_ids, finish_reason, stop_reason, result)
+            if with_error:
+                result = make(new_token_ids, pooling_output, finish_reason, stop_reason,
+                              kv_transfer_params, ec_transfer_params, error)  # fmt: skip
+            else:  # vLLM 0.26: no `error` parameter
+                result = make(new_token_ids, pooling_output, finish_reason, stop_reason,
+                              kv_transfer_params, ec_transfer_params)  # fmt: skip
+            try:
+                count = len(new_token_ids)
+                # The common row: not finished (only a finished step can have been
+                # trimmed after a stop string), every token decoded to text.
+                if (
+                    finish_reason is None
+                    and count
+                    and len(fragments) == count
+                    and not state.pending_empty
+                    and "" not in fragments
+                ):
+                    text = result.outputs[0].text  # before anything is appended
+                    ids_extend(new_token_ids)  # a copy: vLLM may extend its list later
+                    fragments_extend(fragments)
+                    fragments.clear()
+                    rows_append((stream, 0, 0, state.offset, count, count, None, 0, text))
+                    state.offset += count
+                else:
+                    special(state, new_token_ids, finish_reason, stop_reason, result)
+            except Exception as failure:
+                disable(state, _MAKE_WHERE, failure)
             return result
 
-        req_state.make_request_output = make_request_output
+        state.req_state.make_request_output = make_request_output
 
     # ----------------------------------------------------------------- steps
-    def capture(
+    def _special_row(
         self,
         state: _FrontRequest,
         new_token_ids: list[int],
@@ -499,41 +617,13 @@ class FrontendTelemetry(_Base):
         stop_reason: Any,
         result: Any,
     ) -> None:
-        """Inside make_request_output of a request of ours: this step's row."""
-        try:
-            row = self._row(state, new_token_ids, finish_reason, stop_reason, result)
-        except Exception as error:
-            self._disable(state, "RequestState.make_request_output", error)
-            return
-        if row is None:
-            return
-        rows = self.pending.get(state.run)
-        if rows is None:
-            self.pending[state.run] = [row]
-        else:
-            rows.append(row)
-
-    def _row(
-        self,
-        state: _FrontRequest,
-        new_token_ids: list[int],
-        finish_reason: Any,
-        stop_reason: Any,
-        result: Any,
-    ) -> wire.TextRow | None:
+        """Every row the common path does not take: finished, trimmed, "" fragments, checks."""
         fragments = state.fragments
         fed = len(fragments)
-        if fed:
-            used = fragments[:]
-            fragments.clear()
-        else:
-            used = []
+        used = fragments[:]
+        fragments.clear()
         count = len(new_token_ids)
-        before_trim = state.pre_len
-        if before_trim < 0:
-            before_trim = count
-        else:
-            state.pre_len = -1
+        before_trim = state.pre_len if state.pre_len >= 0 else count
         finished = finish_reason is not None
         if count > wire.MAX_TOKENS_PER_RECORD:
             raise TelemetryError(f"{count} tokens in one step")
@@ -553,13 +643,13 @@ class FrontendTelemetry(_Base):
         span_backs = None
         pending = state.pending_empty
         if pending or "" in used:
-            span_backs, state.pending_empty = _span_backs(used, count, pending)
+            span_backs, pending = _span_backs(used, count, pending)
         if not finished:
             if not count:
                 if text:
                     raise TelemetryError("text without tokens before the request finished")
-                return None
-            row = (state.stream, 0, 0, state.offset, new_token_ids[:], used, span_backs, 0, text)
+                return
+            row = (state.stream, 0, 0, state.offset, count, len(used), span_backs, 0, text)
         else:
             trimmed = before_trim - count if before_trim > count else 0
             flags = _FLAG_FINISHED
@@ -568,19 +658,21 @@ class FrontendTelemetry(_Base):
             if trimmed:
                 flags |= _FLAG_TOKENS_TRIMMED
             code = finish_code(finish_reason)
-            row = (state.stream, flags, code, state.offset, new_token_ids[:], used, span_backs,
+            row = (state.stream, flags, code, state.offset, count, len(used), span_backs,
                    trimmed, text)  # fmt: skip
             self.finished.append(state.req_state.request_id)
+        # Nothing can fail from here on: the row and its ids and fragments go in together.
+        state.pending_empty = pending
+        bucket = state.bucket
+        bucket.ids.extend(new_token_ids)
+        bucket.fragments.extend(used)
+        bucket.rows.append(row)
         state.offset += count
-        return row
 
     def end_step(self, processor: Any) -> None:
         """At the end of process_outputs: hand the step's rows to the sender."""
         self.step += 1
-        pending = self.pending
-        if pending:
-            self.pending = {}
-            self._ensure_emitter().submit_rows(wire.KIND_TEXT, self.step, pending)
+        self.flush_rows(wire.KIND_TEXT)
         if self.finished:
             finished, self.finished = self.finished, []
             for rid in finished:
@@ -671,6 +763,18 @@ def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[in
     return span_backs, pending
 
 
+def _own_dict(obj: Any) -> None:
+    """Give a vLLM object a private attribute dict before the hooks add attributes to it.
+
+    CPython 3.11+ stores instance attributes against keys shared by all
+    instances of a class; adding a new name to one instance adds it to those
+    shared keys, and from then on method calls on EVERY instance (other users'
+    requests included) take a slower, unspecialized path. A private dict keeps
+    the shared keys as vLLM made them.
+    """
+    obj.__dict__ = dict(obj.__dict__)
+
+
 def _uninstall(state: _FrontRequest) -> None:
     """Remove the per-instance wrappers (they also hold references to vLLM's objects)."""
     for owner, names in ((state.req_state, _STATE_ATTRS), (state.detokenizer, _DETOKENIZER_ATTRS)):
@@ -678,7 +782,6 @@ def _uninstall(state: _FrontRequest) -> None:
         if attributes is not None:
             for name in names:
                 attributes.pop(name, None)
-    state.detokenizer = None
 
 
 def _fail_ids(

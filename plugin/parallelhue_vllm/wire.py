@@ -438,10 +438,14 @@ ROW_FLAG_TOKENS_TRIMMED = _FLAG_TOKENS_TRIMMED
 # stream, flags, finish_reason, offset, token_ids, roles (one byte per token),
 # drafts_scheduled, drafts_padded
 ProvenanceRow = tuple[int, int, int, int, list[int], bytes, int, int]
-# stream, flags, finish_reason, offset, token_ids, fragments (the decoded strings
-# of the first len(fragments) tokens; the other tokens' fragments are empty),
-# span_backs (None: all 0), trimmed_tokens, http_text
-TextRow = tuple[int, int, int, int, list[int], list[str], list[int] | None, int, str]
+# stream, flags, finish_reason, offset, n_tokens, n_fragments, span_backs (None:
+# all 0), trimmed_tokens, http_text
+TextRow = tuple[int, int, int, int, int, int, list[int] | None, int, str]
+# A run's text rows of one step with the token ids and the fragments of all of
+# them, in row order: a row owns the next n_tokens ids and the next n_fragments
+# fragments (those of its first n_fragments tokens; the other tokens' are empty).
+TextStep = tuple[list[TextRow], list[int], list[str]]
+ProvenanceStep = list[ProvenanceRow]
 
 # One precompiled Struct per token count: a provenance row is one pack call.
 _PROVENANCE_STRUCTS: dict[int, struct.Struct] = {}
@@ -473,15 +477,19 @@ def encode_provenance_rows(rows: Sequence[ProvenanceRow]) -> list[bytes]:
     return encoded
 
 
-def encode_text_rows(rows: Sequence[TextRow]) -> list[bytes]:
-    """The bytes of each text row, in order (see TextRow)."""
+def encode_text_step(step: TextStep) -> list[bytes]:
+    """The bytes of each text row of a step, in order (see TextStep)."""
+    rows, ids, fragments = step
     encoded: list[bytes] = []
-    for stream, flags, finish, offset, ids, fragments, span_backs, trimmed, text in rows:
+    first_id = first_fragment = 0
+    for stream, flags, finish, offset, count, fed, span_backs, trimmed, text in rows:
         tokens = []
-        for position, token_id in enumerate(ids):
-            piece = fragments[position].encode("utf-8") if position < len(fragments) else b""
+        for position in range(count):
+            piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
             back = span_backs[position] if span_backs is not None else 0
-            tokens.append(TextToken(token_id, piece, back))
+            tokens.append(TextToken(ids[first_id + position], piece, back))
+        first_id += count
+        first_fragment += fed
         record = TextRecord(
             stream=stream,
             offset=offset,
@@ -494,15 +502,20 @@ def encode_text_rows(rows: Sequence[TextRow]) -> list[bytes]:
             trimmed_tokens=trimmed,
         )
         encoded.append(encode_record(KIND_TEXT, record))
+    if first_id != len(ids) or first_fragment != len(fragments):
+        raise ValueError(
+            f"text step: rows hold {first_id} ids and {first_fragment} fragments, "
+            f"the step {len(ids)} and {len(fragments)}"
+        )
     return encoded
 
 
-def encode_rows(kind: int, rows: Sequence[ProvenanceRow] | Sequence[TextRow]) -> list[bytes]:
+def encode_rows(kind: int, step: ProvenanceStep | TextStep) -> list[bytes]:
     """The bytes of each row of a provenance or text step."""
     if kind == KIND_PROVENANCE:
-        return encode_provenance_rows(rows)  # type: ignore[arg-type]
+        return encode_provenance_rows(step)  # type: ignore[arg-type]
     if kind == KIND_TEXT:
-        return encode_text_rows(rows)  # type: ignore[arg-type]
+        return encode_text_step(step)  # type: ignore[arg-type]
     raise ValueError(f"kind {kind} has no rows")
 
 

@@ -107,7 +107,10 @@ def install(adapter: ModuleType, version: str) -> bool:
         )
         return False
     scheduler = hooks.SchedulerTelemetry(version)
-    frontend = hooks.FrontendTelemetry(version)
+    make_params = next(t.params for t in targets if t.method == "make_request_output")
+    frontend = hooks.FrontendTelemetry(
+        version, make_request_output_has_error="error" in make_params
+    )
     factories: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
         "update_from_output": lambda original: _wrap_scheduler(original, scheduler),
         "process_outputs": lambda original: _wrap_process_outputs(original, frontend),
