@@ -38,6 +38,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -164,8 +165,19 @@ class Scheduler:
         return {index: EngineCoreOutputs(outs) for index, outs in outputs.items()}
 
 
+class DecodeStream:
+    """tokenizers.decoders.DecodeStream: Rust in vLLM, so step() is a C-level call here too
+    (a bound dict.setdefault that returns the same 4-character piece for every token)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, tokenizer: object) -> None:
+        self.step = {tokenizer: " the"}.setdefault
+
+
 class Detokenizer:
-    """BaseIncrementalDetokenizer's update / get_next_output_text; decode_next a table lookup."""
+    """FastIncrementalDetokenizer: update / get_next_output_text as vLLM's, decode_next
+    returning `_protected_step(id) or ""` over its DecodeStream."""
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
@@ -175,12 +187,27 @@ class Detokenizer:
         self.stop_buffer_length = 0
         self.min_tokens = 0
         self._last_output_text_offset = 0
+        self.request_id = ""
+        self.skip_special_tokens = True
+        self.tokenizer = object()
+        self.stream = DecodeStream(self.tokenizer)
+        self.spaces_between_special_tokens = True
 
     def num_output_tokens(self) -> int:
         return len(self.token_ids)
 
     def decode_next(self, next_token_id: int) -> str:
-        return PIECES[next_token_id & 7]
+        token = self._protected_step(next_token_id)
+        if not self.spaces_between_special_tokens:  # vLLM's special-token spacing
+            self.last_special = False
+        return token or ""
+
+    def _protected_step(self, next_token_id: int) -> str | None:
+        try:
+            token: str | None = self.stream.step(self.tokenizer, next_token_id)
+        except (OverflowError, TypeError):
+            token = None
+        return token
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         if not new_token_ids:
@@ -329,7 +356,7 @@ class Engine:
         self.process = OutputProcessor.process_outputs
         add = OutputProcessor.add_request
         self.sched_telemetry = hooks.SchedulerTelemetry("bench")
-        self.front_telemetry = hooks.FrontendTelemetry("bench")
+        self.front_telemetry = hooks.FrontendTelemetry("bench", stream_detokenizers=(Detokenizer,))
         if hooked:
             self.update = _wrap_scheduler(self.update, self.sched_telemetry)
             self.process = _wrap_process_outputs(self.process, self.front_telemetry)
@@ -392,7 +419,117 @@ def quiet_emitter(role: int, socket_dir: str) -> emitter_module.Emitter:
     return emitter
 
 
-def drain(emitter: emitter_module.Emitter | None, keep: list[Any] | None = None) -> None:
+# ---------------------------------------------------------- measurements
+class Drain:
+    """The client's end: a bound datagram socket per run, read by a thread of its own.
+
+    Its work is not the server's: thread_time and callgrind's per-thread
+    collection both leave it out.
+    """
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="phb", dir="/tmp")
+        os.chmod(self.tmp.name, 0o700)
+        self.receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        path = os.path.join(self.tmp.name, f"{RUN}.sock")
+        self.receiver.bind(path)
+        os.chmod(path, 0o600)
+        self.receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.frames = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                self.receiver.recv(1 << 17)
+            except OSError:
+                return
+            self.frames += 1
+
+    def close(self) -> None:
+        self.receiver.close()
+        self.tmp.cleanup()
+
+
+class Pair:
+    """The same step with and without the plugin: scheduler or frontend, ours or not."""
+
+    def __init__(self, side: str, requests: int, tokens: int, ours: int, drain: Drain) -> None:
+        ids = request_ids(requests, ours)
+        self.side = side
+        self.plain = Engine(ids, tokens, False, drain.tmp.name)
+        self.hooked = Engine(ids, tokens, True, drain.tmp.name)
+        self.items: list[Any] = []  # the hooked steps' queue items, for the sender phase
+        for engine in (self.plain, self.hooked):
+            engine.frontend_step(engine.frontend_inputs(engine.engine_step()))
+        self.flush()
+        if side == "frontend":
+            # What the API server receives: one message per step, decoded fresh.
+            self.inputs = {
+                "plain": [self.plain.frontend_inputs(self.plain.engine_step()) for _ in range(64)],
+                "hooked": [
+                    self.hooked.frontend_inputs(self.hooked.engine_step()) for _ in range(64)
+                ],
+            }
+            self.feeds = {"plain": iter(()), "hooked": iter(())}
+            self.flush()
+
+    def flush(self) -> None:
+        """Take what the hooked side queued (as its sender thread would), keep the last items."""
+        del self.items[:-32]
+        ours = self.side == "scheduler"
+        drain_queue(self.hooked.sched_telemetry.emitter, self.items if ours else None)
+        drain_queue(self.hooked.front_telemetry.emitter, None if ours else self.items)
+
+    def prepare(self, name: str, steps: int) -> None:
+        """Fresh decoded inputs for the next `steps` frontend steps (outside any timing)."""
+        if self.side == "frontend":
+            engine = self.plain if name == "plain" else self.hooked
+            source = self.inputs[name]
+            self.feeds[name] = iter(
+                [engine.frontend_inputs(source[i % len(source)]) for i in range(steps)]
+            )
+
+    def step(self, name: str) -> Callable[[], Any]:
+        """One step; the hooked one also takes its queue item, as the sender thread does
+        right away (items left queued would hold memory and skew the GC's work)."""
+        engine = self.plain if name == "plain" else self.hooked
+        if self.side == "scheduler":
+            if name == "plain":
+                return engine.engine_step
+            run_step = engine.engine_step
+            emitter = engine.sched_telemetry.emitter
+        else:
+            feeds = self.feeds
+            process = engine.frontend_step
+
+            def run_step() -> None:
+                process(next(feeds[name]))
+
+            if name == "plain":
+                return run_step
+            emitter = engine.front_telemetry.emitter
+        assert emitter is not None
+        take = emitter._queue.get_nowait
+        items = self.items
+
+        def hooked_step() -> None:
+            run_step()
+            try:
+                item = take()
+            except Exception:  # nothing queued this step
+                return
+            emitter._taken_items += 1
+            emitter._taken_records += item[5]
+            items.append(item)
+            if len(items) > 32:
+                del items[:16]
+
+        return hooked_step
+
+
+def drain_queue(emitter: emitter_module.Emitter | None, keep: list[Any] | None) -> None:
     if emitter is None:
         return
     q = emitter._queue
@@ -402,13 +539,12 @@ def drain(emitter: emitter_module.Emitter | None, keep: list[Any] | None = None)
         except Exception:
             break
         emitter._taken_items += 1
-        if item[0] == 1:
+        if item[0] == emitter_module._ITEM_ROWS:
             emitter._taken_records += item[5]
-        if keep is not None:
-            keep.append(item)
+            if keep is not None:
+                keep.append(item)
 
 
-# ---------------------------------------------------------- measurements
 def thread_seconds(function: Callable[[], Any], repeat: int) -> float:
     start = time.thread_time()
     for _ in range(repeat):
@@ -416,272 +552,241 @@ def thread_seconds(function: Callable[[], Any], repeat: int) -> float:
     return (time.thread_time() - start) / repeat
 
 
-def side_by_side(
-    plain: Callable[[], Any], hooked: Callable[[], Any], rounds: int, repeat: int,
-    between: Callable[[], Any] = lambda: None,
-) -> tuple[float, float]:  # fmt: skip
-    """Median per-call CPU seconds of `plain` and of `hooked - plain`, alternating rounds."""
+def side_by_side(pair: Pair, rounds: int, repeat: int) -> tuple[float, float]:
+    """Median CPU seconds per step of the plain side and of hooked - plain, alternating rounds."""
     plains, diffs = [], []
+    plain, hooked = pair.step("plain"), pair.step("hooked")
     for index in range(rounds):
+        pair.prepare("plain", repeat)
+        pair.prepare("hooked", repeat)
         # Swap the order every round: neither side always runs on a warm cache.
         if index % 2:
             h = thread_seconds(hooked, repeat)
-            between()
             p = thread_seconds(plain, repeat)
         else:
             p = thread_seconds(plain, repeat)
             h = thread_seconds(hooked, repeat)
-            between()
+        pair.flush()
         plains.append(p)
         diffs.append(h - p)
     return statistics.median(plains), statistics.median(diffs)
+
+
+class Sender:
+    """The sender thread's work for a side's queued steps, run on this thread."""
+
+    def __init__(self, pair: Pair) -> None:
+        telemetry = (
+            pair.hooked.sched_telemetry if pair.side == "scheduler" else pair.hooked.front_telemetry
+        )
+        assert telemetry.emitter is not None and pair.items, "no step was queued"
+        self.emitter = telemetry.emitter
+        self.items = pair.items
+        self.index = 0
+        self.frames: list[bytes] = []
+        real_send = self.emitter._send
+
+        def recording_send(state: Any, frame: bytes) -> bool:
+            self.frames.append(frame)
+            return real_send(state, frame)
+
+        self.emitter._send = recording_send  # type: ignore[method-assign]
+
+    def step(self) -> None:
+        item = self.items[self.index % len(self.items)]
+        self.index += 1
+        self.emitter._put_items += 1
+        self.emitter._put_records += item[5]
+        self.emitter.process(item)
+        if len(self.frames) > 64:
+            del self.frames[:32]
+
+    def resend(self) -> None:
+        """The send system calls alone (the sender holds no GIL inside them)."""
+        state = self.emitter._runs[RUN]
+        assert state.sock is not None
+        state.sock.send(self.frames[self.index % len(self.frames)])
+        self.index += 1
+
+    def encode(self) -> None:
+        """One step's encoding alone (the longest the sender holds the GIL at a stretch)."""
+        item = self.items[self.index % len(self.items)]
+        self.index += 1
+        wire.encode_rows(item[1], item[4][RUN])
+
+
+def median_seconds(function: Callable[[], Any], rounds: int, repeat: int) -> float:
+    return statistics.median(thread_seconds(function, repeat) for _ in range(rounds))
 
 
 @dataclass
 class Costs:
     requests: int
     tokens: int
-    scheduler_plain_us: float = 0.0
-    frontend_plain_us: float = 0.0
-    scheduler_us: float = 0.0  # per step
-    frontend_us: float = 0.0
-    sched_sender_us: float = 0.0
-    front_sender_us: float = 0.0
-    sched_sender_gil_us: float = 0.0
-    front_sender_gil_us: float = 0.0
-    largest_frame_encode_us: float = 0.0
-    idle_scheduler_us: float = 0.0
-    idle_frontend_us: float = 0.0
-    mixed_scheduler_us: float = 0.0  # per foreign request beside a ParallelHue run
-    mixed_frontend_us: float = 0.0
-
-    def per_request(self, per_step: float) -> float:
-        return per_step / self.requests
+    instructions: bool = False  # figures are instructions (callgrind), not microseconds
+    scheduler_plain: float = 0.0  # per step
+    frontend_plain: float = 0.0
+    scheduler: float = 0.0
+    frontend: float = 0.0
+    sched_sender: float = 0.0
+    front_sender: float = 0.0
+    sched_sender_gil: float = 0.0
+    front_sender_gil: float = 0.0
+    largest_encode: float = 0.0
+    idle_scheduler: float = 0.0
+    idle_frontend: float = 0.0
+    mixed_scheduler: float = 0.0  # per request without an id, beside a ParallelHue request
+    mixed_frontend: float = 0.0
 
     @property
-    def total_us(self) -> float:
-        return self.scheduler_us + self.frontend_us + self.sched_sender_us + self.front_sender_us
-
-
-class Sockets:
-    """The client's end: one bound datagram socket per run, drained outside the timing."""
-
-    def __init__(self) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="phb", dir="/tmp")
-        os.chmod(self.tmp.name, 0o700)
-        self.receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        path = os.path.join(self.tmp.name, f"{RUN}.sock")
-        self.receiver.bind(path)
-        os.chmod(path, 0o600)
-        self.receiver.setblocking(False)
-
-    def drain(self) -> None:
-        while True:
-            try:
-                self.receiver.recv(1 << 17)
-            except BlockingIOError:
-                return
-
-    def close(self) -> None:
-        self.receiver.close()
-        self.tmp.cleanup()
+    def total(self) -> float:
+        return self.scheduler + self.frontend + self.sched_sender + self.front_sender
 
 
 def measure(requests: int, tokens: int, rounds: int, repeat: int) -> Costs:
+    """Microseconds (thread CPU time), side by side with the plain stand-ins."""
     costs = Costs(requests, tokens)
-    sockets = Sockets()
+    drain = Drain()
     try:
-        _measure_ours(costs, sockets, rounds, repeat)
-        _measure_idle(costs, sockets, rounds, repeat)
-        _measure_mixed(costs, sockets, rounds, repeat)
+        us = 1e6
+        for side in ("scheduler", "frontend"):
+            pair = Pair(side, requests, tokens, requests, drain)
+            plain, extra = side_by_side(pair, rounds, repeat)
+            sender = Sender(pair)
+            total = median_seconds(sender.step, rounds, repeat)
+            sends = median_seconds(sender.resend, rounds, repeat)
+            encode = median_seconds(sender.encode, rounds, repeat)
+            if side == "scheduler":
+                costs.scheduler_plain, costs.scheduler = plain * us, extra * us
+                costs.sched_sender, costs.sched_sender_gil = total * us, (total - sends) * us
+            else:
+                costs.frontend_plain, costs.frontend = plain * us, extra * us
+                costs.front_sender, costs.front_sender_gil = total * us, (total - sends) * us
+            costs.largest_encode = max(costs.largest_encode, encode * us)
+            idle = Pair(side, requests, tokens, 0, drain)
+            _, idle_extra = side_by_side(idle, rounds, repeat)
+            mixed = Pair(side, requests, tokens, 1, drain)
+            alone = Pair(side, 1, tokens, 1, drain)
+            _, mixed_extra = side_by_side(mixed, rounds, repeat)
+            _, alone_extra = side_by_side(alone, rounds, repeat)
+            per_other = (mixed_extra - alone_extra) / max(requests - 1, 1) * us
+            if side == "scheduler":
+                costs.idle_scheduler, costs.mixed_scheduler = idle_extra * us, per_other
+            else:
+                costs.idle_frontend, costs.mixed_frontend = idle_extra * us, per_other
     finally:
-        sockets.close()
+        drain.close()
     return costs
 
 
-def _measure_ours(costs: Costs, sockets: Sockets, rounds: int, repeat: int) -> None:
-    ids = request_ids(costs.requests, costs.requests)
-    plain = Engine(ids, costs.tokens, False, sockets.tmp.name)
-    hooked = Engine(ids, costs.tokens, True, sockets.tmp.name)
-    for engine in (plain, hooked):
-        engine.frontend_step(engine.frontend_inputs(engine.engine_step()))
-    sched_items: list[Any] = []
-    front_items: list[Any] = []
-
-    def keep_items() -> None:
-        sched_items[:] = sched_items[-64:]
-        front_items[:] = front_items[-64:]
-        drain(hooked.sched_telemetry.emitter, sched_items)
-        drain(hooked.front_telemetry.emitter, front_items)
-
-    keep_items()
-    costs.scheduler_plain_us, sched = side_by_side(
-        plain.engine_step, hooked.engine_step, rounds, repeat, keep_items
-    )
-    # Same outputs for both sides; what each process_outputs call gets is fresh.
-    plain_inputs = [plain.frontend_inputs(plain.engine_step()) for _ in range(repeat)]
-    hooked_inputs = [hooked.frontend_inputs(hooked.engine_step()) for _ in range(repeat)]
-    keep_items()
-    costs.frontend_plain_us, front = _frontend_diff(
-        plain, hooked, plain_inputs, hooked_inputs, rounds, repeat, keep_items
-    )
-    keep_items()
-    costs.frontend_plain_us *= 1e6
-    costs.scheduler_plain_us *= 1e6
-    costs.scheduler_us = sched * 1e6
-    costs.frontend_us = front * 1e6
-    sched_emitter = hooked.sched_telemetry.emitter
-    front_emitter = hooked.front_telemetry.emitter
-    assert sched_emitter is not None and front_emitter is not None
-    costs.sched_sender_us, costs.sched_sender_gil_us, sched_frame = sender_cost(
-        sched_emitter, sched_items, sockets, rounds
-    )
-    costs.front_sender_us, costs.front_sender_gil_us, front_frame = sender_cost(
-        front_emitter, front_items, sockets, rounds
-    )
-    costs.largest_frame_encode_us = max(sched_frame, front_frame)
+# Instruction counts: each phase runs in a process of its own under callgrind,
+# which collects only inside functools.reduce (the measured loop), this thread only.
+PHASES = (
+    "scheduler:plain", "scheduler:hooked", "frontend:plain", "frontend:hooked",
+    "scheduler:sender", "frontend:sender", "scheduler:resend", "frontend:resend",
+    "scheduler:idle-plain", "scheduler:idle-hooked", "frontend:idle-plain",
+    "frontend:idle-hooked", "scheduler:mixed-plain", "scheduler:mixed-hooked",
+    "frontend:mixed-plain", "frontend:mixed-hooked", "scheduler:alone-plain",
+    "scheduler:alone-hooked", "frontend:alone-plain", "frontend:alone-hooked",
+    "scheduler:encode", "frontend:encode",
+)  # fmt: skip
 
 
-def sender_cost(
-    emitter: emitter_module.Emitter, items: list[Any], sockets: Sockets, rounds: int
-) -> tuple[float, float, float]:
-    """Sender thread CPU per step, the part of it with the GIL held, one frame's encode.
+def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
+    """Set a phase up, warm it up, then run `steps` steps inside functools.reduce."""
+    import functools
 
-    The sender releases the GIL only inside the send system call; that part is
-    measured by sending the same frames again.
-    """
-    assert items, "no step items were queued"
-    # A batch of steps fits the receiver's datagram queue (max_dgram_qlen, often 10).
-    batch = 8
-    emitter._put_items += len(items)
-    emitter._put_records += sum(item[5] for item in items)
-    totals, sends, encodes = [], [], []
-    frames: list[bytes] = []
-    real_send = emitter._send
-
-    def recording_send(state: Any, frame: bytes) -> bool:
-        frames.append(frame)
-        return real_send(state, frame)
-
-    emitter._send = recording_send  # type: ignore[method-assign]
-    for round_index in range(rounds):
-        chosen = [items[(round_index * batch + i) % len(items)] for i in range(batch)]
-        sockets.drain()
-        frames.clear()
-        start = time.thread_time()
-        for item in chosen:
-            emitter.process(item)
-        totals.append((time.thread_time() - start) / batch)
-        sent = list(frames)
-        sockets.drain()
-        sock = emitter._runs[RUN].sock
-        assert sock is not None
-        start = time.thread_time()
-        for frame in sent[-batch:]:
-            sock.send(frame)
-        sends.append((time.thread_time() - start) / batch)
-        sockets.drain()
-        rows = chosen[0][4][RUN]
-        start = time.thread_time()
-        for _ in range(batch):
-            wire.encode_rows(chosen[0][1], rows)
-        encodes.append((time.thread_time() - start) / batch)
-    emitter._send = real_send  # type: ignore[method-assign]
-    total = statistics.median(totals)
-    return total * 1e6, (total - statistics.median(sends)) * 1e6, statistics.median(encodes) * 1e6
+    side, what = phase.split(":")
+    drain = Drain()
+    ours = {"idle": 0, "mixed": 1, "alone": 1}.get(what.split("-")[0], requests)
+    count = 1 if what.startswith("alone") else requests
+    pair = Pair(side, count, tokens, ours, drain)
+    name = "plain" if what.endswith("plain") else "hooked"
+    if what in ("sender", "resend", "encode"):
+        pair.prepare("hooked", 64)
+        for _ in range(64):
+            pair.step("hooked")()
+        pair.flush()
+        sender = Sender(pair)
+        for _ in range(16):
+            sender.step()
+        function = {"sender": sender.step, "resend": sender.resend, "encode": sender.encode}[what]
+    else:
+        function = pair.step(name)
+        pair.prepare(name, 32 + steps)
+        for _ in range(32):
+            function()
+        if side == "scheduler":
+            pair.flush()
+    gc.collect()
+    functools.reduce(lambda _acc, _i: function(), range(steps), None)
+    drain.close()
 
 
-def _measure_idle(costs: Costs, sockets: Sockets, rounds: int, repeat: int) -> None:
-    """Hooks installed, no ParallelHue request in the process."""
-    ids = request_ids(costs.requests, 0)
-    plain = Engine(ids, costs.tokens, False, sockets.tmp.name)
-    hooked = Engine(ids, costs.tokens, True, sockets.tmp.name)
-    _, sched = side_by_side(plain.engine_step, hooked.engine_step, rounds, repeat)
-    plain_in = [plain.frontend_inputs(plain.engine_step()) for _ in range(repeat)]
-    hooked_in = [hooked.frontend_inputs(hooked.engine_step()) for _ in range(repeat)]
-    _, front = _frontend_diff(plain, hooked, plain_in, hooked_in, rounds, repeat)
-    assert hooked.sched_telemetry.requests == {} and hooked.front_telemetry.requests == {}
-    costs.idle_scheduler_us = sched * 1e6
-    costs.idle_frontend_us = front * 1e6
+def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
+    """Instructions per step of each phase from callgrind (deterministic, whatever the load)."""
+    import re
+    import subprocess
 
-
-def _measure_mixed(costs: Costs, sockets: Sockets, rounds: int, repeat: int) -> None:
-    """Requests without an id beside one ParallelHue request: (1 + n others) - (1 alone)."""
-    others = costs.requests - 1
-    mixed_ids = request_ids(costs.requests, 1)
-    alone_ids = mixed_ids[:1]
-    per_foreign = []
-    for ids in (mixed_ids, alone_ids):
-        plain = Engine(ids, costs.tokens, False, sockets.tmp.name)
-        hooked = Engine(ids, costs.tokens, True, sockets.tmp.name)
-        for engine in (plain, hooked):
-            engine.frontend_step(engine.frontend_inputs(engine.engine_step()))
-
-        def flush(engine: Engine = hooked) -> None:
-            drain(engine.sched_telemetry.emitter)
-            drain(engine.front_telemetry.emitter)
-
-        _, sched = side_by_side(plain.engine_step, hooked.engine_step, rounds, repeat, flush)
-        plain_in = [plain.frontend_inputs(plain.engine_step()) for _ in range(repeat)]
-        hooked_in = [hooked.frontend_inputs(hooked.engine_step()) for _ in range(repeat)]
-        flush()
-        _, front = _frontend_diff(plain, hooked, plain_in, hooked_in, rounds, repeat, flush)
-        per_foreign.append((sched, front))
-    costs.mixed_scheduler_us = (per_foreign[0][0] - per_foreign[1][0]) / others * 1e6
-    costs.mixed_frontend_us = (per_foreign[0][1] - per_foreign[1][1]) / others * 1e6
-
-
-def _frontend_diff(
-    plain: Engine, hooked: Engine, plain_in: list[Any], hooked_in: list[Any], rounds: int,
-    repeat: int, between: Callable[[], Any] = lambda: None,
-) -> tuple[float, float]:  # fmt: skip
-    """Median per-call CPU seconds of the plain frontend and of hooked - plain."""
-    plains, diffs = [], []
-    for index in range(rounds):
-        p_iter = iter([plain.frontend_inputs(x) for x in plain_in])
-        h_iter = iter([hooked.frontend_inputs(x) for x in hooked_in])
-
-        def p_step(it: Any = p_iter) -> None:
-            plain.frontend_step(next(it))
-
-        def h_step(it: Any = h_iter) -> None:
-            hooked.frontend_step(next(it))
-
-        if index % 2:
-            h = thread_seconds(h_step, repeat)
-            p = thread_seconds(p_step, repeat)
-        else:
-            p = thread_seconds(p_step, repeat)
-            h = thread_seconds(h_step, repeat)
-        between()
-        plains.append(p)
-        diffs.append(h - p)
-    return statistics.median(plains), statistics.median(diffs)
+    counts: dict[str, float] = {}
+    for phase in PHASES:
+        with tempfile.TemporaryDirectory(prefix="phcg") as directory:
+            out = os.path.join(directory, "callgrind.out")
+            command = [
+                "valgrind", "--tool=callgrind", "--toggle-collect=functools_reduce",
+                f"--callgrind-out-file={out}", sys.executable, __file__, "--phase", phase,
+                "--requests", str(requests), "--tokens", str(tokens), "--steps", str(steps),
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise SystemExit(f"callgrind run of {phase} failed: {result.stderr[-600:]}")
+            found = re.search(r"^(?:summary|totals):\s+(\d+)", open(out).read(), re.M)
+            assert found, "no totals in the callgrind output"
+            counts[phase] = int(found.group(1)) / steps
+    costs = Costs(requests, tokens, instructions=True)
+    costs.scheduler_plain = counts["scheduler:plain"]
+    costs.frontend_plain = counts["frontend:plain"]
+    costs.scheduler = counts["scheduler:hooked"] - counts["scheduler:plain"]
+    costs.frontend = counts["frontend:hooked"] - counts["frontend:plain"]
+    costs.sched_sender = counts["scheduler:sender"]
+    costs.front_sender = counts["frontend:sender"]
+    # callgrind counts user space only: the sender's instructions all hold the GIL.
+    costs.sched_sender_gil = counts["scheduler:sender"]
+    costs.front_sender_gil = counts["frontend:sender"]
+    costs.largest_encode = max(counts["scheduler:encode"], counts["frontend:encode"])
+    for side in ("scheduler", "frontend"):
+        idle = counts[f"{side}:idle-hooked"] - counts[f"{side}:idle-plain"]
+        mixed = counts[f"{side}:mixed-hooked"] - counts[f"{side}:mixed-plain"]
+        alone = counts[f"{side}:alone-hooked"] - counts[f"{side}:alone-plain"]
+        setattr(costs, f"idle_{side}", idle)
+        setattr(costs, f"mixed_{side}", (mixed - alone) / max(requests - 1, 1))
+    return costs
 
 
 # ------------------------------------------------------ memory and scale
 def step_allocations(requests: int, tokens: int, steps: int) -> tuple[float, float]:
-    """KiB retained after `steps` hooked steps (leak check), and KiB allocated per step (peak).
+    """KiB allocated within one hooked step (peak) and KiB retained after `steps` more.
 
-    The emitter queue is drained as the sender would, so what stays is the hooks' own state.
+    The emitter queue is taken as the sender would take it, so what stays is the
+    hooks' own state. Both sides of the engine run (scheduler and frontend).
     """
-    sockets = Sockets()
+    drain = Drain()
     try:
-        engine = Engine(request_ids(requests, requests), tokens, True, sockets.tmp.name)
+        engine = Engine(request_ids(requests, requests), tokens, True, drain.tmp.name)
 
         def step() -> None:
             engine.frontend_step(engine.frontend_inputs(engine.engine_step()))
-            drain(engine.sched_telemetry.emitter)
-            drain(engine.front_telemetry.emitter)
+            drain_queue(engine.sched_telemetry.emitter, None)
+            drain_queue(engine.front_telemetry.emitter, None)
 
         for _ in range(50):
             step()
         gc.collect()
         tracemalloc.start()
         step()
+        gc.collect()
         first, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        before, _ = tracemalloc.get_traced_memory()
         step()
         _, peak = tracemalloc.get_traced_memory()
         for _ in range(steps):
@@ -689,25 +794,30 @@ def step_allocations(requests: int, tokens: int, steps: int) -> tuple[float, flo
         gc.collect()
         after, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        return (after - first) / 1024, (peak - before) / 1024
+        return (peak - first) / 1024, (after - first) / 1024
     finally:
-        sockets.close()
+        drain.close()
 
 
 def stalled_client_memory(requests: int, tokens: int, steps: int) -> tuple[float, int]:
-    """Peak MiB traced while a client never reads, and frames counted as dropped.
+    """Peak MiB traced while the client never reads, and frames counted as dropped.
 
-    The real sender thread runs; its 2 s send timeout is shortened so the run finishes.
+    The real sender threads run; their send timeout is shortened to 0.2 s.
     """
-    sockets = Sockets()
+    tmp = tempfile.TemporaryDirectory(prefix="phs", dir="/tmp")
+    os.chmod(tmp.name, 0o700)
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = os.path.join(tmp.name, f"{RUN}.sock")
+    stalled.bind(path)
+    os.chmod(path, 0o600)
     try:
-        engine = Engine(request_ids(requests, requests), tokens, True, sockets.tmp.name)
+        engine = Engine(request_ids(requests, requests), tokens, True, tmp.name)
         for telemetry in (engine.sched_telemetry, engine.front_telemetry):
             telemetry.emitter = emitter_module.Emitter(
                 role=telemetry.role, engine=wire.ENGINE_VLLM, engine_version="bench",
                 plugin_version="bench", spec_method="ngram", num_speculative_tokens=3,
                 role_derivation=wire.DERIVATION_DRAFT_IDS, async_scheduling=False,
-                socket_dir=sockets.tmp.name, send_timeout=0.2,
+                socket_dir=tmp.name, send_timeout=0.2,
             )  # fmt: skip
         gc.collect()
         tracemalloc.start()
@@ -723,39 +833,46 @@ def stalled_client_memory(requests: int, tokens: int, steps: int) -> tuple[float
             telemetry.emitter.close(0.5)
         return (peak - base) / (1 << 20), dropped
     finally:
-        sockets.close()
+        stalled.close()
+        tmp.cleanup()
 
 
 # ----------------------------------------------------------------- report
 def print_costs(costs: Costs) -> None:
     n = costs.requests
-    print(f"{n} requests x {costs.tokens} tokens per step (us per step; per request-step)")
+    unit = "instructions" if costs.instructions else "us"
+    print(f"{n} requests x {costs.tokens} tokens per step ({unit} per step; per request-step)")
     rows = [
-        ("stand-in update_from_output, no plugin", costs.scheduler_plain_us),
-        ("stand-in process_outputs, no plugin", costs.frontend_plain_us),
-        ("scheduler hook (EngineCore critical path)", costs.scheduler_us),
-        ("frontend hooks (API server)", costs.frontend_us),
-        ("EngineCore sender thread (encode + send)", costs.sched_sender_us),
-        ("  of it with the GIL held", costs.sched_sender_gil_us),
-        ("API-server sender thread (encode + send)", costs.front_sender_us),
-        ("  of it with the GIL held", costs.front_sender_gil_us),
-        ("idle scheduler hook (no ParallelHue request)", costs.idle_scheduler_us),
-        ("idle frontend hooks (no ParallelHue request)", costs.idle_frontend_us),
+        ("stand-in update_from_output, no plugin", costs.scheduler_plain),
+        ("stand-in process_outputs, no plugin", costs.frontend_plain),
+        ("scheduler hook (EngineCore critical path)", costs.scheduler),
+        ("frontend hooks (API server)", costs.frontend),
+        ("EngineCore sender thread (encode + send)", costs.sched_sender),
+        ("  of it with the GIL held", costs.sched_sender_gil),
+        ("API-server sender thread (encode + send)", costs.front_sender),
+        ("  of it with the GIL held", costs.front_sender_gil),
+        ("idle scheduler hook (no ParallelHue request)", costs.idle_scheduler),
+        ("idle frontend hooks (no ParallelHue request)", costs.idle_frontend),
     ]
     for name, value in rows:
-        print(f"  {name:<48} {value:8.1f}   {value / n:6.3f}")
-    print(f"  {'longest GIL hold: encode of one frame':<48} {costs.largest_frame_encode_us:8.1f}")
+        print(f"  {name:<48} {value:10.1f}   {value / n:9.3f}")
+    print(f"  {'longest GIL hold: one step of one run encoded':<48} {costs.largest_encode:10.1f}")
     print(
-        f"  other requests beside a ParallelHue run: scheduler {costs.mixed_scheduler_us:.3f} us, "
-        f"frontend {costs.mixed_frontend_us:.3f} us per request-step"
+        f"  requests without an id beside a ParallelHue request: scheduler "
+        f"{costs.mixed_scheduler:.3f}, frontend {costs.mixed_frontend:.3f} {unit} per request-step"
     )
 
 
 def final_line(costs: Costs) -> str:
     n = costs.requests
-    total = costs.total_us / n
-    critical = costs.scheduler_us / n
-    idle = (costs.idle_scheduler_us + costs.idle_frontend_us) / n
+    total = costs.total / n
+    critical = costs.scheduler / n
+    idle = max(costs.idle_scheduler, costs.idle_frontend) / n
+    if costs.instructions:
+        return (
+            f"plugin instructions per request-step: total {total:.0f}, critical path "
+            f"{critical:.0f}, idle {idle:.0f} ({n} requests x {costs.tokens} tokens)"
+        )
     return (
         f"plugin cost per request-step: total {total:.2f} us, critical path {critical:.2f} us, "
         f"idle {idle:.3f} us ({n} requests x {costs.tokens} tokens)"
@@ -763,30 +880,45 @@ def final_line(costs: Costs) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
     parser.add_argument("--no-scale", action="store_true", help="skip the 256-request runs")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions with callgrind instead"
+    )
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=200, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rounds, repeat = (5, 100) if args.quick else (11, 300)
-    print(f"python {sys.version.split()[0]}, {rounds} alternating rounds of {repeat} steps")
+    if args.phase:
+        run_phase(args.phase, args.requests, args.tokens, args.steps)
+        return 0
+    load = os.getloadavg()[0]
+    print(f"python {sys.version.split()[0]}, load average {load:.2f}, {os.cpu_count()} CPUs")
+    if args.instructions:
+        costs = count_instructions(args.requests, args.tokens, args.steps)
+        print_costs(costs)
+        print(final_line(costs))
+        return 0
+    rounds, repeat = (5, 100) if args.quick else (15, 200)
+    print(f"{rounds} alternating rounds of {repeat} steps; medians")
     if not args.no_scale:
-        for requests, tokens in ((args.requests, 1), (256, 4)):
-            costs = measure(requests, tokens, rounds, max(repeat // (requests // 32 or 1), 20))
+        for requests, tokens in ((args.requests, 1), (256, args.tokens)):
+            costs = measure(requests, tokens, rounds, max(repeat * args.requests // requests, 20))
             print_costs(costs)
             print("  " + final_line(costs))
         for requests in (args.requests, 256):
-            retained, per_step = step_allocations(requests, args.tokens, 2000)
+            per_step, retained = step_allocations(requests, args.tokens, 2000)
             print(
                 f"memory, {requests} requests x {args.tokens} tokens: {per_step:.1f} KiB "
-                f"allocated per step (peak), {retained:+.1f} KiB retained after 2000 steps"
+                f"allocated within a step (peak), {retained:+.1f} KiB retained after 2000 steps"
             )
         peak, dropped = stalled_client_memory(args.requests, args.tokens, 20000)
         print(
-            f"stalled client, 20000 steps of {args.requests} requests: emitter peak "
-            f"{peak:.1f} MiB traced, {dropped} frames counted as dropped (bound "
-            f"{emitter_module.MAX_QUEUED_RECORDS} queued records)"
+            f"stalled client, 20000 steps of {args.requests} requests: peak {peak:.1f} MiB "
+            f"traced, {dropped} frames counted as dropped (queue bound "
+            f"{emitter_module.MAX_QUEUED_RECORDS} records)"
         )
     costs = measure(args.requests, args.tokens, rounds, repeat)
     print_costs(costs)

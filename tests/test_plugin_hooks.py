@@ -10,8 +10,11 @@ real classes are exercised by tests/vllm (signatures and the live server).
 from __future__ import annotations
 
 import enum
+import importlib
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,35 @@ class FinishReason(enum.IntEnum):
 
 def rid(stream: int, prefix: str = "chatcmpl-") -> str:
     return f"{prefix}ph1_{RUN}_{stream}-1a2b3c4d"
+
+
+def speedups() -> Any:
+    """The C accelerator, built in place; None when it cannot be built (then skipped, not in CI)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin"))
+    try:
+        import build_speedups
+
+        build_speedups.build()
+        return importlib.import_module("parallelhue_vllm._speedups")
+    except (OSError, ImportError, subprocess.CalledProcessError):
+        return None
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.fixture(params=["c", "python"], autouse=True)
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the C accelerator and with the pure-Python code."""
+    if request.param == "python":
+        monkeypatch.setattr(hooks, "_speedups", None)
+        return "python"
+    module = speedups()
+    if module is None:
+        if os.environ.get("CI"):
+            pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
+        pytest.skip("no C compiler: only the pure-Python hooks are tested")
+    monkeypatch.setattr(hooks, "_speedups", module)
+    return "c"
 
 
 @pytest.fixture
@@ -280,11 +312,24 @@ def test_broken_engine_objects_never_reach_vllm(receiver: socket.socket) -> None
 
 
 # ------------------------------------------------------------------ frontend side
+class FakeStream:
+    """tokenizers.decoders.DecodeStream: step() is None until a token completes text."""
+
+    def __init__(self, pieces: dict[int, str]) -> None:
+        self.pieces = pieces
+
+    def step(self, tokenizer: Any, token_id: int) -> str | None:
+        return self.pieces[token_id] or None
+
+
 class FakeDetokenizer:
-    """vLLM 0.32's detokenizer update / get_next_output_text; decode_next from a table."""
+    """vLLM 0.32's FastIncrementalDetokenizer: update / get_next_output_text, decode_next
+    returning `stream.step(...) or ""`."""
 
     def __init__(self, pieces: dict[int, str], stop: list[str] | None = None) -> None:
-        self.pieces = pieces
+        self.stream = FakeStream(pieces)
+        self.tokenizer = object()
+        self.spaces_between_special_tokens = True
         self.stop = stop or []
         self.include_stop_str_in_output = False
         self.stop_buffer_length = max((len(s) for s in self.stop), default=1) - 1
@@ -293,7 +338,10 @@ class FakeDetokenizer:
         self.sent = 0
 
     def decode_next(self, next_token_id: int) -> str:
-        return self.pieces[next_token_id]
+        return self._protected_step(next_token_id) or ""
+
+    def _protected_step(self, next_token_id: int) -> str | None:
+        return self.stream.step(self.tokenizer, next_token_id)
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         if not new_token_ids:
@@ -326,6 +374,28 @@ class FakeDetokenizer:
         return text
 
 
+class FakeSlowDetokenizer(FakeDetokenizer):
+    """A detokenizer that decodes without a stream (vLLM's SlowIncrementalDetokenizer)."""
+
+    def __init__(self, pieces: dict[int, str], stop: list[str] | None = None) -> None:
+        super().__init__(pieces, stop)
+        del self.stream
+        self.pieces = pieces
+
+    def decode_next(self, next_token_id: int) -> str:
+        return self.pieces[next_token_id]
+
+
+class FakeCollector:
+    """RequestOutputCollector: what the HTTP side would read."""
+
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+
+    def put(self, output: Any) -> None:
+        self.outputs.append(output)
+
+
 class FakeRequestState:
     def __init__(self, request_id: str, detokenizer: Any, **extra: Any) -> None:
         self.request_id = request_id
@@ -334,6 +404,7 @@ class FakeRequestState:
         self.stream_interval = extra.get("stream_interval", 1)
         self.output_kind = SimpleNamespace(name=extra.get("output_kind", "DELTA"))
         self.request_index = 0
+        self.queue = FakeCollector()
 
     def make_request_output(
         self,
@@ -345,10 +416,16 @@ class FakeRequestState:
         ec_transfer_params: Any = None,
         error: Any = None,
     ) -> Any:
-        text = self.detokenizer.get_next_output_text(finish_reason is not None, True)
-        return SimpleNamespace(
-            outputs=[SimpleNamespace(index=0, text=text, token_ids=new_token_ids)]
+        finished = finish_reason is not None
+        text = self.detokenizer.get_next_output_text(finished, True)
+        completion = SimpleNamespace(
+            index=self.request_index,
+            text=text,
+            token_ids=new_token_ids,
+            finish_reason=finish_reason.name.lower() if finished else None,
+            stop_reason=stop_reason if finished else None,
         )
+        return SimpleNamespace(outputs=[completion], finished=finished)
 
 
 class FakeProcessor:
@@ -373,14 +450,17 @@ class FakeProcessor:
             if stop:
                 finish, stop_reason = FinishReason.STOP, stop
                 del output.new_token_ids[len(detokenizer.token_ids) - before :]
-            state.make_request_output(output.new_token_ids, None, finish, stop_reason, None, None,
-                                      error=None)  # fmt: skip
+            request_output = state.make_request_output(
+                output.new_token_ids, None, finish, stop_reason, None, None, error=None
+            )
+            if request_output is not None:
+                state.queue.put(request_output)
             if finish is not None:
                 del self.request_states[output.request_id]
 
 
 def make_frontend() -> tuple[FakeProcessor, Any, hooks.FrontendTelemetry]:
-    telemetry = hooks.FrontendTelemetry("0.32.0")
+    telemetry = hooks.FrontendTelemetry("0.32.0", stream_detokenizers=(FakeDetokenizer,))
     processor = FakeProcessor()
     process = _wrap_process_outputs(FakeProcessor.process_outputs, telemetry)
     add = _wrap_add_request(FakeProcessor.add_request, telemetry)
@@ -404,10 +484,12 @@ def text_tokens(record: wire.Record) -> list[tuple[int, bytes, int]]:
     return [(t.token_id, t.fragment, t.span_back) for t in record.tokens]
 
 
-def test_fragments_span_back_and_http_delta(receiver: socket.socket) -> None:
+@pytest.mark.parametrize("detokenizer", [FakeDetokenizer, FakeSlowDetokenizer])
+def test_fragments_span_back_and_http_delta(receiver: socket.socket, detokenizer: type) -> None:
     processor, process, telemetry = make_frontend()
     r0 = rid(0)
-    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES)))
+    state = FakeRequestState(r0, detokenizer(PIECES))
+    processor.add(r0, state)
     process(processor, [output(r0, [1, 2])])
     process(processor, [output(r0, [3, 4, 5])])  # 2 ends inside 日, claimed by 3
     process(processor, [output(r0, [6, 7, 9], finish=FinishReason.STOP)])
@@ -425,6 +507,9 @@ def test_fragments_span_back_and_http_delta(receiver: socket.socket) -> None:
         (2, "日b".encode()),
         (5, "😀".encode()),
     ]
+    # Every output reached vLLM's own queue, which is back in place.
+    assert type(state.queue) is FakeCollector
+    assert [o.outputs[0].text for o in state.queue.outputs] == ["a", "日b", "😀"]
     final = records[-1]
     assert isinstance(final, wire.TextRecord)
     assert (final.finished, final.finish_reason, final.text_truncated, final.tokens_trimmed) == (
@@ -487,7 +572,7 @@ def test_requests_that_cannot_be_exact_get_a_notice(
     frames = frames_of(receiver, telemetry)
     assert [f.kind for f in frames] == [wire.KIND_HELLO, wire.KIND_NOTICE]
     assert frames[1].records == [wire.NoticeRecord(2, code, message)]
-    assert "make_request_output" not in vars(state)  # nothing installed on it
+    assert type(state.queue) is FakeCollector  # nothing installed on it
 
 
 def test_detokenizer_mismatch_is_contained(receiver: socket.socket) -> None:
@@ -509,7 +594,7 @@ def test_detokenizer_mismatch_is_contained(receiver: socket.socket) -> None:
     notice = frames[1].records[0]
     assert isinstance(notice, wire.NoticeRecord)
     assert notice.message == (
-        "telemetry hook failed in RequestState.make_request_output: "
+        "telemetry hook failed in RequestOutputCollector.put: "
         "TelemetryError: the detokenizer decoded 3 tokens of a step of 2"
     )
     assert telemetry.requests == {}
@@ -518,27 +603,46 @@ def test_detokenizer_mismatch_is_contained(receiver: socket.socket) -> None:
 def test_other_requests_are_never_touched(receiver: socket.socket) -> None:
     processor, process, telemetry = make_frontend()
     r0, foreign = rid(0), "chatcmpl-someone-else-1a2b3c4d"
-    ours = FakeRequestState(r0, FakeDetokenizer(PIECES, stop=["zz"]))
-    theirs = FakeRequestState(foreign, FakeDetokenizer(PIECES, stop=["zz"]))
+    ours = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    theirs = FakeRequestState(foreign, FakeDetokenizer(PIECES))
+    their_queue, their_stream = theirs.queue, theirs.detokenizer.stream
     processor.add(foreign, theirs)
     assert telemetry.requests == {} and telemetry.emitter is None
-    assert vars(theirs).keys() == {
-        "request_id", "detokenizer", "parent_req", "stream_interval", "output_kind",
-        "request_index",
-    }  # fmt: skip
+    names = set(vars(ours)), set(vars(ours.detokenizer))
+    our_queue, our_stream = ours.queue, ours.detokenizer.stream
     processor.add(r0, ours)
-    # Wrapped on the request's own objects: the classes and the other request are untouched.
-    assert {"make_request_output"} <= vars(ours).keys()
-    assert {"decode_next", "update"} <= vars(ours.detokenizer).keys()
-    assert "decode_next" not in vars(theirs.detokenizer)
-    assert FakeRequestState.__dict__["make_request_output"].__name__ == "make_request_output"
+    # Only the values of two attributes vLLM already has are ours; no name is added.
+    assert (set(vars(ours)), set(vars(ours.detokenizer))) == names
+    assert ours.queue is not our_queue and ours.detokenizer.stream is not our_stream
+    assert (theirs.queue, theirs.detokenizer.stream) == (their_queue, their_stream)
     process(processor, [output(foreign, [1]), output(r0, [1]), output(foreign, [4])])
     process(processor, [output(r0, [4], finish=FinishReason.LENGTH)])
     frames = frames_of(receiver, telemetry)
     assert [[r.stream for r in f.records] for f in frames[1:]] == [[0], [0]]
-    # A finished request's wrappers are removed (they also hold vLLM's objects).
-    assert "make_request_output" not in vars(ours)
-    assert not {"decode_next", "update"} & vars(ours.detokenizer).keys()
+    # A finished request gets vLLM's objects back (ours also hold references to them).
+    assert (ours.queue, ours.detokenizer.stream) == (our_queue, our_stream)
+    assert [o.outputs[0].text for o in our_queue.outputs] == ["a", "b"]
+
+
+def test_requests_with_stop_strings_count_their_tokens_first(receiver: socket.socket) -> None:
+    processor, process, telemetry = make_frontend()
+    plain, stopping = rid(0), rid(1)
+    processor.add(plain, FakeRequestState(plain, FakeDetokenizer(PIECES)))
+    processor.add(stopping, FakeRequestState(stopping, FakeDetokenizer(PIECES, stop=["zz"])))
+    assert list(telemetry.stopping) == [stopping]
+    process(processor, [output(plain, [1]), output(stopping, [4])])
+    frames = frames_of(receiver, telemetry)
+    assert [r.stream for r in frames[1].records] == [0, 1]
+
+
+def test_requests_that_are_not_streamed_get_a_notice(receiver: socket.socket) -> None:
+    processor, process, telemetry = make_frontend()
+    r0 = rid(3)
+    processor.add(r0, FakeRequestState(r0, FakeDetokenizer(PIECES), output_kind="FINAL_ONLY"))
+    process(processor, [output(r0, [1], finish=FinishReason.LENGTH)])
+    frames = frames_of(receiver, telemetry)
+    message = "only streamed requests are tracked (this one is not)"
+    assert frames[1].records == [wire.NoticeRecord(3, wire.NOTICE_OTHER, message)]
 
 
 def test_aborted_requests_are_pruned(
@@ -562,7 +666,7 @@ def test_aborted_requests_are_pruned(
     del processor.request_states[r1]
     process(processor, [])
     assert front.requests == {} and front.active == {}
-    assert "make_request_output" not in vars(state0)
+    assert type(state0.queue) is FakeCollector
     for emitter in (telemetry.emitter, front.emitter):
         assert emitter is not None
         emitter.close()

@@ -28,13 +28,25 @@ turned off and a notice frame sent so the client knows why.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
 
 from . import __version__, wire
 from .emitter import Emitter
+
+# The optional C versions of the two hottest loops (_speedups.c, built when a
+# compiler is there at install time); this module's Python code does the same
+# work without it. PARALLELHUE_VLLM_PURE_PYTHON=1 forces the Python code.
+_speedups: Any = None
+if os.environ.get("PARALLELHUE_VLLM_PURE_PYTHON") != "1":
+    try:
+        _speedups = importlib.import_module(f"{__package__}._speedups")
+    except ImportError:
+        pass
 
 log = logging.getLogger("vllm.parallelhue")
 
@@ -100,9 +112,11 @@ def _role_bytes(generated: int, drafts: int) -> bytes:
 # step_roles as bytes, keyed by generated << 16 | drafts: one dict lookup per row.
 _ROLE_BYTES: dict[int, bytes] = {}
 _PLAIN_ROLE = bytes((wire.ROLE_PLAIN,))
+# The same for the C loop: _ROLE_TABLE[drafts][generated] (None: impossible counts).
+_ROLE_TABLE: list[list[bytes | None] | None] = [None]
 for _drafts in range(1, 33):
-    for _generated in range(1, _drafts + 2):
-        _role_bytes(_generated, _drafts)
+    _ROLE_TABLE.append([None] + [_role_bytes(_generated, _drafts) for _generated in
+                                 range(1, _drafts + 2)])  # fmt: skip
 
 
 def parse_ours(request_id: str, *, skip_children: bool) -> tuple[str, int] | None:
@@ -321,15 +335,49 @@ class SchedulerTelemetry(_Base):
         copies, which it does change, are other objects).
         """
         self.step += 1
-        get = self.requests.get
-        spec_get = scheduler_output.scheduled_spec_decode_tokens.get
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
-        roles_of = _ROLE_BYTES.get
-        plain = _PLAIN_ROLE
         # Under async scheduling every scheduled draft is a -1 placeholder.
         padding = not self.is_async
         index_of = model_runner_output.req_id_to_index
         finished: list[str] = []
+        if _speedups is not None and not invalid and type(spec_tokens) is dict:
+
+            def special(state: _SchedRequest, output: Any) -> None:
+                if self._special_row(state, output, scheduler_output, index_of, lengths):
+                    finished.append(output.request_id)
+
+            _speedups.scheduler_rows(result.values(), self.requests, spec_tokens, _ROLE_TABLE,
+                                     _PLAIN_ROLE, padding, special)  # fmt: skip
+        else:
+            self._python_rows(
+                result, scheduler_output, index_of, lengths, spec_tokens, invalid, finished
+            )
+        self.flush_rows(wire.KIND_PROVENANCE)
+        # Only after the step's rows are queued: forgetting the last request of a
+        # run ends the run in the emitter.
+        for rid in finished:
+            self._forget(rid)
+        if self.step % PRUNE_EVERY == 0:
+            self._prune(scheduler)
+        self.end_emptied_runs()
+
+    def _python_rows(
+        self,
+        result: Any,
+        scheduler_output: Any,
+        index_of: dict[str, int],
+        lengths: list[int],
+        spec_tokens: dict[str, list[int]],
+        invalid: Any,
+        finished: list[str],
+    ) -> None:
+        """The loop of after() in Python (_speedups.scheduler_rows does the same in C)."""
+        get = self.requests.get
+        spec_get = spec_tokens.get
+        roles_of = _ROLE_BYTES.get
+        plain = _PLAIN_ROLE
+        padding = not self.is_async
         for outputs in result.values():
             for output in outputs.outputs:
                 state = get(output.request_id)
@@ -352,14 +400,6 @@ class SchedulerTelemetry(_Base):
                     continue
                 state.rows.append((state.stream, 0, 0, state.offset, tokens, roles, scheduled, 0))
                 state.offset += count
-        self.flush_rows(wire.KIND_PROVENANCE)
-        # Only after the step's rows are queued: forgetting the last request of a
-        # run ends the run in the emitter.
-        for rid in finished:
-            self._forget(rid)
-        if self.step % PRUNE_EVERY == 0:
-            self._prune(scheduler)
-        self.end_emptied_runs()
 
     def _special_row(
         self,
@@ -449,15 +489,16 @@ class SchedulerTelemetry(_Base):
 
 
 class _FrontRequest:
-    """A request of ours in the API server, with the per-instance wrappers installed on it."""
+    """A request of ours in the API server, and what the hooks put on its objects."""
 
     __slots__ = (
         "bucket",
+        "capture",
         "detokenizer",
         "fragments",
-        "offset",
-        "pending_empty",
         "pre_len",
+        "queue",
+        "recorder",
         "req_state",
         "run",
         "stream",
@@ -466,35 +507,144 @@ class _FrontRequest:
     def __init__(self, run: str, stream: int, req_state: Any, bucket: _Bucket) -> None:
         self.run = run
         self.stream = stream
-        self.offset = 0
-        self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
-        # Tokens of this step before a stop-string trim, set by the update wrapper
-        # (requests with stop strings only; -1: none).
-        self.pre_len = -1
-        self.fragments: list[str] = []  # what decode_next returned this step, in order
         self.req_state = req_state
         self.detokenizer: Any = req_state.detokenizer
+        self.queue: Any = req_state.queue  # vLLM's own output queue, put back at the end
         self.bucket = bucket  # the run's rows, ids and fragments of this step
+        self.fragments: list[str] = []  # what each token decoded to this step, in order
+        # Tokens of this step before a stop-string trim (requests with stop strings
+        # only, set at the start of process_outputs; -1: none).
+        self.pre_len = -1
+        self.recorder: Any = None  # our stand-in for the detokenizer's decode stream
+        self.capture: Any = None  # our stand-in for the request's output queue
 
 
-# Attributes the frontend sets on vLLM objects of its own requests (and removes).
-_STATE_ATTRS = ("make_request_output",)
-_DETOKENIZER_ATTRS = ("decode_next", "update")
-_MAKE_WHERE = "RequestState.make_request_output"
+class _StreamRecorder:
+    """Stands in for a fast detokenizer's `stream` (tokenizers.DecodeStream).
+
+    vLLM's FastIncrementalDetokenizer.decode_next returns `stream.step(...) or ""`
+    (when spaces_between_special_tokens holds): recording that here gives each
+    token's string without touching the detokenizer object's attributes.
+    """
+
+    __slots__ = ("_append", "stream")
+
+    def __init__(self, stream: Any, fragments: list[str]) -> None:
+        self.stream = stream
+        self._append = fragments.append
+
+    def step(self, tokenizer: Any, token_id: int) -> Any:
+        text = self.stream.step(tokenizer, token_id)
+        self._append(text or "")
+        return text
+
+
+class _QueueCapture:
+    """Stands in for a request's output queue (RequestOutputCollector): reads each output.
+
+    `put` takes this step's row from the RequestOutput vLLM hands to HTTP (the
+    common row here, every other one through `special`), then passes the output
+    on to vLLM's queue. Nothing it adds can raise into vLLM: failures go to `failed`.
+    """
+
+    __slots__ = (
+        "_failed",
+        "_fragments",
+        "_fragments_extend",
+        "_ids_extend",
+        "_index",
+        "_rows_append",
+        "_special",
+        "_stream",
+        "offset",
+        "pending_empty",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        queue: Any,
+        fragments: list[str],
+        bucket: _Bucket,
+        stream: int,
+        index: int,
+        special: Any,
+        failed: Any,
+    ) -> None:
+        self.queue = queue
+        self._fragments = fragments
+        self._rows_append = bucket.rows.append
+        self._ids_extend = bucket.ids.extend
+        self._fragments_extend = bucket.fragments.extend
+        self._stream = stream
+        self._index = index
+        self._special = special
+        self._failed = failed
+        self.offset = 0
+        self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
+
+    def put(self, output: Any) -> Any:
+        try:
+            completions = getattr(output, "outputs", None)
+            if type(completions) is list and completions:
+                completion = completions[0]
+                token_ids = completion.token_ids
+                fragments = self._fragments
+                count = len(token_ids)
+                # The common row: not finished (only a finished step can have been
+                # trimmed after a stop string), every token decoded to text.
+                if (
+                    completion.finish_reason is None
+                    and completion.index == self._index
+                    and 0 < count <= _MAX_TOKENS
+                    and len(fragments) == count
+                    and not self.pending_empty
+                    and "" not in fragments
+                ):
+                    text = completion.text
+                    self._ids_extend(token_ids)  # a copy: outputs are merged later
+                    self._fragments_extend(fragments)
+                    fragments.clear()
+                    self._rows_append((self._stream, 0, 0, self.offset, count, count, None, 0,
+                                       text))  # fmt: skip
+                    self.offset += count
+                else:
+                    self._special(token_ids, completion.finish_reason, completion.stop_reason,
+                                  completion.text, completion.index)  # fmt: skip
+        except Exception as error:
+            self._failed(error)
+        return self.queue.put(output)
+
+
+# vLLM's finish reason strings (CompletionOutput.finish_reason) -> protocol codes.
+_FINISH_NAMES = {
+    "stop": wire.FINISH_STOP,
+    "length": wire.FINISH_LENGTH,
+    "abort": wire.FINISH_ABORT,
+    "error": wire.FINISH_ERROR,
+    "repetition": wire.FINISH_STOP,
+}
+_STREAM_WHERE = "RequestOutputCollector.put"
+_MAX_TOKENS = wire.MAX_TOKENS_PER_RECORD
 
 
 class FrontendTelemetry(_Base):
-    """Text rows from the output processor and the detokenizer (API-server process)."""
+    """Text rows from the output processor and the detokenizer (API-server process).
+
+    `stream_detokenizers`: detokenizer classes whose decode_next is `stream.step`
+    (vLLM's FastIncrementalDetokenizer); other detokenizers get a per-instance
+    decode_next on a private attribute dict (slower, but still theirs alone).
+    """
 
     role = wire.SOURCE_FRONTEND
 
-    def __init__(self, engine_version: str, *, make_request_output_has_error: bool = True) -> None:
+    def __init__(self, engine_version: str, *, stream_detokenizers: tuple[type, ...] = ()) -> None:
         super().__init__(engine_version)
         self.requests: dict[str, _FrontRequest] = {}
+        self.stopping: dict[str, _FrontRequest] = {}  # requests with stop strings
         self.noticed: set[tuple[str, int]] = set()
         self.finished: list[str] = []
-        # vLLM 0.32/0.33 pass `error=` to make_request_output, 0.26 does not.
-        self._with_error = make_request_output_has_error
+        self.stream_detokenizers = stream_detokenizers
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -505,7 +655,7 @@ class FrontendTelemetry(_Base):
 
     # ------------------------------------------------------------ admission
     def admit(self, processor: Any, request_id: str) -> None:
-        """After `OutputProcessor.add_request`: install the wrappers on a request of ours."""
+        """After `OutputProcessor.add_request`: put our stand-ins on a request of ours."""
         if request_id in self.requests or request_id in self.disabled:
             return  # a streaming-input update of a known request, or refused
         found = parse_ours(request_id, skip_children=False)
@@ -529,101 +679,74 @@ class FrontendTelemetry(_Base):
         state = _FrontRequest(run, stream, req_state, self.track(run, request_id))
         self._install(state)
         self.requests[request_id] = state
+        if getattr(state.detokenizer, "stop", None):
+            self.stopping[request_id] = state
 
     def _install(self, state: _FrontRequest) -> None:
-        """Per-instance wrappers: other requests' objects are never touched.
+        """Replace the values of two attributes vLLM already has; add no attribute.
 
-        make_request_output's wrapper has vLLM's explicit parameters: a generic
-        (*args, **kwargs) wrapper costs about ten times more per call.
+        Adding a name to an instance (CPython 3.11+) adds it to the keys every
+        instance of the class shares and de-optimizes method calls on all of
+        them, other users' requests included; a private dict for our objects
+        avoids that but slows every attribute access on them. Replacing the
+        value of `detokenizer.stream` and `req_state.queue` costs neither.
         """
         detokenizer = state.detokenizer
-        _own_dict(detokenizer)
-        _own_dict(state.req_state)
-        decode = detokenizer.decode_next
         fragments = state.fragments
-        append = fragments.append
+        if (
+            type(detokenizer) in self.stream_detokenizers
+            and getattr(detokenizer, "spaces_between_special_tokens", False) is True
+            and getattr(detokenizer, "stream", None) is not None
+        ):
+            make_recorder = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
+            state.recorder = make_recorder(detokenizer.stream, fragments)
+            detokenizer.stream = state.recorder
+        else:
+            _record_decode_next(detokenizer, fragments)
 
-        def decode_next(next_token_id: int) -> str:
-            text: str = decode(next_token_id)
-            append(text)
-            return text
+        def special(
+            token_ids: list[int], finish_reason: Any, stop_reason: Any, text: str, index: int
+        ) -> None:
+            self._special_row(state, token_ids, finish_reason, stop_reason, text, index)
 
-        detokenizer.decode_next = decode_next
-        if getattr(detokenizer, "stop", None):
-            # Only stop strings make the frontend delete tokens after update().
-            update = detokenizer.update
+        def failed(error: BaseException) -> None:
+            self._disable(state, _STREAM_WHERE, error)
 
-            def update_with_count(new_token_ids: list[int], stop_terminated: bool) -> Any:
-                state.pre_len = len(new_token_ids)
-                return update(new_token_ids, stop_terminated)
-
-            detokenizer.update = update_with_count
-        make = state.req_state.make_request_output
-        bucket = state.bucket
-        rows_append = bucket.rows.append
-        ids_extend = bucket.ids.extend
-        fragments_extend = bucket.fragments.extend
-        stream = state.stream
-        special = self._special_row
-        disable = self._disable
-        with_error = self._with_error
-
-        def make_request_output(
-            new_token_ids: list[int],
-            pooling_output: Any,
-            finish_reason: Any,
-            stop_reason: Any,
-            kv_transfer_params: Any = None,
-            ec_transfer_params: Any = None,
-            error: Any = None,
-        ) -> Any:
-            if with_error:
-                result = make(new_token_ids, pooling_output, finish_reason, stop_reason,
-                              kv_transfer_params, ec_transfer_params, error)  # fmt: skip
-            else:  # vLLM 0.26: no `error` parameter
-                result = make(new_token_ids, pooling_output, finish_reason, stop_reason,
-                              kv_transfer_params, ec_transfer_params)  # fmt: skip
-            try:
-                count = len(new_token_ids)
-                # The common row: not finished (only a finished step can have been
-                # trimmed after a stop string), every token decoded to text.
-                if (
-                    finish_reason is None
-                    and count
-                    and len(fragments) == count
-                    and not state.pending_empty
-                    and "" not in fragments
-                ):
-                    text = result.outputs[0].text  # before anything is appended
-                    ids_extend(new_token_ids)  # a copy: vLLM may extend its list later
-                    fragments_extend(fragments)
-                    fragments.clear()
-                    rows_append((stream, 0, 0, state.offset, count, count, None, 0, text))
-                    state.offset += count
-                else:
-                    special(state, new_token_ids, finish_reason, stop_reason, result)
-            except Exception as failure:
-                disable(state, _MAKE_WHERE, failure)
-            return result
-
-        state.req_state.make_request_output = make_request_output
+        make_capture = _speedups.QueueCapture if _speedups is not None else _QueueCapture
+        state.capture = make_capture(
+            state.queue, fragments, state.bucket, state.stream, state.req_state.request_index,
+            special, failed,
+        )  # fmt: skip
+        state.req_state.queue = state.capture
 
     # ----------------------------------------------------------------- steps
+    def note_lengths(self, engine_core_outputs: Any) -> None:
+        """Before process_outputs: the token counts a stop string may cut (stop-string requests)."""
+        stopping = self.stopping
+        for output in engine_core_outputs:
+            state = stopping.get(output.request_id)
+            if state is not None:
+                state.pre_len = len(output.new_token_ids)
+
     def _special_row(
         self,
         state: _FrontRequest,
-        new_token_ids: list[int],
-        finish_reason: Any,
+        token_ids: list[int],
+        finish_reason: str | None,
         stop_reason: Any,
-        result: Any,
+        text: str,
+        index: int,
     ) -> None:
         """Every row the common path does not take: finished, trimmed, "" fragments, checks."""
+        if index != state.req_state.request_index:
+            raise TelemetryError(f"output index {index}, expected {state.req_state.request_index}")
         fragments = state.fragments
         fed = len(fragments)
         used = fragments[:]
         fragments.clear()
-        count = len(new_token_ids)
+        count = len(token_ids)
         before_trim = state.pre_len if state.pre_len >= 0 else count
+        state.pre_len = -1
         finished = finish_reason is not None
         if count > wire.MAX_TOKENS_PER_RECORD:
             raise TelemetryError(f"{count} tokens in one step")
@@ -631,17 +754,12 @@ class FrontendTelemetry(_Base):
         # it keeps out of the text (the last one, when the request finished).
         if fed != before_trim and not (finished and fed == before_trim - 1):
             raise TelemetryError(f"the detokenizer decoded {fed} tokens of a step of {before_trim}")
-        text = ""
-        if result is not None:
-            index = state.req_state.request_index
-            for completion in result.outputs:
-                if completion.index == index:
-                    text = completion.text or ""
-                    break
+        text = text or ""
         if fed > count:
             used = used[:count]  # decoded, then deleted after a stop string
+        capture = state.capture
         span_backs = None
-        pending = state.pending_empty
+        pending = capture.pending_empty
         if pending or "" in used:
             span_backs, pending = _span_backs(used, count, pending)
         if not finished:
@@ -649,7 +767,7 @@ class FrontendTelemetry(_Base):
                 if text:
                     raise TelemetryError("text without tokens before the request finished")
                 return
-            row = (state.stream, 0, 0, state.offset, count, len(used), span_backs, 0, text)
+            row = (state.stream, 0, 0, capture.offset, count, len(used), span_backs, 0, text)
         else:
             trimmed = before_trim - count if before_trim > count else 0
             flags = _FLAG_FINISHED
@@ -657,17 +775,17 @@ class FrontendTelemetry(_Base):
                 flags |= _FLAG_TEXT_TRUNCATED
             if trimmed:
                 flags |= _FLAG_TOKENS_TRIMMED
-            code = finish_code(finish_reason)
-            row = (state.stream, flags, code, state.offset, count, len(used), span_backs,
+            code = _FINISH_NAMES.get(str(finish_reason), wire.FINISH_ERROR)
+            row = (state.stream, flags, code, capture.offset, count, len(used), span_backs,
                    trimmed, text)  # fmt: skip
             self.finished.append(state.req_state.request_id)
         # Nothing can fail from here on: the row and its ids and fragments go in together.
-        state.pending_empty = pending
+        capture.pending_empty = pending
         bucket = state.bucket
-        bucket.ids.extend(new_token_ids)
+        bucket.ids.extend(token_ids)
         bucket.fragments.extend(used)
         bucket.rows.append(row)
-        state.offset += count
+        capture.offset += count
 
     def end_step(self, processor: Any) -> None:
         """At the end of process_outputs: hand the step's rows to the sender."""
@@ -715,6 +833,7 @@ class FrontendTelemetry(_Base):
 
     def _forget(self, rid: str, keep_disabled: bool = False) -> None:
         state = self.requests.pop(rid, None)
+        self.stopping.pop(rid, None)
         if keep_disabled:
             self.disable(rid)
         else:
@@ -739,11 +858,28 @@ def _refusal(req_state: Any) -> tuple[int, str] | None:
         return wire.NOTICE_N, f"n={n}: choices of a parallel-sampling request are not tracked"
     if req_state.stream_interval != 1:
         return wire.NOTICE_STREAM_INTERVAL, f"stream_interval={req_state.stream_interval}"
-    if getattr(req_state.output_kind, "name", "DELTA") == "CUMULATIVE":
+    kind = getattr(req_state.output_kind, "name", "DELTA")
+    if kind == "CUMULATIVE":
         return wire.NOTICE_OTHER, "cumulative output mode is not supported"
+    if kind == "FINAL_ONLY" or req_state.queue is None:
+        return wire.NOTICE_OTHER, "only streamed requests are tracked (this one is not)"
     if not hasattr(req_state.detokenizer, "decode_next"):
         return wire.NOTICE_OTHER, "the request has no detokenizer (no text to attribute)"
     return None
+
+
+def _record_decode_next(detokenizer: Any, fragments: list[str]) -> None:
+    """For detokenizers without a decode stream: a per-instance decode_next (private dict)."""
+    _own_dict(detokenizer)
+    decode = detokenizer.decode_next
+    append = fragments.append
+
+    def decode_next(next_token_id: int) -> str:
+        text: str = decode(next_token_id)
+        append(text)
+        return text
+
+    detokenizer.decode_next = decode_next
 
 
 def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[int], int]:
@@ -776,12 +912,15 @@ def _own_dict(obj: Any) -> None:
 
 
 def _uninstall(state: _FrontRequest) -> None:
-    """Remove the per-instance wrappers (they also hold references to vLLM's objects)."""
-    for owner, names in ((state.req_state, _STATE_ATTRS), (state.detokenizer, _DETOKENIZER_ATTRS)):
-        attributes = getattr(owner, "__dict__", None)
-        if attributes is not None:
-            for name in names:
-                attributes.pop(name, None)
+    """Put vLLM's own objects back (ours also hold references to them)."""
+    detokenizer: Any = state.detokenizer
+    recorder: Any = state.recorder
+    if recorder is not None and getattr(detokenizer, "stream", None) is recorder:
+        detokenizer.stream = recorder.stream
+    if state.capture is not None and getattr(state.req_state, "queue", None) is state.capture:
+        state.req_state.queue = state.queue
+    if state.recorder is None:  # the per-instance decode_next (private dict)
+        getattr(detokenizer, "__dict__", {}).pop("decode_next", None)
 
 
 def _fail_ids(

@@ -107,10 +107,11 @@ def install(adapter: ModuleType, version: str) -> bool:
         )
         return False
     scheduler = hooks.SchedulerTelemetry(version)
-    make_params = next(t.params for t in targets if t.method == "make_request_output")
-    frontend = hooks.FrontendTelemetry(
-        version, make_request_output_has_error="error" in make_params
+    stream_detokenizers = tuple(
+        getattr(importlib.import_module(module), name)
+        for module, name in adapter.STREAM_DETOKENIZERS
     )
+    frontend = hooks.FrontendTelemetry(version, stream_detokenizers=stream_detokenizers)
     factories: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
         "update_from_output": lambda original: _wrap_scheduler(original, scheduler),
         "process_outputs": lambda original: _wrap_process_outputs(original, frontend),
@@ -189,6 +190,11 @@ def _wrap_process_outputs(
             # No request of ours in this process: vLLM's own work only.
             telemetry.step += 1
             return original(self, engine_core_outputs, *args, **kwargs)
+        if telemetry.stopping:
+            try:
+                telemetry.note_lengths(engine_core_outputs)
+            except Exception as error:
+                telemetry.fail_step(engine_core_outputs, "OutputProcessor.process_outputs", error)
         try:
             return original(self, engine_core_outputs, *args, **kwargs)
         finally:

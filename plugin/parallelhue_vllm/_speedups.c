@@ -1,0 +1,837 @@
+/* parallelhue_vllm._speedups: optional C versions of the plugin's hottest code.
+ *
+ * Built when a C compiler is there at install time (setup.py, optional=True);
+ * without it the pure-Python code in hooks.py and wire.py does the same work.
+ * The pure-Python code is the reference: tests check that both produce the
+ * same bytes and refuse the same inputs.
+ *
+ * - Recorder(decode, fragments): a callable that returns decode(token) and
+ *   appends that string to the list `fragments` (the per-token hook, without a
+ *   Python frame per token).
+ * - encode_provenance_rows(rows) / encode_text_step(rows, ids, fragments): the
+ *   bytes of each row, as wire.py's functions of the same names.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <string.h>
+
+#define MAX_TOKENS_PER_RECORD 256
+#define LEAD_UNKNOWN 0xFFFF
+#define PROVENANCE_HEADER 14
+#define TEXT_HEADER 16
+#define TEXT_ENTRY 9
+
+/* ------------------------------------------------------------- helpers */
+static void
+put16(unsigned char *p, unsigned long v)
+{
+    p[0] = (unsigned char)(v & 0xFF);
+    p[1] = (unsigned char)((v >> 8) & 0xFF);
+}
+
+static void
+put32(unsigned char *p, unsigned long v)
+{
+    p[0] = (unsigned char)(v & 0xFF);
+    p[1] = (unsigned char)((v >> 8) & 0xFF);
+    p[2] = (unsigned char)((v >> 16) & 0xFF);
+    p[3] = (unsigned char)((v >> 24) & 0xFF);
+}
+
+/* An int in 0..limit, or -1 with ValueError("<what> field out of range ..."). */
+static long long
+field(PyObject *value, unsigned long long limit, const char *kind)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s record field is not an int", kind);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || v < 0 || (unsigned long long)v > limit) {
+        PyErr_Format(PyExc_ValueError, "%s record field out of range: %R not in 0..%llu", kind,
+                     value, limit);
+        return -1;
+    }
+    return v;
+}
+
+/* --------------------------------------------------------- provenance */
+static PyObject *
+encode_provenance_rows(PyObject *Py_UNUSED(module), PyObject *rows)
+{
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "rows must be a list");
+        return NULL;
+    }
+    Py_ssize_t n_rows = PyList_GET_SIZE(rows);
+    PyObject *encoded = PyList_New(n_rows);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < n_rows; r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 8) {
+            PyErr_SetString(PyExc_TypeError, "a provenance row is a tuple of 8");
+            goto fail;
+        }
+        long long stream = field(PyTuple_GET_ITEM(row, 0), 0xFFFF, "provenance");
+        long long flags = stream < 0 ? -1 : field(PyTuple_GET_ITEM(row, 1), 0xFF, "provenance");
+        long long finish = flags < 0 ? -1 : field(PyTuple_GET_ITEM(row, 2), 0xFF, "provenance");
+        long long offset =
+            finish < 0 ? -1 : field(PyTuple_GET_ITEM(row, 3), 0xFFFFFFFFULL, "provenance");
+        long long drafts = offset < 0 ? -1 : field(PyTuple_GET_ITEM(row, 6), 0xFFFF, "provenance");
+        long long padded = drafts < 0 ? -1 : field(PyTuple_GET_ITEM(row, 7), 0xFFFF, "provenance");
+        if (padded < 0) {
+            goto fail;
+        }
+        PyObject *ids = PyTuple_GET_ITEM(row, 4);
+        PyObject *roles = PyTuple_GET_ITEM(row, 5);
+        if (!PyList_Check(ids) || !PyBytes_Check(roles)) {
+            PyErr_SetString(PyExc_TypeError, "provenance row: token_ids list, roles bytes");
+            goto fail;
+        }
+        Py_ssize_t count = PyList_GET_SIZE(ids);
+        if (count > MAX_TOKENS_PER_RECORD) {
+            PyErr_Format(PyExc_ValueError, "%zd tokens, limit %d", count, MAX_TOKENS_PER_RECORD);
+            goto fail;
+        }
+        if (PyBytes_GET_SIZE(roles) != count) {
+            PyErr_Format(PyExc_ValueError, "record for stream %lld: %zd roles for %zd tokens",
+                         stream, PyBytes_GET_SIZE(roles), count);
+            goto fail;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, PROVENANCE_HEADER + 5 * count);
+        if (out == NULL) {
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        put16(p, (unsigned long)stream);
+        p[2] = (unsigned char)flags;
+        p[3] = (unsigned char)finish;
+        put32(p + 4, (unsigned long)offset);
+        put16(p + 8, (unsigned long)count);
+        put16(p + 10, (unsigned long)drafts);
+        put16(p + 12, (unsigned long)padded);
+        p += PROVENANCE_HEADER;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            long long id = field(PyList_GET_ITEM(ids, i), 0xFFFFFFFFULL, "provenance");
+            if (id < 0) {
+                Py_DECREF(out);
+                goto fail;
+            }
+            put32(p + 4 * i, (unsigned long)id);
+        }
+        memcpy(p + 4 * count, PyBytes_AS_STRING(roles), (size_t)count);
+        PyList_SET_ITEM(encoded, r, out);
+    }
+    return encoded;
+fail:
+    Py_DECREF(encoded);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- text */
+static PyObject *
+encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_text_step(rows, ids, fragments): three lists");
+        return NULL;
+    }
+    PyObject *rows = args[0], *ids = args[1], *fragments = args[2];
+    Py_ssize_t n_rows = PyList_GET_SIZE(rows);
+    Py_ssize_t n_ids = PyList_GET_SIZE(ids), n_fragments = PyList_GET_SIZE(fragments);
+    Py_ssize_t first_id = 0, first_fragment = 0;
+    PyObject *encoded = PyList_New(n_rows);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < n_rows; r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 9) {
+            PyErr_SetString(PyExc_TypeError, "a text row is a tuple of 9");
+            goto fail;
+        }
+        long long stream = field(PyTuple_GET_ITEM(row, 0), 0xFFFF, "text");
+        long long flags = stream < 0 ? -1 : field(PyTuple_GET_ITEM(row, 1), 0xFF, "text");
+        long long finish = flags < 0 ? -1 : field(PyTuple_GET_ITEM(row, 2), 0xFF, "text");
+        long long offset = finish < 0 ? -1 : field(PyTuple_GET_ITEM(row, 3), 0xFFFFFFFFULL, "text");
+        long long count =
+            offset < 0 ? -1 : field(PyTuple_GET_ITEM(row, 4), MAX_TOKENS_PER_RECORD, "text");
+        long long fed = count < 0 ? -1 : field(PyTuple_GET_ITEM(row, 5), (unsigned long long)count,
+                                               "text");
+        long long trimmed = fed < 0 ? -1 : field(PyTuple_GET_ITEM(row, 7), 0xFFFF, "text");
+        if (trimmed < 0) {
+            goto fail;
+        }
+        PyObject *span_backs = PyTuple_GET_ITEM(row, 6);
+        PyObject *text = PyTuple_GET_ITEM(row, 8);
+        if (span_backs != Py_None &&
+            (!PyList_Check(span_backs) || PyList_GET_SIZE(span_backs) != count)) {
+            PyErr_SetString(PyExc_ValueError, "text row: span_backs must be None or one per token");
+            goto fail;
+        }
+        if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "text row: http_text must be a str");
+            goto fail;
+        }
+        if (first_id + count > n_ids || first_fragment + fed > n_fragments) {
+            PyErr_Format(PyExc_ValueError,
+                         "text step: rows hold more than the step's %zd ids and %zd fragments",
+                         n_ids, n_fragments);
+            goto fail;
+        }
+        Py_ssize_t http_len;
+        const char *http = PyUnicode_AsUTF8AndSize(text, &http_len);
+        if (http == NULL) {
+            goto fail;
+        }
+        if ((unsigned long long)http_len > 0xFFFFFFFFULL) {
+            PyErr_SetString(PyExc_ValueError, "text record field out of range: http_len");
+            goto fail;
+        }
+        Py_ssize_t size = TEXT_HEADER + TEXT_ENTRY * count + http_len;
+        for (Py_ssize_t i = 0; i < fed; i++) {
+            PyObject *piece = PyList_GET_ITEM(fragments, first_fragment + i);
+            Py_ssize_t length;
+            if (!PyUnicode_Check(piece)) {
+                PyErr_SetString(PyExc_TypeError, "text step: a fragment is not a str");
+                goto fail;
+            }
+            if (PyUnicode_AsUTF8AndSize(piece, &length) == NULL) {
+                goto fail;
+            }
+            if (length > 0xFFFF) {
+                PyErr_SetString(PyExc_ValueError, "text record field out of range: frag_len");
+                goto fail;
+            }
+            size += length;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+        if (out == NULL) {
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        put16(p, (unsigned long)stream);
+        p[2] = (unsigned char)flags;
+        p[3] = (unsigned char)finish;
+        put32(p + 4, (unsigned long)offset);
+        put16(p + 8, (unsigned long)count);
+        put16(p + 10, (unsigned long)trimmed);
+        put32(p + 12, (unsigned long)http_len);
+        unsigned char *entry = p + TEXT_HEADER;
+        unsigned char *data = entry + TEXT_ENTRY * count;
+        for (Py_ssize_t i = 0; i < count; i++, entry += TEXT_ENTRY) {
+            long long id = field(PyList_GET_ITEM(ids, first_id + i), 0xFFFFFFFFULL, "text");
+            long long back = 0;
+            if (id >= 0 && span_backs != Py_None) {
+                back = field(PyList_GET_ITEM(span_backs, i), 0xFF, "text");
+            }
+            if (id < 0 || back < 0) {
+                Py_DECREF(out);
+                goto fail;
+            }
+            Py_ssize_t length = 0;
+            if (i < fed) {
+                const char *bytes = PyUnicode_AsUTF8AndSize(
+                    PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                memcpy(data, bytes, (size_t)length);
+                data += length;
+            }
+            put32(entry, (unsigned long)id);
+            put16(entry + 4, (unsigned long)length);
+            entry[6] = (unsigned char)back;
+            put16(entry + 7, back ? LEAD_UNKNOWN : 0);
+        }
+        memcpy(data, http, (size_t)http_len);
+        PyList_SET_ITEM(encoded, r, out);
+        first_id += count;
+        first_fragment += fed;
+    }
+    if (first_id != n_ids || first_fragment != n_fragments) {
+        PyErr_Format(PyExc_ValueError,
+                     "text step: rows hold %zd ids and %zd fragments, the step %zd and %zd",
+                     first_id, first_fragment, n_ids, n_fragments);
+        goto fail;
+    }
+    return encoded;
+fail:
+    Py_DECREF(encoded);
+    return NULL;
+}
+
+/* ------------------------------------------------------- StreamRecorder */
+/* Stands in for a fast detokenizer's `stream` (hooks._StreamRecorder): step()
+ * calls the real stream's step and appends `result or ""` to `fragments`. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream;
+    PyObject *fragments;
+} StreamRecorder;
+
+static PyObject *str_step, *str_put, *str_empty, *str_finish_reason;
+
+static PyObject *
+recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *call[3];
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "step(tokenizer, token_id)");
+        return NULL;
+    }
+    call[0] = self->stream;
+    call[1] = args[0];
+    call[2] = args[1];
+    PyObject *text = PyObject_VectorcallMethod(str_step, call, 3, NULL);
+    if (text == NULL) {
+        return NULL; /* the stream's own error, as without the plugin */
+    }
+    PyObject *piece = text;
+    if (text == Py_None || (PyUnicode_Check(text) && PyUnicode_GET_LENGTH(text) == 0)) {
+        piece = str_empty;
+    }
+    if (PyList_Append(self->fragments, piece) < 0) {
+        PyErr_Clear(); /* never into vLLM: the count check reports the missing fragment */
+    }
+    return text;
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"stream", "fragments", NULL};
+    PyObject *stream, *fragments;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!:StreamRecorder", names, &stream,
+                                     &PyList_Type, &fragments)) {
+        return NULL;
+    }
+    StreamRecorder *self = (StreamRecorder *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    Py_INCREF(stream);
+    Py_INCREF(fragments);
+    self->stream = stream;
+    self->fragments = fragments;
+    return (PyObject *)self;
+}
+
+static int
+recorder_traverse(StreamRecorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->stream);
+    Py_VISIT(self->fragments);
+    return 0;
+}
+
+static int
+recorder_clear(StreamRecorder *self)
+{
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->fragments);
+    return 0;
+}
+
+static void
+recorder_dealloc(StreamRecorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))recorder_step, METH_FASTCALL,
+     "step(tokenizer, token_id): the stream's step, its result recorded."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"stream", T_OBJECT, offsetof(StreamRecorder, stream), READONLY, "the real decode stream"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StreamRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.StreamRecorder",
+    .tp_doc = "StreamRecorder(stream, fragments): see hooks._StreamRecorder.",
+    .tp_basicsize = sizeof(StreamRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = recorder_new,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+};
+
+/* --------------------------------------------------------- QueueCapture */
+/* Stands in for a request's output queue (hooks._QueueCapture): put() takes
+ * the step's row from the output, then passes the output to the real queue. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *queue;
+    PyObject *fragments;     /* list: what each token decoded to this step */
+    PyObject *rows;          /* the run's rows / ids / fragments of this step */
+    PyObject *ids;
+    PyObject *all_fragments;
+    PyObject *stream;        /* int */
+    PyObject *special;       /* special(token_ids, finish_reason, stop_reason, text, index) */
+    PyObject *failed;        /* failed(exception) */
+    long long index;
+    long long offset;
+    long long pending_empty;
+} QueueCapture;
+
+static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
+
+/* 1: the common row was taken; 0: not a RequestOutput, nothing to take; -1: error. */
+static int
+capture_output(QueueCapture *self, PyObject *output)
+{
+    PyObject *completions = PyObject_GetAttr(output, str_outputs);
+    if (completions == NULL) {
+        PyErr_Clear(); /* an exception or a sentinel: not a RequestOutput */
+        return 0;
+    }
+    if (!PyList_CheckExact(completions) || PyList_GET_SIZE(completions) == 0) {
+        Py_DECREF(completions);
+        return 0;
+    }
+    PyObject *completion = PyList_GET_ITEM(completions, 0);
+    Py_INCREF(completion);
+    Py_DECREF(completions);
+    int status = -1;
+    PyObject *index = NULL, *token_ids = NULL, *finish = NULL, *text = NULL, *stop = NULL;
+    PyObject *row = NULL;
+    index = PyObject_GetAttr(completion, str_index);
+    token_ids = index ? PyObject_GetAttr(completion, str_token_ids) : NULL;
+    finish = token_ids ? PyObject_GetAttr(completion, str_finish_reason) : NULL;
+    text = finish ? PyObject_GetAttr(completion, str_text) : NULL;
+    if (text == NULL) {
+        goto done;
+    }
+    int overflow = 0;
+    long long at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
+    PyObject *fragments = self->fragments;
+    int common = finish == Py_None && at == self->index && !overflow && count > 0 &&
+                 count <= MAX_TOKENS_PER_RECORD && PyList_GET_SIZE(fragments) == count &&
+                 self->pending_empty == 0 && PyUnicode_Check(text);
+    for (Py_ssize_t i = 0; common && i < count; i++) {
+        PyObject *piece = PyList_GET_ITEM(fragments, i);
+        common = PyUnicode_Check(piece) && PyUnicode_GET_LENGTH(piece) > 0;
+    }
+    if (!common) {
+        PyErr_Clear();
+        stop = PyObject_GetAttr(completion, str_stop_reason);
+        if (stop != NULL) {
+            PyObject *done = PyObject_CallFunctionObjArgs(self->special, token_ids, finish, stop,
+                                                          text, index, NULL);
+            if (done != NULL) {
+                Py_DECREF(done);
+                status = 1;
+            }
+        }
+        goto done;
+    }
+    PyObject *offset = PyLong_FromLongLong(self->offset);
+    PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    row = n ? PyTuple_Pack(9, self->stream, zero, zero, offset, n, n, Py_None, zero, text) : NULL;
+    Py_XDECREF(offset);
+    Py_XDECREF(n);
+    Py_DECREF(zero);
+    if (row == NULL) {
+        goto done;
+    }
+    /* The ids are copied (outputs are merged later); ids, fragments, then the
+       row, so that a failure leaves the run's lists aligned. */
+    Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
+    Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
+    if (PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
+        PyList_SetSlice(self->all_fragments, fragments_before, fragments_before, fragments) < 0 ||
+        PyList_Append(self->rows, row) < 0) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyList_SetSlice(self->ids, ids_before, PyList_GET_SIZE(self->ids), NULL);
+        PyList_SetSlice(self->all_fragments, fragments_before,
+                        PyList_GET_SIZE(self->all_fragments), NULL);
+        PyErr_Restore(type, value, traceback);
+        goto done;
+    }
+    PyList_SetSlice(fragments, 0, count, NULL);
+    self->offset += count;
+    status = 1;
+done:
+    Py_XDECREF(row);
+    Py_XDECREF(stop);
+    Py_XDECREF(text);
+    Py_XDECREF(finish);
+    Py_XDECREF(token_ids);
+    Py_XDECREF(index);
+    Py_DECREF(completion);
+    return status;
+}
+
+static PyObject *
+capture_put(QueueCapture *self, PyObject *output)
+{
+    if (capture_output(self, output) < 0) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        PyObject *done = PyObject_CallOneArg(self->failed, value ? value : Py_None);
+        Py_XDECREF(done);
+        PyErr_Clear(); /* nothing reaches vLLM */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    return PyObject_CallMethodOneArg(self->queue, str_put, output);
+}
+
+static PyObject *
+capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"queue", "fragments", "bucket", "stream", "index", "special",
+                            "failed", NULL};
+    PyObject *queue, *fragments, *bucket, *stream, *special, *failed;
+    long long index;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!LOO:QueueCapture", names, &queue,
+                                     &PyList_Type, &fragments, &bucket, &PyLong_Type, &stream,
+                                     &index, &special, &failed)) {
+        return NULL;
+    }
+    PyObject *rows = PyObject_GetAttrString(bucket, "rows");
+    PyObject *ids = PyObject_GetAttrString(bucket, "ids");
+    PyObject *all_fragments = PyObject_GetAttrString(bucket, "fragments");
+    if (rows == NULL || ids == NULL || all_fragments == NULL || !PyList_Check(rows) ||
+        !PyList_Check(ids) || !PyList_Check(all_fragments)) {
+        Py_XDECREF(rows);
+        Py_XDECREF(ids);
+        Py_XDECREF(all_fragments);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "QueueCapture: bucket.rows/ids/fragments lists");
+        }
+        return NULL;
+    }
+    QueueCapture *self = (QueueCapture *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(rows);
+        Py_DECREF(ids);
+        Py_DECREF(all_fragments);
+        return NULL;
+    }
+    Py_INCREF(queue);
+    Py_INCREF(fragments);
+    Py_INCREF(stream);
+    Py_INCREF(special);
+    Py_INCREF(failed);
+    self->queue = queue;
+    self->fragments = fragments;
+    self->rows = rows;
+    self->ids = ids;
+    self->all_fragments = all_fragments;
+    self->stream = stream;
+    self->special = special;
+    self->failed = failed;
+    self->index = index;
+    return (PyObject *)self;
+}
+
+static int
+capture_traverse(QueueCapture *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->queue);
+    Py_VISIT(self->fragments);
+    Py_VISIT(self->rows);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->all_fragments);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->special);
+    Py_VISIT(self->failed);
+    return 0;
+}
+
+static int
+capture_clear(QueueCapture *self)
+{
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->fragments);
+    Py_CLEAR(self->rows);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->all_fragments);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->special);
+    Py_CLEAR(self->failed);
+    return 0;
+}
+
+static void
+capture_dealloc(QueueCapture *self)
+{
+    PyObject_GC_UnTrack(self);
+    capture_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef capture_methods[] = {
+    {"put", (PyCFunction)capture_put, METH_O,
+     "put(output): take the step's row, then the real queue's put(output)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef capture_members[] = {
+    {"queue", T_OBJECT, offsetof(QueueCapture, queue), READONLY, "the real output queue"},
+    {"offset", T_LONGLONG, offsetof(QueueCapture, offset), 0, "the request's next token offset"},
+    {"pending_empty", T_LONGLONG, offsetof(QueueCapture, pending_empty), 0,
+     "tokens that returned \"\" and no fragment has claimed yet"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject QueueCaptureType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.QueueCapture",
+    .tp_doc = "QueueCapture(queue, fragments, bucket, stream, index, special, failed): "
+              "see hooks._QueueCapture.",
+    .tp_basicsize = sizeof(QueueCapture),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = capture_new,
+    .tp_traverse = (traverseproc)capture_traverse,
+    .tp_clear = (inquiry)capture_clear,
+    .tp_dealloc = (destructor)capture_dealloc,
+    .tp_methods = capture_methods,
+    .tp_members = capture_members,
+};
+
+/* ------------------------------------------------------ scheduler_rows */
+static PyObject *str_request_id, *str_new_token_ids, *str_stream, *str_offset, *str_rows;
+
+/* scheduler_rows(results, requests, spec_tokens, role_table, plain_role, check_padding,
+ *                special)
+ *
+ * The EngineCore hook's loop over one step's outputs (hooks.SchedulerTelemetry.after):
+ * for each output of a request in `requests`, the common row (not finished,
+ * drafts without placeholders, counts that make sense) is appended to the
+ * request's `rows` and its `offset` advanced; every other one is handed to
+ * special(state, output), in output order.
+ */
+static PyObject *
+scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyList_Check(args[3]) || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scheduler_rows(results, requests, spec_tokens, role_table, plain_role, "
+                        "check_padding, special)");
+        return NULL;
+    }
+    PyObject *requests = args[1], *spec_tokens = args[2], *role_table = args[3];
+    PyObject *plain_role = args[4], *special = args[6];
+    int check_padding = PyObject_IsTrue(args[5]);
+    if (check_padding < 0) {
+        return NULL;
+    }
+    PyObject *results = PyObject_GetIter(args[0]);
+    if (results == NULL) {
+        return NULL;
+    }
+    PyObject *minus_one = PyLong_FromLong(-1);
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *engine_outputs;
+    while ((engine_outputs = PyIter_Next(results)) != NULL) {
+        PyObject *outputs = PyObject_GetAttr(engine_outputs, str_outputs);
+        Py_DECREF(engine_outputs);
+        if (outputs == NULL || !PyList_Check(outputs)) {
+            if (outputs != NULL) {
+                PyErr_SetString(PyExc_TypeError, "EngineCoreOutputs.outputs is not a list");
+            }
+            Py_XDECREF(outputs);
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
+            PyObject *output = PyList_GET_ITEM(outputs, i);
+            Py_INCREF(output);
+            PyObject *rid = PyObject_GetAttr(output, str_request_id);
+            PyObject *state = rid ? PyDict_GetItemWithError(requests, rid) : NULL;
+            if (state == NULL) {
+                Py_XDECREF(rid);
+                Py_DECREF(output);
+                if (PyErr_Occurred()) {
+                    Py_DECREF(outputs);
+                    goto fail;
+                }
+                continue;
+            }
+            Py_INCREF(state);
+            PyObject *tokens = PyObject_GetAttr(output, str_new_token_ids);
+            PyObject *reason = tokens ? PyObject_GetAttr(output, str_finish_reason) : NULL;
+            PyObject *drafts = reason ? PyDict_GetItemWithError(spec_tokens, rid) : NULL;
+            Py_DECREF(rid);
+            int slow = 1;
+            Py_ssize_t count = 0, scheduled = 0;
+            PyObject *roles = NULL;
+            if (reason != NULL && !PyErr_Occurred() && PyList_CheckExact(tokens)) {
+                count = PyList_GET_SIZE(tokens);
+                if (drafts != NULL && PyList_CheckExact(drafts) && PyList_GET_SIZE(drafts) > 0) {
+                    scheduled = PyList_GET_SIZE(drafts);
+                    if (scheduled < PyList_GET_SIZE(role_table)) {
+                        PyObject *by_count = PyList_GET_ITEM(role_table, scheduled);
+                        if (PyList_Check(by_count) && count < PyList_GET_SIZE(by_count)) {
+                            roles = PyList_GET_ITEM(by_count, count);
+                        }
+                    }
+                    slow = roles == NULL || roles == Py_None;
+                    if (!slow && check_padding) {
+                        int found = PySequence_Contains(drafts, minus_one);
+                        if (found < 0) {
+                            slow = -1;
+                        } else {
+                            slow = found;
+                        }
+                    }
+                } else if (drafts == NULL || PyList_Check(drafts)) {
+                    roles = plain_role;
+                    slow = count != 1;
+                }
+            }
+            if (tokens == NULL || reason == NULL || slow < 0 || PyErr_Occurred()) {
+                Py_XDECREF(tokens);
+                Py_XDECREF(reason);
+                Py_DECREF(state);
+                Py_DECREF(output);
+                Py_DECREF(outputs);
+                goto fail;
+            }
+            if (slow || reason != Py_None) {
+                Py_DECREF(tokens);
+                Py_DECREF(reason);
+                PyObject *done = PyObject_CallFunctionObjArgs(special, state, output, NULL);
+                Py_DECREF(state);
+                Py_DECREF(output);
+                if (done == NULL) {
+                    Py_DECREF(outputs);
+                    goto fail;
+                }
+                Py_DECREF(done);
+                continue;
+            }
+            Py_DECREF(reason);
+            PyObject *rows = PyObject_GetAttr(state, str_rows);
+            PyObject *stream = rows ? PyObject_GetAttr(state, str_stream) : NULL;
+            PyObject *offset = stream ? PyObject_GetAttr(state, str_offset) : NULL;
+            PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
+            PyObject *next = n ? PyNumber_Add(offset, n) : NULL;
+            PyObject *s = next ? PyLong_FromSsize_t(scheduled) : NULL;
+            PyObject *row = s ? PyTuple_Pack(8, stream, zero, zero, offset, tokens, roles, s,
+                                             zero)
+                              : NULL;
+            int ok = row != NULL && PyList_Append(rows, row) == 0 &&
+                     PyObject_SetAttr(state, str_offset, next) == 0;
+            Py_XDECREF(row);
+            Py_XDECREF(s);
+            Py_XDECREF(next);
+            Py_XDECREF(n);
+            Py_XDECREF(offset);
+            Py_XDECREF(stream);
+            Py_XDECREF(rows);
+            Py_DECREF(tokens);
+            Py_DECREF(state);
+            Py_DECREF(output);
+            if (!ok) {
+                Py_DECREF(outputs);
+                goto fail;
+            }
+        }
+        Py_DECREF(outputs);
+    }
+    Py_DECREF(results);
+    Py_DECREF(minus_one);
+    Py_DECREF(zero);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(results);
+    Py_DECREF(minus_one);
+    Py_DECREF(zero);
+    return NULL;
+}
+
+/* -------------------------------------------------------------- module */
+static PyMethodDef methods[] = {
+    {"scheduler_rows", (PyCFunction)(void (*)(void))scheduler_rows, METH_FASTCALL,
+     "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
+    {"encode_provenance_rows", (PyCFunction)encode_provenance_rows, METH_O,
+     "The bytes of each provenance row (wire.encode_provenance_rows)."},
+    {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,
+     "The bytes of each text row of a step (wire.encode_text_step)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_speedups",
+    "Optional C versions of the ParallelHue plugin's hottest code.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+static int
+intern_names(void)
+{
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {
+        {&str_outputs, "outputs"},       {&str_text, "text"},
+        {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
+        {&str_finish_reason, "finish_reason"}, {&str_stream, "stream"},
+        {&str_offset, "offset"},         {&str_rows, "rows"},
+        {&str_step, "step"},             {&str_put, "put"},
+        {&str_empty, ""},                {&str_index, "index"},
+        {&str_token_ids, "token_ids"},   {&str_stop_reason, "stop_reason"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].name);
+        if (*names[i].slot == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (intern_names() < 0) {
+        return NULL;
+    }
+    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&QueueCaptureType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&StreamRecorderType);
+    if (PyModule_AddObject(module, "StreamRecorder", (PyObject *)&StreamRecorderType) < 0) {
+        Py_DECREF(&StreamRecorderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&QueueCaptureType);
+    if (PyModule_AddObject(module, "QueueCapture", (PyObject *)&QueueCaptureType) < 0) {
+        Py_DECREF(&QueueCaptureType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
