@@ -915,8 +915,8 @@ def _uninstall(state: _FrontRequest) -> None:
     """Put vLLM's own objects back (ours also hold references to them)."""
     detokenizer: Any = state.detokenizer
     recorder: Any = state.recorder
-    if recorder is not None and getattr(detokenizer, "stream", None) is recorder:
-        detokenizer.stream = recorder.stream
+    if recorder is not None and recorder is getattr(detokenizer, "stream", None):
+        detokenizer.stream = state.recorder.stream
     if state.capture is not None and getattr(state.req_state, "queue", None) is state.capture:
         state.req_state.queue = state.queue
     if state.recorder is None:  # the per-instance decode_next (private dict)
