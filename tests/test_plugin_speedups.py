@@ -1,0 +1,196 @@
+"""The optional C accelerator (plugin/parallelhue_vllm/_speedups.c) against its Python originals.
+
+The hook tests (test_plugin_hooks.py) run every scenario with both; these check
+what the stand-ins promise vLLM on their own: the stream's and the queue's
+results and errors pass through unchanged, our own failures never reach vLLM,
+and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from parallelhue_vllm import hooks
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
+
+
+def load_speedups() -> Any:
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        import build_speedups
+
+        build_speedups.build()
+        return importlib.import_module("parallelhue_vllm._speedups")
+    except (OSError, ImportError, subprocess.CalledProcessError) as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"parallelhue_vllm._speedups could not be built: {error}")
+        pytest.skip(f"no C compiler: {error}")
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.fixture(params=["c", "python"])
+def kinds(request: pytest.FixtureRequest) -> tuple[type, type]:
+    """(StreamRecorder, QueueCapture) of one implementation."""
+    if request.param == "python":
+        return hooks._StreamRecorder, hooks._QueueCapture
+    module = load_speedups()
+    return module.StreamRecorder, module.QueueCapture
+
+
+class Stream:
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
+
+    def step(self, tokenizer: Any, token_id: int) -> Any:
+        result = self.results.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+def test_recorder_passes_the_stream_through_and_records(kinds: tuple[type, type]) -> None:
+    recorder_type, _ = kinds
+    fragments: list[str] = []
+    stream = Stream(["a", None, "", "日", OverflowError("bad id")])
+    recorder = recorder_type(stream, fragments)
+    assert recorder.stream is stream
+    assert [recorder.step(None, i) for i in range(4)] == ["a", None, "", "日"]
+    # decode_next returns `step(...) or ""`: that is what is recorded.
+    assert fragments == ["a", "", "", "日"]
+    with pytest.raises(OverflowError, match="bad id"):
+        recorder.step(None, 5)  # the stream's own error reaches vLLM as it would without us
+    assert fragments == ["a", "", "", "日"]
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+
+    def put(self, output: Any) -> str:
+        if output == "explode":
+            raise RuntimeError("queue broke")
+        self.outputs.append(output)
+        return "queued"
+
+
+class Bucket:
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self.ids: list[int] = []
+        self.fragments: list[str] = []
+
+
+def completion_output(text: Any, token_ids: list[int], finish: str | None = None) -> Any:
+    completion = SimpleNamespace(
+        index=0, text=text, token_ids=token_ids, finish_reason=finish, stop_reason=None
+    )
+    return SimpleNamespace(outputs=[completion])
+
+
+def make_capture(kinds: tuple[type, type]) -> tuple[Any, Queue, Bucket, list[str], list[Any]]:
+    _, capture_type = kinds
+    queue, bucket, fragments = Queue(), Bucket(), []
+    events: list[Any] = []
+    capture = capture_type(
+        queue, fragments, bucket, 7, 0,
+        lambda *args: events.append(("special", args)),
+        lambda error: events.append(("failed", repr(error))),
+    )  # fmt: skip
+    return capture, queue, bucket, fragments, events
+
+
+def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type, type]) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    ids = [4, 5]
+    fragments += ["a", "b"]
+    output = completion_output("ab", ids)
+    assert capture.put(output) in ("queued", None) and queue.outputs == [output]
+    assert bucket.rows == [(7, 0, 0, 0, 2, 2, None, 0, "ab")]
+    assert (bucket.ids, bucket.fragments, fragments) == ([4, 5], ["a", "b"], [])
+    ids.append(6)  # vLLM merges later outputs into this list: the bucket holds a copy
+    assert bucket.ids == [4, 5]
+    assert (capture.offset, events) == (2, [])
+
+
+def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["a", ""]
+    capture.put(completion_output("a", [1, 2]))  # a token that ended inside a character
+    fragments += ["x"]
+    capture.put(completion_output("x", [3], finish="stop"))
+    assert [event[1][:4] for event in events] == [
+        ([1, 2], None, None, "a"),
+        ([3], "stop", None, "x"),
+    ]
+    assert bucket.rows == [] and len(queue.outputs) == 2
+
+
+def test_capture_never_raises_its_own_failures_and_forwards_anything(
+    kinds: tuple[type, type],
+) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["a"]
+    broken = SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=[1], finish_reason=None)])
+    capture.put(broken)  # no .text
+    error = ValueError("an engine error for the client")
+    capture.put(error)
+    capture.put("sentinel")
+    assert queue.outputs == [broken, error, "sentinel"]
+    assert [event[0] for event in events] == ["failed"]
+    assert "text" in events[0][1]
+    assert bucket.rows == bucket.ids == bucket.fragments == []
+    with pytest.raises(RuntimeError, match="queue broke"):
+        capture.put("explode")  # the queue's own error reaches vLLM as it would without us
+
+
+def test_c_stand_ins_leak_nothing() -> None:
+    module = load_speedups()
+    fragments: list[str] = []
+    recorder = module.StreamRecorder(Stream([]), fragments)
+    queue, bucket = Queue(), Bucket()
+    capture = module.QueueCapture(queue, fragments, bucket, 1, 0, lambda *a: None, lambda e: None)
+    pieces = [str(i) for i in range(8)]
+    recorder.stream.results = pieces * 4000
+
+    def rounds(count: int) -> None:
+        for _ in range(count):
+            for _ in range(4):
+                recorder.step(None, 1)
+            capture.put(completion_output("0123", [1, 2, 3, 4]))
+            bucket.rows.clear()
+            bucket.ids.clear()
+            bucket.fragments.clear()
+            queue.outputs.clear()
+            capture.put(completion_output("x", [1], finish="stop"))  # special: no fragments
+            queue.outputs.clear()
+
+    rounds(100)
+    gc.collect()
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    rounds(3000)
+    gc.collect()
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 16 * 1024, after - before
+
+
+def test_scheduler_rows_refuses_what_it_does_not_know() -> None:
+    module = load_speedups()
+    with pytest.raises(TypeError, match=r"scheduler_rows\(results, requests"):
+        module.scheduler_rows([], [], {}, [], b"", True, None)
+    outputs = SimpleNamespace(outputs=(SimpleNamespace(request_id="x"),))  # not a list
+    with pytest.raises(TypeError, match=r"EngineCoreOutputs\.outputs is not a list"):
+        module.scheduler_rows([outputs], {}, {}, [], b"\0", True, print)
