@@ -87,8 +87,9 @@ class Queue:
 
 class Bucket:
     def __init__(self) -> None:
-        self.rows: list[Any] = []
+        self.meta: list[int] = []
         self.ids: list[int] = []
+        self.extra: list[Any] = []
         self.fragments: list[str] = []
 
 
@@ -117,7 +118,7 @@ def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type
     fragments += ["a", "b"]
     output = completion_output("ab", ids)
     assert capture.put(output) in ("queued", None) and queue.outputs == [output]
-    assert bucket.rows == [(7, 0, 0, 0, 2, 2, None, 0, "ab")]
+    assert (bucket.meta, bucket.extra) == ([7, 0, 0, 0, 2, 2, 0], ["ab"])
     assert (bucket.ids, bucket.fragments, fragments) == ([4, 5], ["a", "b"], [])
     ids.append(6)  # vLLM merges later outputs into this list: the bucket holds a copy
     assert bucket.ids == [4, 5]
@@ -134,7 +135,7 @@ def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> N
         ([1, 2], None, None, "a"),
         ([3], "stop", None, "x"),
     ]
-    assert bucket.rows == [] and len(queue.outputs) == 2
+    assert bucket.meta == [] and len(queue.outputs) == 2
 
 
 def test_capture_never_raises_its_own_failures_and_forwards_anything(
@@ -150,7 +151,7 @@ def test_capture_never_raises_its_own_failures_and_forwards_anything(
     assert queue.outputs == [broken, error, "sentinel"]
     assert [event[0] for event in events] == ["failed"]
     assert "text" in events[0][1]
-    assert bucket.rows == bucket.ids == bucket.fragments == []
+    assert bucket.meta == bucket.ids == bucket.extra == bucket.fragments == []
     with pytest.raises(RuntimeError, match="queue broke"):
         capture.put("explode")  # the queue's own error reaches vLLM as it would without us
 
@@ -169,8 +170,9 @@ def test_c_stand_ins_leak_nothing() -> None:
             for _ in range(4):
                 recorder.step(None, 1)
             capture.put(completion_output("0123", [1, 2, 3, 4]))
-            bucket.rows.clear()
+            bucket.meta.clear()
             bucket.ids.clear()
+            bucket.extra.clear()
             bucket.fragments.clear()
             queue.outputs.clear()
             capture.put(completion_output("x", [1], finish="stop"))  # special: no fragments

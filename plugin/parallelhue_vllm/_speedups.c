@@ -22,6 +22,7 @@
 #define PROVENANCE_HEADER 14
 #define TEXT_HEADER 16
 #define TEXT_ENTRY 9
+#define ROW_WIDTH 7
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -379,8 +380,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *queue;
     PyObject *fragments;     /* list: what each token decoded to this step */
-    PyObject *rows;          /* the run's rows / ids / fragments of this step */
+    PyObject *meta;          /* the run's columns of this step (hooks._Bucket) */
     PyObject *ids;
+    PyObject *texts;
     PyObject *all_fragments;
     PyObject *stream;        /* int */
     PyObject *special;       /* special(token_ids, finish_reason, stop_reason, text, index) */
@@ -391,6 +393,23 @@ typedef struct {
 } QueueCapture;
 
 static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
+
+/* Append the ROW_WIDTH ints of one row to a meta column; -1 on error (nothing appended). */
+static int
+append_meta(PyObject *meta, PyObject *const *values)
+{
+    Py_ssize_t before = PyList_GET_SIZE(meta);
+    for (int i = 0; i < ROW_WIDTH; i++) {
+        if (PyList_Append(meta, values[i]) < 0) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyList_SetSlice(meta, before, PyList_GET_SIZE(meta), NULL);
+            PyErr_Restore(type, value, traceback);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 /* 1: the common row was taken; 0: not a RequestOutput, nothing to take; -1: error. */
 static int
@@ -410,7 +429,6 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_DECREF(completions);
     int status = -1;
     PyObject *index = NULL, *token_ids = NULL, *finish = NULL, *text = NULL, *stop = NULL;
-    PyObject *row = NULL;
     index = PyObject_GetAttr(completion, str_index);
     token_ids = index ? PyObject_GetAttr(completion, str_token_ids) : NULL;
     finish = token_ids ? PyObject_GetAttr(completion, str_finish_reason) : NULL;
@@ -445,25 +463,32 @@ capture_output(QueueCapture *self, PyObject *output)
     PyObject *offset = PyLong_FromLongLong(self->offset);
     PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
     PyObject *zero = PyLong_FromLong(0);
-    row = n ? PyTuple_Pack(9, self->stream, zero, zero, offset, n, n, Py_None, zero, text) : NULL;
-    Py_XDECREF(offset);
-    Py_XDECREF(n);
-    Py_DECREF(zero);
-    if (row == NULL) {
+    if (n == NULL) {
+        Py_XDECREF(offset);
+        Py_DECREF(zero);
         goto done;
     }
-    /* The ids are copied (outputs are merged later); ids, fragments, then the
-       row, so that a failure leaves the run's lists aligned. */
+    /* Columns in the order ids, fragments, text, meta, each undone on failure, so
+       that the run's columns stay aligned. The ids are copied: outputs are
+       merged later. */
+    PyObject *values[ROW_WIDTH] = {self->stream, zero, zero, offset, n, n, zero};
     Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
     Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
-    if (PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
-        PyList_SetSlice(self->all_fragments, fragments_before, fragments_before, fragments) < 0 ||
-        PyList_Append(self->rows, row) < 0) {
+    Py_ssize_t texts_before = PyList_GET_SIZE(self->texts);
+    int failed = PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
+                 PyList_SetSlice(self->all_fragments, fragments_before, fragments_before,
+                                 fragments) < 0 ||
+                 PyList_Append(self->texts, text) < 0 || append_meta(self->meta, values) < 0;
+    Py_DECREF(offset);
+    Py_DECREF(n);
+    Py_DECREF(zero);
+    if (failed) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyList_SetSlice(self->ids, ids_before, PyList_GET_SIZE(self->ids), NULL);
         PyList_SetSlice(self->all_fragments, fragments_before,
                         PyList_GET_SIZE(self->all_fragments), NULL);
+        PyList_SetSlice(self->texts, texts_before, PyList_GET_SIZE(self->texts), NULL);
         PyErr_Restore(type, value, traceback);
         goto done;
     }
@@ -471,7 +496,6 @@ capture_output(QueueCapture *self, PyObject *output)
     self->offset += count;
     status = 1;
 done:
-    Py_XDECREF(row);
     Py_XDECREF(stop);
     Py_XDECREF(text);
     Py_XDECREF(finish);
@@ -510,23 +534,28 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                                      &index, &special, &failed)) {
         return NULL;
     }
-    PyObject *rows = PyObject_GetAttrString(bucket, "rows");
+    PyObject *meta = PyObject_GetAttrString(bucket, "meta");
     PyObject *ids = PyObject_GetAttrString(bucket, "ids");
+    PyObject *texts = PyObject_GetAttrString(bucket, "extra");
     PyObject *all_fragments = PyObject_GetAttrString(bucket, "fragments");
-    if (rows == NULL || ids == NULL || all_fragments == NULL || !PyList_Check(rows) ||
-        !PyList_Check(ids) || !PyList_Check(all_fragments)) {
-        Py_XDECREF(rows);
+    if (meta == NULL || ids == NULL || texts == NULL || all_fragments == NULL ||
+        !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
+        !PyList_Check(all_fragments)) {
+        Py_XDECREF(meta);
         Py_XDECREF(ids);
+        Py_XDECREF(texts);
         Py_XDECREF(all_fragments);
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "QueueCapture: bucket.rows/ids/fragments lists");
+            PyErr_SetString(PyExc_TypeError,
+                            "QueueCapture: bucket.meta/ids/extra/fragments must be lists");
         }
         return NULL;
     }
     QueueCapture *self = (QueueCapture *)type->tp_alloc(type, 0);
     if (self == NULL) {
-        Py_DECREF(rows);
+        Py_DECREF(meta);
         Py_DECREF(ids);
+        Py_DECREF(texts);
         Py_DECREF(all_fragments);
         return NULL;
     }
@@ -537,8 +566,9 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     Py_INCREF(failed);
     self->queue = queue;
     self->fragments = fragments;
-    self->rows = rows;
+    self->meta = meta;
     self->ids = ids;
+    self->texts = texts;
     self->all_fragments = all_fragments;
     self->stream = stream;
     self->special = special;
@@ -552,8 +582,9 @@ capture_traverse(QueueCapture *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->queue);
     Py_VISIT(self->fragments);
-    Py_VISIT(self->rows);
+    Py_VISIT(self->meta);
     Py_VISIT(self->ids);
+    Py_VISIT(self->texts);
     Py_VISIT(self->all_fragments);
     Py_VISIT(self->stream);
     Py_VISIT(self->special);
@@ -566,8 +597,9 @@ capture_clear(QueueCapture *self)
 {
     Py_CLEAR(self->queue);
     Py_CLEAR(self->fragments);
-    Py_CLEAR(self->rows);
+    Py_CLEAR(self->meta);
     Py_CLEAR(self->ids);
+    Py_CLEAR(self->texts);
     Py_CLEAR(self->all_fragments);
     Py_CLEAR(self->stream);
     Py_CLEAR(self->special);
@@ -612,8 +644,128 @@ static PyTypeObject QueueCaptureType = {
     .tp_members = capture_members,
 };
 
+/* --------------------------------------------------------- SchedRequest */
+/* hooks._SchedRequest with C fields, so that scheduler_rows reads them directly. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *run;
+    PyObject *stream;  /* int */
+    PyObject *meta;    /* the run's bucket columns */
+    PyObject *ids;
+    PyObject *extra;
+    long long offset;
+} SchedRequest;
+
+static PyObject *
+sched_request_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"run", "stream", "bucket", NULL};
+    PyObject *run, *stream, *bucket;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!O:SchedRequest", names, &run,
+                                     &PyLong_Type, &stream, &bucket)) {
+        return NULL;
+    }
+    PyObject *meta = PyObject_GetAttrString(bucket, "meta");
+    PyObject *ids = meta ? PyObject_GetAttrString(bucket, "ids") : NULL;
+    PyObject *extra = ids ? PyObject_GetAttrString(bucket, "extra") : NULL;
+    if (extra == NULL || !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(extra)) {
+        Py_XDECREF(meta);
+        Py_XDECREF(ids);
+        Py_XDECREF(extra);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "SchedRequest: bucket.meta/ids/extra must be lists");
+        }
+        return NULL;
+    }
+    SchedRequest *self = (SchedRequest *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(meta);
+        Py_DECREF(ids);
+        Py_DECREF(extra);
+        return NULL;
+    }
+    Py_INCREF(run);
+    Py_INCREF(stream);
+    self->run = run;
+    self->stream = stream;
+    self->meta = meta;
+    self->ids = ids;
+    self->extra = extra;
+    return (PyObject *)self;
+}
+
+static int
+sched_request_traverse(SchedRequest *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->run);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->meta);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->extra);
+    return 0;
+}
+
+static int
+sched_request_clear(SchedRequest *self)
+{
+    Py_CLEAR(self->run);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->meta);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->extra);
+    return 0;
+}
+
+static void
+sched_request_dealloc(SchedRequest *self)
+{
+    PyObject_GC_UnTrack(self);
+    sched_request_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef sched_request_members[] = {
+    {"run", T_OBJECT, offsetof(SchedRequest, run), READONLY, "the run id"},
+    {"stream", T_OBJECT, offsetof(SchedRequest, stream), READONLY, "the stream index"},
+    {"meta", T_OBJECT, offsetof(SchedRequest, meta), READONLY, "the run's meta column"},
+    {"ids", T_OBJECT, offsetof(SchedRequest, ids), READONLY, "the run's token ids column"},
+    {"extra", T_OBJECT, offsetof(SchedRequest, extra), READONLY, "the run's roles column"},
+    {"offset", T_LONGLONG, offsetof(SchedRequest, offset), 0, "the request's next offset"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SchedRequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.SchedRequest",
+    .tp_doc = "SchedRequest(run, stream, bucket): see hooks._SchedRequest.",
+    .tp_basicsize = sizeof(SchedRequest),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = sched_request_new,
+    .tp_traverse = (traverseproc)sched_request_traverse,
+    .tp_clear = (inquiry)sched_request_clear,
+    .tp_dealloc = (destructor)sched_request_dealloc,
+    .tp_members = sched_request_members,
+};
+
+/* Whether a draft list holds a -1 placeholder (ints only; anything else: -1 = unknown). */
+static int
+has_placeholder(PyObject *drafts)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(drafts); i++) {
+        PyObject *item = PyList_GET_ITEM(drafts, i);
+        if (!PyLong_CheckExact(item)) {
+            return -1;
+        }
+        int overflow = 0;
+        if (PyLong_AsLongAndOverflow(item, &overflow) == -1 && !overflow) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------ scheduler_rows */
-static PyObject *str_request_id, *str_new_token_ids, *str_stream, *str_offset, *str_rows;
+static PyObject *str_request_id, *str_new_token_ids;
 
 /* scheduler_rows(results, requests, spec_tokens, role_table, plain_role, check_padding,
  *                special)
@@ -644,7 +796,6 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     if (results == NULL) {
         return NULL;
     }
-    PyObject *minus_one = PyLong_FromLong(-1);
     PyObject *zero = PyLong_FromLong(0);
     PyObject *engine_outputs;
     while ((engine_outputs = PyIter_Next(results)) != NULL) {
@@ -691,12 +842,7 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                     }
                     slow = roles == NULL || roles == Py_None;
                     if (!slow && check_padding) {
-                        int found = PySequence_Contains(drafts, minus_one);
-                        if (found < 0) {
-                            slow = -1;
-                        } else {
-                            slow = found;
-                        }
+                        slow = has_placeholder(drafts) != 0; /* unknown contents: Python */
                     }
                 } else if (drafts == NULL || PyList_Check(drafts)) {
                     roles = plain_role;
@@ -725,24 +871,37 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                 continue;
             }
             Py_DECREF(reason);
-            PyObject *rows = PyObject_GetAttr(state, str_rows);
-            PyObject *stream = rows ? PyObject_GetAttr(state, str_stream) : NULL;
-            PyObject *offset = stream ? PyObject_GetAttr(state, str_offset) : NULL;
-            PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
-            PyObject *next = n ? PyNumber_Add(offset, n) : NULL;
-            PyObject *s = next ? PyLong_FromSsize_t(scheduled) : NULL;
-            PyObject *row = s ? PyTuple_Pack(8, stream, zero, zero, offset, tokens, roles, s,
-                                             zero)
-                              : NULL;
-            int ok = row != NULL && PyList_Append(rows, row) == 0 &&
-                     PyObject_SetAttr(state, str_offset, next) == 0;
-            Py_XDECREF(row);
-            Py_XDECREF(s);
-            Py_XDECREF(next);
-            Py_XDECREF(n);
-            Py_XDECREF(offset);
-            Py_XDECREF(stream);
-            Py_XDECREF(rows);
+            int ok = 0;
+            if (Py_TYPE(state) != &SchedRequestType) {
+                PyErr_SetString(PyExc_TypeError, "scheduler_rows: requests must be SchedRequest");
+            } else {
+                SchedRequest *request = (SchedRequest *)state;
+                PyObject *offset = PyLong_FromLongLong(request->offset);
+                PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
+                PyObject *s = n ? PyLong_FromSsize_t(scheduled) : NULL;
+                if (s != NULL) {
+                    PyObject *values[ROW_WIDTH] = {request->stream, zero, zero, offset, n, s, zero};
+                    PyObject *ids = request->ids, *extra = request->extra;
+                    Py_ssize_t ids_before = PyList_GET_SIZE(ids);
+                    Py_ssize_t extra_before = PyList_GET_SIZE(extra);
+                    if (PyList_SetSlice(ids, ids_before, ids_before, tokens) == 0) {
+                        if (PyList_Append(extra, roles) == 0) {
+                            if (append_meta(request->meta, values) == 0) {
+                                request->offset += count;
+                                ok = 1;
+                            } else {
+                                PyList_SetSlice(extra, extra_before, PyList_GET_SIZE(extra), NULL);
+                                PyList_SetSlice(ids, ids_before, PyList_GET_SIZE(ids), NULL);
+                            }
+                        } else {
+                            PyList_SetSlice(ids, ids_before, PyList_GET_SIZE(ids), NULL);
+                        }
+                    }
+                }
+                Py_XDECREF(s);
+                Py_XDECREF(n);
+                Py_XDECREF(offset);
+            }
             Py_DECREF(tokens);
             Py_DECREF(state);
             Py_DECREF(output);
@@ -754,7 +913,6 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         Py_DECREF(outputs);
     }
     Py_DECREF(results);
-    Py_DECREF(minus_one);
     Py_DECREF(zero);
     if (PyErr_Occurred()) {
         return NULL;
@@ -762,7 +920,6 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 fail:
     Py_DECREF(results);
-    Py_DECREF(minus_one);
     Py_DECREF(zero);
     return NULL;
 }
@@ -793,8 +950,7 @@ intern_names(void)
     } names[] = {
         {&str_outputs, "outputs"},       {&str_text, "text"},
         {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
-        {&str_finish_reason, "finish_reason"}, {&str_stream, "stream"},
-        {&str_offset, "offset"},         {&str_rows, "rows"},
+        {&str_finish_reason, "finish_reason"},
         {&str_step, "step"},             {&str_put, "put"},
         {&str_empty, ""},                {&str_index, "index"},
         {&str_token_ids, "token_ids"},   {&str_stop_reason, "stop_reason"},
@@ -814,7 +970,8 @@ PyInit__speedups(void)
     if (intern_names() < 0) {
         return NULL;
     }
-    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&QueueCaptureType) < 0) {
+    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&QueueCaptureType) < 0 ||
+        PyType_Ready(&SchedRequestType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
@@ -824,6 +981,12 @@ PyInit__speedups(void)
     Py_INCREF(&StreamRecorderType);
     if (PyModule_AddObject(module, "StreamRecorder", (PyObject *)&StreamRecorderType) < 0) {
         Py_DECREF(&StreamRecorderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&SchedRequestType);
+    if (PyModule_AddObject(module, "SchedRequest", (PyObject *)&SchedRequestType) < 0) {
+        Py_DECREF(&SchedRequestType);
         Py_DECREF(module);
         return NULL;
     }

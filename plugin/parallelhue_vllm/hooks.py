@@ -177,10 +177,10 @@ class _Base:
         by_run = None
         records = 0
         for run, bucket in self.buckets.items():
-            if bucket.rows:
+            if bucket.meta:
                 if by_run is None:
                     by_run = {}
-                records += len(bucket.rows)
+                records += len(bucket.meta) // wire.ROW_WIDTH
                 by_run[run] = bucket.take(kind)
         if by_run is not None and self.emitter is not None:
             self.emitter.submit_rows(kind, self.step, by_run, records)
@@ -222,38 +222,49 @@ class _Base:
 
 
 class _Bucket:
-    """One run's rows of the current step; for text also their token ids and fragments.
+    """One run's rows of the current step, as columns (wire.ProvenanceStep / wire.TextStep).
 
-    Hooks bind these lists' methods once per request and append to them; the
-    step's end hands copies to the emitter (wire.ProvenanceStep / wire.TextStep).
+    `meta` holds wire.ROW_WIDTH ints per row, `ids` every row's token ids,
+    `extra` one object per row (provenance: the roles; text: the HTTP text);
+    text also keeps the fragments and the rows' span_backs. Flat lists of ints
+    and strings: building a row allocates nothing the garbage collector tracks.
     """
 
-    __slots__ = ("fragments", "ids", "rows")
+    __slots__ = ("extra", "fragments", "ids", "meta", "span_backs")
 
     def __init__(self) -> None:
-        self.rows: list[Any] = []
+        self.meta: list[int] = []
         self.ids: list[int] = []
+        self.extra: list[Any] = []
         self.fragments: list[str] = []
+        self.span_backs: dict[int, list[int]] = {}
 
     def take(self, kind: int) -> Any:
-        rows = self.rows[:]
-        self.rows.clear()
-        if kind != wire.KIND_TEXT:
-            return rows
-        step = (rows, self.ids[:], self.fragments[:])
+        step: Any
+        if kind == wire.KIND_TEXT:
+            step = (self.meta[:], self.ids[:], self.extra[:], self.fragments[:],
+                    dict(self.span_backs))  # fmt: skip
+            self.fragments.clear()
+            self.span_backs.clear()
+        else:
+            step = (self.meta[:], self.ids[:], self.extra[:])
+        self.meta.clear()
         self.ids.clear()
-        self.fragments.clear()
+        self.extra.clear()
         return step
 
 
 class _SchedRequest:
-    __slots__ = ("offset", "rows", "run", "stream")
+    __slots__ = ("extra", "ids", "meta", "offset", "run", "stream")
 
     def __init__(self, run: str, stream: int, bucket: _Bucket) -> None:
         self.run = run
         self.stream = stream
         self.offset = 0
-        self.rows = bucket.rows  # the run's rows of this step
+        # The run's bucket lists (this step's rows of every request of the run).
+        self.meta = bucket.meta
+        self.ids = bucket.ids
+        self.extra = bucket.extra
 
 
 class SchedulerTelemetry(_Base):
@@ -317,7 +328,8 @@ class SchedulerTelemetry(_Base):
             if found is None:
                 continue
             self._ensure_emitter(scheduler)
-            requests[rid] = _SchedRequest(found[0], found[1], self.track(found[0], rid))
+            make = _speedups.SchedRequest if _speedups is not None else _SchedRequest
+            requests[rid] = make(found[0], found[1], self.track(found[0], rid))
 
     def after(
         self,
@@ -398,7 +410,9 @@ class SchedulerTelemetry(_Base):
                     if self._special_row(state, output, scheduler_output, index_of, lengths):
                         finished.append(output.request_id)
                     continue
-                state.rows.append((state.stream, 0, 0, state.offset, tokens, roles, scheduled, 0))
+                state.meta.extend((state.stream, 0, 0, state.offset, count, scheduled, 0))
+                state.ids.extend(tokens)
+                state.extra.append(roles)
                 state.offset += count
 
     def _special_row(
@@ -446,9 +460,9 @@ class SchedulerTelemetry(_Base):
             self.fail_request(state.run, state.stream, _SCHEDULER_WHERE, error)
             self._forget(rid, keep_disabled=True)
             return False
-        state.rows.append(
-            (state.stream, flags, code, state.offset, tokens, roles, scheduled, padded)
-        )
+        state.meta.extend((state.stream, flags, code, state.offset, count, scheduled, padded))
+        state.ids.extend(tokens)
+        state.extra.append(roles)
         state.offset += count
         return reason is not None
 
@@ -553,9 +567,10 @@ class _QueueCapture:
         "_fragments_extend",
         "_ids_extend",
         "_index",
-        "_rows_append",
+        "_meta_extend",
         "_special",
         "_stream",
+        "_texts_append",
         "offset",
         "pending_empty",
         "queue",
@@ -573,8 +588,9 @@ class _QueueCapture:
     ) -> None:
         self.queue = queue
         self._fragments = fragments
-        self._rows_append = bucket.rows.append
+        self._meta_extend = bucket.meta.extend
         self._ids_extend = bucket.ids.extend
+        self._texts_append = bucket.extra.append
         self._fragments_extend = bucket.fragments.extend
         self._stream = stream
         self._index = index
@@ -605,8 +621,8 @@ class _QueueCapture:
                     self._ids_extend(token_ids)  # a copy: outputs are merged later
                     self._fragments_extend(fragments)
                     fragments.clear()
-                    self._rows_append((self._stream, 0, 0, self.offset, count, count, None, 0,
-                                       text))  # fmt: skip
+                    self._texts_append(text)
+                    self._meta_extend((self._stream, 0, 0, self.offset, count, count, 0))
                     self.offset += count
                 else:
                     self._special(token_ids, completion.finish_reason, completion.stop_reason,
@@ -767,7 +783,7 @@ class FrontendTelemetry(_Base):
                 if text:
                     raise TelemetryError("text without tokens before the request finished")
                 return
-            row = (state.stream, 0, 0, capture.offset, count, len(used), span_backs, 0, text)
+            meta = (state.stream, 0, 0, capture.offset, count, len(used), 0)
         else:
             trimmed = before_trim - count if before_trim > count else 0
             flags = _FLAG_FINISHED
@@ -776,15 +792,17 @@ class FrontendTelemetry(_Base):
             if trimmed:
                 flags |= _FLAG_TOKENS_TRIMMED
             code = _FINISH_NAMES.get(str(finish_reason), wire.FINISH_ERROR)
-            row = (state.stream, flags, code, capture.offset, count, len(used), span_backs,
-                   trimmed, text)  # fmt: skip
+            meta = (state.stream, flags, code, capture.offset, count, len(used), trimmed)
             self.finished.append(state.req_state.request_id)
-        # Nothing can fail from here on: the row and its ids and fragments go in together.
+        # Nothing can fail from here on: the row's columns go in together.
         capture.pending_empty = pending
         bucket = state.bucket
+        if span_backs is not None:
+            bucket.span_backs[len(bucket.meta) // wire.ROW_WIDTH] = span_backs
+        bucket.meta.extend(meta)
         bucket.ids.extend(token_ids)
         bucket.fragments.extend(used)
-        bucket.rows.append(row)
+        bucket.extra.append(text)
         capture.offset += count
 
     def end_step(self, processor: Any) -> None:

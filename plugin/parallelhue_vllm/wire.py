@@ -13,7 +13,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
     "ALL_STREAMS",
@@ -425,29 +425,30 @@ def split_for_frames(kind: int, records: Sequence[Record]) -> list[list[Record]]
     return chunks
 
 
-# ---------------------------------------------------------------------- rows
-# The plugin's hooks describe a record as a plain tuple ("row") instead of a
-# record object: a tuple is the cheapest thing to build inside vLLM's loop, and
-# the emitter's sender thread turns a whole step of rows into bytes. A row has
-# the fields of its record; its bytes are the record's bytes.
+# ---------------------------------------------------------------------- steps
+# The plugin's hooks hand the emitter one run's records of a step as columns
+# (flat lists of ints and strings: nothing the garbage collector tracks is
+# allocated per record inside vLLM's loop); the sender thread encodes them.
+# A record's bytes are those of the record object with the same fields.
 ROW_FLAG_FINISHED = _FLAG_FINISHED
 ROW_FLAG_TRIMMED = _FLAG_TRIMMED
 ROW_FLAG_TEXT_TRUNCATED = _FLAG_TEXT_TRUNCATED
 ROW_FLAG_TOKENS_TRIMMED = _FLAG_TOKENS_TRIMMED
+# Ints per record in a step's `meta` column.
+ROW_WIDTH = 7
 
-# stream, flags, finish_reason, offset, token_ids, roles (one byte per token),
-# drafts_scheduled, drafts_padded
-ProvenanceRow = tuple[int, int, int, int, list[int], bytes, int, int]
-# stream, flags, finish_reason, offset, n_tokens, n_fragments, span_backs (None:
-# all 0), trimmed_tokens, http_text
-TextRow = tuple[int, int, int, int, int, int, list[int] | None, int, str]
-# A run's text rows of one step with the token ids and the fragments of all of
-# them, in row order: a row owns the next n_tokens ids and the next n_fragments
-# fragments (those of its first n_fragments tokens; the other tokens' are empty).
-TextStep = tuple[list[TextRow], list[int], list[str]]
-ProvenanceStep = list[ProvenanceRow]
+# meta: per record stream, flags, finish_reason, offset, n_tokens,
+# drafts_scheduled, drafts_padded; every record's token ids in record order;
+# each record's roles (one byte per token).
+ProvenanceStep = tuple[list[int], list[int], list[bytes]]
+# meta: per record stream, flags, finish_reason, offset, n_tokens, n_fragments,
+# trimmed_tokens; token ids; each record's HTTP text; fragments (a record owns
+# the next n_fragments, those of its first n_fragments tokens; its other
+# tokens' are empty); span_backs of the records that have any (record index ->
+# one per token; other records: all 0).
+TextStep = tuple[list[int], list[int], list[str], list[str], dict[int, list[int]]]
 
-# One precompiled Struct per token count: a provenance row is one pack call.
+# One precompiled Struct per token count: a provenance record is one pack call.
 _PROVENANCE_STRUCTS: dict[int, struct.Struct] = {}
 
 
@@ -458,39 +459,55 @@ def _provenance_struct(count: int) -> struct.Struct:
     return packer
 
 
-def encode_provenance_rows(rows: Sequence[ProvenanceRow]) -> list[bytes]:
-    """The bytes of each provenance row, in order (see ProvenanceRow)."""
+def _check_columns(meta: list[int], ids: list[int], per_record: list[Any], total: int) -> None:
+    if len(meta) != ROW_WIDTH * len(per_record) or total != len(ids):
+        raise ValueError(
+            f"step columns disagree: {len(meta)} meta ints, {len(per_record)} records, "
+            f"{len(ids)} ids for {total} tokens"
+        )
+
+
+def encode_provenance_step(step: ProvenanceStep) -> list[bytes]:
+    """The bytes of each provenance record of a step, in order (see ProvenanceStep)."""
+    meta, ids, roles = step
     structs = _PROVENANCE_STRUCTS
     encoded: list[bytes] = []
-    append = encoded.append
+    first = 0
     try:
-        for stream, flags, finish, offset, ids, roles, drafts, padded in rows:
-            count = len(ids)
-            if len(roles) != count:
+        for record, record_roles in enumerate(roles):
+            at = ROW_WIDTH * record
+            stream, flags, finish, offset, count, drafts, padded = meta[at : at + ROW_WIDTH]
+            if len(record_roles) != count:
                 raise ValueError(
-                    f"record for stream {stream}: {len(roles)} roles for {count} tokens"
+                    f"record for stream {stream}: {len(record_roles)} roles for {count} tokens"
                 )
             packer = structs.get(count) or _provenance_struct(count)
-            append(packer.pack(stream, flags, finish, offset, count, drafts, padded, *ids, roles))
+            encoded.append(packer.pack(stream, flags, finish, offset, count, drafts, padded,
+                                       *ids[first : first + count], record_roles))  # fmt: skip
+            first += count
     except struct.error as error:
         raise ValueError(f"provenance record field out of range: {error}") from error
+    _check_columns(meta, ids, roles, first)
     return encoded
 
 
 def encode_text_step(step: TextStep) -> list[bytes]:
-    """The bytes of each text row of a step, in order (see TextStep)."""
-    rows, ids, fragments = step
+    """The bytes of each text record of a step, in order (see TextStep)."""
+    meta, ids, texts, fragments, span_backs = step
     encoded: list[bytes] = []
     first_id = first_fragment = 0
-    for stream, flags, finish, offset, count, fed, span_backs, trimmed, text in rows:
+    for record, text in enumerate(texts):
+        at = ROW_WIDTH * record
+        stream, flags, finish, offset, count, fed, trimmed = meta[at : at + ROW_WIDTH]
+        backs = span_backs.get(record)
         tokens = []
         for position in range(count):
             piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
-            back = span_backs[position] if span_backs is not None else 0
+            back = backs[position] if backs is not None else 0
             tokens.append(TextToken(ids[first_id + position], piece, back))
         first_id += count
         first_fragment += fed
-        record = TextRecord(
+        text_record = TextRecord(
             stream=stream,
             offset=offset,
             tokens=tokens,
@@ -501,19 +518,17 @@ def encode_text_step(step: TextStep) -> list[bytes]:
             tokens_trimmed=bool(flags & _FLAG_TOKENS_TRIMMED),
             trimmed_tokens=trimmed,
         )
-        encoded.append(encode_record(KIND_TEXT, record))
-    if first_id != len(ids) or first_fragment != len(fragments):
-        raise ValueError(
-            f"text step: rows hold {first_id} ids and {first_fragment} fragments, "
-            f"the step {len(ids)} and {len(fragments)}"
-        )
+        encoded.append(encode_record(KIND_TEXT, text_record))
+    _check_columns(meta, ids, texts, first_id)
+    if first_fragment != len(fragments):
+        raise ValueError(f"text step: {first_fragment} fragments owned, {len(fragments)} given")
     return encoded
 
 
 def encode_rows(kind: int, step: ProvenanceStep | TextStep) -> list[bytes]:
-    """The bytes of each row of a provenance or text step."""
+    """The bytes of each record of a provenance or text step."""
     if kind == KIND_PROVENANCE:
-        return encode_provenance_rows(step)  # type: ignore[arg-type]
+        return encode_provenance_step(step)  # type: ignore[arg-type]
     if kind == KIND_TEXT:
         return encode_text_step(step)  # type: ignore[arg-type]
     raise ValueError(f"kind {kind} has no rows")
