@@ -321,7 +321,7 @@ def last_dump_instructions(work: Path, pid: int) -> int:
     dumps = sorted(work.glob(f"cg.{pid}.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
     if not dumps:
         raise SystemExit(f"no callgrind dump for process {pid}")
-    found = re.search(r"^(?:summary|totals):\s+(\d+)", dumps[-1].read_text(), re.M)
+    found = re.search(r"^totals:\s+(\d+)", dumps[-1].read_text(), re.M)
     if not found:
         raise SystemExit(f"no totals in {dumps[-1]}")
     return int(found.group(1))

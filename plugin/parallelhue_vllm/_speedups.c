@@ -62,49 +62,73 @@ field(PyObject *value, unsigned long long limit, const char *kind)
     return v;
 }
 
-/* --------------------------------------------------------- provenance */
-static PyObject *
-encode_provenance_rows(PyObject *Py_UNUSED(module), PyObject *rows)
+/* ---------------------------------------------------- step encoders */
+/* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise). */
+static int
+record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
+            long long *out)
 {
-    if (!PyList_Check(rows)) {
-        PyErr_SetString(PyExc_TypeError, "rows must be a list");
+    for (int i = 0; i < ROW_WIDTH; i++) {
+        out[i] = field(PyList_GET_ITEM(meta, r * ROW_WIDTH + i), limits[i], kind);
+        if (out[i] < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+check_columns(PyObject *meta, Py_ssize_t records, Py_ssize_t ids, Py_ssize_t tokens)
+{
+    if (PyList_GET_SIZE(meta) != ROW_WIDTH * records || ids != tokens) {
+        PyErr_Format(PyExc_ValueError,
+                     "step columns disagree: %zd meta ints for %zd records, %zd ids for %zd "
+                     "tokens",
+                     PyList_GET_SIZE(meta), records, ids, tokens);
+        return -1;
+    }
+    return 0;
+}
+
+/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step) */
+static PyObject *
+encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_provenance_step(meta, ids, roles): three lists");
         return NULL;
     }
-    Py_ssize_t n_rows = PyList_GET_SIZE(rows);
-    PyObject *encoded = PyList_New(n_rows);
+    PyObject *meta = args[0], *ids = args[1], *roles = args[2];
+    static const unsigned long long limits[ROW_WIDTH] = {
+        0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, 0xFFFF, 0xFFFF};
+    Py_ssize_t records = PyList_GET_SIZE(roles), n_ids = PyList_GET_SIZE(ids), first = 0;
+    if (PyList_GET_SIZE(meta) < ROW_WIDTH * records) {
+        check_columns(meta, records, n_ids, -1);
+        return NULL;
+    }
+    PyObject *encoded = PyList_New(records);
     if (encoded == NULL) {
         return NULL;
     }
-    for (Py_ssize_t r = 0; r < n_rows; r++) {
-        PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 8) {
-            PyErr_SetString(PyExc_TypeError, "a provenance row is a tuple of 8");
+    for (Py_ssize_t r = 0; r < records; r++) {
+        long long v[ROW_WIDTH];
+        if (record_meta(meta, r, limits, "provenance", v) < 0) {
             goto fail;
         }
-        long long stream = field(PyTuple_GET_ITEM(row, 0), 0xFFFF, "provenance");
-        long long flags = stream < 0 ? -1 : field(PyTuple_GET_ITEM(row, 1), 0xFF, "provenance");
-        long long finish = flags < 0 ? -1 : field(PyTuple_GET_ITEM(row, 2), 0xFF, "provenance");
-        long long offset =
-            finish < 0 ? -1 : field(PyTuple_GET_ITEM(row, 3), 0xFFFFFFFFULL, "provenance");
-        long long drafts = offset < 0 ? -1 : field(PyTuple_GET_ITEM(row, 6), 0xFFFF, "provenance");
-        long long padded = drafts < 0 ? -1 : field(PyTuple_GET_ITEM(row, 7), 0xFFFF, "provenance");
-        if (padded < 0) {
+        Py_ssize_t count = (Py_ssize_t)v[4];
+        PyObject *record_roles = PyList_GET_ITEM(roles, r);
+        if (!PyBytes_Check(record_roles)) {
+            PyErr_SetString(PyExc_TypeError, "provenance step: roles must be bytes");
             goto fail;
         }
-        PyObject *ids = PyTuple_GET_ITEM(row, 4);
-        PyObject *roles = PyTuple_GET_ITEM(row, 5);
-        if (!PyList_Check(ids) || !PyBytes_Check(roles)) {
-            PyErr_SetString(PyExc_TypeError, "provenance row: token_ids list, roles bytes");
-            goto fail;
-        }
-        Py_ssize_t count = PyList_GET_SIZE(ids);
-        if (count > MAX_TOKENS_PER_RECORD) {
-            PyErr_Format(PyExc_ValueError, "%zd tokens, limit %d", count, MAX_TOKENS_PER_RECORD);
-            goto fail;
-        }
-        if (PyBytes_GET_SIZE(roles) != count) {
+        if (PyBytes_GET_SIZE(record_roles) != count) {
             PyErr_Format(PyExc_ValueError, "record for stream %lld: %zd roles for %zd tokens",
-                         stream, PyBytes_GET_SIZE(roles), count);
+                         v[0], PyBytes_GET_SIZE(record_roles), count);
+            goto fail;
+        }
+        if (first + count > n_ids) {
+            check_columns(meta, records, n_ids, first + count);
             goto fail;
         }
         PyObject *out = PyBytes_FromStringAndSize(NULL, PROVENANCE_HEADER + 5 * count);
@@ -112,24 +136,28 @@ encode_provenance_rows(PyObject *Py_UNUSED(module), PyObject *rows)
             goto fail;
         }
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-        put16(p, (unsigned long)stream);
-        p[2] = (unsigned char)flags;
-        p[3] = (unsigned char)finish;
-        put32(p + 4, (unsigned long)offset);
+        put16(p, (unsigned long)v[0]);
+        p[2] = (unsigned char)v[1];
+        p[3] = (unsigned char)v[2];
+        put32(p + 4, (unsigned long)v[3]);
         put16(p + 8, (unsigned long)count);
-        put16(p + 10, (unsigned long)drafts);
-        put16(p + 12, (unsigned long)padded);
+        put16(p + 10, (unsigned long)v[5]);
+        put16(p + 12, (unsigned long)v[6]);
         p += PROVENANCE_HEADER;
         for (Py_ssize_t i = 0; i < count; i++) {
-            long long id = field(PyList_GET_ITEM(ids, i), 0xFFFFFFFFULL, "provenance");
+            long long id = field(PyList_GET_ITEM(ids, first + i), 0xFFFFFFFFULL, "provenance");
             if (id < 0) {
                 Py_DECREF(out);
                 goto fail;
             }
             put32(p + 4 * i, (unsigned long)id);
         }
-        memcpy(p + 4 * count, PyBytes_AS_STRING(roles), (size_t)count);
+        memcpy(p + 4 * count, PyBytes_AS_STRING(record_roles), (size_t)count);
         PyList_SET_ITEM(encoded, r, out);
+        first += count;
+    }
+    if (check_columns(meta, records, n_ids, first) < 0) {
+        goto fail;
     }
     return encoded;
 fail:
@@ -137,55 +165,66 @@ fail:
     return NULL;
 }
 
-/* --------------------------------------------------------------- text */
+/* encode_text_step(meta, ids, texts, fragments, span_backs) -> list[bytes] */
 static PyObject *
 encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
-        !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "encode_text_step(rows, ids, fragments): three lists");
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_text_step(meta, ids, texts, fragments, span_backs)");
         return NULL;
     }
-    PyObject *rows = args[0], *ids = args[1], *fragments = args[2];
-    Py_ssize_t n_rows = PyList_GET_SIZE(rows);
+    PyObject *meta = args[0], *ids = args[1], *texts = args[2], *fragments = args[3];
+    PyObject *span_backs = args[4];
+    static const unsigned long long limits[ROW_WIDTH] = {
+        0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, MAX_TOKENS_PER_RECORD, 0xFFFF};
+    Py_ssize_t records = PyList_GET_SIZE(texts);
     Py_ssize_t n_ids = PyList_GET_SIZE(ids), n_fragments = PyList_GET_SIZE(fragments);
     Py_ssize_t first_id = 0, first_fragment = 0;
-    PyObject *encoded = PyList_New(n_rows);
+    if (PyList_GET_SIZE(meta) < ROW_WIDTH * records) {
+        check_columns(meta, records, n_ids, -1);
+        return NULL;
+    }
+    PyObject *encoded = PyList_New(records);
     if (encoded == NULL) {
         return NULL;
     }
-    for (Py_ssize_t r = 0; r < n_rows; r++) {
-        PyObject *row = PyList_GET_ITEM(rows, r);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 9) {
-            PyErr_SetString(PyExc_TypeError, "a text row is a tuple of 9");
+    for (Py_ssize_t r = 0; r < records; r++) {
+        long long v[ROW_WIDTH];
+        if (record_meta(meta, r, limits, "text", v) < 0) {
             goto fail;
         }
-        long long stream = field(PyTuple_GET_ITEM(row, 0), 0xFFFF, "text");
-        long long flags = stream < 0 ? -1 : field(PyTuple_GET_ITEM(row, 1), 0xFF, "text");
-        long long finish = flags < 0 ? -1 : field(PyTuple_GET_ITEM(row, 2), 0xFF, "text");
-        long long offset = finish < 0 ? -1 : field(PyTuple_GET_ITEM(row, 3), 0xFFFFFFFFULL, "text");
-        long long count =
-            offset < 0 ? -1 : field(PyTuple_GET_ITEM(row, 4), MAX_TOKENS_PER_RECORD, "text");
-        long long fed = count < 0 ? -1 : field(PyTuple_GET_ITEM(row, 5), (unsigned long long)count,
-                                               "text");
-        long long trimmed = fed < 0 ? -1 : field(PyTuple_GET_ITEM(row, 7), 0xFFFF, "text");
-        if (trimmed < 0) {
+        Py_ssize_t count = (Py_ssize_t)v[4], fed = (Py_ssize_t)v[5];
+        if (fed > count) {
+            PyErr_Format(PyExc_ValueError, "text record: %zd fragments for %zd tokens", fed, count);
             goto fail;
         }
-        PyObject *span_backs = PyTuple_GET_ITEM(row, 6);
-        PyObject *text = PyTuple_GET_ITEM(row, 8);
-        if (span_backs != Py_None &&
-            (!PyList_Check(span_backs) || PyList_GET_SIZE(span_backs) != count)) {
-            PyErr_SetString(PyExc_ValueError, "text row: span_backs must be None or one per token");
-            goto fail;
-        }
+        PyObject *text = PyList_GET_ITEM(texts, r);
         if (!PyUnicode_Check(text)) {
-            PyErr_SetString(PyExc_TypeError, "text row: http_text must be a str");
+            PyErr_SetString(PyExc_TypeError, "text step: an HTTP text is not a str");
             goto fail;
+        }
+        PyObject *backs = NULL;
+        if (PyDict_GET_SIZE(span_backs)) {
+            PyObject *key = PyLong_FromSsize_t(r);
+            if (key == NULL) {
+                goto fail;
+            }
+            backs = PyDict_GetItemWithError(span_backs, key);
+            Py_DECREF(key);
+            if (backs == NULL && PyErr_Occurred()) {
+                goto fail;
+            }
+            if (backs != NULL && (!PyList_Check(backs) || PyList_GET_SIZE(backs) != count)) {
+                PyErr_Format(PyExc_ValueError, "text record: span_backs for %zd tokens needed",
+                             count);
+                goto fail;
+            }
         }
         if (first_id + count > n_ids || first_fragment + fed > n_fragments) {
             PyErr_Format(PyExc_ValueError,
-                         "text step: rows hold more than the step's %zd ids and %zd fragments",
+                         "text step: records own more than the step's %zd ids and %zd fragments",
                          n_ids, n_fragments);
             goto fail;
         }
@@ -220,20 +259,20 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             goto fail;
         }
         unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-        put16(p, (unsigned long)stream);
-        p[2] = (unsigned char)flags;
-        p[3] = (unsigned char)finish;
-        put32(p + 4, (unsigned long)offset);
+        put16(p, (unsigned long)v[0]);
+        p[2] = (unsigned char)v[1];
+        p[3] = (unsigned char)v[2];
+        put32(p + 4, (unsigned long)v[3]);
         put16(p + 8, (unsigned long)count);
-        put16(p + 10, (unsigned long)trimmed);
+        put16(p + 10, (unsigned long)v[6]);
         put32(p + 12, (unsigned long)http_len);
         unsigned char *entry = p + TEXT_HEADER;
         unsigned char *data = entry + TEXT_ENTRY * count;
         for (Py_ssize_t i = 0; i < count; i++, entry += TEXT_ENTRY) {
             long long id = field(PyList_GET_ITEM(ids, first_id + i), 0xFFFFFFFFULL, "text");
             long long back = 0;
-            if (id >= 0 && span_backs != Py_None) {
-                back = field(PyList_GET_ITEM(span_backs, i), 0xFF, "text");
+            if (id >= 0 && backs != NULL) {
+                back = field(PyList_GET_ITEM(backs, i), 0xFF, "text");
             }
             if (id < 0 || back < 0) {
                 Py_DECREF(out);
@@ -241,8 +280,8 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             }
             Py_ssize_t length = 0;
             if (i < fed) {
-                const char *bytes = PyUnicode_AsUTF8AndSize(
-                    PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                const char *bytes =
+                    PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
                 memcpy(data, bytes, (size_t)length);
                 data += length;
             }
@@ -256,10 +295,12 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         first_id += count;
         first_fragment += fed;
     }
-    if (first_id != n_ids || first_fragment != n_fragments) {
-        PyErr_Format(PyExc_ValueError,
-                     "text step: rows hold %zd ids and %zd fragments, the step %zd and %zd",
-                     first_id, first_fragment, n_ids, n_fragments);
+    if (check_columns(meta, records, n_ids, first_id) < 0) {
+        goto fail;
+    }
+    if (first_fragment != n_fragments) {
+        PyErr_Format(PyExc_ValueError, "text step: %zd fragments owned, %zd given", first_fragment,
+                     n_fragments);
         goto fail;
     }
     return encoded;
@@ -928,10 +969,10 @@ fail:
 static PyMethodDef methods[] = {
     {"scheduler_rows", (PyCFunction)(void (*)(void))scheduler_rows, METH_FASTCALL,
      "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
-    {"encode_provenance_rows", (PyCFunction)encode_provenance_rows, METH_O,
-     "The bytes of each provenance row (wire.encode_provenance_rows)."},
+    {"encode_provenance_step", (PyCFunction)(void (*)(void))encode_provenance_step,
+     METH_FASTCALL, "The bytes of each provenance record of a step (wire.py)."},
     {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,
-     "The bytes of each text row of a step (wire.encode_text_step)."},
+     "The bytes of each text record of a step (wire.py)."},
     {NULL, NULL, 0, NULL},
 };
 
