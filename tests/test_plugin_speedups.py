@@ -91,6 +91,7 @@ class Bucket:
         self.ids: list[int] = []
         self.extra: list[Any] = []
         self.fragments: list[str] = []
+        self.span_backs: dict[int, list[int]] = {}
 
 
 def completion_output(text: Any, token_ids: list[int], finish: str | None = None) -> Any:
@@ -125,17 +126,30 @@ def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type
     assert (capture.offset, events) == (2, [])
 
 
+def test_capture_claims_tokens_that_ended_inside_a_character(kinds: tuple[type, type]) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["a", "", ""]
+    capture.put(completion_output("a", [1, 2, 3]))
+    fragments += ["日"]
+    capture.put(completion_output("日", [4]))
+    if events:  # the Python stand-in hands these rows to hooks' _special_row
+        assert [event[1][0] for event in events] == [[1, 2, 3], [4]]
+        return
+    assert bucket.meta == [7, 0, 0, 0, 3, 3, 0, 7, 0, 0, 3, 1, 1, 0]
+    assert bucket.span_backs == {1: [2]} and capture.pending_empty == 0
+
+
 def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> None:
     capture, queue, bucket, fragments, events = make_capture(kinds)
-    fragments += ["a", ""]
-    capture.put(completion_output("a", [1, 2]))  # a token that ended inside a character
     fragments += ["x"]
-    capture.put(completion_output("x", [3], finish="stop"))
-    assert [event[1][:4] for event in events] == [
-        ([1, 2], None, None, "a"),
-        ([3], "stop", None, "x"),
-    ]
-    assert bucket.meta == [] and len(queue.outputs) == 2
+    capture.put(completion_output("x", [3], finish="stop"))  # finished: may have been trimmed
+    other = completion_output("y", [4])
+    other.outputs[0].index = 1  # not this request's choice
+    capture.put(other)
+    capture.put(completion_output("", []))  # no tokens
+    expected = [([3], "stop", None, "x", 0), ([4], None, None, "y", 1), ([], None, None, "", 0)]
+    assert [event[1] for event in events] == expected
+    assert bucket.meta == [] and len(queue.outputs) == 3
 
 
 def test_capture_never_raises_its_own_failures_and_forwards_anything(

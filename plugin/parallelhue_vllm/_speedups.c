@@ -315,6 +315,7 @@ fail:
 typedef struct {
     PyObject_HEAD
     PyObject *stream;
+    PyObject *step;      /* stream.step, bound once */
     PyObject *fragments;
 } StreamRecorder;
 
@@ -323,15 +324,7 @@ static PyObject *str_step, *str_put, *str_empty, *str_finish_reason;
 static PyObject *
 recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *call[3];
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "step(tokenizer, token_id)");
-        return NULL;
-    }
-    call[0] = self->stream;
-    call[1] = args[0];
-    call[2] = args[1];
-    PyObject *text = PyObject_VectorcallMethod(str_step, call, 3, NULL);
+    PyObject *text = PyObject_Vectorcall(self->step, args, (size_t)nargs, NULL);
     if (text == NULL) {
         return NULL; /* the stream's own error, as without the plugin */
     }
@@ -354,13 +347,19 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                                      &PyList_Type, &fragments)) {
         return NULL;
     }
+    PyObject *step = PyObject_GetAttr(stream, str_step);
+    if (step == NULL) {
+        return NULL;
+    }
     StreamRecorder *self = (StreamRecorder *)type->tp_alloc(type, 0);
     if (self == NULL) {
+        Py_DECREF(step);
         return NULL;
     }
     Py_INCREF(stream);
     Py_INCREF(fragments);
     self->stream = stream;
+    self->step = step;
     self->fragments = fragments;
     return (PyObject *)self;
 }
@@ -369,6 +368,7 @@ static int
 recorder_traverse(StreamRecorder *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->stream);
+    Py_VISIT(self->step);
     Py_VISIT(self->fragments);
     return 0;
 }
@@ -377,6 +377,7 @@ static int
 recorder_clear(StreamRecorder *self)
 {
     Py_CLEAR(self->stream);
+    Py_CLEAR(self->step);
     Py_CLEAR(self->fragments);
     return 0;
 }
@@ -425,6 +426,7 @@ typedef struct {
     PyObject *ids;
     PyObject *texts;
     PyObject *all_fragments;
+    PyObject *span_backs;    /* dict: record index -> span_backs */
     PyObject *stream;        /* int */
     PyObject *special;       /* special(token_ids, finish_reason, stop_reason, text, index) */
     PyObject *failed;        /* failed(exception) */
@@ -481,12 +483,40 @@ capture_output(QueueCapture *self, PyObject *output)
     long long at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
     Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
     PyObject *fragments = self->fragments;
+    /* The common row: not finished (only a finished step can have been trimmed
+       after a stop string), every token decoded (a token that ended inside a
+       character decoded to "", and the next fragment claims it: span_back). */
     int common = finish == Py_None && at == self->index && !overflow && count > 0 &&
                  count <= MAX_TOKENS_PER_RECORD && PyList_GET_SIZE(fragments) == count &&
-                 self->pending_empty == 0 && PyUnicode_Check(text);
+                 PyUnicode_Check(text);
     for (Py_ssize_t i = 0; common && i < count; i++) {
-        PyObject *piece = PyList_GET_ITEM(fragments, i);
-        common = PyUnicode_Check(piece) && PyUnicode_GET_LENGTH(piece) > 0;
+        common = PyUnicode_Check(PyList_GET_ITEM(fragments, i));
+    }
+    PyObject *backs = NULL;
+    long long pending = self->pending_empty;
+    for (Py_ssize_t i = 0; common && i < count; i++) {
+        if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(fragments, i)) == 0) {
+            pending++;
+            continue;
+        }
+        if (pending > 0) {
+            if (backs == NULL) {
+                backs = PyList_New(count);
+                if (backs == NULL) {
+                    goto done;
+                }
+                for (Py_ssize_t k = 0; k < count; k++) {
+                    PyList_SET_ITEM(backs, k, PyLong_FromLong(0));
+                }
+            }
+            PyObject *back = PyLong_FromLongLong(pending < 255 ? pending : 255);
+            if (back == NULL) {
+                Py_DECREF(backs);
+                goto done;
+            }
+            PyList_SetItem(backs, i, back); /* steals `back`, drops the 0 it replaces */
+        }
+        pending = 0;
     }
     if (!common) {
         PyErr_Clear();
@@ -516,14 +546,27 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
     Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
     Py_ssize_t texts_before = PyList_GET_SIZE(self->texts);
-    int failed = PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
-                 PyList_SetSlice(self->all_fragments, fragments_before, fragments_before,
-                                 fragments) < 0 ||
-                 PyList_Append(self->texts, text) < 0 || append_meta(self->meta, values) < 0;
+    PyObject *record = NULL;
+    int failed = 0;
+    if (backs != NULL) {
+        record = PyLong_FromSsize_t(texts_before);
+        failed = record == NULL || PyDict_SetItem(self->span_backs, record, backs) < 0;
+    }
+    failed = failed || PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
+             PyList_SetSlice(self->all_fragments, fragments_before, fragments_before,
+                             fragments) < 0 ||
+             PyList_Append(self->texts, text) < 0 || append_meta(self->meta, values) < 0;
     Py_DECREF(offset);
     Py_DECREF(n);
     Py_DECREF(zero);
     if (failed) {
+        if (record != NULL) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyDict_DelItem(self->span_backs, record);
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyList_SetSlice(self->ids, ids_before, PyList_GET_SIZE(self->ids), NULL);
@@ -531,8 +574,13 @@ capture_output(QueueCapture *self, PyObject *output)
                         PyList_GET_SIZE(self->all_fragments), NULL);
         PyList_SetSlice(self->texts, texts_before, PyList_GET_SIZE(self->texts), NULL);
         PyErr_Restore(type, value, traceback);
+        Py_XDECREF(record);
+        Py_XDECREF(backs);
         goto done;
     }
+    Py_XDECREF(record);
+    Py_XDECREF(backs);
+    self->pending_empty = pending;
     PyList_SetSlice(fragments, 0, count, NULL);
     self->offset += count;
     status = 1;
@@ -579,16 +627,18 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyObject *ids = PyObject_GetAttrString(bucket, "ids");
     PyObject *texts = PyObject_GetAttrString(bucket, "extra");
     PyObject *all_fragments = PyObject_GetAttrString(bucket, "fragments");
+    PyObject *span_backs = PyObject_GetAttrString(bucket, "span_backs");
     if (meta == NULL || ids == NULL || texts == NULL || all_fragments == NULL ||
-        !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
-        !PyList_Check(all_fragments)) {
+        span_backs == NULL || !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
+        !PyList_Check(all_fragments) || !PyDict_Check(span_backs)) {
         Py_XDECREF(meta);
         Py_XDECREF(ids);
         Py_XDECREF(texts);
         Py_XDECREF(all_fragments);
+        Py_XDECREF(span_backs);
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError,
-                            "QueueCapture: bucket.meta/ids/extra/fragments must be lists");
+                            "QueueCapture: bucket.meta/ids/extra/fragments lists, span_backs dict");
         }
         return NULL;
     }
@@ -598,6 +648,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(ids);
         Py_DECREF(texts);
         Py_DECREF(all_fragments);
+        Py_DECREF(span_backs);
         return NULL;
     }
     Py_INCREF(queue);
@@ -611,6 +662,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->ids = ids;
     self->texts = texts;
     self->all_fragments = all_fragments;
+    self->span_backs = span_backs;
     self->stream = stream;
     self->special = special;
     self->failed = failed;
@@ -627,6 +679,7 @@ capture_traverse(QueueCapture *self, visitproc visit, void *arg)
     Py_VISIT(self->ids);
     Py_VISIT(self->texts);
     Py_VISIT(self->all_fragments);
+    Py_VISIT(self->span_backs);
     Py_VISIT(self->stream);
     Py_VISIT(self->special);
     Py_VISIT(self->failed);
@@ -642,6 +695,7 @@ capture_clear(QueueCapture *self)
     Py_CLEAR(self->ids);
     Py_CLEAR(self->texts);
     Py_CLEAR(self->all_fragments);
+    Py_CLEAR(self->span_backs);
     Py_CLEAR(self->stream);
     Py_CLEAR(self->special);
     Py_CLEAR(self->failed);

@@ -541,14 +541,15 @@ class _StreamRecorder:
     token's string without touching the detokenizer object's attributes.
     """
 
-    __slots__ = ("_append", "stream")
+    __slots__ = ("_append", "_step", "stream")
 
     def __init__(self, stream: Any, fragments: list[str]) -> None:
         self.stream = stream
+        self._step = stream.step
         self._append = fragments.append
 
     def step(self, tokenizer: Any, token_id: int) -> Any:
-        text = self.stream.step(tokenizer, token_id)
+        text = self._step(tokenizer, token_id)
         self._append(text or "")
         return text
 
