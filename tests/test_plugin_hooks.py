@@ -58,7 +58,10 @@ def speedups() -> Any:
 
 @pytest.fixture(params=["c", "python"], autouse=True)
 def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs with the C accelerator and with the pure-Python code."""
+    """Every test runs with the C accelerator and with the pure-Python code
+    ("both": the test switches between them itself)."""
+    if request.param == "both":
+        return "both"
     if request.param == "python":
         monkeypatch.setattr(hooks, "_speedups", None)
         return "python"
@@ -701,3 +704,81 @@ def test_a_request_never_listed_as_new_is_not_ours(receiver: socket.socket) -> N
     scheduler.scheduled.add(rid(0))  # e.g. the plugin was installed after it arrived
     sched_step(scheduler, update, {rid(0): ([1], [])})
     assert telemetry.emitter is None and telemetry.requests == {}
+
+
+# ------------------------------------------------- the accelerator changes no byte
+def raw_frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
+    """Every datagram the telemetry sent, with the two header fields that differ
+    between any two runs (the random source id, the send timestamp) zeroed."""
+    assert telemetry.emitter is not None
+    telemetry.emitter.close(5.0)
+    sock.setblocking(False)
+    frames = []
+    while True:
+        try:
+            frame = bytearray(sock.recv(1 << 17))
+        except BlockingIOError:
+            return frames
+        frame[24:32] = bytes(8)  # source_id
+        frame[48:56] = bytes(8)  # timestamp
+        frames.append(bytes(frame))
+
+
+def mixed_workload(receiver: socket.socket) -> list[bytes]:
+    """Both collectors through every kind of row the hooks know, beside foreign requests."""
+    scheduler, update, sched = make_scheduler()
+    r0, r1, r2, foreign = rid(0), rid(1), rid(2), "chatcmpl-someone-else-1a2b3c4d"
+    sched_step(scheduler, update, {r0: ([10], []), r1: ([20], []), foreign: ([1], [])})
+    sched_step(
+        scheduler, update,
+        {r0: ([11, 12, 13, 14], [11, 12, 13]), r1: ([21, 22], [5, 6]), r2: ([30], [7, -1, -1]),
+         foreign: ([2, 3], [2, 9])},
+    )  # fmt: skip
+    scheduler.keep[r0] = 2
+    scheduler.finish[r0] = FinishReason.STOP
+    scheduler.finish[r2] = FinishReason.LENGTH
+    sched_step(scheduler, update, {r0: ([15, 16, 17, 18], [15, 16, 17]), r1: ([23], [9, 9]),
+                                   r2: ([31], [])})  # fmt: skip
+    sched_step(scheduler, update, {r1: ([24, 25], [0])})
+    accelerator = hooks._speedups
+    expected = accelerator.SchedRequest if accelerator is not None else hooks._SchedRequest
+    assert type(sched.requests[r1]) is expected  # the implementation under test ran
+    frames = raw_frames_of(receiver, sched)  # the two senders' frames, one after the other
+
+    processor, process, front = make_frontend()
+    states = {
+        r0: FakeRequestState(r0, FakeDetokenizer(PIECES)),
+        r1: FakeRequestState(r1, FakeSlowDetokenizer(PIECES)),
+        r2: FakeRequestState(r2, FakeDetokenizer(PIECES, stop=["c"])),
+        foreign: FakeRequestState(foreign, FakeDetokenizer(PIECES)),
+    }
+    for request_id, state in states.items():
+        processor.add(request_id, state)
+    process(processor, [output(r0, [1, 2]), output(r1, [4]), output(foreign, [1]),
+                        output(r2, [4, 4])])  # fmt: skip
+    process(processor, [output(r0, [3, 4, 5]), output(r1, [1, 3]), output(r2, [1, 10, 11])])
+    expected = accelerator.QueueCapture if accelerator is not None else hooks._QueueCapture
+    assert type(front.requests[r0].capture) is expected
+    process(processor, [output(r0, [6, 7, 9], finish=FinishReason.STOP),
+                        output(r1, [11], finish=FinishReason.LENGTH)])  # fmt: skip
+    return frames + raw_frames_of(receiver, front)
+
+
+@pytest.mark.parametrize("implementation", ["both"], indirect=True)
+def test_the_accelerator_and_the_python_code_send_the_same_bytes(
+    receiver: socket.socket, monkeypatch: pytest.MonkeyPatch, implementation: str
+) -> None:
+    module = speedups()
+    if module is None:
+        if os.environ.get("CI"):
+            pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
+        pytest.skip("no C compiler: nothing to compare the pure-Python hooks with")
+    monkeypatch.setattr(hooks, "_speedups", module)
+    accelerated = mixed_workload(receiver)
+    monkeypatch.setattr(hooks, "_speedups", None)
+    pure = mixed_workload(receiver)
+    # hello + 4 provenance steps, hello + 3 text steps: nothing lost, nothing extra.
+    assert [frame[5] for frame in pure] == [wire.KIND_HELLO] + [wire.KIND_PROVENANCE] * 4 + [
+        wire.KIND_HELLO
+    ] + [wire.KIND_TEXT] * 3
+    assert accelerated == pure

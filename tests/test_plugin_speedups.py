@@ -11,8 +11,10 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from parallelhue_vllm import hooks
+from parallelhue_vllm import accelerator, hooks
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
 
@@ -127,7 +129,7 @@ def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type
 
 
 def test_capture_claims_tokens_that_ended_inside_a_character(kinds: tuple[type, type]) -> None:
-    capture, queue, bucket, fragments, events = make_capture(kinds)
+    capture, _queue, bucket, fragments, events = make_capture(kinds)
     fragments += ["a", "", ""]
     capture.put(completion_output("a", [1, 2, 3]))
     fragments += ["日"]
@@ -210,3 +212,145 @@ def test_scheduler_rows_refuses_what_it_does_not_know() -> None:
     outputs = SimpleNamespace(outputs=(SimpleNamespace(request_id="x"),))  # not a list
     with pytest.raises(TypeError, match=r"EngineCoreOutputs\.outputs is not a list"):
         module.scheduler_rows([outputs], {}, {}, [], b"\0", True, print)
+
+
+# ------------------------------------------------------------------ loading it
+def test_pure_python_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARALLELHUE_VLLM_PURE_PYTHON", "1")
+    assert accelerator.load() == (None, "pure Python (PARALLELHUE_VLLM_PURE_PYTHON=1)")
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (
+            ModuleNotFoundError("No module named 'parallelhue_vllm._speedups'"),
+            "pure Python (the C accelerator was not built: no compiler at install time)",
+        ),
+        (
+            ImportError("_speedups.so: invalid ELF header"),
+            "pure Python (the C accelerator failed to load: ImportError: _speedups.so: "
+            "invalid ELF header)",
+        ),
+        (
+            SystemError("initialization of _speedups raised unreported exception"),
+            "pure Python (the C accelerator failed to load: SystemError: initialization of "
+            "_speedups raised unreported exception)",
+        ),
+    ],
+)
+def test_an_accelerator_that_does_not_load_falls_back(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, reason: str
+) -> None:
+    monkeypatch.delenv("PARALLELHUE_VLLM_PURE_PYTHON", raising=False)
+
+    def import_module(name: str) -> Any:
+        assert name == "parallelhue_vllm._speedups"
+        raise error
+
+    monkeypatch.setattr(accelerator.importlib, "import_module", import_module)
+    assert accelerator.load() == (None, reason)
+
+
+@pytest.mark.parametrize(
+    ("module", "reason"),
+    [
+        (
+            SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
+            "pure Python (the C accelerator has ABI 0, this plugin needs 1)",
+        ),
+        (
+            SimpleNamespace(QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator has ABI None, this plugin needs 1)",
+        ),
+        (
+            SimpleNamespace(ABI=1, QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator lacks StreamRecorder, scheduler_rows)",
+        ),
+    ],
+)
+def test_an_accelerator_from_another_source_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, module: Any, reason: str
+) -> None:
+    monkeypatch.delenv("PARALLELHUE_VLLM_PURE_PYTHON", raising=False)
+    monkeypatch.setattr(accelerator.importlib, "import_module", lambda name: module)
+    assert accelerator.load() == (None, reason)
+
+
+def test_the_built_accelerator_is_used() -> None:
+    module = load_speedups()
+    assert module.ABI == accelerator.EXPECTED_ABI
+    assert all(hasattr(module, name) for name in accelerator.REQUIRED)
+
+
+def implementation_in_a_fresh_process(package_root: Path, **env: str) -> str:
+    """hooks.IMPLEMENTATION as a new interpreter importing the plugin from package_root sees it."""
+    environment = {k: v for k, v in os.environ.items() if k != "PARALLELHUE_VLLM_PURE_PYTHON"}
+    environment.update(env, PYTHONPATH=str(package_root))
+    code = (
+        "import parallelhue_vllm, parallelhue_vllm.hooks as h; "
+        "print(parallelhue_vllm.__file__); print(h.IMPLEMENTATION); print(h._speedups is None)"
+    )
+    # -S: no site-packages, so no other copy of the plugin (an editable install's
+    # finder would supply a _speedups this copy lacks); the plugin needs only the stdlib.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=environment, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    where, implementation, pure = result.stdout.splitlines()
+    assert where == str(package_root / "parallelhue_vllm" / "__init__.py")
+    assert pure == str(implementation.startswith("pure Python"))
+    return implementation
+
+
+def test_a_broken_build_on_disk_never_stops_the_plugin(tmp_path: Path) -> None:
+    """A _speedups file that is no shared object at all (a half-copied wheel, another
+    platform's build): the plugin imports and runs on its Python code."""
+    package = tmp_path / "parallelhue_vllm"
+    shutil.copytree(PLUGIN / "parallelhue_vllm", package,
+                    ignore=shutil.ignore_patterns("_speedups*.so", "__pycache__"))  # fmt: skip
+    suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    assert implementation_in_a_fresh_process(tmp_path) == (
+        "pure Python (the C accelerator was not built: no compiler at install time)"
+    )
+    (package / f"_speedups{suffix}").write_bytes(b"not an ELF file")
+    implementation = implementation_in_a_fresh_process(tmp_path)
+    assert implementation.startswith(
+        "pure Python (the C accelerator failed to load: ImportError: "
+    ), implementation
+    assert implementation_in_a_fresh_process(tmp_path, PARALLELHUE_VLLM_PURE_PYTHON="1") == (
+        "pure Python (PARALLELHUE_VLLM_PURE_PYTHON=1)"
+    )
+    built = Path(load_speedups().__file__)
+    shutil.copy(built, package / built.name)
+    assert implementation_in_a_fresh_process(tmp_path) == f"C accelerator ({package / built.name})"
+
+
+def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
+    """`pip install ./plugin` on a server without a C compiler: the build goes on
+    without the accelerator and the installed plugin runs its Python code."""
+    tools = tmp_path / "bin"  # the system's tools except every C compiler and linker
+    tools.mkdir()
+    compilers = ("cc", "gcc", "c89", "c99", "clang", "tcc", "ld", "x86_64-linux-gnu-")
+    for directory in ("/usr/bin", "/bin"):
+        for tool in Path(directory).iterdir():
+            if not tool.name.startswith(compilers) and not os.path.lexists(tools / tool.name):
+                (tools / tool.name).symlink_to(tool)
+    environment = dict(os.environ, PATH=str(tools), CC="/bin/false", PIP_NO_INPUT="1")
+    environment.pop("PARALLELHUE_VLLM_PURE_PYTHON", None)
+    source = tmp_path / "plugin"  # a clean copy: setuptools writes its build tree there
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns(
+        "*.so", "build", "*.egg-info", "__pycache__"))  # fmt: skip
+    target = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-q",
+         "--target", str(target), str(source)],
+        env=environment, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    installed = sorted(path.name for path in (target / "parallelhue_vllm").iterdir())
+    assert not [name for name in installed if name.endswith(".so")], installed
+    assert "accelerator.py" in installed and "_speedups.c" in installed
+    assert implementation_in_a_fresh_process(target) == (
+        "pure Python (the C accelerator was not built: no compiler at install time)"
+    )

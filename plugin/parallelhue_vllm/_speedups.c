@@ -23,6 +23,9 @@
 #define TEXT_HEADER 16
 #define TEXT_ENTRY 9
 #define ROW_WIDTH 7
+/* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
+ * with any change of a function's arguments, of the row layout or of the bytes. */
+#define SPEEDUPS_ABI 1
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -1088,6 +1091,11 @@ PyInit__speedups(void)
     Py_INCREF(&QueueCaptureType);
     if (PyModule_AddObject(module, "QueueCapture", (PyObject *)&QueueCaptureType) < 0) {
         Py_DECREF(&QueueCaptureType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    /* accelerator.py uses this module only when ABI is the one it was written for. */
+    if (PyModule_AddIntConstant(module, "ABI", SPEEDUPS_ABI) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -28,25 +28,18 @@ turned off and a notice frame sent so the client knows why.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import re
 from collections.abc import Iterable
 from typing import Any
 
-from . import __version__, wire
+from . import __version__, accelerator, wire
 from .emitter import Emitter
 
-# The optional C versions of the two hottest loops (_speedups.c, built when a
-# compiler is there at install time); this module's Python code does the same
-# work without it. PARALLELHUE_VLLM_PURE_PYTHON=1 forces the Python code.
-_speedups: Any = None
-if os.environ.get("PARALLELHUE_VLLM_PURE_PYTHON") != "1":
-    try:
-        _speedups = importlib.import_module(f"{__package__}._speedups")
-    except ImportError:
-        pass
+# The optional C versions of the hottest loops (_speedups.c), or None: this
+# module's Python code then does the same work (accelerator.py decides).
+_speedups: Any
+_speedups, IMPLEMENTATION = accelerator.load()
 
 log = logging.getLogger("vllm.parallelhue")
 
