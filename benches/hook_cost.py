@@ -45,9 +45,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallelhue_vllm import emitter as emitter_module
-from parallelhue_vllm import hooks, wire
-from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs, _wrap_scheduler
+# A phase of --instructions may run another version of the plugin (the
+# predecessor's, from git): its package directory comes first on the path.
+PLUGIN_UNDER_TEST = os.environ.get("PH_HOOK_COST_PLUGIN")
+if PLUGIN_UNDER_TEST:
+    sys.path.insert(0, PLUGIN_UNDER_TEST)
+
+from parallelhue_vllm import adapters, hooks, wire  # noqa: E402
+from parallelhue_vllm import emitter as emitter_module  # noqa: E402
+
+# The predecessor (before issue 13) wrapped make_request_output and decode_next
+# on vLLM's classes, for every request; the current plugin wraps add_request
+# and stands in for two values on its own requests only.
+PREDECESSOR = hasattr(adapters, "_wrap_make_request_output")
+# The plugin as it was when issue 13 was filed (main before its work): the
+# side-by-side baseline of --instructions.
+PREDECESSOR_REF = "f93bef5"
 
 RUN = "0123456789abcdef0123456789abcdef"
 PIECES = [" the", " of", "ing", " and", "ed", " to", " in", "s"]
@@ -271,6 +284,8 @@ class Collector:
 
 
 class RequestState:
+    detokenizer_class: type = Detokenizer
+
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.external_req_id = request_id[:-9]
@@ -281,7 +296,7 @@ class RequestState:
         self.prompt = None
         self.prompt_token_ids = [1, 2, 3]
         self.logprobs_processor = None
-        self.detokenizer = Detokenizer()
+        self.detokenizer = self.detokenizer_class()
         self.is_prefilling = False
         self.queue = Collector()
         self.stream_interval = 1
@@ -307,14 +322,15 @@ class RequestState:
 class OutputProcessor:
     """process_outputs' per-request path: detokenize, make_request_output, queue.put."""
 
-    def __init__(self) -> None:
+    def __init__(self, state_class: type[RequestState] = RequestState) -> None:
         self.request_states: dict[str, RequestState] = {}
+        self.state_class = state_class
 
     def add_request(
         self, request: Any, prompt: Any, parent_req: Any = None, request_index: int = 0,
         queue: Any = None,
     ) -> None:  # fmt: skip
-        self.request_states[request.request_id] = RequestState(request.request_id)
+        self.request_states[request.request_id] = self.state_class(request.request_id)
 
     def process_outputs(
         self, engine_core_outputs: list[EngineCoreOutput], engine_core_timestamp: Any = None,
@@ -356,11 +372,19 @@ class Engine:
         self.process = OutputProcessor.process_outputs
         add = OutputProcessor.add_request
         self.sched_telemetry = hooks.SchedulerTelemetry("bench")
-        self.front_telemetry = hooks.FrontendTelemetry("bench", stream_detokenizers=(Detokenizer,))
+        if PREDECESSOR:
+            self.front_telemetry = hooks.FrontendTelemetry("bench")
+        else:
+            self.front_telemetry = hooks.FrontendTelemetry(
+                "bench", stream_detokenizers=(Detokenizer,)
+            )
         if hooked:
-            self.update = _wrap_scheduler(self.update, self.sched_telemetry)
-            self.process = _wrap_process_outputs(self.process, self.front_telemetry)
-            add = _wrap_add_request(add, self.front_telemetry)
+            self.update = adapters._wrap_scheduler(self.update, self.sched_telemetry)
+            self.process = adapters._wrap_process_outputs(self.process, self.front_telemetry)
+            if PREDECESSOR:
+                self.processor = OutputProcessor(predecessor_classes(self.front_telemetry))
+            else:
+                add = adapters._wrap_add_request(add, self.front_telemetry)
             for telemetry in (self.sched_telemetry, self.front_telemetry):
                 telemetry.emitter = quiet_emitter(telemetry.role, socket_dir)
         for rid in ids:
@@ -400,6 +424,41 @@ class Engine:
 
     def frontend_step(self, inputs: list[EngineCoreOutput]) -> None:
         self.process(self.processor, inputs)
+
+
+def predecessor_classes(telemetry: Any) -> type[RequestState]:
+    """vLLM's classes as the predecessor patched them: make_request_output and
+    decode_next wrapped for every request (subclasses, so the plain engine of
+    the same process keeps the unpatched methods)."""
+    wrapped_decode = hooks.wrap_decode_next(Detokenizer.decode_next)
+    detokenizer = type("PatchedDetokenizer", (Detokenizer,), {"decode_next": wrapped_decode})
+    wrapped = adapters._wrap_make_request_output(RequestState.make_request_output, telemetry)
+    namespace = {"make_request_output": wrapped, "detokenizer_class": detokenizer}
+    return type("PatchedRequestState", (RequestState,), namespace)
+
+
+def take_item(emitter: Any) -> Any:
+    """One queued item, taken as the sender thread takes it (None: the queue is empty)."""
+    try:
+        item = emitter._queue.get_nowait()
+    except Exception:
+        return None
+    if not PREDECESSOR:
+        emitter._taken_items += 1
+        if item[0] == emitter_module._ITEM_ROWS:
+            emitter._taken_records += item[5]
+    return item
+
+
+def process_item(emitter: Any, item: Any) -> None:
+    """The sender thread's work for one queued item: encode and send its frames."""
+    if PREDECESSOR:
+        _, run_id, kind, step, timestamp, records = item
+        emitter._send_records(run_id, kind, step, timestamp, records)
+        return
+    emitter._put_items += 1
+    emitter._put_records += item[5]
+    emitter.process(item)
 
 
 def quiet_emitter(role: int, socket_dir: str) -> emitter_module.Emitter:
@@ -511,20 +570,17 @@ class Pair:
                 return run_step
             emitter = engine.front_telemetry.emitter
         assert emitter is not None
-        take = emitter._queue.get_nowait
         items = self.items
 
         def hooked_step() -> None:
             run_step()
-            try:
-                item = take()
-            except Exception:  # nothing queued this step
-                return
-            emitter._taken_items += 1
-            emitter._taken_records += item[5]
-            items.append(item)
-            if len(items) > 32:
-                del items[:16]
+            while True:
+                item = take_item(emitter)
+                if item is None:
+                    return
+                items.append(item)
+                if len(items) > 32:
+                    del items[:16]
 
         return hooked_step
 
@@ -532,17 +588,13 @@ class Pair:
 def drain_queue(emitter: emitter_module.Emitter | None, keep: list[Any] | None) -> None:
     if emitter is None:
         return
-    q = emitter._queue
     while True:
-        try:
-            item = q.get_nowait()
-        except Exception:
+        item = take_item(emitter)
+        if item is None:
             break
-        emitter._taken_items += 1
-        if item[0] == emitter_module._ITEM_ROWS:
-            emitter._taken_records += item[5]
-            if keep is not None:
-                keep.append(item)
+        rows = emitter_module._ITEM_RECORDS if PREDECESSOR else emitter_module._ITEM_ROWS
+        if keep is not None and item[0] == rows:
+            keep.append(item)
 
 
 def thread_seconds(function: Callable[[], Any], repeat: int) -> float:
@@ -595,9 +647,7 @@ class Sender:
     def step(self) -> None:
         item = self.items[self.index % len(self.items)]
         self.index += 1
-        self.emitter._put_items += 1
-        self.emitter._put_records += item[5]
-        self.emitter.process(item)
+        process_item(self.emitter, item)
         if len(self.frames) > 64:
             del self.frames[:32]
 
@@ -612,7 +662,11 @@ class Sender:
         """One step's encoding alone (the longest the sender holds the GIL at a stretch)."""
         item = self.items[self.index % len(self.items)]
         self.index += 1
-        wire.encode_rows(item[1], item[4][RUN])
+        if PREDECESSOR:
+            header = wire.Header(bytes(16), 1, 1, item[3], item[4], 0)
+            wire.encode_records(item[2], header, item[5])
+        else:
+            wire.encode_rows(item[1], item[4][RUN])
 
 
 def median_seconds(function: Callable[[], Any], rounds: int, repeat: int) -> float:
@@ -723,13 +777,23 @@ def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
     drain.close()
 
 
-def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
-    """Instructions per step of each phase from callgrind (deterministic, whatever the load)."""
+# The phases that differ between versions of the plugin; the plain stand-ins
+# (no plugin) are the same code in every configuration and counted once.
+HOOKED_PHASES = (
+    "scheduler:hooked", "frontend:hooked", "scheduler:sender", "frontend:sender",
+    "scheduler:idle-hooked", "frontend:idle-hooked", "scheduler:encode", "frontend:encode",
+)  # fmt: skip
+
+
+def callgrind_counts(
+    phases: tuple[str, ...], requests: int, tokens: int, steps: int, env: dict[str, str]
+) -> dict[str, float]:
+    """Instructions per step of each phase, each in a process of its own under callgrind."""
     import re
     import subprocess
 
     counts: dict[str, float] = {}
-    for phase in PHASES:
+    for phase in phases:
         with tempfile.TemporaryDirectory(prefix="phcg") as directory:
             out = os.path.join(directory, "callgrind.out")
             command = [
@@ -737,12 +801,25 @@ def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
                 f"--callgrind-out-file={out}", sys.executable, __file__, "--phase", phase,
                 "--requests", str(requests), "--tokens", str(tokens), "--steps", str(steps),
             ]  # fmt: skip
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                command, capture_output=True, text=True, check=False, env={**os.environ, **env}
+            )
             if result.returncode != 0:
                 raise SystemExit(f"callgrind run of {phase} failed: {result.stderr[-600:]}")
-            found = re.search(r"^totals:\s+(\d+)", open(out).read(), re.M)
+            with open(out) as dump:
+                found = re.search(r"^totals:\s+(\d+)", dump.read(), re.M)
             assert found, "no totals in the callgrind output"
             counts[phase] = int(found.group(1)) / steps
+    return counts
+
+
+def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
+    """Instructions per step of each phase from callgrind (deterministic, whatever the load)."""
+    counts = callgrind_counts(PHASES, requests, tokens, steps, {})
+    return costs_from_counts(counts, requests, tokens)
+
+
+def costs_from_counts(counts: dict[str, float], requests: int, tokens: int) -> Costs:
     costs = Costs(requests, tokens, instructions=True)
     costs.scheduler_plain = counts["scheduler:plain"]
     costs.frontend_plain = counts["frontend:plain"]
@@ -756,11 +833,77 @@ def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
     costs.largest_encode = max(counts["scheduler:encode"], counts["frontend:encode"])
     for side in ("scheduler", "frontend"):
         idle = counts[f"{side}:idle-hooked"] - counts[f"{side}:idle-plain"]
-        mixed = counts[f"{side}:mixed-hooked"] - counts[f"{side}:mixed-plain"]
-        alone = counts[f"{side}:alone-hooked"] - counts[f"{side}:alone-plain"]
         setattr(costs, f"idle_{side}", idle)
-        setattr(costs, f"mixed_{side}", (mixed - alone) / max(requests - 1, 1))
+        if f"{side}:mixed-hooked" in counts:
+            mixed = counts[f"{side}:mixed-hooked"] - counts[f"{side}:mixed-plain"]
+            alone = counts[f"{side}:alone-hooked"] - counts[f"{side}:alone-plain"]
+            setattr(costs, f"mixed_{side}", (mixed - alone) / max(requests - 1, 1))
     return costs
+
+
+def predecessor_package(ref: str, directory: str) -> str | None:
+    """The plugin package at git `ref`, extracted under `directory` (None: no such history)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(
+        ["git", "-C", root, "archive", ref, "plugin/parallelhue_vllm"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if archive.returncode != 0:
+        return None
+    subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+    return os.path.join(directory, "plugin")
+
+
+def compare_versions(requests: int, tokens: int, steps: int, ref: str) -> Costs:
+    """One run, three plugins on the same stand-ins: the predecessor (git `ref`), this
+    plugin on its pure-Python code, this plugin with the C accelerator. Prints
+    instructions per request-step and the ratios; returns the accelerated costs."""
+    current = callgrind_counts(PHASES, requests, tokens, steps, {})
+    plain = {phase: count for phase, count in current.items() if phase not in HOOKED_PHASES}
+    columns: list[tuple[str, Costs]] = []
+    with tempfile.TemporaryDirectory(prefix="phpred") as directory:
+        package = predecessor_package(ref, directory)
+        if package is None:
+            print(f"predecessor {ref}: not in this checkout's git history, not compared")
+        else:
+            old = callgrind_counts(HOOKED_PHASES, requests, tokens, steps,
+                                   {"PH_HOOK_COST_PLUGIN": package})  # fmt: skip
+            columns.append((f"predecessor {ref}", costs_from_counts({**plain, **old}, requests,
+                                                                   tokens)))  # fmt: skip
+    pure = callgrind_counts(HOOKED_PHASES, requests, tokens, steps,
+                            {"PARALLELHUE_VLLM_PURE_PYTHON": "1"})  # fmt: skip
+    columns.append(("pure Python", costs_from_counts({**plain, **pure}, requests, tokens)))
+    accelerated = costs_from_counts(current, requests, tokens)
+    columns.append(("C accelerator", accelerated))
+    n = requests
+    print(f"\ninstructions per request-step, {requests} requests x {tokens} tokens, "
+          f"{steps} steps per phase (callgrind)")  # fmt: skip
+    print(f"  {'':<44}" + "".join(f"{name:>22}" for name, _ in columns))
+    rows: list[tuple[str, Callable[[Costs], float]]] = [
+        ("scheduler hook (EngineCore critical path)", lambda c: c.scheduler),
+        ("frontend hooks (API server)", lambda c: c.frontend),
+        ("EngineCore sender thread", lambda c: c.sched_sender),
+        ("API-server sender thread", lambda c: c.front_sender),
+        ("total", lambda c: c.total),
+        ("idle scheduler hook", lambda c: c.idle_scheduler),
+        ("idle frontend hooks", lambda c: c.idle_frontend),
+    ]
+    for name, value in rows:
+        print(f"  {name:<44}" + "".join(f"{value(c) / n:>22.0f}" for _, c in columns))
+    if len(columns) == 3:
+        old_costs = columns[0][1]
+        for name, value in rows[:5]:
+            ratios = [value(c) / value(old_costs) if value(old_costs) else float("nan")
+                      for _, c in columns[1:]]  # fmt: skip
+            print(f"  ratio to the predecessor, {name:<30} pure Python {ratios[0]:.3f}, "
+                  f"C accelerator {ratios[1]:.3f}")  # fmt: skip
+    plain_front = accelerated.frontend_plain / n
+    plain_sched = accelerated.scheduler_plain / n
+    print(f"  the stand-ins' own work without a plugin: update_from_output {plain_sched:.0f}, "
+          f"process_outputs {plain_front:.0f}")  # fmt: skip
+    return accelerated
 
 
 # ------------------------------------------------------ memory and scale
@@ -888,8 +1031,15 @@ def main() -> int:
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions with callgrind instead"
     )
+    parser.add_argument(
+        "--predecessor", default=PREDECESSOR_REF,
+        help="git ref of the plugin --instructions compares with (default: before issue 13)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-compare", action="store_true", help="--instructions for this plugin only"
+    )
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=200, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=100, help="steps per callgrind phase")
     args = parser.parse_args()
     if args.phase:
         run_phase(args.phase, args.requests, args.tokens, args.steps)
@@ -897,7 +1047,10 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"python {sys.version.split()[0]}, load average {load:.2f}, {os.cpu_count()} CPUs")
     if args.instructions:
-        costs = count_instructions(args.requests, args.tokens, args.steps)
+        if args.no_compare:
+            costs = count_instructions(args.requests, args.tokens, args.steps)
+        else:
+            costs = compare_versions(args.requests, args.tokens, args.steps, args.predecessor)
         print_costs(costs)
         print(final_line(costs))
         return 0
