@@ -907,15 +907,18 @@ def compare_versions(requests: int, tokens: int, steps: int, ref: str) -> Costs:
 
 
 # ------------------------------------------------------ memory and scale
-def step_allocations(requests: int, tokens: int, steps: int) -> tuple[float, float]:
-    """KiB allocated within one hooked step (peak) and KiB retained after `steps` more.
+def step_allocations(
+    requests: int, tokens: int, steps: int, hooked: bool = True
+) -> tuple[float, float]:
+    """KiB allocated within one step (peak) and KiB retained after `steps` more.
 
     The emitter queue is taken as the sender would take it, so what stays is the
-    hooks' own state. Both sides of the engine run (scheduler and frontend).
+    hooks' own state beside the stand-ins' (whose detokenizers keep every token,
+    as vLLM's do: compare with hooked=False). Both sides of the engine run.
     """
     drain = Drain()
     try:
-        engine = Engine(request_ids(requests, requests), tokens, True, drain.tmp.name)
+        engine = Engine(request_ids(requests, requests), tokens, hooked, drain.tmp.name)
 
         def step() -> None:
             engine.frontend_step(engine.frontend_inputs(engine.engine_step()))
@@ -1063,9 +1066,13 @@ def main() -> int:
             print("  " + final_line(costs))
         for requests in (args.requests, 256):
             per_step, retained = step_allocations(requests, args.tokens, 2000)
+            plain_step, plain_retained = step_allocations(requests, args.tokens, 2000, False)
             print(
                 f"memory, {requests} requests x {args.tokens} tokens: {per_step:.1f} KiB "
-                f"allocated within a step (peak), {retained:+.1f} KiB retained after 2000 steps"
+                f"allocated within a step (peak), {retained:+.1f} KiB retained after 2000 "
+                f"steps; without the plugin {plain_step:.1f} KiB and {plain_retained:+.1f} KiB: "
+                f"the plugin's {per_step - plain_step:+.1f} KiB per step, "
+                f"{retained - plain_retained:+.1f} KiB retained"
             )
         peak, dropped = stalled_client_memory(args.requests, args.tokens, 20000)
         print(
