@@ -24,6 +24,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "GRACE_SECONDS", 0.2)
 
 
+def table_rows(out: str) -> dict[int, list[str]]:
+    """The summary table's stream rows: `#i LABEL tokens ...` split into their cells."""
+    rows = {}
+    for match in re.finditer(r"^#(\d+) +(.*)$", out, re.M):
+        rows[int(match.group(1))] = match.group(2).split()
+    return rows
+
+
 def write_prompts(directory: str, prompts: list[str]) -> str:
     path = os.path.join(directory, "prompts.json")
     with open(path, "w", encoding="utf-8") as handle:
@@ -114,6 +122,7 @@ def test_each_failure_ends_only_its_stream(
     assert code == 1
     assert err == ("parallelhue: 7 of 9 streams failed; stream 1: HTTP 500: boom red second line\n")
     lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    rows = table_rows(out)
     assert "error: HTTP 500: boom red second line" in lines[1]
     assert "error: HTTP 404: no such route" in lines[2]
     assert (
@@ -131,7 +140,7 @@ def test_each_failure_ends_only_its_stream(
         assert "error: the server closed the connection mid-stream" in lines[8]
     for healthy in (0, 6):
         assert "error" not in lines[healthy]
-        assert "SSE tokens=4" in lines[healthy]
+        assert rows[healthy][:2] == ["CHUNK", "4"]  # label, tokens
         # No telemetry reached the client: auto downgraded visibly, per stream.
         assert lines[healthy].startswith(f"stream {healthy}: SSE CHUNK MODE")
         assert "downgraded: missing telemetry: no frames received for this run" in lines[healthy]
@@ -415,7 +424,7 @@ def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
         )  # fmt: skip
     out, _err = capsys.readouterr()
     assert code == 0
-    assert "Hello world!" in out and "SSE tokens=4" in out
+    assert "Hello world!" in out and table_rows(out)[0][:2] == ["CHUNK", "4"]
 
     original = client_fakes._delta
 
@@ -432,4 +441,4 @@ def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
     assert code == 1
     assert err.startswith("parallelhue: 1 of 1 streams failed; stream 0: bad SSE data")
     assert "not json" in err or "JSON" in err
-    assert "SSE tokens=2" in out  # "Hello" arrived; nothing after the bad event
+    assert table_rows(out)[0][:2] == ["ERROR", "2"]  # "Hello" arrived; nothing after the bad event

@@ -45,12 +45,14 @@ class RustIngest:
         socket_path: str | None,
         record: tuple[str, dict[str, Any]] | None = None,
         min_interval: float | None = None,
+        extra_headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.model = model
         self.feed = feed
         self.endpoint = endpoint
         self.requests = list(requests)
         self.api_key = api_key
+        self.extra_headers = tuple(extra_headers)  # --header
         self.timeout = timeout
         self.reconciler = _native.Reconciler(run_id, len(model.streams))
         self.receiver: _native.Receiver | None = None
@@ -107,7 +109,7 @@ class RustIngest:
                 request.index,
                 "POST",
                 target.path,
-                request_headers(target, self.api_key, request.request_id),
+                request_headers(target, self.api_key, request.request_id, self.extra_headers),
                 body_bytes(body),
             )
 

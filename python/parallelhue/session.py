@@ -36,18 +36,19 @@ from parallelhue_vllm.paths import (
 from parallelhue_vllm.wire import request_id
 
 from .backend import detect_backend
-from .config import RunConfig
 from .endpoint import api_base
 from .feed import Feed
 from .metrics import fetch_metrics, server_deltas
 from .receiver import PyReceiver, ReceiverError
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
 from .record import RecordingError, RecordWriterLike, open_writer
+from .request import build_body
 from .sanitize import one_line
+from .settings import RunConfig
 from .shapes import EndKind, Usage
-from .state import RunModel, StreamState
+from .state import RunModel, StreamState, telemetry_expected
 from .stream_errors import connect_reason
-from .streams import StreamRequest, StreamStopped, build_body, make_client, read_stream
+from .streams import StreamRequest, StreamStopped, make_client, read_stream
 from .views import View
 
 if TYPE_CHECKING:
@@ -216,6 +217,11 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
             f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}; "
             "give --model to skip this"
         ) from None
+    if response.status_code in (401, 403):
+        raise SetupError(
+            f"listing models at {one_line(url)} gave HTTP {response.status_code}: the server "
+            "wants an API key: give it with --api-key or OPENAI_API_KEY"
+        )
     if response.status_code != 200:
         raise SetupError(
             f"listing models at {one_line(url)} gave HTTP {response.status_code}: give --model"
@@ -393,9 +399,7 @@ class Session:
                 prompt=prompt,
                 seed=(cfg.seed + index) % 2**32,
             )
-            body = build_body(
-                cfg.endpoint, self.model_name, request, cfg.max_tokens, cfg.temperature
-            )
+            body = build_body(cfg, self.model_name, request)
             body.update(self.extra_body)
             requests.append((request, body))
         return requests
@@ -429,6 +433,7 @@ class Session:
             timeout=cfg.timeout,
             socket_path=socket,
             record=record,
+            extra_headers=cfg.headers,
         )
         model.arrival_note = ingest.arrival_note()
         return ingest
@@ -439,7 +444,7 @@ class Session:
             reconciler_class(cfg.reconciler)  # a missing extension is a setup error now
         except ReconcilerError as error:
             raise SetupError(str(error)) from None
-        client = make_client(cfg.concurrency, cfg.timeout, cfg.api_key)
+        client = make_client(cfg.concurrency, cfg.timeout, cfg.api_key, cfg.headers)
         view: View | None = None
         path: RustIngest | ReferenceIngest | None = None
         try:
@@ -535,6 +540,10 @@ class Session:
     async def _grace(self, path: RustIngest | ReferenceIngest, feed: Feed) -> None:
         if self.config.mode == "chunk":
             return
+        path.poll()
+        path.update_stats()
+        if not telemetry_expected(feed.model.counters):
+            return  # no datagram in the whole run: none is late, none is coming
         deadline = time.monotonic() + (GRACE_SECONDS if self.grace is None else self.grace)
         while time.monotonic() < deadline and not self._abort.is_set():
             path.poll()

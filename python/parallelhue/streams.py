@@ -2,7 +2,7 @@
 
 Every stream's request carries the run's request id (`ph1_<run>_<i>`, in the
 body and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the
-usage chunk, and has its own seed. `build_body` and `request_headers` make
+usage chunk, and has its own seed. `request.build_body` and `request_headers` make
 it; `ingest.py` hands it to the Rust HTTP thread (the shipped path, plain
 http and https alike).
 
@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -28,7 +29,6 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import __version__
-from .endpoint import is_chat_endpoint
 from .shapes import EndKind, Usage
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "StreamSink",
     "StreamStopped",
     "body_bytes",
-    "build_body",
     "connect_target",
     "make_client",
     "read_stream",
@@ -85,42 +84,19 @@ class StreamSink(Protocol):
     def on_usage(self, stream: int, usage: Usage) -> None: ...
 
 
-def build_body(
-    endpoint: str,
-    model: str,
-    request: StreamRequest,
-    max_tokens: int,
-    temperature: float | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model}
-    if is_chat_endpoint(endpoint):
-        body["messages"] = [{"role": "user", "content": request.prompt}]
-    else:
-        body["prompt"] = request.prompt
-    body.update(
-        {
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
-            "seed": request.seed,
-            "request_id": request.request_id,
-        }
-    )
-    if temperature is not None:
-        body["temperature"] = temperature
-    return body
-
-
 def body_bytes(body: dict[str, Any]) -> bytes:
     """The JSON body as sent (compact, UTF-8)."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def request_headers(
-    target: ConnectTarget, api_key: str | None, request_id: str
+    target: ConnectTarget,
+    api_key: str | None,
+    request_id: str,
+    extra: Sequence[tuple[str, str]] = (),
 ) -> list[tuple[str, str]]:
-    """The headers of a stream's request (framing headers are the sender's)."""
+    """The headers of a stream's request (framing headers are the sender's); `extra`
+    (--header) comes last and replaces a header of the same name (Authorization)."""
     default_port = 443 if target.tls else 80
     host = target.host if ":" not in target.host else f"[{target.host}]"
     headers = [
@@ -134,7 +110,8 @@ def request_headers(
     ]
     if api_key:
         headers.append(("Authorization", f"Bearer {api_key}"))
-    return headers
+    replaced = {name.lower() for name, _ in extra}
+    return [h for h in headers if h[0].lower() not in replaced] + list(extra)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -153,11 +130,18 @@ def tls_context() -> ssl.SSLContext:
     return context
 
 
-def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
-    """A client with one connection per stream and a read timeout fit for long generations."""
+def make_client(
+    concurrency: int,
+    timeout: float,
+    api_key: str | None,
+    extra_headers: Sequence[tuple[str, str]] = (),
+) -> httpx.AsyncClient:
+    """A client with one connection per stream and a read timeout fit for long generations;
+    `extra_headers` (--header) go on every request and may replace Authorization."""
     headers = {"Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    headers.update(dict(extra_headers))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return httpx.AsyncClient(
         # --timeout bounds the silence between two bytes, not the whole generation.
