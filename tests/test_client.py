@@ -442,3 +442,154 @@ def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
     assert err.startswith("parallelhue: 1 of 1 streams failed; stream 0: bad SSE data")
     assert "not json" in err or "JSON" in err
     assert table_rows(out)[0][:2] == ["ERROR", "2"]  # "Hello" arrived; nothing after the bad event
+
+
+# --- defects of issue 12 and the new request knobs -------------------------------------------
+
+
+def test_401_from_the_model_list_points_at_the_api_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Defect 6: a 401 from /v1/models said "give --model".
+    with FakeServer(models_status=401) as server:
+        code = cli.main(["hi", "--endpoint", server.url, "--mode", "chunk"])
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        f"parallelhue: error: listing models at {server.url}/v1/models gave HTTP 401: the "
+        "server wants an API key: give it with --api-key or OPENAI_API_KEY\n"
+    )
+
+
+def test_tokens_are_counted_from_usage_without_token_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Defect 8: 0 tokens on a server that sends usage.completion_tokens but no token_ids.
+    with FakeServer() as server:
+        code = cli.main(
+            ["noids", "--endpoint", server.url + "/v1", "--mode", "chunk", "--view", "plain",
+             "--json"]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    (stream,) = result["streams"]
+    assert (stream["tokens"], stream["tokens_source"]) == (4, "usage")
+    assert result["total"]["tokens"] == 4
+    assert "#0 SSE CHUNK MODE · 4 tok" in err  # the screen went to stderr
+
+
+def test_auto_mode_without_telemetry_does_not_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Defect 5: against a server without the plugin the label stayed VERIFYING for the
+    # whole grace period (2 s) after the last stream, and wall time and tok/s included it.
+    # With a 10-minute grace period, waiting for it would hit the test's timeout.
+    monkeypatch.setattr(session, "GRACE_SECONDS", 600.0)
+    with FakeServer() as server:
+        code = cli.main(["hi", "--endpoint", server.url, "--concurrency", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert [s["label"] for s in result["streams"]] == ["SSE CHUNK MODE"] * 2
+    assert result["streams"][0]["reason"] == "missing telemetry: no frames received for this run"
+    assert result["total"]["wall_seconds"] < 60  # the generation only, not a grace period
+
+
+def test_nothing_connected_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Defect 13: every stream refused drew panes and a ten-line summary.
+    port = free_port()
+    code = cli.main(
+        ["hi", "--endpoint", f"http://127.0.0.1:{port}", "--model", "m", "--mode", "chunk",
+         "--concurrency", "3"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out == ""
+    assert err == (
+        f"parallelhue: 3 of 3 streams failed; stream 0: cannot connect to 127.0.0.1:{port}: "
+        "connection refused (is the server running?)\n"
+    )
+
+
+def test_headers_and_request_knobs_reach_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1", "--mode", "chunk", "--header",
+             "X-Team: infra", "--stop", "END", "--ignore-eos", "--system", "be brief",
+             "--extra-body", '{"top_p": 0.25}']
+        )  # fmt: skip
+        (request,) = server.requests
+    assert code == 0, capsys.readouterr().err
+    assert request["_headers"]["x-team"] == "infra"
+    assert request["stop"] == ["END"] and request["ignore_eos"] is True
+    assert request["top_p"] == 0.25
+    assert request["messages"][0] == {"role": "system", "content": "be brief"}
+
+
+def test_measurement_to_stdout(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Defect 14: `--measurement -` created a file named "-".
+    os.chdir(str(tmp_path))
+    with FakeServer() as server:
+        code = cli.main(["hi", "--endpoint", server.url, "--mode", "chunk", "--measurement", "-"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert not os.path.exists("-")
+    record = json.loads(out)
+    assert record["schema"] == "parallelhue-measurement/2"
+    assert record["results"]["streams"][0]["tokens"] == 4
+    assert "Summary" in err
+
+
+def _python_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "python")
+    return env
+
+
+def test_dumb_terminal_gets_no_escape_sequences() -> None:
+    # Defect 7: TERM=dumb got the alternate screen, cursor moves and 256 colors.
+    import pty
+    import subprocess
+
+    env = _python_env()
+    env["TERM"] = "dumb"
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2", "--max-tokens",
+         "20", "--step-ms", "1"],
+        stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, output[-2000:]
+    text = output.decode("utf-8", "replace")
+    assert "EXACT TOKEN PROVENANCE" in text and "Summary" in text
+    assert "\x1b" not in text
+
+
+def test_closed_stdout_exits_141_with_one_line() -> None:
+    # Defect 9: `parallelhue demo | head -1` exited 1 silently.
+    import subprocess
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2", "--max-tokens",
+         "40", "--step-ms", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_python_env(),
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader went away before the first line
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141
+    assert err == "parallelhue: stdout was closed (broken pipe): output stopped\n"

@@ -251,7 +251,7 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
     origin = min(starts)
     wall = model.wall_seconds or 0.0
     span = max(wall, 1e-3)
-    left, width, row = 44.0, 860.0, 9.0
+    left, width, row = 44.0, 860.0, 12.0
     height = row * len(streams) + 36
     parts = [
         f'<svg class="plot" width="{left + width + 10:.0f}" height="{height:.0f}" role="img" '
@@ -260,7 +260,7 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
     ]
     for index, stream in enumerate(streams):
         y = 22 + index * row
-        parts.append(f'<text x="0" y="{y + row - 1:.1f}" class="pl">#{stream.index}</text>')
+        parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
         marks = stream.step_marks()
         if stream.shows_chunks or not marks:
             for number, at in enumerate(stream.chunk_arrivals()):
@@ -312,16 +312,16 @@ def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
 body{{margin:0;padding:16px;background:{BACKGROUND};color:{FOREGROUND};font:14px/1 {_FONT}}}
 h1{{font-size:15px;margin:0 0 12px 0}}
 .screen{{position:relative}}
-.r{{position:relative;height:1.25em}}
-.b{{position:absolute;top:0;height:1.25em;line-height:1.25em;overflow:hidden;white-space:pre;
+.r{{position:relative;height:1.2em}}
+.b{{position:absolute;top:0;height:1.2em;line-height:1.2em;overflow:hidden;white-space:pre;
 direction:ltr;unicode-bidi:isolate;text-align:left}}
 .b.g{{text-align:center}}
-.b>i{{display:inline-block;font-style:normal;white-space:pre}}
-.b.g>i{{transform-origin:center}}
-.b.f>i{{transform-origin:left}}
+.b>i{{display:inline-block;width:max-content;font-style:normal;white-space:pre;
+transform-origin:left center}}
 {_css_classes(theme)}
 .plots{{display:flex;flex-wrap:wrap;gap:24px;margin-top:24px;font-family:sans-serif}}
 .plot text{{fill:{FOREGROUND};font:12px sans-serif}}
+.plot .pl{{font-size:10px}}
 .plot .pt{{font-weight:bold;font-size:13px}}
 .plot .pc{{fill:#909090;font-size:11px}}
 .plot .ax{{stroke:#606060}}
@@ -359,21 +359,25 @@ def svg_picture(lines: Sequence[Line], model: RunModel, width: int) -> str:
                     f'<rect x="{x:.1f}" y="{y:.1f}" width="{length:.1f}" height="{_ROW:.1f}" '
                     f'fill="{color or FOREGROUND}"/>'
                 )
+            # Inline styles: the stylesheet's `text` rule would beat presentation attributes.
+            style = []
+            fill = BACKGROUND if ink.reverse else color
+            if fill:
+                style.append(f"fill:{fill}")
+            if ink.bold:
+                style.append("font-weight:bold")
+            if ink.dim:
+                style.append("opacity:.6")
+            if ink.underline:
+                style.append("text-decoration:underline")
             attrs = [
                 f'x="{x:.1f}"',
                 f'y="{y + _BASELINE:.1f}"',
                 f'textLength="{length:.1f}"',
                 'lengthAdjust="spacingAndGlyphs"',
             ]
-            fill = BACKGROUND if ink.reverse else color
-            if fill:
-                attrs.append(f'fill="{fill}"')
-            if ink.bold:
-                attrs.append('font-weight="bold"')
-            if ink.dim:
-                attrs.append('opacity="0.6"')
-            if ink.underline:
-                attrs.append('text-decoration="underline"')
+            if style:
+                attrs.append(f'style="{";".join(style)}"')
             body.append(f"<text {' '.join(attrs)}>{html.escape(box.text)}</text>")
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width:.0f}" '

@@ -75,13 +75,22 @@ def is_dumb_terminal() -> bool:
     return os.environ.get("TERM", "") in ("dumb", "unknown")
 
 
+class RunConsole(Console):
+    """A Rich console that reports a closed stdout (`| head`) as BrokenPipeError, for the
+    CLI's one line and exit code, instead of Rich's silent exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("stdout was closed")
+
+
 def make_console(
     no_color: bool, *, plain: bool = False, record: bool = False, stderr: bool = False
 ) -> Console:
     """The console of a run; `stderr` when stdout carries JSON (--json, --measurement -)."""
     stream = sys.stderr if stderr else sys.stdout
     if plain:
-        return Console(
+        return RunConsole(
             file=stream,
             color_system=None,
             no_color=True,
@@ -94,7 +103,7 @@ def make_console(
         )
     # xterm-256 on a terminal (the palettes are defined there); no ANSI into a pipe.
     color = stream.isatty() and not is_dumb_terminal()
-    return Console(
+    return RunConsole(
         file=stream,
         color_system="256" if color else None,
         no_color=no_color,
@@ -346,8 +355,10 @@ class PlainView:
         pass
 
     def final_lines(self, width: int) -> list[Line]:
-        # The banner comes last-known: the plugin's hello may arrive mid-run.
-        return plain_listing(self.model)
+        """The picture an export shows: what a terminal would have shown (in colors)."""
+        if len(self.model.streams) == 1:
+            return stream_screen(self.model, width, None)
+        return final_grid(self.model, width)
 
     def abort(self) -> None:
         pass
@@ -355,6 +366,7 @@ class PlainView:
     def stop(self) -> None:
         if self.model.nothing_received:
             return
+        # The banner comes last-known: the plugin's hello may arrive mid-run.
         print_lines(self.console, self.model, plain_listing(self.model))
         print_summary(self.console, self.model)
 
