@@ -141,24 +141,37 @@ def test_replay_without_a_footer_warns_and_exits_1(
     assert re.search(r"^#1 +EXACT", out, re.M)  # the replay itself is still shown
 
 
-def _deflate_start(data: bytes) -> int:
-    """Where the compressed data begins: after the 10-byte header and the file name."""
-    fname = 0x08
-    return data.index(b"\x00", 10) + 1 if data[3] & fname else 10
+def _fixed_recording() -> bytes:
+    """A valid recording with fixed bytes (gzip without name or time): the damage below
+    hits the same place on every run."""
+    header = {
+        "parallelhue_recording": 1, "run_id": "0" * 32, "num_streams": 1, "mode": "chunk",
+        "backend_override": "auto", "simulated": False, "model": "m", "max_tokens": 64,
+        "prompts": ["hi"],
+    }  # fmt: skip
+    events: list[list[Any]] = [[0.0, "start", 0]]
+    events += [[0.001 * i, "sse", 0, f"word{i} ", [i]] for i in range(1, 400)]
+    events += [[0.5, "fin", 0, "length"]]
+    footer = {"end": 0.6, "verdicts": [["pending", None]], "errors": [None], "wall_seconds": 0.6}
+    lines = [json.dumps(item) for item in (header, *events, footer)]
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
 
 
 def test_replay_of_a_damaged_gzip_is_one_line_exit_2(
     tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Defect 10: a flipped byte inside the gzip stream gave "internal error ... Error -3".
-    record = _record(str(tmp_path), capsys)
-    with open(record, "rb") as handle:
-        data = handle.read()
+    data = _fixed_recording()
+    intact = os.path.join(str(tmp_path), "intact.phr")
+    with open(intact, "wb") as handle:
+        handle.write(data)
+    assert cli.main(["replay", intact, "--speed", "max", "--view", "plain"]) == 0
+    capsys.readouterr()
     cases = [
-        # A flipped byte in the middle: the deflate data still inflates, the CRC does not match.
-        (len(data) // 2, "is damaged (its gzip checksum does not match)"),
-        # A flipped byte in the first deflate block header: it no longer inflates.
-        (_deflate_start(data), "is damaged (its gzip data does not decompress)"),
+        # A flipped byte inside the compressed data: it no longer inflates.
+        (len(data) // 2, "is damaged (its gzip data does not decompress)"),
+        # A flipped byte of the trailer's CRC-32: the data inflates, the checksum differs.
+        (len(data) - 8, "is damaged (its gzip checksum does not match)"),
         # Cut short: the end-of-stream marker is missing.
         (None, "is damaged (its gzip data ends early)"),
     ]

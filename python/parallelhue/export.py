@@ -24,7 +24,7 @@ from rich.cells import cell_len
 
 from .panes import Line
 from .results import by_position, run_result
-from .state import RunModel
+from .state import SIMULATED_LABEL, RunModel
 from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
 from .summary import summary_block, theme_for
 
@@ -302,7 +302,7 @@ def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
     total = run_result(model)
     facts = html.escape(
         f"{total['streams']} streams · {total['tokens']} tokens · mode {model.mode}"
-        + (" · SIMULATED ENGINE: simulated numbers" if model.is_simulated else "")
+        + (f" · {SIMULATED_LABEL}: simulated numbers" if model.is_simulated else "")
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -396,7 +396,7 @@ def _title(model: RunModel) -> str:
     if model.replay_of is not None:
         title += " replay"
     if model.is_simulated:
-        title += " (SIMULATED ENGINE)"
+        title += f" ({SIMULATED_LABEL})"
     return title
 
 

@@ -23,10 +23,10 @@ RESET = "\x1b[0m"
 
 def ansi_line(line: Line, theme: Theme) -> str:
     """One line as text with SGR escapes; every styled piece ends with a reset."""
-    sgr = theme.sgr
+    prefixes = theme.prefixes
     out: list[str] = []
     for text, key in line:
-        prefix = sgr(key) if key is not None else ""
+        prefix = prefixes.get(key, "") if key is not None else ""
         out.append(f"{prefix}{text}{RESET}" if prefix else text)
     return "".join(out)
 

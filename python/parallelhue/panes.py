@@ -30,6 +30,7 @@ from .state import (
     LABEL_EXACT,
     LABEL_NOT_EXACT,
     LABEL_VERIFYING,
+    SIMULATED_LABEL,
     RunModel,
     StreamState,
     label_key,
@@ -199,7 +200,7 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
             continue
         if "\n" not in text:
             # The common case: a piece that fits on the current line, measured once.
-            size = cells(text)
+            size = len(text) if text.isascii() else cell_len(text)
             if used + size <= width:
                 current.append((text, key))
                 used += size
@@ -264,7 +265,7 @@ def word_wrap(pieces: Iterable[Piece], width: int | None) -> list[Line]:
 def _clean(pieces: Iterable[Piece]) -> Line:
     out: Line = []
     for text, key in pieces:
-        clean = sanitize(text)
+        clean = text if text.isprintable() else sanitize(text)
         if clean:
             out.append((clean, key))
     return out
@@ -385,7 +386,7 @@ def overview_line(stream: StreamState, model: RunModel, width: int, *, focused: 
 def banner_line(model: RunModel, width: int | None) -> Line:
     pieces: Line = []
     if model.is_simulated:
-        pieces += [("SIMULATED ENGINE", "simulated"), (" · ", None)]
+        pieces += [(SIMULATED_LABEL, "simulated"), (" · ", None)]
     if model.replay_of is not None:
         pieces += [(f"REPLAY of {sanitize(model.replay_of, keep_newlines=False)}", "replay")]
         pieces += [(" · ", None)]

@@ -137,7 +137,8 @@ class Theme:
         return ink
 
     @cached_property
-    def _sgr(self) -> dict[str | None, str]:
+    def prefixes(self) -> dict[str | None, str]:
+        """The SGR escape that starts each style key, built once ("" for none)."""
         prefixes: dict[str | None, str] = {None: ""}
         for key in self.inks:
             prefixes[key] = _sgr_of(self.ink(key))
@@ -145,8 +146,7 @@ class Theme:
 
     def sgr(self, key: str | None) -> str:
         """The SGR escape that starts `key` ("" for unstyled text)."""
-        prefix = self._sgr.get(key)
-        return prefix if prefix is not None else ""
+        return self.prefixes.get(key, "")
 
     @cached_property
     def _rich(self) -> dict[str, Style]:

@@ -10,6 +10,7 @@ count everything the server did during the run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from .paint import plain_lines, rich_text
 from .panes import SHORT_LABELS, Line, cells, fit, word_wrap
 from .results import run_result, stream_result, telemetry_measured
 from .sanitize import sanitize
-from .state import RunModel, label_key
+from .state import SIMULATED_LABEL, RunModel, label_key
 from .style import Theme
 
 __all__ = ["render_summary", "role_line", "summary_block", "summary_lines", "theme_for"]
@@ -31,7 +32,12 @@ _FROM_USAGE = "†"
 
 
 def theme_for(model: RunModel) -> Theme:
-    return Theme(model.palette, use_color=not model.no_color)
+    return _theme(model.palette, not model.no_color)
+
+
+@functools.lru_cache(maxsize=8)
+def _theme(palette: str, use_color: bool) -> Theme:
+    return Theme(palette, use_color=use_color)
 
 
 def role_line(stats: Mapping[str, Any]) -> str:
@@ -287,7 +293,7 @@ def _title(model: RunModel) -> Line:
     count = len(model.streams)
     title: Line = [("Summary", "heading")]
     if model.is_simulated:
-        title.append((" (SIMULATED ENGINE: simulated numbers)", "heading"))
+        title.append((f" ({SIMULATED_LABEL}: simulated numbers)", "heading"))
     if model.replay_of is not None:
         title.append((f" (replay of {sanitize(model.replay_of, keep_newlines=False)})", "heading"))
     if model.interrupted:
