@@ -11,7 +11,6 @@ import pytest
 
 from parallelhue import cli
 from parallelhue.config import ConfigError, parse_replay, parse_run
-from parallelhue.demo import parse_demo
 
 _CLEARED = (
     "PARALLELHUE_ENDPOINT",
@@ -321,6 +320,8 @@ def test_prompt_file_errors(tmp_path: pytest.TempPathFactory) -> None:
 
 
 def test_demo_flags() -> None:
+    from parallelhue.demo import parse_demo
+
     with pytest.raises(ConfigError) as error:
         parse_demo(["--concurrency", "65"], stdout_tty=True)
     assert str(error.value) == "--concurrency must be an integer from 1 to 64, got '65'"
@@ -390,6 +391,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_fault_spec_is_validated() -> None:
+    from parallelhue.demo import parse_demo
+
     with pytest.raises(ConfigError) as error:
         parse_demo(["--fault", "drop:2"], stdout_tty=False)
     assert str(error.value) == "--fault: fault drop must be a probability in 0..1, got 2.0"
