@@ -46,6 +46,7 @@ __all__ = [
     "Parser",
     "Sources",
     "common_flags",
+    "dumb_terminal",
     "parse_replay",
     "parse_run",
     "resolve_common",
@@ -281,8 +282,9 @@ def _run_parser() -> Parser:
     return parser
 
 
-def dumb_terminal(env: Mapping[str, str]) -> bool:
-    return env.get("TERM", "") in ("dumb", "unknown")
+def dumb_terminal(env: Mapping[str, str] | None = None) -> bool:
+    """TERM=dumb (or unknown): no cursor movement, no alternate screen, no colors."""
+    return (os.environ if env is None else env).get("TERM", "") in ("dumb", "unknown")
 
 
 def _default_view(concurrency: int, stdout_tty: bool, env: Mapping[str, str]) -> str:

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -105,7 +105,9 @@ def parse_demo(
 
 
 async def run_demo(
-    demo: DemoConfig, view_factory: ViewFactory, on_session: object = None
+    demo: DemoConfig,
+    view_factory: ViewFactory,
+    on_session: Callable[[Session, RunConfig], None] | None = None,
 ) -> tuple[SessionResult, Session]:
     """Start the simulated engine in this process, run a session against it, stop it."""
     from .session import Session, new_run_id, resolve_socket
@@ -133,8 +135,8 @@ async def run_demo(
             run, endpoint=url + "/v1/chat/completions", socket_dir=directory
         )
         session = Session(config, view_factory, simulated=True, title="ParallelHue demo")
-        if callable(on_session):
-            on_session(session, config)
+        if on_session is not None:
+            on_session(session, config)  # the CLI's view holder needs both
         return await session.run(), session
     finally:
         await server.stop()

@@ -22,11 +22,12 @@ from typing import Protocol
 
 from rich.cells import cell_len
 
+from .paint import theme_for
 from .panes import Line
 from .results import by_position, run_result
 from .state import SIMULATED_LABEL, RunModel
 from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
-from .summary import summary_block, theme_for
+from .summary import summary_block
 
 __all__ = ["EXPORT_WIDTH", "ExportError", "export_picture", "html_page", "svg_picture"]
 

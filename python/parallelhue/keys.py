@@ -18,6 +18,8 @@ import tty
 from collections.abc import Callable
 from typing import Any
 
+from .config import dumb_terminal
+
 __all__ = ["KeyReader", "decode_keys"]
 
 # Escape sequences of the keys the views use, as most terminals send them.
@@ -85,7 +87,7 @@ class KeyReader:
     @staticmethod
     def available(fd: int | None = None) -> bool:
         """A terminal we can read keys from (not a pipe, not TERM=dumb)."""
-        if os.environ.get("TERM", "") in ("dumb", "unknown"):
+        if dumb_terminal():
             return False
         try:
             return os.isatty(sys.stdin.fileno() if fd is None else fd)

@@ -9,16 +9,28 @@ lines into HTML and SVG.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from rich.text import Span, Text
 
 from .panes import Line
+from .state import RunModel
 from .style import Theme
 
-__all__ = ["RESET", "ansi_line", "ansi_lines", "plain_lines", "rich_text"]
+__all__ = ["RESET", "ansi_line", "ansi_lines", "plain_lines", "rich_text", "theme_for"]
 
 RESET = "\x1b[0m"
+
+
+def theme_for(model: RunModel) -> Theme:
+    """The run's palette under its color rule (NO_COLOR), one instance per pair."""
+    return _theme(model.palette, not model.no_color)
+
+
+@functools.lru_cache(maxsize=8)
+def _theme(palette: str, use_color: bool) -> Theme:
+    return Theme(palette, use_color=use_color)
 
 
 def ansi_line(line: Line, theme: Theme) -> str:

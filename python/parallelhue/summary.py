@@ -10,34 +10,23 @@ count everything the server did during the run.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
 
-from .paint import plain_lines, rich_text
+from .paint import plain_lines, rich_text, theme_for
 from .panes import SHORT_LABELS, Line, cells, fit, word_wrap
 from .results import run_result, stream_result, telemetry_measured
 from .sanitize import sanitize
 from .state import SIMULATED_LABEL, RunModel, label_key
-from .style import Theme
 
-__all__ = ["render_summary", "role_line", "summary_block", "summary_lines", "theme_for"]
+__all__ = ["render_summary", "role_line", "summary_block", "summary_lines"]
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _FROZEN = "*"
 _FROM_USAGE = "†"
-
-
-def theme_for(model: RunModel) -> Theme:
-    return _theme(model.palette, not model.no_color)
-
-
-@functools.lru_cache(maxsize=8)
-def _theme(palette: str, use_color: bool) -> Theme:
-    return Theme(palette, use_color=use_color)
 
 
 def role_line(stats: Mapping[str, Any]) -> str:

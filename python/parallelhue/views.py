@@ -10,16 +10,17 @@ pause, step/role colors and quit.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Protocol
 
 from rich.console import Console
 from rich.live import Live
 
+from .config import dumb_terminal
 from .keys import KeyReader
-from .paint import RESET, ansi_line, rich_text
+from .paint import RESET, ansi_line, rich_text, theme_for
 from .panes import (
     GRID_MAX_PANES,
     GridUi,
@@ -32,7 +33,7 @@ from .panes import (
     stream_screen,
 )
 from .state import RunModel
-from .summary import summary_block, theme_for
+from .summary import summary_block
 
 __all__ = [
     "GRID_MAX_PANES",
@@ -42,7 +43,6 @@ __all__ = [
     "StreamView",
     "View",
     "grid_layout",
-    "is_dumb_terminal",
     "make_console",
     "make_view",
 ]
@@ -68,11 +68,6 @@ class View(Protocol):
     def abort(self) -> None:
         """Leave the live display and restore the terminal, printing nothing (Ctrl-C)."""
         ...
-
-
-def is_dumb_terminal() -> bool:
-    """TERM=dumb (or unknown): no cursor movement, no alternate screen, no colors."""
-    return os.environ.get("TERM", "") in ("dumb", "unknown")
 
 
 class RunConsole(Console):
@@ -102,7 +97,7 @@ def make_console(
             soft_wrap=True,  # pipes get whole lines, not lines cut at 80 columns
         )
     # xterm-256 on a terminal (the palettes are defined there); no ANSI into a pipe.
-    color = stream.isatty() and not is_dumb_terminal()
+    color = stream.isatty() and not dumb_terminal()
     return RunConsole(
         file=stream,
         color_system="256" if color else None,
@@ -131,8 +126,9 @@ class _Keys:
         self.model = model
         self.ui = GridUi()
         self._reader: KeyReader | None = None
+        self._redraw: Callable[[bool], None] | None = None
 
-    def start(self, console: Console, redraw: object) -> None:
+    def start(self, console: Console, redraw: Callable[[bool], None]) -> None:
         if not console.is_terminal or not KeyReader.available():
             return
         self.ui.keys = True
@@ -171,9 +167,8 @@ class _Keys:
             ui.focus = max(0, count - 1)
         else:
             return
-        redraw = getattr(self, "_redraw", None)
-        if callable(redraw):
-            redraw(force=True)
+        if self._redraw is not None:
+            self._redraw(True)  # at once, paused or not
 
     def stop(self) -> None:
         if self._reader is not None:
@@ -195,7 +190,7 @@ class GridView:
 
     def start(self) -> None:
         # Nothing is drawn live into a pipe: only the final picture.
-        if self.console.is_terminal and not is_dumb_terminal():
+        if self.console.is_terminal and not dumb_terminal():
             self._grid = AnsiGrid(self.model, self.console, self._keys.ui)
             self._grid.start()
             self._keys.start(self.console, self._draw)
@@ -303,7 +298,7 @@ class StreamView:
         return rich_text(lines, theme_for(self.model), trim=True)
 
     def start(self) -> None:
-        if not self.console.is_terminal or is_dumb_terminal():
+        if not self.console.is_terminal or dumb_terminal():
             return  # nothing live into a pipe or a dumb terminal
         self._live = Live(
             self._renderable(),  # type: ignore[arg-type]
