@@ -294,10 +294,10 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
 def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
     theme = theme_for(model)
     title = _title(model)
-    accent = theme.css_color(STEP_KEYS[0]) or FOREGROUND
+    # Bars in the palette's bonus and accepted colors: no step color means anything here.
     plots = [
-        _histogram_plot(model, accent),
-        _position_plot(model, theme.css_color(STEP_KEYS[1]) or FOREGROUND),
+        _histogram_plot(model, theme.css_color("role.bonus") or FOREGROUND),
+        _position_plot(model, theme.css_color("role.accepted") or FOREGROUND),
         _timeline_plot(model, theme),
     ]
     total = run_result(model)

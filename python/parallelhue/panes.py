@@ -710,22 +710,34 @@ def final_grid(model: RunModel, width: int) -> list[Line]:
     return lines
 
 
-def stream_screen(model: RunModel, width: int, height: int | None) -> list[Line]:
+_STREAM_KEY_HINT = "keys: p pause · c colors · q quit"
+
+
+def stream_screen(
+    model: RunModel, width: int, height: int | None, ui: GridUi | None = None
+) -> list[Line]:
     """One stream: banner, legend, header, its text (the tail when `height` is given,
-    else all of it), the note."""
+    else all of it), the note, and the keys while they are read."""
     stream = model.streams[0]
     lines: list[Line] = [banner_line(model, width), legend_line(model, width)]
     lines.append(fit(header_pieces(stream), width))
     note = stream.note
+    status: Line | None = None
+    if ui is not None and ui.keys:
+        paused = "PAUSED (p resumes; the run goes on) · " if ui.paused else ""
+        status = fit([(paused + _STREAM_KEY_HINT, "dim")], width)
     if height is None:
         lines.extend(wrap(_clean(stream.segments(model.colorize, model.color_by)), width))
     else:
-        body_height = max(1, height - len(lines) - (1 if note else 0))
+        reserved = (1 if note else 0) + (1 if status else 0)
+        body_height = max(1, height - len(lines) - reserved)
         budget = width * body_height * 2
         body = _clean(stream.tail_segments(model.colorize, budget, model.color_by))
         lines.extend(wrap(body, width, body_height))
     if note:
         lines.append(fit([(sanitize(note, keep_newlines=False), "note")], width))
+    if status is not None and height is not None:
+        lines.append(status)
     return lines
 
 

@@ -294,7 +294,7 @@ class StreamView:
 
     def _renderable(self) -> object:
         size = self.console.size
-        lines = stream_screen(self.model, size.width, max(3, size.height - 1))
+        lines = stream_screen(self.model, size.width, max(3, size.height - 1), self._keys.ui)
         return rich_text(lines, theme_for(self.model), trim=True)
 
     def start(self) -> None:
