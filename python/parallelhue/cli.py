@@ -41,7 +41,8 @@ usage: parallelhue [PROMPT] [options]          stream PROMPT from an OpenAI-comp
 server (environment variable in brackets; flags win):
   --endpoint URL        a base URL as the OpenAI SDK takes it (http://host:8000, .../v1) or a
                         full .../v1/chat/completions or .../v1/completions URL
-                        [PARALLELHUE_ENDPOINT, then OPENAI_BASE_URL] (default http://127.0.0.1:8000/v1)
+                        [PARALLELHUE_ENDPOINT, then OPENAI_BASE_URL]
+                        (default http://127.0.0.1:8000/v1)
   --api chat|completions  which API a base URL gets [PARALLELHUE_API] (default chat)
   --model NAME          [PARALLELHUE_MODEL] (default: the server's only model from /v1/models)
   --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
