@@ -188,3 +188,34 @@ def test_replay_of_a_damaged_gzip_is_one_line_exit_2(
         out, err = capsys.readouterr()
         assert (code, out) == (2, "")
         assert err == f"parallelhue: error: replay: {damaged} {why}\n"
+
+
+def test_ctrl_c_still_prints_the_json_of_what_arrived() -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    socket_dir = os.environ["PARALLELHUE_SOCKET_DIR"]
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "python")
+    env["PARALLELHUE_SOCKET_DIR"] = socket_dir
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2", "--max-tokens",
+         "8000", "--step-ms", "20", "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not any(name.endswith(".sock") for name in os.listdir(socket_dir)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)  # some tokens arrive
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    result = json.loads(out)
+    jsonschema.validate(result, schema(), cls=jsonschema.Draft202012Validator)
+    assert result["interrupted"] is True and result["exit_code"] == 130
+    assert result["total"]["tokens"] > 0
+    assert err.endswith("parallelhue: interrupted\n")
+    assert "(interrupted: partial figures)" in err  # the partial summary went to stderr
