@@ -18,7 +18,7 @@ from .panes import Line
 from .state import RunModel
 from .style import Theme
 
-__all__ = ["RESET", "ansi_line", "ansi_lines", "plain_lines", "rich_text", "theme_for"]
+__all__ = ["RESET", "ansi_line", "plain_lines", "rich_text", "theme_for"]
 
 RESET = "\x1b[0m"
 
@@ -41,10 +41,6 @@ def ansi_line(line: Line, theme: Theme) -> str:
         prefix = prefixes.get(key, "") if key is not None else ""
         out.append(f"{prefix}{text}{RESET}" if prefix else text)
     return "".join(out)
-
-
-def ansi_lines(lines: Iterable[Line], theme: Theme) -> list[str]:
-    return [ansi_line(line, theme) for line in lines]
 
 
 def plain_lines(lines: Iterable[Line]) -> list[str]:

@@ -39,11 +39,14 @@ from .style import ROLE_KEYS, ROLE_NAMES, STEP_KEYS
 
 __all__ = [
     "GRID_MAX_PANES",
+    "SHORT_LABELS",
     "GridUi",
     "Line",
+    "PaneCache",
     "PaneData",
     "Piece",
     "banner_line",
+    "bare_pane",
     "box_pane",
     "cells",
     "final_grid",
@@ -53,12 +56,13 @@ __all__ = [
     "header_pieces",
     "legend_line",
     "line_text",
+    "line_width",
     "numbers_text",
     "overview_line",
     "pane_data",
     "plain_listing",
+    "status_line",
     "stream_screen",
-    "text_lines",
     "word_wrap",
     "wrap",
 ]
@@ -269,11 +273,6 @@ def _clean(pieces: Iterable[Piece]) -> Line:
         if clean:
             out.append((clean, key))
     return out
-
-
-def text_lines(text: str, width: int | None, key: str | None = None) -> list[Line]:
-    """Plain text (sanitized) wrapped at `width`."""
-    return wrap([(sanitize(text), key)], width)
 
 
 # --- numbers and headers ----------------------------------------------------------------
