@@ -551,3 +551,14 @@ def test_nothing_received_prints_nothing_but_the_one_line() -> None:
         assert console.file.getvalue() == ""  # type: ignore[attr-defined]
     streams[0].fail_http("HTTP 500: boom")  # different failures: the summary tells them apart
     assert not model_of(streams, "chunk").nothing_received
+
+
+def test_banner_names_model_server_and_lossy_verification() -> None:
+    model = model_of([exact_stream()], simulated=True)
+    model.model_name, model.server = "tiny-llama", "10.0.0.7:8000"
+    text = line_text(grid_screen(model, 200, 30)[0])
+    assert text.startswith("SIMULATED ENGINE · model tiny-llama @ 10.0.0.7:8000 · mode auto")
+    assert "LOSSY" not in text
+    model.sources = [{"role": "scheduler", "verification": "fly"}]
+    text = line_text(grid_screen(model, 300, 30)[0])
+    assert "LOSSY verification (fly): an accepted draft need not be the target's choice" in text

@@ -397,6 +397,10 @@ def banner_line(model: RunModel, width: int | None) -> Line:
         parts.append(f"server {model.server}")
     parts.append(f"mode {model.mode}")
     parts.append(f"backend {model.backend.name} ({model.backend.evidence})")
+    if any(source.get("verification") == "fly" for source in model.sources):
+        # Contract C1: lossy verification; "accepted" then does not mean "what the target
+        # would have sampled", and the banner must not let the colors suggest it.
+        parts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
     if not model.backend.speculative:
         parts.append("monochrome: no speculative decoding proven")
     pieces.append((sanitize(" · ".join(parts), keep_newlines=False), None))
