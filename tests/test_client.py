@@ -551,6 +551,7 @@ def test_measurement_to_stdout(
     record = json.loads(out)
     assert record["schema"] == "parallelhue-measurement/2"
     assert record["results"]["streams"][0]["tokens"] == 4
+    assert (record["request"]["stop"], record["request"]["ignore_eos"]) == ([], False)
     assert "Summary" in err
 
 

@@ -117,6 +117,12 @@ def build_measurement(model: RunModel, config: RunConfig, model_name: str | None
             "distinct_prompts": len(set(config.prompts)),
             "prompt_chars": [len(p) for p in config.prompts],
             "mode": config.mode,
+            "stop": list(config.stop),
+            "ignore_eos": config.ignore_eos,
+            "system_prompt_chars": len(config.system) if config.system is not None else None,
+            "extra_body": config.extra_body,
+            # Header values may be credentials: only their names are kept.
+            "extra_header_names": [name for name, _value in config.headers],
         },
         "n": {
             "runs": 1,
