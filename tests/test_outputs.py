@@ -125,12 +125,12 @@ def test_replay_without_a_footer_warns_and_exits_1(
     tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Defect 10: a recording without its footer replayed with exit 0 and no warning.
-    record = _record(str(tmp_path), capsys)
-    with gzip.open(record, "rt", encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    from parallelhue.record import read_recording, write_recording
+
+    recording = read_recording(_record(str(tmp_path), capsys))
+    recording.footer = None  # as an interrupted run leaves it
     cut = os.path.join(str(tmp_path), "cut.phr")
-    with gzip.open(cut, "wt", encoding="utf-8") as handle:
-        handle.write("\n".join(lines[:-1]) + "\n")  # as an interrupted run leaves it
+    write_recording(cut, recording)
     code = cli.main(["replay", cut, "--speed", "max", "--view", "plain"])
     out, err = capsys.readouterr()
     assert code == 1
@@ -144,17 +144,18 @@ def test_replay_without_a_footer_warns_and_exits_1(
 def _fixed_recording() -> bytes:
     """A valid recording with fixed bytes (gzip without name or time): the damage below
     hits the same place on every run."""
+    from parallelhue._native import encode_recording
+
     header = {
-        "parallelhue_recording": 1, "run_id": "0" * 32, "num_streams": 1, "mode": "chunk",
-        "backend_override": "auto", "simulated": False, "model": "m", "max_tokens": 64,
-        "prompts": ["hi"],
+        "run_id": "0" * 32, "num_streams": 1, "mode": "chunk", "backend_override": "auto",
+        "simulated": False, "model": "m", "max_tokens": 400, "prompts": ["hi"],
     }  # fmt: skip
-    events: list[list[Any]] = [[0.0, "start", 0]]
-    events += [[0.001 * i, "sse", 0, f"word{i} ", [i]] for i in range(1, 400)]
-    events += [[0.5, "fin", 0, "length"]]
-    footer = {"end": 0.6, "verdicts": [["pending", None]], "errors": [None], "wall_seconds": 0.6}
-    lines = [json.dumps(item) for item in (header, *events, footer)]
-    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+    events: list[tuple[Any, ...]] = [(0.0, "start", 0)]
+    events += [(0.001 * i, "sse", 0, f"word{i} ", [i]) for i in range(1, 400)]
+    events += [(0.5, "finish", 0, "length")]
+    footer = {"verdicts": [["pending", None]], "errors": [None], "wall_seconds": 0.6}
+    data = encode_recording(json.dumps(header), events, json.dumps(footer))
+    return gzip.compress(bytes(data), mtime=0)
 
 
 def test_replay_of_a_damaged_gzip_is_one_line_exit_2(
@@ -168,8 +169,9 @@ def test_replay_of_a_damaged_gzip_is_one_line_exit_2(
     assert cli.main(["replay", intact, "--speed", "max", "--view", "plain"]) == 0
     capsys.readouterr()
     cases = [
-        # A flipped byte inside the compressed data: it no longer inflates.
-        (len(data) // 2, "is damaged (its gzip data does not decompress)"),
+        # A flipped byte in the first deflate block's header (after gzip's 10-byte header):
+        # the data no longer inflates.
+        (10, "is damaged (its gzip data does not decompress)"),
         # A flipped byte of the trailer's CRC-32: the data inflates, the checksum differs.
         (len(data) - 8, "is damaged (its gzip checksum does not match)"),
         # Cut short: the end-of-stream marker is missing.

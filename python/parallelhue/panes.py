@@ -25,6 +25,7 @@ from rich.cells import cell_len
 
 from .sanitize import sanitize
 from .state import (
+    LABEL_CANCELLED,
     LABEL_CHUNK,
     LABEL_ERROR,
     LABEL_EXACT,
@@ -83,6 +84,7 @@ SHORT_LABELS = {
     LABEL_VERIFYING: "VERIFY",
     LABEL_NOT_EXACT: "FAILED",
     LABEL_ERROR: "ERROR",
+    LABEL_CANCELLED: "CANCEL",
 }
 _BOX = ("┌", "─", "┐", "│", "└", "┘")
 _FOCUS_BOX = ("┏", "━", "┓", "┃", "┗", "┛")  # the focused pane: heavy lines, no color needed

@@ -61,6 +61,7 @@ _COMMON = {
     "simulated": Ink(bold=True, reverse=True),
     "replay": Ink(bold=True, reverse=True),
     "label.verifying": Ink(bold=True),
+    "label.cancelled": Ink(bold=True, dim=True),
     # A character whose bytes came from two steps (or tokens of two roles): proven,
     # but no single step or role to color it by.
     "mixed": Ink(underline=True),
