@@ -368,7 +368,13 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     assert mode == 0o600
     assert frames == [b"ours"]
     if os.geteuid() == 0:
-        assert stats == {"datagrams": 2, "rejected_uid": 1, "bytes": 4}
+        assert stats == {
+            "datagrams": 2,
+            "rejected_uid": 1,
+            "accepted_foreign": 0,
+            "bytes": 4,
+            "last_rejected_uid": 65534,
+        }
     assert not os.path.exists(path)
 
 

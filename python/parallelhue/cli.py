@@ -52,8 +52,12 @@ options (environment variable in brackets; flags win):
   --concurrency N       [PARALLELHUE_CONCURRENCY] streams, 1-64 shown (default 1)
   --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
   --mode MODE           [PARALLELHUE_MODE] auto (default) | exact | chunk
+  --telemetry WAY       [PARALLELHUE_TELEMETRY] auto (default: the server's HTTP route when
+                        its plugin answers, else the socket) | socket | http
   --socket-dir DIR      [PARALLELHUE_SOCKET_DIR] telemetry socket directory
                         (default $XDG_RUNTIME_DIR/parallelhue, else <tmp>/parallelhue-<uid>)
+  --accept-uid UID      [PARALLELHUE_ACCEPT_UIDS=UID,...] also admit socket frames from UID
+                        (a server in a container on this host); repeatable
   --timeout SECONDS     [PARALLELHUE_TIMEOUT] longest silence inside a stream (default 60)
   --backend NAME        [PARALLELHUE_BACKEND] auto (default: from evidence) | generic | a
                         speculative method (ngram, draft_model, eagle3, mtp, ...) declared by you
@@ -69,6 +73,7 @@ options (environment variable in brackets; flags win):
 demo options: --concurrency (default 16, max 64) --acceptance A --draft-len K --step-ms S
               --fault SPEC (inject faults, e.g. drop:1,max-per-fault:1; docs/SIMULATOR.md)
               --max-tokens --view --mode --seed --prompt --record --export --measurement
+              --telemetry socket (default) | http (the engine serves its HTTP route)
 replay options: --speed X (default 1; 'max' for no waiting) --view --export --reconciler
 NO_COLOR=1 turns colors off. Labels: EXACT TOKEN PROVENANCE (proven by telemetry),
 SSE CHUNK MODE (colors follow SSE chunks, not engine steps).
@@ -136,7 +141,8 @@ async def _demo_async(demo: DemoConfig, holder: _ViewHolder) -> tuple[SessionRes
     # itself proves or reports from the frames' `dropped` counts.
     logging.getLogger("parallelhue_vllm").setLevel(logging.ERROR)
     # The same checks as a live run (length first, then the 0700 directory).
-    directory = os.path.dirname(resolve_socket("auto", run.socket_dir, new_run_id()))
+    socket = run.telemetry != "http"
+    directory = os.path.dirname(resolve_socket(run.socket_dir, new_run_id(), create=socket))
     sim_config = SimConfig(
         draft_len=demo.draft_len,
         acceptance=demo.acceptance,
@@ -144,6 +150,8 @@ async def _demo_async(demo: DemoConfig, holder: _ViewHolder) -> tuple[SessionRes
         seed=run.seed,
         socket_dir=directory,
         faults=FaultConfig.parse(demo.faults) if demo.faults else None,
+        # --telemetry http: the engine serves the route only; auto: both ways, the client picks.
+        telemetry_mode={"socket": "socket", "http": "http"}.get(run.telemetry, "both"),
     )
     server = SimServer(sim_config)
     url = await server.start()

@@ -46,6 +46,8 @@ MAX_SEED = 2**32 - 1
 MODES = ("exact", "auto", "chunk")
 VIEWS = ("stream", "grid", "plain")
 RECONCILERS = ("rust", "python")
+TELEMETRY = ("auto", "socket", "http")  # telemetry.TELEMETRY_CHOICES
+MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
 # Speculative methods vLLM knows (vllm/config/speculative.py) plus the names the
 # predecessor accepted; `--backend` is a declaration, so only spelling is checked.
 BACKEND_METHODS = (
@@ -98,6 +100,8 @@ class RunConfig:
     reconciler: str
     no_color: bool
     warnings: list[str] = field(default_factory=list)
+    telemetry: str = "auto"  # telemetry.TELEMETRY_CHOICES
+    accept_uids: tuple[int, ...] = ()  # --accept-uid: socket senders besides our own uid
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,7 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export")
     parser.add_argument("--measurement")
     parser.add_argument("--reconciler")
+    parser.add_argument("--telemetry")
     parser.add_argument("--prompt")
     parser.add_argument("--tmux", action="store_true", default=None)
     parser.add_argument("--no-attach", action="store_true", default=None)
@@ -287,6 +292,7 @@ def _run_parser() -> _Parser:
     parser.add_argument("--api-key")
     parser.add_argument("--timeout")
     parser.add_argument("--backend")
+    parser.add_argument("--accept-uid", action="append")
     _common_flags(parser)
     return parser
 
@@ -322,6 +328,8 @@ def _resolve_common(
     view = _choice(got[0], got[1], VIEWS) if got else _default_view(concurrency, stdout_tty)
     got = src.get("--reconciler", "PARALLELHUE_RECONCILER")
     reconciler = _choice(got[0], got[1], RECONCILERS) if got else "rust"
+    got = src.get("--telemetry", "PARALLELHUE_TELEMETRY")
+    telemetry = _choice(got[0], got[1], TELEMETRY) if got else "auto"
     got = src.get("--seed", "PARALLELHUE_SEED")
     seed = _int(got[0], got[1], 0, MAX_SEED) if got else 0
     got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
@@ -350,6 +358,7 @@ def _resolve_common(
         "mode": mode,
         "view": view,
         "reconciler": reconciler,
+        "telemetry": telemetry,
         "seed": seed,
         "temperature": temperature,
         "socket_dir": socket_dir,
@@ -360,6 +369,28 @@ def _resolve_common(
         "no_attach": no_attach,
         "warnings": warnings,
     }
+
+
+def _accept_uids(src: _Sources, telemetry: str) -> tuple[int, ...]:
+    """--accept-uid UID (repeatable) or PARALLELHUE_ACCEPT_UIDS=UID[,UID...]."""
+    flags: list[str] | None = src.args.accept_uid
+    if flags:
+        given = [("--accept-uid", raw) for raw in flags]
+    else:
+        raw_env = src.env.get("PARALLELHUE_ACCEPT_UIDS", "")
+        given = [("PARALLELHUE_ACCEPT_UIDS", part) for part in raw_env.split(",") if part.strip()]
+    uids: list[int] = []
+    for name, raw in given:
+        uid = _int(name, raw, 0, MAX_UID)
+        if uid == os.geteuid():
+            raise ConfigError(f"{name} {uid} is this client's own uid: it is always accepted")
+        if uid not in uids:
+            uids.append(uid)
+    if uids and telemetry == "http":
+        raise ConfigError(
+            f"{given[0][0]} applies to the telemetry socket: not with --telemetry http"
+        )
+    return tuple(uids)
 
 
 def _no_color(env: Mapping[str, str]) -> bool:
@@ -435,6 +466,7 @@ def parse_run(
     timeout = _float(got[0], got[1], 0.0, 86400.0, low_open=True) if got else DEFAULT_TIMEOUT
     got = src.get("--backend", "PARALLELHUE_BACKEND")
     backend = _backend(got[0], got[1]) if got else "auto"
+    accept_uids = _accept_uids(src, str(common["telemetry"]))
 
     return _run_config(
         common,
@@ -445,6 +477,7 @@ def parse_run(
         api_key=api_key,
         timeout=timeout,
         backend=backend,
+        accept_uids=accept_uids,
     )
 
 
@@ -458,6 +491,7 @@ def _run_config(
     api_key: str | None,
     timeout: float,
     backend: str,
+    accept_uids: tuple[int, ...] = (),
 ) -> RunConfig:
     """A RunConfig from the resolved common flags plus what differs between run and demo."""
     return RunConfig(
@@ -482,6 +516,8 @@ def _run_config(
         reconciler=str(common["reconciler"]),
         no_color=_no_color(env),
         warnings=list(_str_list(common["warnings"])),
+        telemetry=str(common["telemetry"]),
+        accept_uids=accept_uids,
     )
 
 
@@ -523,6 +559,8 @@ def parse_demo(
         warn_above=None,
         stdout_tty=stdout_tty,
     )
+    if src.get("--telemetry", "PARALLELHUE_TELEMETRY") is None:
+        common["telemetry"] = "socket"  # the demo's engine shares this host
     concurrency = int(str(common["concurrency"]))
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if not prompt.strip():

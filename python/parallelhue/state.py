@@ -396,6 +396,8 @@ class RunModel:
     server_deltas: list[tuple[str, float]] = field(default_factory=list)
     # How precise the SSE arrival times are, when not to the read (the Rust reader).
     arrival_note: str = ""
+    # Where the telemetry comes from and what vouches for it (telemetry.security_line).
+    telemetry: str = ""
     finished: bool = False
     interrupted: bool = False
     # The stream whose failure stopped an exact-mode run (the first to fail).
@@ -420,6 +422,8 @@ class RunModel:
         parts.append(f"backend {self.backend.name} ({self.backend.evidence})")
         if not self.backend.speculative:
             parts.append("monochrome: no speculative decoding proven")
+        if self.telemetry:
+            parts.append(self.telemetry)
         return " · ".join(parts)
 
     def count_labels(self) -> dict[str, int]:
