@@ -33,7 +33,7 @@ from .streams import (
     request_headers,
     telemetry_headers,
 )
-from .telemetry import TelemetryError, TelemetryPlan, dropped_line, runs_url
+from .telemetry import TelemetryError, TelemetryPlan, dropped_line, rejected_line, runs_url
 
 __all__ = ["RustIngest"]
 
@@ -75,6 +75,7 @@ class RustIngest:
         self._ended: set[int] = set()
         self._closed = False
         self._telemetry_seen: tuple[int, bool] = (0, False)  # (dropped, ended) already told
+        self._told_rejected = False
         try:
             target = connect_target(endpoint)
             self.target = target
@@ -238,6 +239,11 @@ class RustIngest:
     def update_stats(self) -> None:
         if self.model.mode != "chunk":
             self.feed.stats(self.reconciler)
+        if self.receiver is not None and not self._told_rejected:
+            stats = self.receiver.stats()
+            if stats["rejected_uid"]:
+                self._told_rejected = True
+                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
 
     def finalize(self) -> None:
         if self.model.mode != "chunk":

@@ -153,13 +153,14 @@ class PyHttpTelemetry:
         self._bytes = 0
         self._count = 0
         self._accepted = False
+        self._closed = False
         self._run_id: str | None = None
         self._news = asyncio.Event()
         self._task = asyncio.create_task(self._read(client))
 
     async def run_id(self) -> str | None:
         """The server's run id, or None when the stream ended first (see `end`)."""
-        while self._run_id is None and self.end is None:
+        while self._run_id is None and self.end is None and not self._closed:
             self._news.clear()
             await self._news.wait()
         return self._run_id
@@ -226,7 +227,9 @@ class PyHttpTelemetry:
                 self._item(item)
             self._ended(("stream", 0, str(error)))
         except asyncio.CancelledError:
-            self._ended(("cancelled", 0, ""))
+            # The client closed it (the run is over): not an end of the stream.
+            self._closed = True
+            self._news.set()
             raise
         except Exception as error:
             kind, status, detail = exchange_end(error, self.target)

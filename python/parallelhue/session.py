@@ -60,6 +60,7 @@ from .telemetry import (
     TelemetryPlan,
     choose,
     dropped_line,
+    rejected_line,
     runs_url,
     security_line,
 )
@@ -301,6 +302,7 @@ class ReferenceIngest:
         self.driver = RunDriver(model, feed, None, None)
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self._told: tuple[int, bool] = (0, False)
+        self._told_rejected = False
         self._closed = False
         if self.telemetry is not None and self.telemetry.path == "http":
             url = runs_url(endpoint)
@@ -312,8 +314,7 @@ class ReferenceIngest:
             return self.run_id
         run_id = await reader.run_id()
         if run_id is None:
-            assert reader.end is not None
-            kind, status, detail = reader.end
+            kind, status, detail = reader.end or ("cancelled", 0, "")
             if kind == "http_status" and status == 401:
                 key_given = "Authorization" in self.client.headers
                 raise TelemetryError(api_key_message(reader.url, key_given))
@@ -378,10 +379,16 @@ class ReferenceIngest:
 
     def update_stats(self) -> None:
         self.driver.update_stats()
+        if self.receiver is not None and not self._told_rejected:
+            stats = self.receiver.stats()
+            if stats["rejected_uid"]:
+                self._told_rejected = True
+                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
 
     def finalize(self) -> None:
         self.poll()
         self.driver.finalize()
+        self.update_stats()
 
     def close(self, footer: dict[str, Any] | None = None) -> None:
         if self._closed:

@@ -40,6 +40,7 @@ __all__ = [
     "choose",
     "dropped_line",
     "probe_url",
+    "rejected_line",
     "runs_url",
     "security_line",
 ]
@@ -167,4 +168,14 @@ def dropped_line(dropped: int, buffer_bytes: int | None) -> str:
     return (
         f"telemetry: {dropped} frames dropped by the server (the client read too slowly; "
         f"buffer {size})"
+    )
+
+
+def rejected_line(uid: int | None) -> str:
+    """The run message when the socket dropped datagrams of another uid."""
+    if uid is None:
+        return "telemetry: datagrams without sender credentials rejected on the socket"
+    return (
+        f"telemetry: datagrams from uid {uid} rejected (not this client's uid): for a server "
+        f"in a container on this host use --telemetry http, or --accept-uid {uid}"
     )
