@@ -105,8 +105,19 @@ def exact(result: SessionResult) -> bool:
 def test_http_telemetry_is_exact_with_no_socket_anywhere(reconciler: str) -> None:
     socket_dir = os.environ["PARALLELHUE_SOCKET_DIR"]
     result, session, screen = session_against(
-        ["hi", "--concurrency", "6", "--max-tokens", "40", "--mode", "exact"]
-        + ["--telemetry", "http", "--reconciler", reconciler],
+        [
+            "hi",
+            "--concurrency",
+            "6",
+            "--max-tokens",
+            "40",
+            "--mode",
+            "exact",
+            "--telemetry",
+            "http",
+            "--reconciler",
+            reconciler,
+        ],
         sim_config(telemetry_mode="http"),
     )
     assert exact(result), [(s.verdict, s.reason, s.error) for s in result.model.streams]
@@ -134,8 +145,19 @@ def test_the_run_id_is_the_servers_even_when_the_caller_chose_one(reconciler: st
         url = await server.start()
         try:
             config = parse_run(
-                ["x", "--endpoint", url + "/v1/completions", "--telemetry", "http"]
-                + ["--reconciler", reconciler, "--view", "plain", "--concurrency", "2"],
+                [
+                    "x",
+                    "--endpoint",
+                    url + "/v1/completions",
+                    "--telemetry",
+                    "http",
+                    "--reconciler",
+                    reconciler,
+                    "--view",
+                    "plain",
+                    "--concurrency",
+                    "2",
+                ],
                 stdout_tty=False,
             )
             console = make_console(False, plain=True)
@@ -166,9 +188,8 @@ def test_a_recording_over_http_replays_to_the_same_verdicts(clean_env: str) -> N
     frames = [e for e in recording.events if e[1] == "frame"]
     assert len(frames) == result.model.counters["frames"]
     for reconciler in RECONCILERS:
-        code = cli.main(["replay", path, "--speed", "max", "--view", "plain"] + [
-            "--reconciler", reconciler
-        ])  # fmt: skip
+        argv = ["replay", path, "--speed", "max", "--view", "plain", "--reconciler", reconciler]
+        code = cli.main(argv)
         assert code == 0
 
 
@@ -398,8 +419,19 @@ def test_another_uid_cannot_reach_the_socket_by_default(
     """The socket is 0600 in a 0700 directory: uid 65534 cannot even send."""
     result, _, screen = session_at(
         nobody_sim.url,
-        ["hi", "--telemetry", "socket", "--mode", "exact", "--reconciler", reconciler]
-        + ["--concurrency", "2", "--max-tokens", "12"],
+        [
+            "hi",
+            "--telemetry",
+            "socket",
+            "--mode",
+            "exact",
+            "--reconciler",
+            reconciler,
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "12",
+        ],
     )
     assert (result.exit_code, result.message) == (
         2,
@@ -420,8 +452,21 @@ def test_another_uid_is_rejected_by_its_credentials_and_the_screen_names_it(
     dropped by the SCM_CREDENTIALS check, and the run says whose they were."""
     result, session, screen = session_at(
         nobody_sim.url,
-        ["hi", "--telemetry", "socket", "--mode", "exact", "--reconciler", reconciler]
-        + ["--concurrency", "2", "--max-tokens", "12", "--accept-uid", "4242"],
+        [
+            "hi",
+            "--telemetry",
+            "socket",
+            "--mode",
+            "exact",
+            "--reconciler",
+            reconciler,
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "12",
+            "--accept-uid",
+            "4242",
+        ],
     )
     assert result.exit_code == 2
     assert result.model.run_messages == [
@@ -464,9 +509,21 @@ def test_the_sender_refuses_a_foreign_socket_without_the_owner_variable() -> Non
     sim = SimProcess("--telemetry", "socket", "--socket-dir", socket_dir, uid=65534)
     try:
         code = cli.main(
-            ["hi", "--endpoint", sim.url + "/v1/chat/completions", "--view", "plain"]
-            + ["--telemetry", "socket", "--mode", "exact", "--accept-uid", "65534"]
-            + ["--max-tokens", "8"]
+            [
+                "hi",
+                "--endpoint",
+                sim.url + "/v1/chat/completions",
+                "--view",
+                "plain",
+                "--telemetry",
+                "socket",
+                "--mode",
+                "exact",
+                "--accept-uid",
+                "65534",
+                "--max-tokens",
+                "8",
+            ]
         )
     finally:
         sim.stop()
@@ -529,10 +586,12 @@ def test_a_root_server_is_rejected_by_a_users_client_unless_accepted(
         env = {**os.environ, "PARALLELHUE_SOCKET_DIR": socket_dir, "HOME": home}
         env.pop("PARALLELHUE_SOCKET_OWNER_UID")
         return subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON]
-            + ["-m", "parallelhue", "hi", "--endpoint", url + "/v1/chat/completions"]
-            + ["--view", "plain", "--mode", "exact", "--telemetry", "socket"]
-            + ["--max-tokens", "12", "--concurrency", "2", *extra],
+            [
+                "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON,
+                "-m", "parallelhue", "hi", "--endpoint", url + "/v1/chat/completions",
+                "--view", "plain", "--mode", "exact", "--telemetry", "socket",
+                "--max-tokens", "12", "--concurrency", "2", *extra,
+            ],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
