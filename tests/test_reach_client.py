@@ -619,3 +619,40 @@ def test_a_root_server_is_rejected_by_a_users_client_unless_accepted(
     )
     # uid 0 needs no permission bits: the directory stays 0700.
     assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
+
+
+def test_the_telemetry_line_for_each_path() -> None:
+    from parallelhue.streams import connect_target
+    from parallelhue.telemetry import TelemetryPlan, security_line
+
+    run = "0123456789abcdef" * 2
+    http = TelemetryPlan("http")
+    assert security_line(http, connect_target("https://gpu-box:8443/v1/completions"), "k", run) == (
+        "telemetry: gpu-box:8443 over HTTPS (certificate verified), API key sent, "
+        "server-chosen run 01234567…"
+    )
+    assert security_line(
+        TelemetryPlan("http", "auto"), connect_target("https://gpu-box/v1/completions"), None, run
+    ) == (
+        "telemetry: gpu-box:443 over HTTPS (certificate verified), no API key, "
+        "server-chosen run 01234567… (auto)"
+    )
+    assert security_line(http, connect_target("http://[::1]:8000/v1/completions"), None, run) == (
+        "telemetry: [::1]:8000 over plain HTTP (loopback), no API key, server-chosen run 01234567…"
+    )
+    assert security_line(http, connect_target("http://10.0.0.5:8000/v1/completions"), "k", run) == (
+        "telemetry: 10.0.0.5:8000 over plain HTTP: NOT encrypted, anyone on the network path can "
+        "read or forge it; API key sent in clear, server-chosen run 01234567…"
+    )
+    target = connect_target("http://127.0.0.1:8000/v1/completions")
+    socket_plan = TelemetryPlan("socket", "auto: the server has no telemetry route (HTTP 404)")
+    assert security_line(socket_plan, target, None, run) == (
+        f"telemetry: local socket, sender uid {os.geteuid()} checked by the kernel "
+        "(auto: the server has no telemetry route (HTTP 404))"
+    )
+    accepted = TelemetryPlan("socket", accept_uids=(0, 4242, os.geteuid()))
+    others = ", ".join(str(u) for u in (0, 4242) if u != os.geteuid())
+    assert security_line(accepted, target, None, run) == (
+        f"telemetry: local socket, sender uid {os.geteuid()} and uid {others} accepted by "
+        "--accept-uid"
+    )

@@ -148,7 +148,8 @@ def security_line(
                 f"--accept-uid{note}"
             )
         return f"telemetry: local socket, sender uid {uid} checked by the kernel{note}"
-    where = f"{target.host}:{target.port}"
+    host = f"[{target.host}]" if ":" in target.host else target.host
+    where = f"{host}:{target.port}"
     key = "API key sent" if api_key else "no API key"
     run = f"server-chosen run {run_id[:8]}…"
     if target.tls:

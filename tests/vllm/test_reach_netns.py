@@ -89,9 +89,12 @@ def server_side(work: Path, tiny_model: Path, vllm_python: Path) -> dict[str, Pa
     ).stdout.strip()  # fmt: skip
     (venv / "lib" / "python3.11" / "site-packages" / "vllm_venv.pth").write_text(site + "\n")
     probe = subprocess.run(
-        ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups"]
-        + [str(venv / "bin" / "python"), "-c", "import subprocess, sys, vllm, parallelhue_vllm; "
-           "subprocess.run([sys.executable, '-c', 'import vllm'], check=True)"],
+        [
+            "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
+            str(venv / "bin" / "python"), "-c",
+            "import subprocess, sys, vllm, parallelhue_vllm; "
+            "subprocess.run([sys.executable, '-c', 'import vllm'], check=True)",
+        ],
         capture_output=True, text=True,
     )  # fmt: skip
     assert probe.returncode == 0, f"uid {UID} cannot import vLLM: {probe.stderr[-500:]}"
@@ -221,8 +224,10 @@ def test_16_streams_over_http_across_hosts_exact_with_nothing_shared_but_the_url
     assert roles == ["frontend", "frontend", "scheduler"], roles
     for reconciler in ("rust", "python"):
         replay = subprocess.run(
-            [CLIENT_PYTHON, "-m", "parallelhue", "replay", str(record), "--speed", "max"]
-            + ["--view", "plain", "--reconciler", reconciler],
+            [
+                CLIENT_PYTHON, "-m", "parallelhue", "replay", str(record), "--speed", "max",
+                "--view", "plain", "--reconciler", reconciler,
+            ],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert (replay.returncode, replay.stderr) == (0, "")

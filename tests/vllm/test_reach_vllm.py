@@ -189,6 +189,35 @@ def test_16_streams_over_https_equal_the_socket_and_reconcile_exactly(
             os.unlink(path)
 
 
+def test_the_real_client_over_https_telemetry_is_exact(
+    reach_server: server.Server, certificate: tuple[str, str], tmp_path: Path
+) -> None:
+    """`parallelhue` itself, --telemetry http over TLS: the Rust HTTP thread verifies the
+    certificate (SSL_CERT_FILE) and reads both the streams and the telemetry stream."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "SSL_CERT_FILE": certificate[0],
+        "PARALLELHUE_SOCKET_DIR": str(tmp_path / "sockets"),
+    }
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "parallelhue", PROMPTS[0], "--endpoint",
+            reach_server.url + "/v1/chat/completions", "--api-key", KEY, "--telemetry", "http",
+            "--mode", "exact", "--concurrency", "8", "--max-tokens", "32", "--view", "plain",
+        ],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.count("EXACT TOKEN PROVENANCE ·") == 8
+    port = reach_server.url.rsplit(":", 1)[1]
+    assert (
+        f"telemetry: 127.0.0.1:{port} over HTTPS (certificate verified), API key sent, "
+        "server-chosen run "
+    ) in done.stdout.splitlines()[0]
+    assert not (tmp_path / "sockets").exists()
+
+
 def test_a_killed_subscriber_frees_its_hub_and_the_next_run_is_exact(
     reach_server: server.Server, certificate: tuple[str, str]
 ) -> None:
