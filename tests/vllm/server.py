@@ -142,11 +142,13 @@ def start(
     host: str = "127.0.0.1",
     port: int | None = None,
     healthy: Callable[[str], bool] | None = None,
+    ca: str | None = None,
 ) -> Server:
     """Start a server and wait until /health answers; raises with the log tail on failure.
 
     `serve`: start it as `vllm serve` (needed for --api-server-count > 1);
-    `tls`: (certfile, keyfile), served as https and checked against certfile;
+    `tls`: (certfile, keyfile), served as https and checked against `ca` (default:
+    certfile itself, a self-signed certificate);
     `prefix`: run the command under it (e.g. `ip netns exec NS setpriv ...`);
     `python`: the interpreter (default: the vLLM venv's); `host`, `port`: where it
     listens (default 127.0.0.1, a free port); `healthy(url)`: whether it is up
@@ -215,7 +217,9 @@ def start(
                     if healthy(server.url):
                         return server
                 else:
-                    verify = ssl.create_default_context(cafile=tls[0]) if tls is not None else True
+                    verify = (
+                        ssl.create_default_context(cafile=ca or tls[0]) if tls is not None else True
+                    )
                     response = httpx.get(server.url + "/health", timeout=2, verify=verify)
                     if response.status_code == 200:
                         return server
