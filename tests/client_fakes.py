@@ -144,6 +144,10 @@ class FakeServer:
             else:
                 self._respond(writer, 200, "text/plain; version=0.0.4", self.metrics.encode())
             return
+        if not path.endswith("/completions"):
+            # A server without ParallelHue's route (e.g. /v1/parallelhue): like vLLM, 404.
+            self._respond(writer, 404, "application/json", b'{"detail":"Not Found"}')
+            return
         request = json.loads(body)
         request["_headers"] = headers
         self.requests.append(request)

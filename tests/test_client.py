@@ -377,7 +377,13 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     assert mode == 0o600
     assert frames == [b"ours"]
     if os.geteuid() == 0:
-        assert stats == {"datagrams": 2, "rejected_uid": 1, "bytes": 4}
+        assert stats == {
+            "datagrams": 2,
+            "rejected_uid": 1,
+            "accepted_foreign": 0,
+            "bytes": 4,
+            "last_rejected_uid": 65534,
+        }
     assert not os.path.exists(path)
 
 
@@ -458,8 +464,8 @@ def test_401_from_the_model_list_points_at_the_api_key(
     _out, err = capsys.readouterr()
     assert code == 2
     assert err == (
-        f"parallelhue: error: listing models at {server.url}/v1/models gave HTTP 401: the "
-        "server wants an API key: give it with --api-key or OPENAI_API_KEY\n"
+        f"parallelhue: error: the server needs an API key (HTTP 401 from {server.url}/v1/models): "
+        "give it with --api-key or OPENAI_API_KEY\n"
     )
 
 

@@ -65,8 +65,12 @@ verification:
   --mode MODE           [PARALLELHUE_MODE] auto (default) | exact | chunk
   --backend NAME        [PARALLELHUE_BACKEND] auto (default: from evidence) | generic | a
                         speculative method (ngram, draft_model, eagle3, mtp, ...) declared by you
+  --telemetry WAY       [PARALLELHUE_TELEMETRY] auto (default: the server's HTTP route when
+                        its plugin answers, else the socket) | socket | http
   --socket-dir DIR      [PARALLELHUE_SOCKET_DIR] telemetry socket directory
                         (default $XDG_RUNTIME_DIR/parallelhue, else <tmp>/parallelhue-<uid>)
+  --accept-uid UID      [PARALLELHUE_ACCEPT_UIDS=UID,...] also admit socket frames from UID
+                        (a server in a container on this host); repeatable
   --reconciler KIND     [PARALLELHUE_RECONCILER] rust (default) | python (reference)
 screen and outputs:
   --view VIEW           [PARALLELHUE_VIEW] stream | grid | plain (default: stream for one
@@ -89,7 +93,8 @@ simulated, and says so). Options: --concurrency N (default 16, max 64) --accepta
 --draft-len K (1-16, default 4) --step-ms S (default 20) --fault SPEC (inject faults, e.g.
 drop:1,max-per-fault:1; docs/SIMULATOR.md), and the run's --max-tokens --view --mode --seed
 --prompt --stop --ignore-eos --system --extra-body --header --color --palette --json --record
---export --measurement --reconciler --tmux --no-attach.
+--export --measurement --reconciler --tmux --no-attach, and --telemetry socket (default) | http
+(the engine serves its HTTP route) | auto.
 """
 
 REPLAY_USAGE = """\

@@ -31,10 +31,12 @@ from .settings import (
     HARD_CONCURRENCY_LIMIT,
     MAX_CONCURRENCY,
     MAX_SEED,
+    MAX_UID,
     MODES,
     PALETTE_NAMES,
     RECONCILERS,
     STDOUT,
+    TELEMETRY,
     VIEWS,
     ReplayConfig,
     RunConfig,
@@ -263,7 +265,7 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
     for flag in (
         "--view", "--mode", "--max-tokens", "--concurrency", "--socket-dir", "--seed",
         "--temperature", "--record", "--export", "--measurement", "--reconciler", "--prompt",
-        "--color", "--palette", "--system", "--extra-body",
+        "--telemetry", "--color", "--palette", "--system", "--extra-body",
     ):  # fmt: skip
         parser.add_argument(flag)
     parser.add_argument("--stop", action="append")
@@ -278,6 +280,7 @@ def _run_parser() -> Parser:
     for flag in ("--endpoint", "--api", "--model", "--prompt-file", "--api-key", "--timeout"):
         parser.add_argument(flag)
     parser.add_argument("--backend")
+    parser.add_argument("--accept-uid", action="append")
     common_flags(parser)
     return parser
 
@@ -337,6 +340,8 @@ def resolve_common(
         )
     got = src.get("--reconciler", "PARALLELHUE_RECONCILER")
     reconciler = check_choice(got[0], got[1], RECONCILERS) if got else "rust"
+    got = src.get("--telemetry", "PARALLELHUE_TELEMETRY")
+    telemetry = check_choice(got[0], got[1], TELEMETRY) if got else "auto"
     got = src.get("--seed", "PARALLELHUE_SEED")
     seed = check_int(got[0], got[1], 0, MAX_SEED) if got else 0
     got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
@@ -374,6 +379,7 @@ def resolve_common(
         "mode": mode,
         "view": view,
         "reconciler": reconciler,
+        "telemetry": telemetry,
         "seed": seed,
         "temperature": temperature,
         "socket_dir": socket_dir,
@@ -392,6 +398,28 @@ def resolve_common(
         "palette": palette,
         "json_output": json_output,
     }
+
+
+def _accept_uids(src: Sources, telemetry: str) -> tuple[int, ...]:
+    """--accept-uid UID (repeatable) or PARALLELHUE_ACCEPT_UIDS=UID[,UID...]."""
+    flags: list[str] | None = src.args.accept_uid
+    if flags:
+        given = [("--accept-uid", raw) for raw in flags]
+    else:
+        raw_env = src.env.get("PARALLELHUE_ACCEPT_UIDS", "")
+        given = [("PARALLELHUE_ACCEPT_UIDS", part) for part in raw_env.split(",") if part.strip()]
+    uids: list[int] = []
+    for name, raw in given:
+        uid = check_int(name, raw, 0, MAX_UID)
+        if uid == os.geteuid():
+            raise ConfigError(f"{name} {uid} is this client's own uid: it is always accepted")
+        if uid not in uids:
+            uids.append(uid)
+    if uids and telemetry == "http":
+        raise ConfigError(
+            f"{given[0][0]} applies to the telemetry socket: not with --telemetry http"
+        )
+    return tuple(uids)
 
 
 def no_color(env: Mapping[str, str]) -> bool:
@@ -479,6 +507,7 @@ def parse_run(
     timeout = check_float(got[0], got[1], 0.0, 86400.0, low_open=True) if got else DEFAULT_TIMEOUT
     got = src.get("--backend", "PARALLELHUE_BACKEND")
     backend = _backend(got[0], got[1]) if got else "auto"
+    accept_uids = _accept_uids(src, str(common["telemetry"]))
 
     return run_config(
         common,
@@ -489,6 +518,7 @@ def parse_run(
         api_key=api_key,
         timeout=timeout,
         backend=backend,
+        accept_uids=accept_uids,
     )
 
 
@@ -502,6 +532,7 @@ def run_config(
     api_key: str | None,
     timeout: float,
     backend: str,
+    accept_uids: tuple[int, ...] = (),
 ) -> RunConfig:
     """A RunConfig from the resolved common flags plus what differs between run and demo."""
     return RunConfig(
@@ -512,6 +543,7 @@ def run_config(
         timeout=timeout,
         backend=backend,
         no_color=no_color(env),
+        accept_uids=accept_uids,
         **common,
     )
 

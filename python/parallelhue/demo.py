@@ -60,13 +60,16 @@ def parse_demo(
     args = parser.parse_args(list(argv))
     # The demo talks to its own engine: the endpoint, model and key variables do
     # not apply, but the display and request-shape ones do.
+    src = Sources(args, env)
     common = resolve_common(
-        Sources(args, env),
+        src,
         default_concurrency=16,
         concurrency_limit=DEMO_MAX_CONCURRENCY,
         warn_above=None,
         stdout_tty=stdout_tty,
     )
+    if src.get("--telemetry", "PARALLELHUE_TELEMETRY") is None:
+        common["telemetry"] = "socket"  # the demo's engine shares this host
     concurrency = int(common["concurrency"])
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if not prompt.strip():
@@ -119,7 +122,8 @@ async def run_demo(
     # itself proves or reports from the frames' `dropped` counts.
     logging.getLogger("parallelhue_vllm").setLevel(logging.ERROR)
     # The same checks as a live run (length first, then the 0700 directory).
-    directory = os.path.dirname(resolve_socket("auto", run.socket_dir, new_run_id()))
+    socket = run.telemetry != "http"
+    directory = os.path.dirname(resolve_socket(run.socket_dir, new_run_id(), create=socket))
     sim_config = SimConfig(
         draft_len=demo.draft_len,
         acceptance=demo.acceptance,
@@ -127,6 +131,8 @@ async def run_demo(
         seed=run.seed,
         socket_dir=directory,
         faults=FaultConfig.parse(demo.faults) if demo.faults else None,
+        # --telemetry http: the engine serves the route only; auto: both ways, the client picks.
+        telemetry_mode={"socket": "socket", "http": "http"}.get(run.telemetry, "both"),
     )
     server = SimServer(sim_config)
     url = await server.start()

@@ -92,7 +92,12 @@ class Feed:
                 state.reason = reason
                 self._failed(index)
             elif kind == "run":
-                self.model.run_messages.append(one_line(str(event[1])))
+                self.run_message(str(event[1]))
+
+    def run_message(self, message: str) -> None:
+        """A line about the whole run (the reconciler's, or the client's own about
+        its telemetry stream)."""
+        self.model.run_messages.append(one_line(message))
 
     def stats(self, reconciler: ReconcilerLike) -> None:
         """The reconciler's statistics, counters and sources, stored once."""

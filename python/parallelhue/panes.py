@@ -405,6 +405,8 @@ def banner_line(model: RunModel, width: int | None) -> Line:
         parts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
     if not model.backend.speculative:
         parts.append("monochrome: no speculative decoding proven")
+    if model.telemetry:
+        parts.append(model.telemetry)  # where telemetry comes from and what vouches for it
     pieces.append((sanitize(" · ".join(parts), keep_newlines=False), None))
     return pieces if width is None else fit(pieces, width)
 

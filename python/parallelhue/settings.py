@@ -20,10 +20,12 @@ __all__ = [
     "HARD_CONCURRENCY_LIMIT",
     "MAX_CONCURRENCY",
     "MAX_SEED",
+    "MAX_UID",
     "MODES",
     "PALETTE_NAMES",
     "RECONCILERS",
     "STDOUT",
+    "TELEMETRY",
     "VIEWS",
     "ReplayConfig",
     "RunConfig",
@@ -42,6 +44,8 @@ MAX_SEED = 2**32 - 1
 MODES = ("exact", "auto", "chunk")
 VIEWS = ("stream", "grid", "plain")
 RECONCILERS = ("rust", "python")
+TELEMETRY = ("auto", "socket", "http")  # telemetry.TELEMETRY_CHOICES
+MAX_UID = 2**32 - 2  # (uid_t)-1 means "no uid"
 COLOR_MODES = ("step", "role")
 PALETTE_NAMES = ("standard", "colorblind")
 # `--measurement -`: the record goes to stdout.
@@ -71,6 +75,8 @@ class RunConfig:
     reconciler: str
     no_color: bool
     warnings: list[str] = field(default_factory=list)
+    telemetry: str = "auto"  # telemetry.TELEMETRY_CHOICES
+    accept_uids: tuple[int, ...] = ()  # --accept-uid: socket senders besides our own uid
     # What each request asks for besides the prompt (request.py builds the body).
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False

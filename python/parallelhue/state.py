@@ -499,6 +499,8 @@ class RunModel:
     server_deltas: list[tuple[str, float]] = field(default_factory=list)
     # How precise the SSE arrival times are, when not to the read (the Rust reader).
     arrival_note: str = ""
+    # Where the telemetry comes from and what vouches for it (telemetry.security_line).
+    telemetry: str = ""
     finished: bool = False
     interrupted: bool = False
     # The stream whose failure stopped an exact-mode run (the first to fail).
