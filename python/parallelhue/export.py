@@ -253,15 +253,34 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
     wall = model.wall_seconds or 0.0
     span = max(wall, 1e-3)
     left, width, row = 44.0, 860.0, 12.0
-    height = row * len(streams) + 36
+    # --requests: a row per stream, its requests one after another (a tick where each starts).
+    queueing = model.queueing and model.concurrency is not None
+    rows = model.concurrency if queueing and model.concurrency is not None else len(streams)
+    height = row * rows + 36
     parts = [
         f'<svg class="plot" width="{left + width + 10:.0f}" height="{height:.0f}" role="img" '
         'aria-label="timeline of steps">',
-        '<text x="0" y="14" class="pt">Steps over time, per stream</text>',
+        '<text x="0" y="14" class="pt">Steps over time, per stream'
+        + (f" ({len(streams)} requests on {rows} streams)" if queueing else "")
+        + "</text>",
     ]
+    if queueing:
+        for number in range(rows):
+            y = 22 + number * row
+            parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">s{number}</text>')
     for index, stream in enumerate(streams):
-        y = 22 + index * row
-        parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
+        if queueing:
+            if stream.slot is None or stream.started_at is None:
+                continue  # never sent
+            y = 22 + stream.slot * row
+            x = left + width * (stream.started_at - origin) / span
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="1" height="{row - 2:.1f}" '
+                f'fill="{FOREGROUND}" opacity="0.5"/>'
+            )
+        else:
+            y = 22 + index * row
+            parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
         marks = stream.step_marks()
         if stream.shows_chunks or not marks:
             for number, at in enumerate(stream.chunk_arrivals()):
@@ -302,7 +321,12 @@ def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
     ]
     total = run_result(model)
     facts = html.escape(
-        f"{total['streams']} streams · {total['tokens']} tokens · mode {model.mode}"
+        (
+            f"{total['requests']} requests on {total['concurrency']} streams"
+            if model.queueing
+            else f"{total['streams']} streams"
+        )
+        + f" · {total['tokens']} tokens · mode {model.mode}"
         + (f" · {SIMULATED_LABEL}: simulated numbers" if model.is_simulated else "")
     )
     return f"""<!DOCTYPE html>

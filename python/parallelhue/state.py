@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import sys
 import time
 from array import array
@@ -34,6 +35,7 @@ __all__ = [
     "LABEL_ERROR",
     "LABEL_EXACT",
     "LABEL_NOT_EXACT",
+    "LABEL_QUEUED",
     "LABEL_VERIFYING",
     "SIMULATED_LABEL",
     "RunModel",
@@ -50,6 +52,7 @@ LABEL_VERIFYING = "VERIFYING"
 LABEL_NOT_EXACT = "NOT EXACT"
 LABEL_ERROR = "ERROR"
 LABEL_CANCELLED = "CANCELLED"
+LABEL_QUEUED = "QUEUED"  # --requests: not sent yet (waiting for its arrival time or a stream)
 # Everything from the embedded simulator says so, on screen, in summaries and exports.
 SIMULATED_LABEL = "SIMULATED ENGINE"
 
@@ -61,6 +64,7 @@ _LABEL_KEYS = {
     LABEL_NOT_EXACT: "label.failed",
     LABEL_ERROR: "label.error",
     LABEL_CANCELLED: "label.cancelled",
+    LABEL_QUEUED: "label.queued",
 }
 
 
@@ -213,6 +217,10 @@ class StreamState:
     sse_finished: bool = False
     finish_reason: str | None = None
     started_at: float | None = None
+    # --requests: not sent yet; when its arrival time is (monotonic, None: at once).
+    queued: bool = False
+    scheduled_at: float | None = None
+    slot: int | None = None  # which of the run's streams it went out on (RunModel.slots)
     first_token_at: float | None = None
     delta_times: array[float] = field(default_factory=lambda: array("d"))
     usage: Usage | None = None
@@ -300,6 +308,11 @@ class StreamState:
     def fail_http(self, message: str) -> None:
         self.error = message
 
+    @property
+    def over(self) -> bool:
+        """Its exchange ended (or was stopped): its stream is free for the next request."""
+        return self.sse_finished or self.error is not None or self.cancelled
+
     # --- what to show -----------------------------------------------------------
 
     @property
@@ -313,6 +326,8 @@ class StreamState:
             return LABEL_ERROR
         if self.cancelled and self.verdict != "exact":
             return LABEL_CANCELLED
+        if self.queued:
+            return LABEL_QUEUED
         if self.shows_chunks:
             return LABEL_CHUNK
         if self.verdict == "exact":
@@ -326,6 +341,8 @@ class StreamState:
         """One line under the text: why the stream is not exact, or its HTTP failure."""
         if self.error is not None:
             return f"error: {self.error}"
+        if self.cancelled and self.queued:
+            return "not sent: exact mode stopped the run after another stream failed"
         if self.cancelled and self.verdict != "exact":
             return "cancelled: exact mode stopped the run after another stream failed"
         if self.verdict == "failed" and self.reason:
@@ -510,6 +527,17 @@ class RunModel:
     model_name: str | None = None
     server: str | None = None  # host:port shown in the banner
     replay_of: str | None = None  # the recording being replayed
+    # --requests N > --concurrency C: the screen shows C streams, each the latest request
+    # started on it (`slots`: request index per stream; None: one stream per request).
+    concurrency: int | None = None
+    request_rate: float = math.inf
+    slots: list[int] = field(default_factory=list)
+    dispatch_at: float | None = None  # when the first request could go (arrival time 0)
+
+    def __post_init__(self) -> None:
+        if self.queueing and not self.slots:
+            assert self.concurrency is not None
+            self.slots = list(range(self.concurrency))
 
     def __repr__(self) -> str:
         return (
@@ -543,6 +571,48 @@ class RunModel:
         if not starts or not ends:
             return None
         return max(0.0, max(ends) - min(starts))
+
+    @property
+    def queueing(self) -> bool:
+        """More requests than streams: the screen shows streams, the summary requests."""
+        return self.concurrency is not None and self.concurrency < len(self.streams)
+
+    def start_stream(self, index: int, at: float) -> None:
+        """Request `index` was sent at `at`: it takes the place of a finished request."""
+        state = self.streams[index]
+        state.started_at = at
+        state.queued = False
+        if not self.queueing:
+            state.slot = index
+            return
+        slots = self.slots
+        if index in slots:  # the first requests have their streams from the start
+            state.slot = slots.index(index)
+            return
+        free = next((k for k, i in enumerate(slots) if self.streams[i].over), None)
+        if free is None:  # cannot happen live; a hand-edited recording: the oldest
+            free = min(range(len(slots)), key=lambda k: self.streams[slots[k]].started_at or 0.0)
+        slots[free] = index
+        state.slot = free
+
+    def shown_streams(self) -> list[StreamState]:
+        """What the live screen lays out: every stream, or with --requests the
+        latest request of each stream."""
+        if not self.queueing:
+            return self.streams
+        return [self.streams[i] for i in self.slots]
+
+    def request_counts(self) -> tuple[int, int, int]:
+        """(finished, open, queued) requests."""
+        finished = open_ = queued = 0
+        for stream in self.streams:
+            if stream.queued and not stream.cancelled:
+                queued += 1
+            elif stream.over:
+                finished += 1
+            elif stream.started_at is not None:
+                open_ += 1
+        return finished, open_, queued
 
     def count_labels(self) -> dict[str, int]:
         counts: dict[str, int] = {}
