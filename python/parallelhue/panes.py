@@ -271,6 +271,13 @@ def word_wrap(pieces: Iterable[Piece], width: int | None) -> list[Line]:
     return lines
 
 
+def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list[Piece]:
+    """The tail of a stream's text in this run's coloring (None: all of it)."""
+    return stream.tail_segments(
+        model.colorize, max_chars, model.color_by, roles_known=model.roles_known
+    )
+
+
 def _clean(pieces: Iterable[Piece]) -> Line:
     out: Line = []
     for text, key in pieces:
@@ -325,7 +332,7 @@ class PaneData:
 
 
 def pane_data(stream: StreamState, model: RunModel, max_chars: int | None) -> PaneData:
-    body = _clean(stream.tail_segments(model.colorize, max_chars, model.color_by))
+    body = _clean(_styled(stream, model, max_chars))
     note = sanitize(stream.note, keep_newlines=False) if stream.note else None
     requests = len(model.streams) if model.queueing else None
     return PaneData(stream.index, stream.label, numbers_text(stream), tuple(body), note, requests)
@@ -384,7 +391,7 @@ def overview_line(stream: StreamState, model: RunModel, width: int, *, focused: 
     if used >= width:
         return fit(head, width, ellipsis=False)
     room = width - used - 1
-    body = _clean(stream.tail_segments(model.colorize, room * 2 + 8, model.color_by))
+    body = _clean(_styled(stream, model, room * 2 + 8))
     return [*head, *tail_fit(body, room), (" ", None)]
 
 
@@ -434,13 +441,18 @@ def legend_pieces(model: RunModel) -> Line:
         for code in (1, 2, 3):
             pieces += [("■", ROLE_KEYS[code]), (f" {ROLE_NAMES[code]}  ", None)]
         pieces.append(("plain: a step without drafts", None))
-        mixed = "underlined: tokens of two roles"
+        # A reconciler without contract C2's roles: no span is shown with a role.
+        mixed = "underlined: tokens of two roles" if model.roles_known else None
+        unproven = "dim: not yet proven" if model.roles_known else "dim: no role proven"
     else:
         pieces.append(("colors: engine step ", None))
         pieces += [("■", key) for key in STEP_KEYS]
         pieces.append((" (cycling, one per verified step)", None))
         mixed = "underlined: a character from two steps"
-    pieces += [(" · ", None), (mixed, "mixed"), (" · ", None), ("dim: not yet proven", "unproven")]
+        unproven = "dim: not yet proven"
+    if mixed is not None:
+        pieces += [(" · ", None), (mixed, "mixed")]
+    pieces += [(" · ", None), (unproven, "unproven")]
     pieces.append((" · SSE CHUNK MODE streams: colors are SSE chunks", None))
     return pieces
 
@@ -775,12 +787,12 @@ def stream_screen(
         paused = "PAUSED (p resumes; the run goes on) · " if ui.paused else ""
         status = fit([(paused + _STREAM_KEY_HINT, "dim")], width)
     if height is None:
-        lines.extend(wrap(_clean(stream.segments(model.colorize, model.color_by)), width))
+        lines.extend(wrap(_clean(_styled(stream, model, None)), width))
     else:
         reserved = (1 if note else 0) + (1 if status else 0)
         body_height = max(1, height - len(lines) - reserved)
         budget = width * body_height * 2
-        body = _clean(stream.tail_segments(model.colorize, budget, model.color_by))
+        body = _clean(_styled(stream, model, budget))
         lines.extend(wrap(body, width, body_height))
     if note:
         lines.append(fit([(sanitize(note, keep_newlines=False), "note")], width))

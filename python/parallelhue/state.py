@@ -75,9 +75,13 @@ def label_key(label: str) -> str:
 Segment = tuple[str, str | None]  # text (raw, sanitized by the layout), style key
 
 
-def _span_key(step: int | None, role: int | None, color_by: str) -> str:
+def _span_key(step: int | None, role: int | None, color_by: str, roles_known: bool = True) -> str:
     if color_by == "role":
-        return ROLE_KEYS[role] if role is not None and 0 <= role < len(ROLE_KEYS) else "mixed"
+        if role is not None and 0 <= role < len(ROLE_KEYS):
+            return ROLE_KEYS[role]
+        # No role: tokens of two roles (mixed) when the reconciler reports roles at
+        # all (contract C2's 8th span element), else simply not proven.
+        return "mixed" if roles_known else "unproven"
     return STEP_KEYS[step % len(STEP_KEYS)] if step is not None else "mixed"
 
 
@@ -226,6 +230,7 @@ class StreamState:
     usage: Usage | None = None
     # reconciler.stream_stats (a StreamStats once the first update arrived)
     stats: Mapping[str, Any] = field(default_factory=dict)
+    has_roles: bool = False  # a span of it carried a token role (contract C2)
 
     def __repr__(self) -> str:
         return (
@@ -279,11 +284,19 @@ class StreamState:
             records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
         step = _NO_STEP if step_index is None else step_index
         role_code = _NO_ROLE if role is None else role
+        if role is not None:
+            self.has_roles = True
         records.extend((byte_start + len(text.encode("utf-8")), step | role_code << 32))
 
     def add_span_runs(self, records: bytes | memoryview) -> None:
         """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
+        before = len(self.span_records)
         _append_le(self.span_records, records)
+        if not self.has_roles:
+            words = self.span_records
+            self.has_roles = any(
+                (words[i] >> 32) & _NO_ROLE != _NO_ROLE for i in range(before + 1, len(words), 2)
+            )
 
     @property
     def chunks(self) -> _Runs:
@@ -358,16 +371,24 @@ class StreamState:
         """The SSE text after the proven bytes."""
         return self.sse_utf8[self.proven_bytes :].decode("utf-8", "replace")
 
-    def segments(self, colorize: bool, color_by: str = "step") -> list[Segment]:
+    def segments(
+        self, colorize: bool, color_by: str = "step", *, roles_known: bool = True
+    ) -> list[Segment]:
         """The stream's text cut into styled pieces by the coloring rule."""
-        return self.tail_segments(colorize, None, color_by)
+        return self.tail_segments(colorize, None, color_by, roles_known=roles_known)
 
     def tail_segments(
-        self, colorize: bool, max_chars: int | None, color_by: str = "step"
+        self,
+        colorize: bool,
+        max_chars: int | None,
+        color_by: str = "step",
+        *,
+        roles_known: bool = True,
     ) -> list[Segment]:
         """The last pieces of the styled text holding at least `max_chars` characters
         (all of them for None), walking back from the end only: a redraw costs what
-        is visible, not the stream's length."""
+        is visible, not the stream's length. `roles_known`: the run's reconciler
+        reports token roles (RunModel.roles_known); else a role-less span is unproven."""
         limit = max_chars if max_chars is not None else -1
         pieces: list[Segment] = []
         total = 0
@@ -397,7 +418,7 @@ class StreamState:
             if not colorize:
                 key = None
             elif by_role:
-                key = _span_key(None, spans.role(index), color_by)
+                key = _span_key(None, spans.role(index), color_by, roles_known)
             else:
                 step = spans.step(index)
                 key = STEP_KEYS[step % steps] if step is not None else "mixed"
@@ -533,6 +554,8 @@ class RunModel:
     request_rate: float = math.inf
     slots: list[int] = field(default_factory=list)
     dispatch_at: float | None = None  # when the first request could go (arrival time 0)
+    # The reconciler reports token roles (C2: 8-element span events, per-position stats).
+    roles_reported: bool = False
 
     def __post_init__(self) -> None:
         if self.queueing and not self.slots:
@@ -571,6 +594,14 @@ class RunModel:
         if not starts or not ends:
             return None
         return max(0.0, max(ends) - min(starts))
+
+    @property
+    def roles_known(self) -> bool:
+        """Whether a span without a role means "tokens of two roles" (mixed) rather
+        than "no role proven": the reconciler reports roles (contract C2)."""
+        if not self.roles_reported and any(s.has_roles for s in self.streams):
+            self.roles_reported = True
+        return self.roles_reported
 
     @property
     def queueing(self) -> bool:

@@ -239,7 +239,11 @@ def _notes(model: RunModel) -> list[str]:
             notes.append(f"stream {state.index}: {state.label}; {state.note}")
     result = run_result(model)
     ttft, itl, e2e = result["ttft_s"], result["itl_s"], result["e2e_s"]
-    note = model.arrival_note if model.arrival_note and len(model.streams) >= 4 else ""
+    note = (
+        model.arrival_note
+        if model.arrival_note and (model.concurrency or len(model.streams)) >= 4
+        else ""
+    )
     notes.append(
         f"latency (client clock, SSE arrival{'; ' + note if note else ''}): "
         f"TTFT mean={_ms(ttft['mean'])} p50={_ms(ttft['p50'])} p99={_ms(ttft['p99'])}; "
