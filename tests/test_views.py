@@ -16,12 +16,14 @@ from parallelhue.panes import (
     GridUi,
     box_pane,
     final_grid,
+    fit,
     grid_layout,
     grid_screen,
     legend_line,
     line_text,
     line_width,
     pane_data,
+    tail_fit,
     wrap,
 )
 from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
@@ -605,3 +607,23 @@ def test_banner_names_model_server_and_lossy_verification() -> None:
     model.sources = [{"role": "scheduler", "verification": "fly"}]
     text = line_text(grid_screen(model, 300, 30)[0])
     assert "LOSSY verification (fly): an accepted draft need not be the target's choice" in text
+
+
+def test_emoji_presentation_sequences_keep_every_line_and_export_box_in_its_cells() -> None:
+    """U+2764 U+FE0F is two cells measured whole, one plus zero measured per character:
+    the layout and the export measured it both ways, so a pane line holding it was a cell
+    off and the SVG drew the borders after it one cell early (docs/demo.svg, pane #2)."""
+    from parallelhue.export import line_boxes
+
+    text = "nd hearts ❤️ 💚💙💛. 한국어 ❤️❤️ x é́ 👍🏽"
+    for width in range(3, 40):
+        lines = [*wrap([(text, "a"), (text, None)], width)]
+        lines += [fit([(text, None)], width), tail_fit([(text, None)], width)]
+        for line in lines:
+            assert line_width(line) == width, (width, line)
+            boxes = line_boxes(line, THEME)
+            assert max(box.column + box.cells for box in boxes) <= width, (width, line)
+    boxes = line_boxes([("a❤️b", None)], THEME)
+    assert [(box.column, box.cells, box.text) for box in boxes] == [
+        (0, 1, "a"), (1, 2, "❤️"), (3, 1, "b"),
+    ]  # fmt: skip

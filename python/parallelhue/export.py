@@ -89,10 +89,15 @@ def line_boxes(line: Line, theme: Theme) -> list[Box]:
                 continue
             width = cell_len(char)
             if width == 0:
-                # A combining mark belongs to the character before it.
+                # A combining mark belongs to the character before it; a variation
+                # selector may widen it (U+2764 U+FE0F is an emoji: two cells, as the
+                # layout measures it), and the columns after it move with it.
                 if boxes and boxes[-1].column + boxes[-1].cells == column:
                     last = boxes[-1]
-                    boxes[-1] = Box(last.column, last.cells, last.text + char, last.key, last.kind)
+                    merged = last.text + char
+                    grown = max(0, cell_len(merged) - cell_len(last.text))
+                    boxes[-1] = Box(last.column, last.cells + grown, merged, last.key, last.kind)
+                    column += grown
                 index += 1
                 continue
             end = index

@@ -108,6 +108,19 @@ def line_text(line: Line) -> str:
     return "".join(text for text, _ in line)
 
 
+def _clusters(text: str) -> list[str]:
+    """`text` as characters with the zero-width ones after them (combining marks,
+    variation selectors): measured whole, as `cells` measures a piece (U+2764 U+FE0F,
+    an emoji, is two cells; its parts alone are one and zero)."""
+    out: list[str] = []
+    for char in text:
+        if out and cell_len(char) == 0:
+            out[-1] += char
+        else:
+            out.append(char)
+    return out
+
+
 def _take(text: str, room: int) -> tuple[str, int]:
     """The longest prefix of `text` fitting `room` cells, and its width."""
     if text.isascii():
@@ -118,12 +131,12 @@ def _take(text: str, room: int) -> tuple[str, int]:
         return text, whole
     used = 0
     end = 0
-    for char in text:
-        size = cell_len(char)
+    for cluster in _clusters(text):
+        size = cell_len(cluster)
         if used + size > room:
             break
         used += size
-        end += 1
+        end += len(cluster)
     return text[:end], used
 
 
@@ -164,12 +177,12 @@ def tail_fit(pieces: Sequence[Piece], width: int) -> Line:
             continue
         room = width - used
         chars: list[str] = []
-        for char in reversed(flat):
-            char_size = cell_len(char)
-            if char_size > room:
+        for cluster in reversed(_clusters(flat)):
+            cluster_size = cell_len(cluster)
+            if cluster_size > room:
                 break
-            chars.append(char)
-            room -= char_size
+            chars.append(cluster)
+            room -= cluster_size
         if chars:
             piece = "".join(reversed(chars))
             kept.append((piece, key))
@@ -222,7 +235,8 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
             while part:
                 take, size = _take(part, width - used)
                 if not take and used == 0:
-                    take, size = part[0], min(width, cell_len(part[0]))  # wider than the pane
+                    first = _clusters(part)[0]  # wider than the pane
+                    take, size = first, min(width, cell_len(first))
                 if take:
                     current.append((take, key))
                     used += size
