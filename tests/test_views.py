@@ -627,3 +627,19 @@ def test_emoji_presentation_sequences_keep_every_line_and_export_box_in_its_cell
     assert [(box.column, box.cells, box.text) for box in boxes] == [
         (0, 1, "a"), (1, 2, "❤️"), (3, 1, "b"),
     ]  # fmt: skip
+
+
+def test_the_readme_picture_has_its_pane_borders_in_columns() -> None:
+    """docs/demo.svg as committed: every row crossing the panes puts its borders at
+    the same x (a glyph measured wrong shifts the rest of its row)."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "demo.svg")
+    with open(path, encoding="utf-8") as handle:
+        svg = handle.read()
+    assert "SIMULATED ENGINE" in svg
+    rows: dict[str, list[str]] = {}
+    for x, y in re.findall(r'<text x="([\d.]+)" y="([\d.]+)"[^>]*>│</text>', svg):
+        rows.setdefault(y, []).append(x)
+    full = {tuple(xs) for xs in rows.values() if len(xs) > 2}
+    assert len(rows) >= 10 and len(full) == 1, full
