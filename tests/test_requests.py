@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -440,3 +441,25 @@ def test_a_requests_run_records_replays_and_exports_per_stream(
     assert (document["total"]["requests"], document["total"]["concurrency"]) == (6, 2)
     # The replay puts each request back on one of the two streams.
     assert {row["slot"] for row in document["streams"]} == {0, 1}
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_tmux_panes_are_the_streams_each_showing_its_latest_request() -> None:
+    from parallelhue.tmux import TmuxView, snapshot_lines
+
+    model = _model(5, 2)
+    for index in (0, 1):
+        model.start_stream(index, 1.0)
+    model.streams[0].sse_finished = True
+    model.start_stream(2, 2.0)
+    view = TmuxView(model, make_console(False, plain=True), attach=False)
+    try:
+        view._write_all(done=False)
+        names = sorted(os.listdir(view.directory))
+        assert names == ["stream-0", "stream-1", "summary"]
+        with open(os.path.join(view.directory, "stream-0"), encoding="utf-8") as handle:
+            snapshot = json.load(handle)
+        assert (snapshot["index"], snapshot["requests"]) == (2, 5)
+        assert line_text(snapshot_lines(snapshot, 30, 4)[0]).startswith("#2/5 ")
+    finally:
+        shutil.rmtree(view.directory, ignore_errors=True)
