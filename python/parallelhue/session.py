@@ -652,10 +652,11 @@ class Session:
         model.dispatch_at = dispatcher.t0
         for state in model.streams:
             state.scheduled_at = dispatcher.scheduled_at(state.index)
+        sent: set[int] = set()  # requests started and not yet seen ending
         last_refresh = 0.0
         while True:
             path.poll()
-            self._dispatch(path, model, dispatcher)
+            self._dispatch(path, model, dispatcher, sent)
             if self._abort.is_set() or (dispatcher.all_started and path.streams_done()):
                 break
             now = time.monotonic()
@@ -663,7 +664,7 @@ class Session:
                 path.update_stats()
                 view.refresh()
                 last_refresh = now
-            await asyncio.sleep(self._pause(interval, model, dispatcher))
+            await asyncio.sleep(self._pause(interval, model, dispatcher, sent))
         if not self._abort.is_set():
             await self._grace(path, feed)
         if self._abort.is_set():
@@ -677,22 +678,32 @@ class Session:
         view.refresh()
 
     @staticmethod
-    def _dispatch(path: IngestPath, model: RunModel, dispatcher: Dispatcher) -> None:
+    def _open_streams(model: RunModel, sent: set[int]) -> int:
+        """Requests sent whose exchange is not over (`sent` keeps only those: at
+        most --concurrency to look at, however many requests the run has)."""
+        sent.difference_update([index for index in sent if model.streams[index].over])
+        return len(sent)
+
+    @classmethod
+    def _dispatch(
+        cls, path: IngestPath, model: RunModel, dispatcher: Dispatcher, sent: set[int]
+    ) -> None:
         """Start the requests that are due, while streams are free (schedule.py)."""
         if dispatcher.all_started:
             return
-        open_streams = sum(1 for s in model.streams if s.started_at is not None and not s.over)
-        for index in dispatcher.due(time.monotonic(), open_streams):
+        for index in dispatcher.due(time.monotonic(), cls._open_streams(model, sent)):
             path.start_request(index)
+            sent.add(index)
 
-    @staticmethod
-    def _pause(interval: float, model: RunModel, dispatcher: Dispatcher) -> float:
+    @classmethod
+    def _pause(
+        cls, interval: float, model: RunModel, dispatcher: Dispatcher, sent: set[int]
+    ) -> float:
         """The loop's sleep: the refresh interval, shorter while requests wait (the
         next arrival time, or SLOT_POLL to see a stream end soon after it does)."""
         if dispatcher.all_started:
             return interval
-        open_streams = sum(1 for s in model.streams if s.started_at is not None and not s.over)
-        wait = dispatcher.wait(time.monotonic(), open_streams)
+        wait = dispatcher.wait(time.monotonic(), cls._open_streams(model, sent))
         return min(interval, SLOT_POLL if wait is None else max(wait, 0.0))
 
     async def _grace(self, path: RustIngest | ReferenceIngest, feed: Feed) -> None:
