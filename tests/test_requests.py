@@ -404,10 +404,15 @@ def test_exact_mode_sends_no_further_request_after_a_failure(kind: str, clean_en
     assert result.message is not None
     assert result.message.startswith("exact mode: stream 0 is not exact: byte mismatch")
     assert result.message.endswith("; 4 requests were cancelled because of it")
-    never_sent = result.model.streams[1:]
-    assert all(s.started_at is None and s.label == "CANCELLED" for s in never_sent)
+    later = result.model.streams[1:]
+    assert all(s.label == "CANCELLED" for s in later)
+    # The failure is known once stream 0's frames are in, which may be just after its
+    # body ended: the one request that took its slot by then may have started; no
+    # other can (concurrency 1, 16 tokens each).
+    assert sum(s.started_at is not None for s in later) <= 1
+    assert all(s.started_at is None for s in later[1:])
     assert (
-        "stream 1: CANCELLED; not sent: exact mode stopped the run after another stream "
+        "stream 4: CANCELLED; not sent: exact mode stopped the run after another stream "
         "failed" in out
     )
 
