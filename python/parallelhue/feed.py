@@ -15,6 +15,7 @@ from typing import cast
 from .backend import detect_backend
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerLike
+from .results import DRAFTS_BY_POSITION
 from .sanitize import one_line
 from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
 from .state import RunModel
@@ -78,8 +79,13 @@ class Feed:
         for event in events:
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)
-                streams[stream].add_span(byte_start, text, step)
+                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)[:7]
+                # C2: an 8th element carries the span's token role (None: mixed or unknown).
+                extra = tuple(event)[7:]
+                role = cast(int | None, extra[0]) if extra else None
+                if extra:
+                    self.model.roles_reported = True
+                streams[stream].add_span(byte_start, text, step, role)
             elif kind == "exact":
                 streams[cast(ExactEvent, event)[1]].verdict = "exact"
             elif kind == "failed":
@@ -89,7 +95,12 @@ class Feed:
                 state.reason = reason
                 self._failed(index)
             elif kind == "run":
-                self.model.run_messages.append(one_line(str(event[1])))
+                self.run_message(str(event[1]))
+
+    def run_message(self, message: str) -> None:
+        """A line about the whole run (the reconciler's, or the client's own about
+        its telemetry stream)."""
+        self.model.run_messages.append(one_line(message))
 
     def stats(self, reconciler: ReconcilerLike) -> None:
         """The reconciler's statistics, counters and sources, stored once."""
@@ -97,6 +108,8 @@ class Feed:
         for state in model.streams:
             state.stats = reconciler.stream_stats(state.index)
         model.totals = reconciler.totals()
+        if DRAFTS_BY_POSITION in model.totals:  # contract C2's stats: roles come with it
+            model.roles_reported = True
         model.counters = reconciler.counters()
         sources = reconciler.sources()
         if len(sources) != len(model.sources):

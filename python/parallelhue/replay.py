@@ -16,13 +16,13 @@ from typing import Any
 from rich.console import Console
 
 from .backend import detect_backend
-from .config import ReplayConfig
 from .feed import Feed
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recording, RecordingError, read_recording
 from .sanitize import one_line
 from .session import RunDriver, SetupError, outcome
+from .settings import ReplayConfig
 from .state import RunModel, StreamState
 from .streams import StreamStopped
 from .views import REFRESH_HZ, make_view
@@ -46,9 +46,12 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         mode = str(header["mode"])
     except (KeyError, TypeError, ValueError):
         raise RecordingError("replay: the recording's header is incomplete") from None
-    if config.view == "stream" and count > 1:
+    # --requests: `count` requests went out on `concurrency` streams.
+    concurrency = int(header.get("concurrency") or count)
+    rate = header.get("request_rate")
+    if config.view == "stream" and concurrency > 1:
         raise SetupError(
-            f"--view stream shows one stream, but the recording has {count}: use --view grid"
+            f"--view stream shows one stream, but the recording has {concurrency}: use --view grid"
         )
     prompts = header.get("prompts") or [""] * count
     reconciler: ReconcilerLike | None = None
@@ -61,7 +64,12 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
     metrics = _metrics_evidence(recording.footer)
     model = RunModel(
         streams=[
-            StreamState(index=i, mode=mode, prompt=str(prompts[i] if i < len(prompts) else ""))
+            StreamState(
+                index=i,
+                mode=mode,
+                prompt=str(prompts[i] if i < len(prompts) else ""),
+                queued=concurrency < count or rate is not None,
+            )
             for i in range(count)
         ],
         mode=mode,
@@ -70,8 +78,14 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         title="ParallelHue replay",
         simulated=bool(header.get("simulated", False)),
         reconciler_kind=config.reconciler,
+        concurrency=concurrency,
+        request_rate=float(rate) if isinstance(rate, int | float) else math.inf,
     )
     model.started_at = 0.0
+    model.replay_of = config.path
+    model.color_by = config.color_by
+    model.palette = config.palette
+    model.model_name = str(header["model"]) if header.get("model") else None
     timeout = float(header.get("timeout", 60.0))
     feed = Feed(model, timeout=timeout, backend_override=override, metrics_before=metrics)
     driver = RunDriver(model, feed, reconciler)
@@ -106,14 +120,21 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     return False
 
 
-def _compare(model: RunModel, footer: dict[str, Any] | None) -> str | None:
+def _verdict(verdict: object, reason: object) -> str:
+    return f"{verdict} ({one_line(str(reason))})" if reason else str(verdict)
+
+
+def _compare(path: str, model: RunModel, footer: dict[str, Any] | None) -> str | None:
     if footer is None or "verdicts" not in footer:
-        return None
+        return (
+            f"replay: {one_line(path)} has no footer (the recorded run was interrupted or the "
+            "file is cut short): the replayed verdicts could not be compared with the recording"
+        )
     for state, recorded in zip(model.streams, footer["verdicts"], strict=False):
         if [state.verdict, state.reason] != list(recorded):
             return (
                 f"replay differs from the recording: stream {state.index} was "
-                f"{recorded[0]} ({recorded[1]}), replayed {state.verdict} ({state.reason})"
+                f"{_verdict(*recorded)}, replayed {_verdict(state.verdict, state.reason)}"
             )
     return None
 
@@ -163,7 +184,7 @@ async def replay(config: ReplayConfig, console: Console) -> tuple[int, str | Non
             view.stop()
         else:
             view.abort()
-    mismatch = _compare(model, recording.footer)
+    mismatch = _compare(config.path, model, recording.footer)
     if mismatch is not None:
         return 1, mismatch, model, view
     code, message = outcome(model)
