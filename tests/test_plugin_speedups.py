@@ -354,3 +354,26 @@ def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
     assert implementation_in_a_fresh_process(target) == (
         "pure Python (the C accelerator was not built: no compiler at install time)"
     )
+
+
+# ------------------------------------------------------------- step encoders
+def test_c_provenance_step_encoder_gives_wire_py_bytes() -> None:
+    """_speedups.encode_provenance_step (unused until protocol 2 lands on main) against
+    wire.py, the one encoder: same bytes for the same columns, same refusals."""
+    from parallelhue_vllm import wire
+
+    module = load_speedups()
+    meta = [0, 0, 0, 0, 1, 0, 0, 7, 1, 1, 42, 4, 3, 0, 0xFFFF, 3, 2, 0xFFFFFFFF, 2, 3, 2]
+    ids = [5, 0xFFFFFFFF, 6, 7, 8, 9, 10]
+    roles = [bytes([0]), bytes([1, 1, 1, 3]), bytes([2, 2])]
+    assert module.encode_provenance_step(meta, ids, roles) == wire.encode_provenance_step(
+        (meta, ids, roles)
+    )
+    with pytest.raises(ValueError, match="field out of range"):
+        module.encode_provenance_step([0, 0, 0, 0, 1, 0x10000, 0], [1], [b"\0"])
+    with pytest.raises(ValueError, match="field out of range"):
+        wire.encode_provenance_step(([0, 0, 0, 0, 1, 0x10000, 0], [1], [b"\0"]))
+    with pytest.raises(ValueError, match="1 roles for 2 tokens"):
+        module.encode_provenance_step([0, 0, 0, 0, 2, 0, 0], [1, 2], [b"\0"])
+    with pytest.raises(ValueError, match="1 roles for 2 tokens"):
+        wire.encode_provenance_step(([0, 0, 0, 0, 2, 0, 0], [1, 2], [b"\0"]))

@@ -1,15 +1,20 @@
 /* parallelhue_vllm._speedups: optional C versions of the plugin's hottest code.
  *
  * Built when a C compiler is there at install time (setup.py, optional=True);
- * without it the pure-Python code in hooks.py and wire.py does the same work.
- * The pure-Python code is the reference: tests check that both produce the
- * same bytes and refuse the same inputs.
+ * without it the pure-Python code in hooks.py and wire.py does the same work
+ * (accelerator.py chooses, once per process). The pure-Python code is the
+ * reference: tests check that both produce the same bytes and refuse the
+ * same inputs.
  *
- * - Recorder(decode, fragments): a callable that returns decode(token) and
- *   appends that string to the list `fragments` (the per-token hook, without a
- *   Python frame per token).
- * - encode_provenance_rows(rows) / encode_text_step(rows, ids, fragments): the
- *   bytes of each row, as wire.py's functions of the same names.
+ * - SchedRequest, scheduler_rows(...): the EngineCore loop over a step's
+ *   outputs (hooks.SchedulerTelemetry.after / _python_rows).
+ * - StreamRecorder(stream, fragments), QueueCapture(...): the API server's
+ *   stand-ins for a detokenizer's decode stream and a request's output queue
+ *   (hooks._StreamRecorder, hooks._QueueCapture).
+ * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
+ *   texts, fragments, span_backs): a step's record bytes as wire.py's
+ *   functions of the same names; the text encoder writes protocol 2's entry
+ *   (lead_len), so neither is used before protocol 2 is on main.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
