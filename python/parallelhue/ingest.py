@@ -178,6 +178,10 @@ class RustIngest:
                 body_bytes(body),
             )
 
+    def telemetry_pending(self) -> bool:
+        """Whether datagrams already sent may still be on their way into the reconciler."""
+        return self.receiver is not None and self.receiver.pending()
+
     def poll(self) -> None:
         """Apply what the threads produced since the last call to the model."""
         if self.streams.failed:

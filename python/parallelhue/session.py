@@ -83,6 +83,8 @@ __all__ = [
 GRACE_SECONDS = 2.0
 # How often the reference path (and the grace period) look for news.
 PUMP_INTERVAL = 0.02
+# How long the end of a run waits for datagrams already sent to reach the reconciler.
+PENDING_SECONDS = 1.0
 
 
 class SetupError(Exception):
@@ -288,6 +290,7 @@ class IngestPath(Protocol):
     def streams_done(self) -> bool: ...
     def cancel(self, stream: int) -> None: ...
     def update_stats(self) -> None: ...
+    def telemetry_pending(self) -> bool: ...
     def finalize(self) -> None: ...
     def close(self, footer: dict[str, Any] | None = None) -> None: ...
 
@@ -375,6 +378,9 @@ class ReferenceIngest:
                 )
             )
 
+    def telemetry_pending(self) -> bool:
+        return False  # `PyReceiver.take` reads what the kernel holds, on this thread
+
     def poll(self) -> None:
         if self.receiver is not None:
             self.driver.frames(self.receiver.take())
@@ -450,6 +456,7 @@ class Session:
         # Request fields no flag sets (tests: stop strings); None: GRACE_SECONDS.
         self.extra_body = dict(extra_body or {})
         self.grace = grace
+        self._telemetry_promised = False  # set once the telemetry path is chosen
         self.view_factory = view_factory
         self.simulated = simulated
         self.title = title
@@ -608,6 +615,8 @@ class Session:
             if cfg.mode == "exact":
                 feed.on_failure = lambda _stream: self._abort.set()
             plan = await self._choose_telemetry(client)
+            # Over HTTP the server's plugin answered: its frames are due even if late.
+            self._telemetry_promised = plan is not None and plan.path == "http"
             path = self.path = self._new_path(model, feed, client, plan)
             await self._open_path(path, model, plan)
             view = self.view_factory(model)
@@ -676,8 +685,16 @@ class Session:
             return
         path.poll()
         path.update_stats()
-        if not telemetry_expected(feed.model.counters):
-            return  # no datagram in the whole run: none is late, none is coming
+        if not self._telemetry_promised and not telemetry_expected(feed.model.counters):
+            # Datagrams sent before the streams ended are not late: the receiver
+            # thread may not have pushed them yet (a loaded machine).
+            settle = time.monotonic() + PENDING_SECONDS
+            while path.telemetry_pending() and time.monotonic() < settle:
+                await asyncio.sleep(0.001)
+            path.poll()
+            path.update_stats()
+            if not telemetry_expected(feed.model.counters):
+                return  # no datagram in the whole run: none is late, none is coming
         deadline = time.monotonic() + (GRACE_SECONDS if self.grace is None else self.grace)
         while time.monotonic() < deadline and not self._abort.is_set():
             path.poll()
