@@ -93,6 +93,10 @@ class Reconciler:
         call's ValueError (or "invalid input ...") after the items before it."""
     def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         """One SSE delta of one stream: the choice's text and its token_ids."""
+    def push_lost(self, frames: int | None) -> None:
+        """Telemetry lost on the way: `frames` the server's hub dropped, None an
+        unknown number (its stream ended before the run). Every stream without
+        a verdict fails (docs/PROTOCOL.md, "Lost telemetry")."""
     def finish_sse(self, stream: int) -> None:
         """The stream's SSE ended normally."""
     def finalize(self) -> None:
@@ -132,7 +136,8 @@ def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | Non
     """(header JSON, items, footer JSON or None) of a decompressed recording;
     items are (time, kind, ...): ("start", s), ("sse", s, text, ids),
     ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
-    ("reject", reason), ("finalize",). ValueError names what is wrong."""
+    ("reject", reason), ("lost", frames or None), ("finalize",). ValueError names
+    what is wrong."""
 
 def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
@@ -152,6 +157,7 @@ class RecordWriter:
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
     def reject(self, reason: str) -> None: ...
+    def lost(self, frames: int | None) -> None: ...
     def finalize(self) -> None: ...
     def close(self, footer: str | None = None) -> None: ...
 

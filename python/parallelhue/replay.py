@@ -25,6 +25,7 @@ from .session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
 from .state import RunModel, StreamState
 from .streams import StreamStopped
+from .telemetry import dropped_line
 from .views import REFRESH_HZ, make_view
 
 __all__ = ["replay"]
@@ -114,6 +115,14 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     elif kind == "reject":
         # A datagram refused before decoding (oversized): a run message, no input.
         driver.model.run_messages.append(one_line(f"rejected frame: {event[2]}"))
+    elif kind == "lost":
+        frames = None if event[2] is None else int(event[2])
+        driver.lost(frames)
+        driver.model.run_messages.append(
+            dropped_line(frames, None)
+            if frames is not None
+            else "telemetry stream: it ended before the run"
+        )
     elif kind == "finalize":
         driver.finalize()
         return True

@@ -160,6 +160,27 @@ class RunDriver:
             self.recorder.frames(frames)
         self.reconciler.push_frames(frames)
 
+    def lost(self, frames: int | None) -> None:
+        """Telemetry lost on its way here (docs/PROTOCOL.md, "Lost telemetry")."""
+        if self.reconciler is None:
+            return
+        if self.recorder is not None:
+            self.recorder.lost(frames)
+        self.reconciler.push_lost(frames)
+
+    def telemetry(self, items: list[bytes | int | None]) -> None:
+        """The HTTP telemetry stream's news in stream order: frames, lost frame
+        counts (`dropped` items) and None when the stream ended early."""
+        batch: list[bytes] = []
+        for item in items:
+            if isinstance(item, bytes):
+                batch.append(item)
+                continue
+            self.frames(batch)
+            batch = []
+            self.lost(item)
+        self.frames(batch)
+
     def finalize(self) -> None:
         if self.reconciler is None:
             return
@@ -375,7 +396,7 @@ class ReferenceIngest:
             self.driver.frames(self.receiver.take())
         reader = self.http_telemetry
         if reader is not None:
-            self.driver.frames(reader.take())
+            self.driver.telemetry(reader.take())
             told_dropped, told_end = self._told
             if reader.dropped > told_dropped:
                 self.feed.run_message(dropped_line(reader.dropped, reader.buffer_bytes))

@@ -63,6 +63,7 @@ from parallelhue_vllm.wire import (
 REORDER_WINDOW = 64
 MAX_STREAMS = 65535
 U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 ROLE_NAMES = {SOURCE_SCHEDULER: "scheduler", SOURCE_FRONTEND: "frontend"}
@@ -257,6 +258,24 @@ class Reconciler:
             self._progress(state)
         except _Failed:
             pass
+
+    def push_lost(self, frames: int | None) -> None:
+        """Telemetry lost between the server and this client, not by a sender
+        (docs/PROTOCOL.md, "Lost telemetry"): `frames` the server's hub discarded
+        for this client (a `dropped` item), None an unknown number (the telemetry
+        stream ended before the run). Every stream without a verdict fails, since
+        its records may be among the lost frames; 0 lost nothing."""
+        if frames is not None and (
+            isinstance(frames, bool) or not isinstance(frames, int) or not 0 <= frames <= U64_MAX
+        ):
+            raise ValueError(f"lost frame count {frames} out of range 0..=18446744073709551615")
+        self._input_start = len(self._events)
+        if frames == 0:
+            return
+        if frames is None:
+            self._fail_pending("telemetry lost: the telemetry stream ended before the run")
+        else:
+            self._fail_pending(f"telemetry lost: {frames} frames dropped by the server")
 
     def finalize(self) -> None:
         for state in self._streams:

@@ -328,6 +328,22 @@ impl Reconciler {
         self.reject_message(reason);
     }
 
+    /// Telemetry lost between the server and this client, not by a sender
+    /// (docs/PROTOCOL.md, "Lost telemetry"): `Some(n)` frames the server's hub
+    /// discarded for this client (a `dropped` item), `None` an unknown number
+    /// (the telemetry stream ended before the run). Every stream without a
+    /// verdict fails, since its records may be among the lost frames; `Some(0)`
+    /// lost nothing.
+    pub fn push_lost(&mut self, frames: Option<u64>) {
+        self.input_start = self.events.len();
+        let reason = match frames {
+            Some(0) => return,
+            Some(n) => format!("telemetry lost: {n} frames dropped by the server"),
+            None => "telemetry lost: the telemetry stream ended before the run".to_owned(),
+        };
+        self.fail_all(&reason);
+    }
+
     // ----------------------------------------------------------------- frames
 
     /// Push one datagram.
