@@ -193,7 +193,8 @@ def _script(rng: random.Random) -> list[wire.TextToken]:
             tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0))
             count += 1
             continue
-        tokens.append(wire.TextToken(rng.randint(1, 6), pending, count))
+        lead = len(pending) - len(piece) if count else 0
+        tokens.append(wire.TextToken(rng.randint(1, 6), pending, count, lead))
         pending, count = b"", 0
     return tokens
 
@@ -238,9 +239,9 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
         if faulty():
             seqs[source] += 1  # its hello is never sent
             continue
-        k = rng.choice((0, 3))
+        k = rng.choice((0, 3)) if role == 1 else 0  # a frontend announces no drafts
         hello = wire.Hello(3 - role if faulty() else role, 2, 1 if k else 0, False, k,
-                           "p", "e", "ngram" if k else "")  # fmt: skip
+                           "p", "e", "ngram" if k else "", 1 if k else 0)  # fmt: skip
         inputs.append(("frame", wire.encode_hello(header(source), hello)))
 
     for _ in range(rng.randint(1, 40)):
@@ -279,7 +280,7 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                     continue
                 script = scripts[stream]
                 offset = t_pos[stream]
-                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back)
+                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back, t.lead_len)
                           for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
                 if faulty() and tokens and tokens[-1].fragment:
                     tokens[-1].span_back += 1

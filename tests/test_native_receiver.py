@@ -46,9 +46,14 @@ NOBODY = 65534
 
 
 def hello(source_id: int, role: int) -> bytes:
+    if role == 2:  # a frontend announces no speculative fields
+        return encode_hello(
+            Header(RUN, source_id, 0, 0, 1),
+            Hello(role, ENGINE_SIMULATED, 0, False, 0, "0.2.0", "sim-1", "", 0),
+        )
     return encode_hello(
         Header(RUN, source_id, 0, 0, 1),
-        Hello(role, ENGINE_SIMULATED, DERIVATION_DRAFT_IDS, False, 3, "0.1.0", "sim-1", "ngram"),
+        Hello(role, ENGINE_SIMULATED, DERIVATION_DRAFT_IDS, False, 3, "0.2.0", "sim-1", "ngram", 1),
     )
 
 

@@ -37,12 +37,14 @@ class Run:
         return wire.Header(bytes.fromhex(run), source, seq, 0, 0, dropped)
 
     def hello(self, source: int, role: int, seq: int | None = None) -> bytes:
-        method = "ngram" if self.k else ""
-        derivation = wire.DERIVATION_DRAFT_IDS if self.k else wire.DERIVATION_NONE
+        k = self.k if role == wire.SOURCE_SCHEDULER else 0  # a frontend announces no drafts
+        method = "ngram" if k else ""
+        derivation = wire.DERIVATION_DRAFT_IDS if k else wire.DERIVATION_NONE
+        verification = wire.VERIFICATION_STANDARD if k else wire.VERIFICATION_NONE
         return wire.encode_hello(
             self.header(source, seq),
-            wire.Hello(role, wire.ENGINE_SIMULATED, derivation, False, self.k, "0.1.0", "sim-1",
-                       method),
+            wire.Hello(role, wire.ENGINE_SIMULATED, derivation, False, k, "0.2.0", "sim-1",
+                       method, verification),
         )  # fmt: skip
 
     def prov(self, *records: wire.ProvenanceRecord, seq: int | None = None, **kw: Any) -> bytes:
@@ -79,7 +81,7 @@ def prov(stream: int, offset: int, ids: list[int], roles: list[int], drafts: int
 
 def tok(token_id: int, fragment: bytes | str, span_back: int = 0) -> wire.TextToken:
     raw = fragment.encode() if isinstance(fragment, str) else fragment
-    return wire.TextToken(token_id, raw, span_back)
+    return wire.TextToken(token_id, raw, span_back, wire.LEAD_UNKNOWN if span_back else 0)
 
 
 def text(stream: int, offset: int, tokens: list[wire.TextToken], http: bytes | str, **kw: Any):
@@ -446,7 +448,7 @@ def test_sources_lists_each_hello() -> None:
             "role_derivation": "draft_ids",
             "async_scheduling": False,
             "num_speculative_tokens": 3,
-            "plugin_version": "0.1.0",
+            "plugin_version": "0.2.0",
             "engine_version": "sim-1",
             "spec_method": "ngram",
         },
@@ -454,12 +456,12 @@ def test_sources_lists_each_hello() -> None:
             "source_id": FRONT,
             "role": "frontend",
             "engine": "simulated",
-            "role_derivation": "draft_ids",
+            "role_derivation": "none",
             "async_scheduling": False,
-            "num_speculative_tokens": 3,
-            "plugin_version": "0.1.0",
+            "num_speculative_tokens": 0,
+            "plugin_version": "0.2.0",
             "engine_version": "sim-1",
-            "spec_method": "ngram",
+            "spec_method": "",
         },
     ]
 

@@ -8,8 +8,8 @@ several streams of one client run, as the vLLM plugin would report it:
   pieces cut anywhere, so multi-byte characters are split across tokens and
   across steps;
 - per stream, steps of 1..K+1 tokens (accepted drafts then a target correction
-  or a bonus, per-stream acceptance rate), steps without drafts (plain), async
-  scheduling (all drafts padded) for some runs;
+  or a bonus, per-stream acceptance rate), steps without drafts (plain), padded
+  draft slots (never accepted) in some steps, async scheduling for some runs;
 - endings: max_tokens (the step is cut, `trimmed`), a stop token (EOS, never
   detokenized, later tokens of its step cut), a stop string in vLLM 0.26 style
   (text truncated, ids kept) or 0.33 style (surplus tokens trimmed) with extra
@@ -259,23 +259,26 @@ class _StreamSim:
         self.first_step = False
         if drafts == 0:
             return [wire.ROLE_PLAIN], 0, 0
+        # Padded slots (-1 placeholders that held no draft) cannot be accepted.
+        padded = self.rng.randint(1, drafts) if self.rng.random() < 0.1 else 0
         accepted = 0
-        while accepted < drafts and self.rng.random() < self.acceptance:
+        while accepted < drafts - padded and self.rng.random() < self.acceptance:
             accepted += 1
         last = wire.ROLE_BONUS if accepted == drafts else wire.ROLE_TARGET
-        padded = drafts if self.async_scheduling else 0
         return [wire.ROLE_ACCEPTED] * accepted + [last], drafts, padded
 
     def _decode(self, token_id: int, piece: bytes) -> wire.TextToken:
         if token_id == EOS_ID:
             return wire.TextToken(token_id, b"", 0)  # never passed to decode_next
+        lead = len(self.pending_bytes)
         self.pending_bytes += piece
         try:
             text = self.pending_bytes.decode("utf-8")
         except UnicodeDecodeError:
             self.pending_tokens += 1
             return wire.TextToken(token_id, b"", 0)
-        token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens)
+        # lead_len: the fragment's first bytes are the pending tokens' own.
+        token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens, lead)
         self.unreleased += text
         self.total_chars += len(text)
         self.pending_bytes = b""
@@ -455,11 +458,17 @@ def generate(
     )
 
     def hello(source: int, role: int) -> bytes:
+        if role == wire.SOURCE_FRONTEND:  # the frontend announces no speculative fields
+            fields = (wire.DERIVATION_NONE, False, 0, "", wire.VERIFICATION_NONE)
+        else:
+            verification = wire.VERIFICATION_STANDARD if spec_k else wire.VERIFICATION_NONE
+            fields = (derivation, async_scheduling, spec_k, method, verification)
+        derived, is_async, k_announced, spec_method, verification = fields
         return wire.encode_hello(
             wire.Header(run_bytes, source, 0, 0, 1),
             wire.Hello(
-                role, wire.ENGINE_SIMULATED, derivation, async_scheduling, spec_k,
-                "0.1.0", "sim-1", method,
+                role, wire.ENGINE_SIMULATED, derived, is_async, k_announced,
+                "0.2.0", "sim-1", spec_method, verification,
             ),
         )  # fmt: skip
 

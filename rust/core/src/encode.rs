@@ -18,12 +18,14 @@ pub struct ProvRec {
     pub roles: Vec<u8>,
 }
 
-/// One token of a text record to encode: id, fragment bytes, span_back.
+/// One token of a text record to encode: id, fragment bytes, span_back,
+/// lead_len (0 without span_back; [`crate::protocol::LEAD_UNKNOWN`] when unknown).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TextTok {
     pub token_id: u32,
     pub fragment: Vec<u8>,
     pub span_back: u8,
+    pub lead_len: u16,
 }
 
 /// A text record to encode.
@@ -46,6 +48,7 @@ pub struct HelloFields {
     pub role_derivation: u8,
     pub async_scheduling: bool,
     pub num_speculative_tokens: u16,
+    pub verification: u16,
     pub plugin_version: String,
     pub engine_version: String,
     pub spec_method: String,
@@ -59,6 +62,7 @@ impl From<&Hello<'_>> for HelloFields {
             role_derivation: h.role_derivation,
             async_scheduling: h.async_scheduling,
             num_speculative_tokens: h.num_speculative_tokens,
+            verification: h.verification,
             plugin_version: h.plugin_version.to_owned(),
             engine_version: h.engine_version.to_owned(),
             spec_method: h.spec_method.to_owned(),
@@ -67,15 +71,18 @@ impl From<&Hello<'_>> for HelloFields {
 }
 
 impl HelloFields {
-    /// A simulated engine's hello for `role` with K speculative tokens (0: none).
+    /// A simulated engine's hello for `role` with K speculative tokens (0:
+    /// none). A frontend announces no speculative fields whatever K is.
     pub fn simulated(role: u8, k: u16) -> Self {
+        let k = if role == 1 { k } else { 0 };
         HelloFields {
             role,
             engine: 2,
             role_derivation: if k == 0 { 0 } else { 1 },
             async_scheduling: false,
             num_speculative_tokens: k,
-            plugin_version: "0.1.0".into(),
+            verification: if k == 0 { 0 } else { 1 },
+            plugin_version: "0.2.0".into(),
             engine_version: "sim-1".into(),
             spec_method: if k == 0 {
                 String::new()
@@ -163,7 +170,7 @@ pub fn hello_body(h: &HelloFields) -> Vec<u8> {
         u8::from(h.async_scheduling),
     ];
     v.extend_from_slice(&h.num_speculative_tokens.to_le_bytes());
-    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&h.verification.to_le_bytes());
     str8(&mut v, &h.plugin_version);
     str8(&mut v, &h.engine_version);
     str8(&mut v, &h.spec_method);
@@ -204,6 +211,7 @@ pub fn text_body(recs: &[TextRec]) -> Vec<u8> {
             v.extend_from_slice(&t.token_id.to_le_bytes());
             v.extend_from_slice(&(t.fragment.len() as u16).to_le_bytes());
             v.push(t.span_back);
+            v.extend_from_slice(&t.lead_len.to_le_bytes());
         }
         for t in &r.tokens {
             v.extend_from_slice(&t.fragment);

@@ -1,5 +1,5 @@
 //! Frame decoding, exactly per docs/PROTOCOL.md ("ParallelHue telemetry
-//! protocol, version 1"). Decoding never panics: every malformed input yields a
+//! protocol, version 2"). Decoding never panics: every malformed input yields a
 //! [`DecodeError`] whose `Display` is the message from the protocol's error
 //! table. Checks run in the table's order for the header, then field by field
 //! in layout order, so that the first violation found is the one reported.
@@ -12,7 +12,7 @@ use std::fmt;
 /// `"PHUE"`.
 pub const MAGIC: [u8; 4] = *b"PHUE";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Bytes in the common header.
 pub const HEADER_LEN: usize = 64;
 /// Whole datagram, header included.
@@ -25,6 +25,27 @@ pub const MAX_TOKENS_PER_RECORD: usize = 256;
 pub const MAX_NOTICE_BYTES: usize = 1_024;
 /// Stream index reserved for "every stream of the run" (notices only).
 pub const ALL_STREAMS: u16 = 0xFFFF;
+/// Text token `lead_len` when the sender does not know the byte split.
+pub const LEAD_UNKNOWN: u16 = 0xFFFF;
+/// Hello `verification` values.
+pub const VERIFICATION_NONE: u16 = 0;
+pub const VERIFICATION_UNKNOWN: u16 = 4;
+/// Bytes of one text token entry: `u32 token_id, u16 frag_len, u8 span_back, u16 lead_len`.
+pub const TEXT_TOKEN_BYTES: usize = 9;
+
+/// Finish reason codes.
+pub const FINISH_STOP: u8 = 1;
+
+/// The OpenAI `finish_reason` name of a finish code.
+pub fn finish_name(code: u8) -> &'static str {
+    match code {
+        0 => "none",
+        1 => "stop",
+        2 => "length",
+        3 => "abort",
+        _ => "error",
+    }
+}
 
 /// Provenance token roles.
 pub const ROLE_PLAIN: u8 = 0;
@@ -100,6 +121,8 @@ pub struct Hello<'a> {
     pub role_derivation: u8,
     pub async_scheduling: bool,
     pub num_speculative_tokens: u16,
+    /// 0 none, 1 standard, 2 synthetic, 3 fly, 4 unknown.
+    pub verification: u16,
     pub plugin_version: &'a str,
     pub engine_version: &'a str,
     pub spec_method: &'a str,
@@ -146,6 +169,9 @@ pub struct TextToken {
     pub token_id: u32,
     pub frag_len: u16,
     pub span_back: u8,
+    /// Bytes at the start of the fragment from the span_back predecessors
+    /// ([`LEAD_UNKNOWN`] when not known).
+    pub lead_len: u16,
 }
 
 /// One text record (a view into the datagram). `fragments` is the
@@ -157,7 +183,8 @@ pub struct TextRecord<'a> {
     pub finish_reason: u8,
     pub offset: u32,
     pub trimmed_tokens: u16,
-    /// `7 * n` bytes: per token `u32 token_id`, `u16 frag_len`, `u8 span_back`.
+    /// `9 * n` bytes: per token `u32 token_id`, `u16 frag_len`, `u8 span_back`,
+    /// `u16 lead_len`.
     pub tokens_raw: &'a [u8],
     pub fragments: &'a [u8],
     pub http_delta: &'a str,
@@ -169,6 +196,7 @@ fn text_token(t: &[u8]) -> TextToken {
         token_id: le_u32(t),
         frag_len: u16::from_le_bytes([t[4], t[5]]),
         span_back: t[6],
+        lead_len: u16::from_le_bytes([t[7], t[8]]),
     }
 }
 
@@ -176,7 +204,7 @@ impl TextRecord<'_> {
     /// Number of tokens.
     #[inline]
     pub fn len(&self) -> usize {
-        self.tokens_raw.len() / 7
+        self.tokens_raw.len() / TEXT_TOKEN_BYTES
     }
 
     #[inline]
@@ -187,7 +215,9 @@ impl TextRecord<'_> {
     /// The tokens, in order.
     #[inline]
     pub fn tokens(&self) -> impl ExactSizeIterator<Item = TextToken> + '_ {
-        self.tokens_raw.chunks_exact(7).map(text_token)
+        self.tokens_raw
+            .chunks_exact(TEXT_TOKEN_BYTES)
+            .map(text_token)
     }
 
     /// The fragment of each token, in order.
@@ -291,6 +321,12 @@ pub enum DecodeError {
         padded: u16,
         scheduled: u16,
     },
+    AcceptedExceedsDrafts {
+        stream: u16,
+        accepted: usize,
+        scheduled: u16,
+        padded: u16,
+    },
     InvalidFlags {
         stream: u16,
         flags: u8,
@@ -300,8 +336,30 @@ pub enum DecodeError {
         reason: u8,
         finished: bool,
     },
+    StopFlagsReason {
+        stream: u16,
+        flags: u8,
+        reason: u8,
+    },
     SpanBackOnEmpty {
         stream: u16,
+        span_back: u8,
+        index: usize,
+    },
+    LeadWithoutSpanBack {
+        stream: u16,
+        lead_len: u16,
+        index: usize,
+    },
+    LeadExceedsFragment {
+        stream: u16,
+        lead_len: u16,
+        frag_len: u16,
+        index: usize,
+    },
+    LeadBelowSpanBack {
+        stream: u16,
+        lead_len: u16,
         span_back: u8,
         index: usize,
     },
@@ -325,19 +383,28 @@ pub enum DecodeError {
     HelloUnknownDerivation {
         derivation: u8,
     },
-    /// Not in the protocol's table (which has no row for it): the
-    /// `async_scheduling` byte must be 0 or 1.
     HelloAsyncScheduling {
         value: u8,
     },
-    /// Not in the protocol's table: the hello's reserved `u16` must be 0.
-    HelloReserved {
-        value: u16,
+    HelloUnknownVerification {
+        verification: u16,
     },
     HelloInconsistent {
         method: String,
         k: u16,
         derivation: u8,
+        verification: u16,
+    },
+    HelloDerivationAsync {
+        derivation: u8,
+        async_scheduling: u8,
+    },
+    HelloFrontendSpec {
+        method: String,
+        k: u16,
+        derivation: u8,
+        async_scheduling: u8,
+        verification: u16,
     },
     HelloInvalidUtf8 {
         field: &'static str,
@@ -411,6 +478,16 @@ impl fmt::Display for DecodeError {
                 f,
                 "record for stream {stream}: {padded} padded drafts exceed {scheduled} scheduled"
             ),
+            AcceptedExceedsDrafts {
+                stream,
+                accepted,
+                scheduled,
+                padded,
+            } => write!(
+                f,
+                "record for stream {stream}: {accepted} accepted drafts exceed {scheduled} \
+                 scheduled minus {padded} padded"
+            ),
             InvalidFlags { stream, flags } => {
                 write!(f, "record for stream {stream}: invalid flags {flags}")
             }
@@ -423,6 +500,14 @@ impl fmt::Display for DecodeError {
                 "record for stream {stream}: finish reason {reason} with finished={}",
                 u8::from(*finished)
             ),
+            StopFlagsReason {
+                stream,
+                flags,
+                reason,
+            } => write!(
+                f,
+                "record for stream {stream}: stop-string flags {flags} with finish reason {reason}"
+            ),
             SpanBackOnEmpty {
                 stream,
                 span_back,
@@ -430,6 +515,34 @@ impl fmt::Display for DecodeError {
             } => write!(
                 f,
                 "record for stream {stream}: span_back {span_back} on empty fragment at token {index}"
+            ),
+            LeadWithoutSpanBack {
+                stream,
+                lead_len,
+                index,
+            } => write!(
+                f,
+                "record for stream {stream}: lead_len {lead_len} without span_back at token {index}"
+            ),
+            LeadExceedsFragment {
+                stream,
+                lead_len,
+                frag_len,
+                index,
+            } => write!(
+                f,
+                "record for stream {stream}: lead_len {lead_len} exceeds the {frag_len}-byte \
+                 fragment at token {index}"
+            ),
+            LeadBelowSpanBack {
+                stream,
+                lead_len,
+                span_back,
+                index,
+            } => write!(
+                f,
+                "record for stream {stream}: lead_len {lead_len} below span_back {span_back} \
+                 at token {index}"
             ),
             InvalidUtf8Fragment { stream, index } => write!(
                 f,
@@ -450,14 +563,37 @@ impl fmt::Display for DecodeError {
             HelloAsyncScheduling { value } => {
                 write!(f, "hello: invalid async_scheduling {value}")
             }
-            HelloReserved { value } => write!(f, "hello: reserved field set: {value}"),
+            HelloUnknownVerification { verification } => {
+                write!(f, "hello: unknown verification {verification}")
+            }
             HelloInconsistent {
                 method,
                 k,
                 derivation,
+                verification,
             } => write!(
                 f,
-                "hello: inconsistent speculative fields (method '{method}', K {k}, derivation {derivation})"
+                "hello: inconsistent speculative fields (method '{method}', K {k}, \
+                 derivation {derivation}, verification {verification})"
+            ),
+            HelloDerivationAsync {
+                derivation,
+                async_scheduling,
+            } => write!(
+                f,
+                "hello: role derivation {derivation} with async_scheduling {async_scheduling}"
+            ),
+            HelloFrontendSpec {
+                method,
+                k,
+                derivation,
+                async_scheduling,
+                verification,
+            } => write!(
+                f,
+                "hello: frontend hello with speculative fields (method '{method}', K {k}, \
+                 derivation {derivation}, async_scheduling {async_scheduling}, \
+                 verification {verification})"
             ),
             HelloInvalidUtf8 { field } => write!(f, "hello: invalid UTF-8 in {field}"),
             NoticeTooLong { stream, n } => write!(
@@ -621,19 +757,40 @@ fn decode_hello<'a>(r: &mut Reader<'a>) -> Result<Hello<'a>, DecodeError> {
         return Err(DecodeError::HelloAsyncScheduling { value: async_byte });
     }
     let k = r.u16()?;
-    let reserved = r.u16()?;
-    if reserved != 0 {
-        return Err(DecodeError::HelloReserved { value: reserved });
+    let verification = r.u16()?;
+    if verification > VERIFICATION_UNKNOWN {
+        return Err(DecodeError::HelloUnknownVerification { verification });
     }
     let plugin_version = str8(r, "plugin_version")?;
     let engine_version = str8(r, "engine_version")?;
     let spec_method = str8(r, "spec_method")?;
     let none_d = role_derivation == 0;
-    if none_d != spec_method.is_empty() || none_d != (k == 0) {
+    if none_d != spec_method.is_empty()
+        || none_d != (k == 0)
+        || none_d != (verification == VERIFICATION_NONE)
+    {
         return Err(DecodeError::HelloInconsistent {
             method: spec_method.to_owned(),
             k,
             derivation: role_derivation,
+            verification,
+        });
+    }
+    // Draft ids are only seen without async scheduling; under it only counts.
+    if (role_derivation == 1 && async_byte == 1) || (role_derivation == 2 && async_byte == 0) {
+        return Err(DecodeError::HelloDerivationAsync {
+            derivation: role_derivation,
+            async_scheduling: async_byte,
+        });
+    }
+    // The frontend does not schedule: it has no speculative fields to announce.
+    if role == 2 && (role_derivation != 0 || async_byte != 0) {
+        return Err(DecodeError::HelloFrontendSpec {
+            method: spec_method.to_owned(),
+            k,
+            derivation: role_derivation,
+            async_scheduling: async_byte,
+            verification,
         });
     }
     Ok(Hello {
@@ -642,6 +799,7 @@ fn decode_hello<'a>(r: &mut Reader<'a>) -> Result<Hello<'a>, DecodeError> {
         role_derivation,
         async_scheduling: async_byte == 1,
         num_speculative_tokens: k,
+        verification,
         plugin_version,
         engine_version,
         spec_method,
@@ -785,6 +943,16 @@ fn decode_provenance<'a>(r: &mut Reader<'a>) -> Result<Vec<ProvRecord<'a>>, Deco
         let token_ids_raw = r.take(4 * n as usize)?;
         let roles = r.take(n as usize)?;
         check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
+        let accepted = roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count();
+        // A padded draft slot held no draft: it cannot have been accepted.
+        if accepted > usize::from(drafts_scheduled - drafts_padded) {
+            return Err(DecodeError::AcceptedExceedsDrafts {
+                stream,
+                accepted,
+                scheduled: drafts_scheduled,
+                padded: drafts_padded,
+            });
+        }
         out.push(ProvRecord {
             stream,
             flags,
@@ -814,6 +982,15 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
         }
         let finish_reason = r.u8()?;
         check_finish(stream, flags, finish_reason)?;
+        // text_truncated and tokens_trimmed both say a stop string ended the request.
+        if flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0 && finish_reason != FINISH_STOP
+        {
+            return Err(DecodeError::StopFlagsReason {
+                stream,
+                flags,
+                reason: finish_reason,
+            });
+        }
         let offset = r.u32()?;
         let n = r.u16()?;
         check_token_count(stream, offset, n, if finished { 0 } else { 1 })?;
@@ -825,17 +1002,11 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
             });
         }
         let http_len = r.u32()? as usize;
-        let tokens_raw = r.take(7 * n as usize)?;
+        let tokens_raw = r.take(TEXT_TOKEN_BYTES * n as usize)?;
         let mut frag_total = 0usize;
-        for (index, t) in tokens_raw.chunks_exact(7).enumerate() {
+        for (index, t) in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES).enumerate() {
             let token = text_token(t);
-            if token.frag_len == 0 && token.span_back != 0 {
-                return Err(DecodeError::SpanBackOnEmpty {
-                    stream,
-                    span_back: token.span_back,
-                    index,
-                });
-            }
+            check_token_entry(stream, index, token)?;
             frag_total += token.frag_len as usize;
         }
         let frag_start = r.pos;
@@ -871,13 +1042,50 @@ fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeErro
     Ok(out)
 }
 
+/// The per-token rules of a text token entry (docs/PROTOCOL.md "text").
+#[inline]
+fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), DecodeError> {
+    if t.frag_len == 0 && t.span_back != 0 {
+        return Err(DecodeError::SpanBackOnEmpty {
+            stream,
+            span_back: t.span_back,
+            index,
+        });
+    }
+    if t.span_back == 0 && t.lead_len != 0 {
+        return Err(DecodeError::LeadWithoutSpanBack {
+            stream,
+            lead_len: t.lead_len,
+            index,
+        });
+    }
+    if t.lead_len != LEAD_UNKNOWN && t.lead_len > t.frag_len {
+        return Err(DecodeError::LeadExceedsFragment {
+            stream,
+            lead_len: t.lead_len,
+            frag_len: t.frag_len,
+            index,
+        });
+    }
+    // Each predecessor it names gave at least one byte (it ended inside a character).
+    if t.lead_len != LEAD_UNKNOWN && t.lead_len < u16::from(t.span_back) {
+        return Err(DecodeError::LeadBelowSpanBack {
+            stream,
+            lead_len: t.lead_len,
+            span_back: t.span_back,
+            index,
+        });
+    }
+    Ok(())
+}
+
 /// Every fragment and the HTTP delta start on a character boundary of
 /// `both` (fragments followed by the HTTP delta, valid UTF-8 as a whole).
 #[inline]
 fn boundaries_ok(tokens_raw: &[u8], fragments: &[u8], both: &[u8]) -> bool {
     let starts_char = |pos: usize| pos >= both.len() || (both[pos] as i8) >= -0x40;
     let mut pos = 0usize;
-    for t in tokens_raw.chunks_exact(7) {
+    for t in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES) {
         if !starts_char(pos) {
             return false;
         }
@@ -893,7 +1101,7 @@ fn check_fragments(stream: u16, tokens_raw: &[u8], fragments: &[u8]) -> Result<(
     if std::str::from_utf8(fragments).is_ok() {
         let mut pos = 0usize;
         let mut aligned = true;
-        for t in tokens_raw.chunks_exact(7) {
+        for t in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES) {
             if pos < fragments.len() && (fragments[pos] as i8) < -0x40 {
                 aligned = false;
                 break;
@@ -905,7 +1113,7 @@ fn check_fragments(stream: u16, tokens_raw: &[u8], fragments: &[u8]) -> Result<(
         }
     }
     let mut pos = 0usize;
-    for (index, t) in tokens_raw.chunks_exact(7).enumerate() {
+    for (index, t) in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES).enumerate() {
         let end = pos + usize::from(u16::from_le_bytes([t[4], t[5]]));
         if std::str::from_utf8(&fragments[pos..end]).is_err() {
             return Err(DecodeError::InvalidUtf8Fragment { stream, index });
@@ -944,7 +1152,7 @@ mod tests {
     fn header(kind: u8, body: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(b"PHUE");
-        v.push(1);
+        v.push(2);
         v.push(kind);
         v.extend_from_slice(&0u16.to_le_bytes());
         v.extend_from_slice(&[0xab; 16]);
@@ -975,10 +1183,10 @@ mod tests {
             "bad magic: expected 50485545, got 58485545"
         );
         let mut f = header(9, &[]);
-        f[4] = 2;
+        f[4] = 1;
         assert_eq!(
             decode(&f).unwrap_err().to_string(),
-            "unsupported protocol version 2 (this build speaks 1)"
+            "unsupported protocol version 1 (this build speaks 2)"
         );
         assert_eq!(
             decode(&header(9, &[])).unwrap_err().to_string(),
@@ -994,7 +1202,7 @@ mod tests {
 
     #[test]
     fn hello_roundtrip_and_errors() {
-        let mut body = vec![1, 2, 1, 0, 3, 0, 0, 0];
+        let mut body = vec![1, 2, 1, 0, 3, 0, 1, 0];
         for s in ["0.1.0", "sim-1", "ngram"] {
             body.push(s.len() as u8);
             body.extend_from_slice(s.as_bytes());

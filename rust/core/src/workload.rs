@@ -88,7 +88,9 @@ const PIECES: [&str; 12] = [
     "\n",
 ];
 
-/// A detokenizer that releases only complete UTF-8 characters.
+/// A detokenizer as vLLM's incremental one: while the text so far ends
+/// inside a character it returns nothing; the token that completes it
+/// returns every pending byte.
 #[derive(Default)]
 struct Detok {
     pending: Vec<u8>,
@@ -96,20 +98,17 @@ struct Detok {
 }
 
 impl Detok {
-    /// Feed a token's bytes: its fragment and span_back.
-    fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, u8) {
+    /// Feed a token's bytes: its fragment, span_back and lead_len.
+    fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, u8, u16) {
+        let lead = self.pending.len() as u16;
         self.pending.extend_from_slice(bytes);
-        let complete = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) => e.valid_up_to(),
-        };
-        if complete == 0 {
+        if std::str::from_utf8(&self.pending).is_err() {
             self.empties = self.empties.saturating_add(1);
-            return (Vec::new(), 0);
+            return (Vec::new(), 0, 0);
         }
-        let frag: Vec<u8> = self.pending.drain(..complete).collect();
+        let frag = std::mem::take(&mut self.pending);
         let back = std::mem::take(&mut self.empties);
-        (frag, back)
+        (frag, back, if back == 0 { 0 } else { lead })
     }
 }
 
@@ -219,12 +218,13 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
             let mut ttoks = Vec::with_capacity(toks.len());
             let mut http = Vec::new();
             for (id, b) in toks {
-                let (frag, back) = detoks[s].feed(b);
+                let (frag, back, lead) = detoks[s].feed(b);
                 http.extend_from_slice(&frag);
                 ttoks.push(TextTok {
                     token_id: *id,
                     fragment: frag,
                     span_back: back,
+                    lead_len: lead,
                 });
             }
             let delta = String::from_utf8(http.clone()).expect("complete characters");

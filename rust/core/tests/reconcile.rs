@@ -1,6 +1,7 @@
 //! Reconciler behaviour (docs/PROTOCOL.md "Reconciliation"), edge cases first.
 
 use parallelhue_core::encode::{HelloFields, ProvRec, Sender, TextRec, TextTok};
+use parallelhue_core::protocol::LEAD_UNKNOWN;
 use parallelhue_core::reconcile::{Event, Reconciler, Verdict, ROLE_FRONTEND, ROLE_SCHEDULER};
 use parallelhue_core::workload::{feed_inputs, generate, WorkloadConfig};
 
@@ -79,6 +80,7 @@ impl Run {
                     token_id: *id,
                     fragment: frag.as_bytes().to_vec(),
                     span_back: *back,
+                    lead_len: if *back == 0 { 0 } else { LEAD_UNKNOWN },
                 })
                 .collect(),
             http: http.to_vec(),

@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
                 if f.len() >= 64 {
                     let body = (f.len() - 64) as u32;
                     f[60..64].copy_from_slice(&body.to_le_bytes());
-                    f[0..5].copy_from_slice(b"PHUE\x01");
+                    f[0..5].copy_from_slice(b"PHUE\x02");
                     f[6] = 0;
                     f[7] = 0;
                 }
