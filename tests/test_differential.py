@@ -75,37 +75,49 @@ def _snapshot(rec: Any, streams: int) -> dict[str, Any]:
 
 
 def run_both(workload: workloads.Workload, batch: bool = False) -> tuple[Any, Any]:
-    """Feed both reconcilers; compare events after every input (or at the end when batching)."""
+    """Feed both reconcilers; compare events after every input (or at the end when batching).
+    The reference's events are kept in `run_both.events` for the caller."""
     reference = ReferenceReconciler(workload.run_id, workload.num_streams)
     native = NativeReconciler(workload.run_id, workload.num_streams)
     label = f"(seed {workload.seed}, mutation {workload.mutation})"
+    events: list[Any] = []
     if batch:
         workloads.feed(reference, workload.inputs)
         workloads.feed(native, workload.inputs, batch_frames=True)
-        _assert_same("events", reference.drain(), native.drain(), f"after all inputs {label}")
+        events += reference.drain()
+        _assert_same("events", events, native.drain(), f"after all inputs {label}")
     else:
         for position, item in enumerate(workload.inputs):
             workloads.feed(reference, [item])
             workloads.feed(native, [item])
+            drained = reference.drain()
+            events += drained
             _assert_same(
                 "events",
-                reference.drain(),
+                drained,
                 native.drain(),
                 f"after input {position} {label}: {_describe(item)}",
             )
     reference.finalize()
     native.finalize()
-    _assert_same("events", reference.drain(), native.drain(), f"after finalize {label}")
+    drained = reference.drain()
+    events += drained
+    _assert_same("events", drained, native.drain(), f"after finalize {label}")
+    LAST_EVENTS[:] = events
     for key, ref_value in _snapshot(reference, workload.num_streams).items():
         nat_value = _snapshot(native, workload.num_streams)[key]
         _assert_same(key, ref_value, nat_value, label)
     return reference, native
 
 
+LAST_EVENTS: list[Any] = []  # the reference's events of the last run_both
+
+
 @PROPERTY
 @given(workload=workloads.workloads(**SMALL), batch=st.booleans())
 def test_unmutated_workloads_agree_and_are_exact(workload: workloads.Workload, batch: bool) -> None:
     reference, _ = run_both(workload, batch)
+    assert workloads.attribution_errors(workload, LAST_EVENTS) == []
     verdicts = [reference.verdict(i) for i in range(workload.num_streams)]
     assert verdicts == [("exact", None)] * workload.num_streams
     totals = reference.totals()
@@ -312,7 +324,7 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
             queue = sse_queue[stream]
             if not queue:
                 if t_done[stream] or faulty():
-                    inputs.append(("finish", stream))
+                    inputs.append(("finish", stream, "stop"))
                 continue
             merged = [queue.pop(0) for _ in range(rng.randint(1, len(queue)))]
             text = "".join(part[0] for part in merged)
@@ -331,7 +343,7 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
             ids = [i for part in sse_queue[stream] for i in part[1]]
             inputs.append(("sse", stream, text, ids))
         if not faulty():
-            inputs.append(("finish", stream))
+            inputs.append(("finish", stream, "stop"))
     return run_id, streams, inputs
 
 

@@ -66,10 +66,12 @@ class Run:
         for frame in frames:
             self.rec.push_frame(frame)
 
-    def sse(self, stream: int, text: str, ids: list[int], finish: bool = False) -> None:
+    def sse(
+        self, stream: int, text: str, ids: list[int], finish: bool = False, reason: str = "stop"
+    ) -> None:
         self.rec.push_sse(stream, text, ids)
         if finish:
-            self.rec.finish_sse(stream)
+            self.rec.finish_sse(stream, reason)
 
     def events(self) -> list[tuple[Any, ...]]:
         return self.rec.drain()
@@ -108,12 +110,13 @@ def simple_exact_run() -> Run:
 # ------------------------------------------------------------ happy paths
 
 
-def test_simple_stream_is_exact_with_one_span_per_step_and_input() -> None:
+def test_simple_stream_is_exact_with_one_span_per_step_role_and_input() -> None:
     run = simple_exact_run()
-    # " a" and "b" come from the same step and are proven by the same input: one span.
+    # " a" and "b" come from the same step but have different roles: two spans.
     assert run.events() == [
-        ("span", 0, 0, "Hi", 0, 0, 1),
-        ("span", 0, 2, " ab", 1, 1, 2),
+        ("span", 0, 0, "Hi", 0, 0, 1, P),
+        ("span", 0, 2, " a", 1, 1, 1, A),
+        ("span", 0, 4, "b", 1, 2, 1, B),
         ("exact", 0),
     ]
     assert run.rec.verdict(0) == ("exact", None)
@@ -135,6 +138,9 @@ def test_simple_stream_is_exact_with_one_span_per_step_and_input() -> None:
         "surplus_plain": 0,
         "mixed_spans": 0,
         "bytes": 5,
+        "drafts_by_pos": [1],
+        "accepted_by_pos": [1],
+        "metrics_steps": 0,
     }
     assert run.rec.totals() == stats
     assert run.rec.counters() == {
@@ -144,6 +150,7 @@ def test_simple_stream_is_exact_with_one_span_per_step_and_input() -> None:
         "foreign_records": 0,
         "dropped_reported": 0,
         "gaps": 0,
+        "late_frames": 0,
     }
 
 
@@ -160,8 +167,8 @@ def test_multibyte_character_split_across_tokens_and_steps_is_a_mixed_span() -> 
     assert run.events() == []  # the SSE has not delivered the character yet
     run.sse(0, "日!", [2, 3, 4], finish=True)
     assert run.events() == [
-        ("span", 0, 0, "日", None, 0, 3),
-        ("span", 0, 3, "!", 1, 3, 1),
+        ("span", 0, 0, "日", None, 0, 3, None),
+        ("span", 0, 3, "!", 1, 3, 1, B),
         ("exact", 0),
     ]
     stats = run.rec.stream_stats(0)
@@ -175,7 +182,8 @@ def test_character_within_one_step_keeps_its_step_colour() -> None:
         run.text(text(0, 0, [tok(1, b""), tok(2, NI, 1)], NI, **FIN)),
     )
     run.sse(0, "日", [1, 2], finish=True)
-    assert run.events() == [("span", 0, 0, "日", 0, 0, 2), ("exact", 0)]
+    # Step 0 throughout, but an accepted draft and the bonus: no single role.
+    assert run.events() == [("span", 0, 0, "日", 0, 0, 2, None), ("exact", 0)]
     assert run.rec.stream_stats(0)["mixed_spans"] == 0
 
 
@@ -190,8 +198,8 @@ def test_sse_releases_a_character_later_than_its_first_token() -> None:
     run.sse(0, "", [1])  # the chunk of the first token carries no text
     assert run.events() == []
     run.sse(0, "日", [2])
-    assert run.events() == [("span", 0, 0, "日", None, 0, 2)]
-    run.rec.finish_sse(0)
+    assert run.events() == [("span", 0, 0, "日", None, 0, 2, P)]
+    run.rec.finish_sse(0, "stop")
     assert run.events() == [("exact", 0)]
 
 
@@ -209,8 +217,8 @@ def test_http_holdback_delays_the_span_until_the_text_is_released() -> None:
     )
     run.sse(0, "bc", [2], finish=True)
     assert run.events() == [
-        ("span", 0, 0, "ab", 0, 0, 1),
-        ("span", 0, 2, "c", 1, 1, 1),
+        ("span", 0, 0, "ab", 0, 0, 1, P),
+        ("span", 0, 2, "c", 1, 1, 1, P),
         ("exact", 0),
     ]
 
@@ -224,10 +232,11 @@ def test_coalesced_sse_chunk_merging_two_steps() -> None:
         run.text(text(0, 1, [tok(2, "y"), tok(3, "z")], "yz", **FIN)),
     )
     run.sse(0, "xyz", [1, 2, 3], finish=True)
-    # One chunk proves both steps: a span per step, never one across steps.
+    # One chunk proves both steps: spans per step and role, never one across steps.
     assert run.events() == [
-        ("span", 0, 0, "x", 0, 0, 1),
-        ("span", 0, 1, "yz", 1, 1, 2),
+        ("span", 0, 0, "x", 0, 0, 1, P),
+        ("span", 0, 1, "y", 1, 1, 1, A),
+        ("span", 0, 2, "z", 1, 2, 1, T),
         ("exact", 0),
     ]
     stats = run.rec.stream_stats(0)
@@ -246,8 +255,8 @@ def test_fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() 
     run.sse(0, "z", [2], finish=True)
     # Merging never spans two inputs, so it cannot depend on when drain() runs.
     assert run.events() == [
-        ("span", 0, 0, "y", 0, 0, 1),
-        ("span", 0, 1, "z", 0, 1, 1),
+        ("span", 0, 0, "y", 0, 0, 1, A),
+        ("span", 0, 1, "z", 0, 1, 1, B),
         ("exact", 0),
     ]
 
@@ -260,7 +269,7 @@ def test_stop_string_026_style_keeps_ids_and_truncates_text() -> None:
         run.prov(prov(0, 2, [3, 4], [A, T], 3)),  # the scheduler ran on before the abort
     )
     run.sse(0, "x", [1, 2], finish=True)
-    assert run.events() == [("span", 0, 0, "x", 0, 0, 1), ("exact", 0)]
+    assert run.events() == [("span", 0, 0, "x", 0, 0, 1, A), ("exact", 0)]
     stats = run.rec.stream_stats(0)
     assert (stats["tokens"], stats["steps"], stats["accepted"], stats["bonus"]) == (2, 1, 1, 1)
     assert (stats["surplus_tokens"], stats["surplus_accepted"], stats["surplus_target"]) == (
@@ -285,7 +294,7 @@ def test_stop_string_033_style_trims_surplus_tokens_with_extra_provenance() -> N
         ),
     )  # fmt: skip
     run.sse(0, "ok", [1, 2], finish=True)
-    assert run.events() == [("span", 0, 0, "ok", 0, 0, 1), ("exact", 0)]
+    assert run.events() == [("span", 0, 0, "ok", 0, 0, 1, A), ("exact", 0)]
     stats = run.rec.stream_stats(0)
     assert (stats["tokens"], stats["accepted"], stats["surplus_tokens"]) == (2, 2, 1)
     assert stats["surplus_bonus"] == 1
@@ -300,7 +309,7 @@ def test_surplus_provenance_arriving_before_the_finishing_text() -> None:
         run.text(text(0, 0, [tok(1, "a.")], "a", **FIN, text_truncated=True)),
     )
     run.sse(0, "a", [1], finish=True)
-    assert run.events() == [("span", 0, 0, "a", 0, 0, 1), ("exact", 0)]
+    assert run.events() == [("span", 0, 0, "a", 0, 0, 1, P), ("exact", 0)]
     assert run.rec.stream_stats(0)["surplus_tokens"] == 2
 
 
@@ -313,7 +322,7 @@ def test_finished_text_record_with_no_tokens() -> None:
     )
     run.sse(0, "", [1])
     run.sse(0, "ab", [], finish=True)
-    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1), ("exact", 0)]
+    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1, P), ("exact", 0)]
 
 
 def test_streams_are_independent() -> None:
@@ -326,8 +335,8 @@ def test_streams_are_independent() -> None:
     run.sse(1, "z", [7])
     run.sse(0, "a", [1], finish=True)
     assert run.events() == [
-        ("span", 1, 0, "z", 0, 0, 1),
-        ("span", 0, 0, "a", 0, 0, 1),
+        ("span", 1, 0, "z", 0, 0, 1, P),
+        ("span", 0, 0, "a", 0, 0, 1, P),
         ("exact", 0),
     ]
     assert run.rec.verdict(1) == ("pending", None)
@@ -451,6 +460,7 @@ def test_sources_lists_each_hello() -> None:
             "plugin_version": "0.2.0",
             "engine_version": "sim-1",
             "spec_method": "ngram",
+            "verification": "standard",
         },
         {
             "source_id": FRONT,
@@ -462,6 +472,7 @@ def test_sources_lists_each_hello() -> None:
             "plugin_version": "0.2.0",
             "engine_version": "sim-1",
             "spec_method": "",
+            "verification": "none",
         },
     ]
 
@@ -524,7 +535,7 @@ def test_fragment_differs_from_http_delta() -> None:
     run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abcD")))
     run.sse(0, "abcD", [1, 2])
     assert run.events() == [
-        ("span", 0, 0, "ab", 0, 0, 1),
+        ("span", 0, 0, "ab", 0, 0, 1, A),
         ("failed", 0, "byte mismatch at offset 1 (byte 3): detokenizer fragment vs HTTP delta"),
     ]
 
@@ -627,15 +638,30 @@ def test_provenance_beyond_the_end_of_the_request() -> None:
     ]
 
 
-def test_nothing_is_emitted_for_a_stream_after_its_verdict() -> None:
+def test_late_notice_before_finalize_revokes_an_exact_verdict() -> None:
     run = simple_exact_run()
     run.events()
     before = run.rec.stream_stats(0)
     run.push(run.notice(0, "late"))
-    run.sse(0, "zzz", [99], finish=True)
-    assert run.events() == []
-    assert run.rec.verdict(0) == ("exact", None)
+    reason = f"not exact: late (notice 5 from source {FRONT:016x})"
+    assert run.events() == [("failed", 0, reason)]
+    assert run.rec.verdict(0) == ("failed", reason)
     assert run.rec.stream_stats(0) == before
+    run.push(run.notice(0, "later"))
+    assert run.events() == []  # one verdict change at most
+
+
+def test_after_finalize_nothing_changes_and_late_frames_are_counted_once() -> None:
+    run = simple_exact_run()
+    run.events()
+    run.rec.finalize()
+    run.push(run.notice(0, "late"), run.notice(wire.ALL_STREAMS, "later"))
+    run.sse(0, "zzz", [99], finish=True)
+    message = "telemetry arrived after the verdicts were final: not used (counted in late_frames)"
+    assert run.events() == [("run", message)]
+    assert run.rec.verdict(0) == ("exact", None)
+    counters = run.rec.counters()
+    assert (counters["late_frames"], counters["frames"]) == (2, 8)
 
 
 # ------------------------------------------------------------- finalize
@@ -713,7 +739,7 @@ def test_finalize_rule_9_unproven_bytes() -> None:
     run.push(run.prov(prov(0, 0, [1, 2], [A, B], 1)))
     run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abc", **FIN)))
     run.sse(0, "abc", [1, 2], finish=True)
-    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1)]
+    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1, A)]
     assert finalize(run) == ("failed", "stream 0: unproven bytes from byte 2")
     assert run.events() == [("failed", 0, "stream 0: unproven bytes from byte 2")]
 
@@ -747,7 +773,10 @@ def test_api_validation_messages() -> None:
     for call in (
         lambda: rec.push_sse(2, "", []),
         lambda: rec.push_sse(-1, "", []),
-        lambda: rec.finish_sse(2),
+        lambda: rec.finish_sse(2, "stop"),
+        lambda: rec.push_sse_id(2, "x"),
+        lambda: rec.push_sse_choice(-1, 1),
+        lambda: rec.push_sse_usage(2, None, None, None),
         lambda: rec.stream_stats(5),
         lambda: rec.verdict(2),
     ):
@@ -779,7 +808,7 @@ def test_push_frames_equals_push_frame_one_by_one() -> None:
     batch = Reconciler(RUN, 1)
     batch.push_frames(frames)
     batch.push_sse(0, "Hi ab", [10, 11, 12])
-    batch.finish_sse(0)
+    batch.finish_sse(0, "stop")
     assert batch.drain() == one.events()
     assert batch.totals() == one.rec.totals()
 
@@ -800,7 +829,10 @@ def test_generated_workloads_end_all_exact_with_the_generator_truth(workload: An
     ] * workload.num_streams
     totals = rec.totals()
     assert {key: totals[key] for key in workload.expected_totals()} == workload.expected_totals()
-    spans = [event for event in rec.drain() if event[0] == "span"]
+    events = rec.drain()
+    # Every character shown with the step and role its tokens have, never another.
+    assert workloads.attribution_errors(workload, events) == []
+    spans = [event for event in events if event[0] == "span"]
     for index, truth in enumerate(workload.truth):
         # The spans of a stream tile its text exactly, in order.
         pieces = [event for event in spans if event[1] == index]

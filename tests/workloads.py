@@ -28,8 +28,10 @@ several streams of one client run, as the vLLM plugin would report it:
 `mutate(workload, seed, kind)` applies one fault and says which streams it
 affects and whether it is benign (the reconciler must still end all-exact).
 
-Inputs are tuples ready to feed a reconciler:
-("frame", bytes) | ("sse", stream, text, token_ids) | ("finish", stream).
+Inputs are tuples ready to feed a reconciler (C2):
+("frame", bytes) | ("sse", stream, text, token_ids) | ("sse_id", stream, id) |
+("sse_choice", stream, index) | ("sse_usage", stream, n, accepted, drafted) |
+("finish", stream, finish_reason).
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ class StreamTruth:
     roles: list[int] = field(default_factory=list)  # scheduler role of each of them
     text: str = ""  # the text the client received
     steps: int = 0  # provenance records with at least one confirmed token
-    mixed_spans: int = 0  # fragments whose tokens come from two or more steps
+    # Per character of `text`: the step ordinal and the token role it must be shown
+    # with (None where the tokens its bytes may come from, at the granularity
+    # lead_len gives, have two steps or two roles).
+    char_steps: list[int | None] = field(default_factory=list)
+    char_roles: list[int | None] = field(default_factory=list)
     ending: str = "length"
     coalesced_chunks: int = 0
 
@@ -113,16 +119,34 @@ class Workload:
     def expected_totals(self) -> dict[str, int]:
         """Run totals that do not depend on input timing (surplus steps may arrive late)."""
         totals = dict.fromkeys(("tokens", "steps", "plain", "accepted", "target", "bonus"), 0)
-        totals["mixed_spans"] = 0
         totals["bytes"] = 0
         for truth in self.truth:
             totals["tokens"] += truth.tokens
             totals["steps"] += truth.steps
             for name, count in truth.role_counts().items():
                 totals[name] += count
-            totals["mixed_spans"] += truth.mixed_spans
             totals["bytes"] += len(truth.text.encode("utf-8"))
         return totals
+
+
+def span_characters(events: list[tuple[Any, ...]], stream: int) -> list[tuple[Any, Any]]:
+    """(step, role) of every character the span events of `stream` show, in order."""
+    shown: list[tuple[Any, Any]] = []
+    for event in events:
+        if event[0] == "span" and event[1] == stream:
+            shown.extend([(event[4], event[7])] * len(event[3]))
+    return shown
+
+
+def attribution_errors(workload: Workload, events: list[tuple[Any, ...]]) -> list[str]:
+    """Streams whose spans do not show each character with its true step and role."""
+    errors = []
+    for index, truth in enumerate(workload.truth):
+        expected = list(zip(truth.char_steps, truth.char_roles, strict=True))
+        shown = span_characters(events, index)
+        if shown != expected:
+            errors.append(f"stream {index}: shown {shown}, expected {expected}")
+    return errors
 
 
 def feed(reconciler: Any, inputs: list[Input], batch_frames: bool = False) -> None:
@@ -141,8 +165,14 @@ def feed(reconciler: Any, inputs: list[Input], batch_frames: bool = False) -> No
             pending = []
         if kind == "sse":
             reconciler.push_sse(item[1], item[2], item[3])
+        elif kind == "sse_id":
+            reconciler.push_sse_id(item[1], item[2])
+        elif kind == "sse_choice":
+            reconciler.push_sse_choice(item[1], item[2])
+        elif kind == "sse_usage":
+            reconciler.push_sse_usage(item[1], item[2], item[3], item[4])
         else:
-            reconciler.finish_sse(item[1])
+            reconciler.finish_sse(item[1], item[2])
     if pending:
         reconciler.push_frames(pending)
 
@@ -244,6 +274,7 @@ class _StreamSim:
         self.total_chars = 0  # characters decoded
         self.text_offset = 0
         self.final_chars: int | None = None  # text length once finished (stop string cut)
+        self.finish_reason: str | None = None  # the SSE finish_reason, once finished
 
     @property
     def done(self) -> bool:
@@ -367,6 +398,7 @@ class _StreamSim:
             delta = self._release(max(self.released, self.total_chars - self.holdback))
             record.http_delta = delta.encode("utf-8")
             self.text_offset += len(record.tokens)
+            self.finish_reason = wire.FINISH_NAMES[reason]
             self.late_finish_pending = wire.TextRecord(
                 self.index, 0, [], b"", finished=True, finish_reason=reason
             )
@@ -376,6 +408,7 @@ class _StreamSim:
             delta = self._release(self.final_chars)
             self.unreleased = ""
             record.finished = True
+            self.finish_reason = wire.FINISH_NAMES[reason]
             record.finish_reason = reason
             self.frontend_done = True
         else:
@@ -512,12 +545,16 @@ def generate(
                     merged = out.sse
                 if out.sse_final or rng.random() >= coalesce_p:
                     time = step + rng.uniform(0, jitter)
+                    if not sse[sim.index]:  # the first chunk: its id carries the request id
+                        chunk_id = f"chatcmpl-{wire.request_id(run_id, sim.index)}"
+                        sse[sim.index].append((time, ("sse_id", sim.index, chunk_id)))
                     sse[sim.index].append((time, ("sse", sim.index, merged[0], merged[1])))
                     chunk[sim.index] = None
                 else:
                     chunk[sim.index] = merged
                 if out.sse_final:
-                    sse[sim.index].append((time + 0.01, ("finish", sim.index)))
+                    reason = sim.finish_reason
+                    sse[sim.index].append((time + 0.01, ("finish", sim.index, reason)))
         if provenance:
             emit(wire.KIND_PROVENANCE, scheduler_id, step, provenance, scheduler)
         if texts:
@@ -536,13 +573,13 @@ def _fill_truth(
     texts: list[wire.TextRecord],
 ) -> None:
     token_ids: list[int] = []
-    fragments: list[tuple[int, int, int]] = []  # (offset, span_back, byte start)
+    fragments: list[tuple[int, wire.TextToken, int]] = []  # (offset, token, byte start)
     http = b""
     fragment_end = 0
     for record in texts:
         for token in record.tokens:
             if token.fragment:
-                fragments.append((len(token_ids), token.span_back, fragment_end))
+                fragments.append((len(token_ids), token, fragment_end))
                 fragment_end += len(token.fragment)
             token_ids.append(token.token_id)
         http += record.http_delta
@@ -556,9 +593,26 @@ def _fill_truth(
                 ordinals.append(ordinal)
         if record.offset < len(token_ids):
             truth.steps += 1
-    for offset, span_back, start in fragments:
-        if start < len(http) and len(set(ordinals[offset - span_back : offset + 1])) > 1:
-            truth.mixed_spans += 1
+    for offset, token, start in fragments:
+        # Each character, by which tokens gave its bytes: the span_back predecessors
+        # gave the first lead_len bytes of the fragment, the token itself the rest.
+        position = 0
+        for character in token.fragment.decode("utf-8"):
+            end = position + len(character.encode("utf-8"))
+            if start + position >= len(http):
+                break  # cut off by the stop string
+            group = list(range(offset - token.span_back, offset + 1))
+            tokens = group
+            if token.span_back and token.lead_len != wire.LEAD_UNKNOWN:
+                if end <= token.lead_len:
+                    tokens = group[:-1]
+                elif position >= token.lead_len:
+                    tokens = group[-1:]
+            steps = {ordinals[t] for t in tokens}
+            roles = {truth.roles[t] for t in tokens}
+            truth.char_steps.append(steps.pop() if len(steps) == 1 else None)
+            truth.char_roles.append(roles.pop() if len(roles) == 1 else None)
+            position = end
 
 
 def _interleave(channels: list[list[tuple[float, Input]]]) -> list[Input]:

@@ -95,7 +95,7 @@ class Feed:
         for event in events:
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)
+                _, stream, byte_start, text, step, _first, _count, _role = cast(SpanEvent, event)
                 streams[stream].add_span(byte_start, text, step)
             elif kind == "exact":
                 streams[cast(ExactEvent, event)[1]].verdict = "exact"

@@ -120,7 +120,7 @@ class RunDriver:
         if self.recorder is not None:
             self.recorder.finish(stream, finish_reason)
         if self.reconciler is not None:
-            self.reconciler.finish_sse(stream)
+            self.reconciler.finish_sse(stream, finish_reason)
         self.feed.end(stream, None, 0, "", finish_reason)
 
     def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None:

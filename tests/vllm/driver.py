@@ -189,7 +189,7 @@ async def _stream(
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
     with lock:
-        reconciler.finish_sse(index)
+        reconciler.finish_sse(index, result.finish_reason)
 
 
 def run(

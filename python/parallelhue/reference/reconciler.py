@@ -21,8 +21,10 @@ where it was open to more than one reading):
 - "every stream of the run that is not yet complete" means every stream
   without a verdict yet.
 - After a gap the source resumes at its lowest buffered sequence number.
-- A stream's later inputs are ignored once it has a verdict (its statistics
-  stop changing too).
+- A failed stream's later inputs are ignored (its statistics stop changing
+  too). An exact stream still takes provenance records (surplus, or a
+  contradiction that revokes it), notices and run-level failures until
+  `finalize()`; after `finalize()` nothing changes.
 - A provenance step ordinal is the index of the provenance record within the
   stream. Ids are compared scheduler vs detokenizer and detokenizer vs SSE only
   (there is no scheduler-vs-SSE message); within a record, tokens are checked
@@ -49,6 +51,7 @@ from parallelhue_vllm.wire import (
     KIND_HELLO,
     KIND_PROVENANCE,
     KIND_TEXT,
+    LEAD_UNKNOWN,
     ROLE_ACCEPTED,
     ROLE_BONUS,
     ROLE_PLAIN,
@@ -63,11 +66,14 @@ from parallelhue_vllm.wire import (
 REORDER_WINDOW = 64
 MAX_STREAMS = 65535
 U32_MAX = 0xFFFFFFFF
+U64_MAX = 0xFFFFFFFFFFFFFFFF
+LATE_MESSAGE = "telemetry arrived after the verdicts were final: not used (counted in late_frames)"
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 ROLE_NAMES = {SOURCE_SCHEDULER: "scheduler", SOURCE_FRONTEND: "frontend"}
 ENGINE_NAMES = {1: "vllm", 2: "simulated"}
 DERIVATION_NAMES = {0: "none", 1: "draft_ids", 2: "counts"}
+VERIFICATION_NAMES = {0: "none", 1: "standard", 2: "synthetic", 3: "fly", 4: "unknown"}
 TOKEN_ROLE_NAMES = {
     ROLE_PLAIN: "plain",
     ROLE_ACCEPTED: "accepted",
@@ -78,6 +84,12 @@ TOKEN_ROLE_NAMES = {
 # (held equal to the Rust core's by tests/test_native_types.py).
 STAT_KEYS = _SHAPE_STAT_KEYS
 COUNTER_KEYS = _SHAPE_COUNTER_KEYS
+LIST_KEYS = ("drafts_by_pos", "accepted_by_pos")
+INPUT_SHAPES = (
+    '("frame", bytes), ("sse", stream, text, token_ids), ("sse_id", stream, id), '
+    '("sse_choice", stream, index), ("sse_usage", stream, completion_tokens, '
+    'per_step_accepted, per_step_drafted) or ("finish", stream, finish_reason)'
+)
 
 Event = tuple[Any, ...]
 
@@ -110,6 +122,26 @@ class _Fragment:
     span_back: int
     start: int  # byte positions in the stream's text
     end: int
+    lead_len: int  # bytes from the span_back predecessors (LEAD_UNKNOWN: not known)
+
+
+@dataclass
+class _Piece:
+    """A run of a fragment's characters attributed alike (byte range relative to it)."""
+
+    start: int
+    end: int
+    step: int | None
+    role: int | None
+    first: int
+    count: int
+
+
+@dataclass
+class _Usage:
+    completion_tokens: int | None
+    per_step_accepted: list[int] | None
+    per_step_drafted: list[int] | None
 
 
 @dataclass
@@ -121,13 +153,15 @@ class _Stream:
     p_source: int | None = None
     p_ids: list[int] = field(default_factory=list)
     p_ordinals: list[int] = field(default_factory=list)
+    p_roles: list[int] = field(default_factory=list)
     p_steps: list[_ProvenanceStep] = field(default_factory=list)
     settled_steps: int = 0
     # T: text
     t_source: int | None = None
     t_ids: list[int] = field(default_factory=list)
     t_finished: bool = False
-    t_truncated: bool = False
+    t_truncated: bool = False  # the final HTTP text stops inside or before the fragments
+    t_stop_string: bool = False  # a stop string ended it: provenance beyond is surplus
     pending_empty: int = 0
     fragments: list[_Fragment] = field(default_factory=list)
     proven_fragments: int = 0
@@ -138,6 +172,10 @@ class _Stream:
     q_ids: list[int] = field(default_factory=list)
     sse_bytes: bytearray = field(default_factory=bytearray)  # S
     sse_finished: bool = False
+    sse_reason: str | None = None
+    sse_id: str | None = None
+    sse_choice: int | None = None
+    usage: _Usage | None = None
     stats: dict[str, Any] = field(default_factory=lambda: _empty_stats())
 
     @property
@@ -149,7 +187,7 @@ class _Stream:
     @property
     def surplus_from(self) -> int | None:
         """First offset whose provenance is surplus, once the text ended on a stop string."""
-        if self.t_finished and self.t_truncated:
+        if self.t_finished and self.t_stop_string:
             return len(self.t_ids)
         return None
 
@@ -157,7 +195,22 @@ class _Stream:
 def _empty_stats() -> dict[str, Any]:
     stats: dict[str, Any] = dict.fromkeys(STAT_KEYS, 0)
     stats["hist"] = {}
+    for key in LIST_KEYS:
+        stats[key] = []
     return stats
+
+
+def _add_lists(total: list[int], values: list[int]) -> None:
+    """total += values element-wise, growing total to values' length."""
+    total.extend([0] * (len(values) - len(total)))
+    for index, value in enumerate(values):
+        total[index] += value
+
+
+def _check_u32_list(values: list[int] | None) -> None:
+    for value in values or ():
+        if not 0 <= value <= U32_MAX:
+            raise ValueError(f"per-step count {value} out of range 0..=4294967295")
 
 
 class Reconciler:
@@ -180,12 +233,18 @@ class Reconciler:
         self._input_start = 0
         self._counters = dict.fromkeys(COUNTER_KEYS, 0)
         self._admitted_any = False
+        self._finalized = False  # finalize() ran: nothing changes any more
 
     # ----------------------------------------------------------------- API
 
     def push_frame(self, frame: bytes) -> None:
         self._input_start = len(self._events)
         self._counters["frames"] += 1
+        if self._finalized:
+            self._counters["late_frames"] += 1
+            if self._counters["late_frames"] == 1:
+                self._events.append(("run", LATE_MESSAGE))
+            return
         try:
             decoded = decode_frame(bytes(frame))
         except FrameError as error:
@@ -202,33 +261,45 @@ class Reconciler:
             self.push_frame(frame)
 
     def push_inputs(self, inputs: list[tuple[Any, ...]]) -> None:
-        """Several inputs, in order, exactly as the single calls: `("frame", bytes)`,
-        `("sse", stream, text, token_ids)` or `("finish", stream)`."""
+        """Several inputs, in order, exactly as the single calls (INPUT_SHAPES)."""
         for item in inputs:
             if isinstance(item, tuple) and item and isinstance(item[0], str):
-                kind = item[0]
-                if kind == "frame" and len(item) == 2:
+                kind, size = item[0], len(item)
+                if kind == "frame" and size == 2:
                     self.push_frame(item[1])
                     continue
-                if kind == "sse" and len(item) == 4:
+                if kind == "sse" and size == 4:
                     self.push_sse(item[1], item[2], item[3])
                     continue
-                if kind == "finish" and len(item) == 2:
-                    self.finish_sse(item[1])
+                if kind == "sse_id" and size == 3:
+                    self.push_sse_id(item[1], item[2])
                     continue
-            raise ValueError(
-                f"invalid input {item!r}: expected "
-                '("frame", bytes), ("sse", stream, text, token_ids) or ("finish", stream)'
-            )
+                if kind == "sse_choice" and size == 3:
+                    self.push_sse_choice(item[1], item[2])
+                    continue
+                if kind == "sse_usage" and size == 5:
+                    self.push_sse_usage(item[1], item[2], item[3], item[4])
+                    continue
+                if kind == "finish" and size == 3:
+                    self.finish_sse(item[1], item[2])
+                    continue
+            raise ValueError(f"invalid input {item!r}: expected {INPUT_SHAPES}")
+
+    def _sse_state(self, stream: int) -> _Stream | None:
+        """The stream an SSE input is for, while its verdict may change."""
+        self._input_start = len(self._events)
+        state = self._streams[stream]
+        if self._finalized or state.verdict == "failed":
+            return None
+        return state
 
     def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         self._check_stream_index(stream)
         for token_id in token_ids:
             if not 0 <= token_id <= U32_MAX:
                 raise ValueError(f"token id {token_id} out of range 0..=4294967295")
-        self._input_start = len(self._events)
-        state = self._streams[stream]
-        if state.verdict != "pending":
+        state = self._sse_state(stream)
+        if state is None or state.verdict == "exact":
             return
         try:
             for token_id in token_ids:
@@ -246,22 +317,77 @@ class Reconciler:
         except _Failed:
             pass
 
-    def finish_sse(self, stream: int) -> None:
+    def push_sse_id(self, stream: int, chunk_id: str) -> None:
+        """The SSE chunk `id` (the first chunk's, and each one differing from the previous)."""
         self._check_stream_index(stream)
-        self._input_start = len(self._events)
-        state = self._streams[stream]
-        if state.verdict != "pending":
+        if not isinstance(chunk_id, str):
+            raise TypeError(f"chunk id must be a string, not {type(chunk_id).__name__}")
+        state = self._sse_state(stream)
+        if state is None or state.verdict == "exact":
+            return
+        state.sse_id = chunk_id
+
+    def push_sse_choice(self, stream: int, index: int) -> None:
+        """The stream's chunks carried a choice other than the single choice 0."""
+        self._check_stream_index(stream)
+        if not 0 <= index <= U32_MAX:
+            raise ValueError(f"choice index {index} out of range 0..=4294967295")
+        state = self._sse_state(stream)
+        if state is None or state.verdict == "exact":
+            return
+        if state.sse_choice is None:
+            state.sse_choice = index
+
+    def push_sse_usage(
+        self,
+        stream: int,
+        completion_tokens: int | None,
+        per_step_accepted: list[int] | None,
+        per_step_drafted: list[int] | None,
+    ) -> None:
+        """The usage chunk: `usage.completion_tokens` and vLLM's per-request metrics."""
+        self._check_stream_index(stream)
+        if completion_tokens is not None and not 0 <= completion_tokens <= U64_MAX:
+            raise ValueError(
+                f"completion_tokens {completion_tokens} out of range 0..=18446744073709551615"
+            )
+        _check_u32_list(per_step_accepted)
+        _check_u32_list(per_step_drafted)
+        state = self._sse_state(stream)
+        if state is None or state.verdict == "exact":
+            return
+        state.usage = _Usage(
+            completion_tokens,
+            None if per_step_accepted is None else list(per_step_accepted),
+            None if per_step_drafted is None else list(per_step_drafted),
+        )
+
+    def finish_sse(self, stream: int, finish_reason: str | None) -> None:
+        """The body ended normally; `finish_reason` is the last non-null one of choice 0."""
+        self._check_stream_index(stream)
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            raise TypeError(
+                f"finish_reason must be a string or None, not {type(finish_reason).__name__}"
+            )
+        state = self._sse_state(stream)
+        if state is None or state.verdict == "exact":
             return
         state.sse_finished = True
+        state.sse_reason = finish_reason
         try:
             self._progress(state)
         except _Failed:
             pass
 
     def finalize(self) -> None:
+        """Every pending stream gets its verdict; from now on every verdict is final."""
+        if self._finalized:
+            return
+        self._input_start = len(self._events)
         for state in self._streams:
             if state.verdict == "pending":
                 self._set_failed(state, self._finalize_reason(state))
+        self._finalized = True
 
     def drain(self) -> list[Event]:
         events, self._events = self._events, []
@@ -271,6 +397,8 @@ class Reconciler:
         self._check_stream_index(stream)
         stats = dict(self._streams[stream].stats)
         stats["hist"] = dict(stats["hist"])
+        for key in LIST_KEYS:
+            stats[key] = list(stats[key])
         return stats
 
     def totals(self) -> dict[str, object]:
@@ -280,6 +408,8 @@ class Reconciler:
                 if key == "hist":
                     for size, count in state.stats["hist"].items():
                         totals["hist"][size] = totals["hist"].get(size, 0) + count
+                elif key in LIST_KEYS:
+                    _add_lists(totals[key], state.stats[key])
                 else:
                     totals[key] += state.stats[key]
         return totals
@@ -365,7 +495,7 @@ class Reconciler:
                 self._counters["foreign_records"] += 1
                 continue
             state = self._streams[record.stream]
-            if state.verdict != "pending":
+            if state.verdict == "failed":
                 continue
             try:
                 if isinstance(record, ProvenanceRecord):
@@ -391,14 +521,21 @@ class Reconciler:
                 "plugin_version": hello.plugin_version,
                 "engine_version": hello.engine_version,
                 "spec_method": hello.spec_method,
+                "verification": VERIFICATION_NAMES[hello.verification],
             }
         )
 
     def _run_failure(self, message: str) -> None:
+        """The run's telemetry contradicts itself: every stream without a final
+        verdict fails, an exact one is revoked."""
         self._events.append(("run", message))
-        self._fail_pending(message)
+        for state in self._streams:
+            if state.verdict != "failed":
+                self._set_failed(state, message)
 
     def _fail_pending(self, reason: str) -> None:
+        """Frames were lost: the pending streams fail (a loss contradicts nothing a
+        complete stream was proven with)."""
         for state in self._streams:
             if state.verdict == "pending":
                 self._set_failed(state, reason)
@@ -409,15 +546,18 @@ class Reconciler:
             f"{source.source_id:016x})"
         )
         if record.stream == ALL_STREAMS:
-            self._fail_pending(reason)
+            for state in self._streams:
+                if state.verdict != "failed":
+                    self._set_failed(state, reason)
         elif record.stream >= self.num_streams:
             self._counters["foreign_records"] += 1
-        elif self._streams[record.stream].verdict == "pending":
+        elif self._streams[record.stream].verdict != "failed":
             self._set_failed(self._streams[record.stream], reason)
 
     # ------------------------------------------------------ per-stream rules
 
     def _set_failed(self, state: _Stream, reason: str) -> None:
+        """Fail a pending stream, or revoke an exact one (before finalize)."""
         state.verdict = "failed"
         state.reason = reason
         self._events.append(("failed", state.index, reason))
@@ -449,10 +589,11 @@ class Reconciler:
                 ordinal,
             )
         )
-        for token_id in record.token_ids:
+        for token_id, role in zip(record.token_ids, record.roles, strict=True):
             offset = len(state.p_ids)
             state.p_ids.append(token_id)
             state.p_ordinals.append(ordinal)
+            state.p_roles.append(role)
             self._check_provenance_token(state, offset)
 
     def _check_provenance_token(self, state: _Stream, offset: int) -> None:
@@ -464,7 +605,7 @@ class Reconciler:
                     f"token mismatch at offset {offset}: "
                     f"scheduler {scheduler}, detokenizer {detokenizer}",
                 )
-        elif state.t_finished and not state.t_truncated:
+        elif state.t_finished and not state.t_stop_string:
             raise self._fail(
                 state,
                 f"stream {state.index}: provenance beyond the end of the request "
@@ -503,7 +644,7 @@ class Reconciler:
             start = len(state.fragment_bytes)
             state.fragment_bytes += token.fragment
             state.fragments.append(
-                _Fragment(offset, token.span_back, start, len(state.fragment_bytes))
+                _Fragment(offset, token.span_back, start, len(state.fragment_bytes), token.lead_len)
             )
         state.http_bytes += record.http_delta
         if len(state.http_bytes) > len(state.fragment_bytes):
@@ -515,8 +656,9 @@ class Reconciler:
         if record.finished:
             state.t_finished = True
             state.t_truncated = record.text_truncated
+            state.t_stop_string = record.text_truncated or record.tokens_trimmed
             end = len(state.t_ids)
-            if len(state.p_ids) > end and not state.t_truncated:
+            if len(state.p_ids) > end and not state.t_stop_string:
                 raise self._fail(
                     state,
                     f"stream {stream}: provenance beyond the end of the request at offset {end}",
@@ -549,6 +691,8 @@ class Reconciler:
     def _progress(self, state: _Stream) -> None:
         """After any new evidence: settle records, prove fragments, maybe declare exact."""
         self._settle(state)
+        if state.verdict != "pending":
+            return  # an exact stream: only late surplus records settle
         self._prove(state)
         if self._is_exact(state):
             state.verdict = "exact"
@@ -579,12 +723,20 @@ class Reconciler:
             stats["hist"][confirmed] = stats["hist"].get(confirmed, 0) + 1
             stats["drafts_scheduled"] += step.drafts_scheduled
             stats["drafts_padded"] += step.drafts_padded
+            drafts = step.drafts_scheduled - step.drafts_padded
+            accepted = sum(
+                1
+                for position, role in enumerate(step.roles)
+                if role == ROLE_ACCEPTED and step.offset + position < confirmed_end
+            )
+            _add_lists(stats["drafts_by_pos"], [1] * drafts)
+            _add_lists(stats["accepted_by_pos"], [1] * accepted + [0] * (drafts - accepted))
             state.settled_steps += 1
 
     def _prove(self, state: _Stream) -> None:
         confirmed_end = state.confirmed_end
         http, sse, fragment_bytes = state.http_bytes, state.sse_bytes, state.fragment_bytes
-        http_final = state.t_finished and state.t_truncated
+        http_final = state.t_finished and state.t_truncated  # H ends inside the fragments
         while state.proven_fragments < len(state.fragments):
             fragment = state.fragments[state.proven_fragments]
             if confirmed_end <= fragment.offset:
@@ -611,41 +763,89 @@ class Reconciler:
                     )
             state.proven_fragments += 1
             state.proven_bytes = end
-            if end > fragment.start:
-                self._emit_span(state, fragment, end)
+            for piece in self._pieces(state, fragment, end - fragment.start):
+                self._emit_span(state, fragment.start, piece)
 
-    def _emit_span(self, state: _Stream, fragment: _Fragment, end: int) -> None:
-        first = fragment.offset - fragment.span_back
-        ordinals = set(state.p_ordinals[first : fragment.offset + 1])
-        step_index = ordinals.pop() if len(ordinals) == 1 else None
-        text = bytes(state.fragment_bytes[fragment.start : end]).decode("utf-8")
-        state.stats["bytes"] += end - fragment.start
-        if step_index is None:
+    @staticmethod
+    def _shared(values: list[int]) -> int | None:
+        """The value every element has, else None."""
+        return values[0] if values and len(set(values)) == 1 else None
+
+    def _pieces(self, state: _Stream, fragment: _Fragment, available: int) -> list[_Piece]:
+        """A proven fragment's characters in runs attributed alike: those whose bytes
+        all come from the span_back predecessors, the one with bytes from both, the
+        carrier's own. Only the first `available` bytes are output."""
+        carrier, first = fragment.offset, fragment.offset - fragment.span_back
+        group = range(first, carrier + 1)
+        step = self._shared([state.p_ordinals[o] for o in group])
+        role = self._shared([state.p_roles[o] for o in group])
+        size = fragment.end - fragment.start
+        if fragment.span_back == 0 or fragment.lead_len == LEAD_UNKNOWN:
+            return [_Piece(0, available, step, role, first, fragment.span_back + 1)]
+        data = state.fragment_bytes[fragment.start : fragment.end]
+        lead = fragment.lead_len
+
+        def continuation(position: int) -> bool:
+            return position < size and data[position] & 0xC0 == 0x80
+
+        low = lead  # the start of the character holding byte `lead` (or `lead` itself)
+        while 0 < low < size and continuation(low):
+            low -= 1
+        high = lead  # the end of that character
+        while high < size and continuation(high):
+            high += 1
+        before = range(first, carrier)
+        candidates = [
+            _Piece(
+                0,
+                low,
+                self._shared([state.p_ordinals[o] for o in before]),
+                self._shared([state.p_roles[o] for o in before]),
+                first,
+                fragment.span_back,
+            ),
+            _Piece(low, high, step, role, first, fragment.span_back + 1),
+            _Piece(high, size, state.p_ordinals[carrier], state.p_roles[carrier], carrier, 1),
+        ]
+        pieces = []
+        for piece in candidates:
+            piece.end = min(piece.end, available)
+            if piece.start < piece.end:
+                pieces.append(piece)
+        return pieces
+
+    def _emit_span(self, state: _Stream, fragment_start: int, piece: _Piece) -> None:
+        start = fragment_start + piece.start
+        text = bytes(state.fragment_bytes[start : fragment_start + piece.end]).decode("utf-8")
+        state.stats["bytes"] += piece.end - piece.start
+        if piece.step is None:
             state.stats["mixed_spans"] += 1
-        n_tokens = fragment.span_back + 1
         previous = self._events[-1] if len(self._events) > self._input_start else None
         if (
-            step_index is not None
+            piece.step is not None
             and previous is not None
             and previous[0] == "span"
             and previous[1] == state.index
-            and previous[4] == step_index
-            and previous[2] + len(previous[3].encode("utf-8")) == fragment.start
+            and previous[4] == piece.step
+            and previous[7] == piece.role
+            and previous[2] + len(previous[3].encode("utf-8")) == start
         ):
-            # The same step, contiguous, proven by the same input: one span.
+            # The same step and role, contiguous, proven by the same input: one span.
             merged_first = previous[5]
             self._events[-1] = (
                 "span",
                 state.index,
                 previous[2],
                 previous[3] + text,
-                step_index,
+                piece.step,
                 merged_first,
-                first + n_tokens - merged_first,
+                piece.first + piece.count - merged_first,
+                piece.role,
             )
             return
-        span = ("span", state.index, fragment.start, text, step_index, first, n_tokens)
-        self._events.append(span)
+        self._events.append(
+            ("span", state.index, start, text, piece.step, piece.first, piece.count, piece.role)
+        )
 
     def _is_exact(self, state: _Stream) -> bool:
         text_end = len(state.t_ids)

@@ -19,7 +19,7 @@ use std::ops::Deref;
 
 use crate::outcome::Outcome;
 use crate::reconcile::{Event, Reconciler};
-use crate::record::Item;
+use crate::record::{u32_bytes, Item};
 use crate::sse::Usage;
 use crate::tap::Tap;
 
@@ -209,14 +209,80 @@ impl Fed {
         self.rec.push_sse(stream, text, token_ids);
     }
 
-    pub fn finish_sse(&mut self, stream: u16) {
-        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
-        self.finish_at(stream, None, at);
+    /// A chunk id (the first chunk's, and whenever it changes).
+    pub fn push_sse_id(&mut self, stream: u16, id: &str) {
+        let at = self.now();
+        self.sse_id_at(stream, id, at);
+    }
+
+    fn sse_id_at(&mut self, stream: u16, id: &str, at: f64) {
+        self.tap_item(at, &Item::SseId { stream, id });
+        self.rec.push_sse_id(stream, id);
+    }
+
+    /// A choice other than the single choice 0.
+    pub fn push_sse_choice(&mut self, stream: u16, index: u32) {
+        let at = self.now();
+        self.sse_choice_at(stream, index, at);
+    }
+
+    fn sse_choice_at(&mut self, stream: u16, index: u32, at: f64) {
+        self.tap_item(at, &Item::SseChoice { stream, index });
+        self.rec.push_sse_choice(stream, index);
+    }
+
+    /// The usage: `completion_tokens` and vLLM's per-step lists.
+    pub fn push_sse_usage(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<&[u32]>,
+        drafted: Option<&[u32]>,
+    ) {
+        let at = self.now();
+        self.sse_usage_at(stream, completion_tokens, accepted, drafted, at);
+    }
+
+    fn sse_usage_at(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<&[u32]>,
+        drafted: Option<&[u32]>,
+        at: f64,
+    ) {
+        if let Some(tap) = &mut self.tap {
+            let (a, d) = (accepted.map(u32_bytes), drafted.map(u32_bytes));
+            let item = Item::SseUsage {
+                stream,
+                completion_tokens,
+                accepted: a.as_deref(),
+                drafted: d.as_deref(),
+            };
+            tap.item(at, &item);
+        }
+        self.rec
+            .push_sse_usage(stream, completion_tokens, accepted, drafted);
+    }
+
+    /// The stream's SSE ended normally with choice 0's last finish_reason.
+    pub fn finish_sse(&mut self, stream: u16, reason: Option<&str>) {
+        let at = self.now();
+        self.finish_at(stream, reason, at);
     }
 
     fn finish_at(&mut self, stream: u16, reason: Option<&str>, at: f64) {
         self.tap_item(at, &Item::Finish { stream, reason });
-        self.rec.finish_sse(stream);
+        self.rec.finish_sse(stream, reason);
+    }
+
+    /// The time of an input pushed now (only read while recording).
+    fn now(&self) -> f64 {
+        if self.tap.is_some() {
+            monotonic()
+        } else {
+            0.0
+        }
     }
 
     pub fn finalize(&mut self) {
@@ -304,6 +370,7 @@ impl Fed {
                 byte_start,
                 text,
                 step,
+                role,
                 ..
             } = event
             else {
@@ -321,7 +388,7 @@ impl Fed {
                 shown.span_count[s] += 1;
             }
             let end = byte_start + text.len() as u64;
-            spans.push((stream, end, span_word(step, None)));
+            spans.push((stream, end, span_word(step, role)));
             shown.span_count[s] += 1;
             shown.span_end[s] = shown.span_end[s].max(end);
         }

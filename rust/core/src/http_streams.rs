@@ -1120,7 +1120,7 @@ mod tests {
         twin.push_sse(1, "h\u{e9}", &[5, 6]);
         twin.push_sse(1, "", &[7]);
         twin.push_sse(1, "\u{4e16}!", &[8]);
-        twin.finish_sse(1);
+        twin.finish_sse(1, Some("stop"));
         assert_eq!(r.fed.lock().unwrap().retained(), twin.retained());
         let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
         assert_eq!(

@@ -6,6 +6,9 @@
 //! and S (SSE text) byte by byte. Verified spans are emitted as soon as they
 //! are proven, then dropped: memory holds only what is not yet verified (plus
 //! at most 255 tokens that a later fragment's `span_back` may reach back to).
+//!
+//! A stream's verdict is final only after [`Reconciler::finalize`]: until
+//! then contradicting evidence revokes an exact verdict.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -13,7 +16,7 @@ use std::fmt;
 use crate::encode::HelloFields;
 use crate::protocol::{
     self, Body, DecodeError, Frame, Hello, NoticeRecord, ProvRecord, TextRecord, ALL_STREAMS,
-    FLAG_FINISHED, FLAG_TEXT_TRUNCATED,
+    FLAG_FINISHED, FLAG_TEXT_TRUNCATED, FLAG_TOKENS_TRIMMED, LEAD_UNKNOWN,
 };
 use crate::sequence::{Offer, SeqTracker};
 use crate::stats::{Counters, Stats};
@@ -27,19 +30,25 @@ pub const MAX_STREAMS: u32 = 65_535;
 pub const ROLE_SCHEDULER: u8 = 1;
 pub const ROLE_FRONTEND: u8 = 2;
 
+/// The run message of the first frame pushed after `finalize()`.
+pub const LATE_MESSAGE: &str =
+    "telemetry arrived after the verdicts were final: not used (counted in late_frames)";
+
 /// An event, in the order it happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A proven fragment (or its part inside the final HTTP text).
+    /// A run of proven characters (of one fragment, or merged from several).
     Span {
         stream: u16,
         byte_start: u64,
         text: SpanText,
         /// Ordinal of the provenance step within the stream; None for a mixed
-        /// span (tokens of two or more steps).
+        /// span (a character with bytes from tokens of two or more steps).
         step: Option<u32>,
         first_offset: u64,
         n_tokens: u32,
+        /// The token role shared by every token the characters come from.
+        role: Option<u8>,
     },
     Exact {
         stream: u16,
@@ -69,6 +78,9 @@ pub enum ArgError {
     NumStreams(String),
     Stream { stream: String, n: u16 },
     TokenId(String),
+    ChoiceIndex(String),
+    CompletionTokens(String),
+    StepCount(String),
 }
 
 impl fmt::Display for ArgError {
@@ -81,6 +93,12 @@ impl fmt::Display for ArgError {
             ArgError::NumStreams(n) => write!(f, "num_streams {n} out of range 1..=65535"),
             ArgError::Stream { stream, n } => write!(f, "stream {stream} out of range 0..{n}"),
             ArgError::TokenId(t) => write!(f, "token id {t} out of range 0..=4294967295"),
+            ArgError::ChoiceIndex(i) => write!(f, "choice index {i} out of range 0..=4294967295"),
+            ArgError::CompletionTokens(n) => write!(
+                f,
+                "completion_tokens {n} out of range 0..=18446744073709551615"
+            ),
+            ArgError::StepCount(n) => write!(f, "per-step count {n} out of range 0..=4294967295"),
         }
     }
 }
@@ -107,11 +125,7 @@ impl SourceInfo {
     }
 
     pub fn engine_name(&self) -> &'static str {
-        if self.hello.engine == 1 {
-            "vllm"
-        } else {
-            "simulated"
-        }
+        engine_name(self.hello.engine)
     }
 
     pub fn role_derivation_name(&self) -> &'static str {
@@ -121,6 +135,16 @@ impl SourceInfo {
             _ => "counts",
         }
     }
+
+    pub fn verification_name(&self) -> &'static str {
+        match self.hello.verification {
+            0 => "none",
+            1 => "standard",
+            2 => "synthetic",
+            3 => "fly",
+            _ => "unknown",
+        }
+    }
 }
 
 fn role_name(role: u8) -> &'static str {
@@ -128,6 +152,14 @@ fn role_name(role: u8) -> &'static str {
         "scheduler"
     } else {
         "frontend"
+    }
+}
+
+fn engine_name(engine: u8) -> &'static str {
+    if engine == 1 {
+        "vllm"
+    } else {
+        "simulated"
     }
 }
 
@@ -190,6 +222,16 @@ struct Frag {
     first: u64,
     byte_start: u64,
     len: u32,
+    /// Bytes from the span_back predecessors ([`LEAD_UNKNOWN`]: not known).
+    lead: u16,
+}
+
+/// What the usage chunk said (the last one pushed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Usage {
+    completion_tokens: Option<u64>,
+    per_step_accepted: Option<Vec<u32>>,
+    per_step_drafted: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -208,6 +250,10 @@ struct Stream {
     ord: u32,
     recs: VecDeque<PRec>,
     t_finished: bool,
+    /// T finished because of a stop string (text_truncated or tokens_trimmed):
+    /// provenance beyond its end is surplus.
+    t_stop_string: bool,
+    /// The final HTTP text stops inside or before the fragments.
     t_truncated: bool,
     pending_empty: u32,
     frags: VecDeque<Frag>,
@@ -217,6 +263,10 @@ struct Stream {
     /// End of the proven bytes.
     proven: u64,
     sse_finished: bool,
+    sse_reason: Option<String>,
+    sse_id: Option<String>,
+    sse_choice: Option<u32>,
+    usage: Option<Usage>,
     stats: Stats,
 }
 
@@ -271,9 +321,23 @@ pub struct Reconciler {
     events: Vec<Event>,
     counters: Counters,
     admitted: bool,
+    /// `finalize()` ran: nothing changes any more.
+    finalized: bool,
     /// Index of the first event produced by the input being processed: only
     /// spans of the same input are merged, so merging never depends on drains.
     input_start: usize,
+}
+
+/// One run of characters of a fragment attributed alike.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    /// Byte range relative to the fragment start.
+    from: usize,
+    to: usize,
+    step: Option<u32>,
+    role: Option<u8>,
+    first: u64,
+    n: u32,
 }
 
 impl Reconciler {
@@ -299,6 +363,7 @@ impl Reconciler {
             events: Vec::new(),
             counters: Counters::default(),
             admitted: false,
+            finalized: false,
             input_start: 0,
         }
     }
@@ -325,6 +390,9 @@ impl Reconciler {
     /// Count a datagram rejected before decoding (e.g. by the receiver).
     pub fn reject(&mut self, reason: String) {
         self.counters.frames += 1;
+        if self.finalized {
+            return self.late_frame();
+        }
         self.reject_message(reason);
     }
 
@@ -334,6 +402,9 @@ impl Reconciler {
     pub fn push_frame(&mut self, data: &[u8]) {
         self.input_start = self.events.len();
         self.counters.frames += 1;
+        if self.finalized {
+            return self.late_frame();
+        }
         let frame = match protocol::decode(data) {
             Ok(f) => f,
             Err(e) => return self.rejected(&e),
@@ -368,7 +439,7 @@ impl Reconciler {
             }
             Offer::Gap { missing } => {
                 self.counters.gaps += 1;
-                self.fail_all(&format!(
+                self.fail_open(&format!(
                     "frames lost: gap in source {:016x} at seq {missing}",
                     h.source_id
                 ));
@@ -381,6 +452,16 @@ impl Reconciler {
     pub fn push_frames<'a>(&mut self, frames: impl IntoIterator<Item = &'a [u8]>) {
         for f in frames {
             self.push_frame(f);
+        }
+    }
+
+    /// A frame after `finalize()`: counted, reported once, not used.
+    fn late_frame(&mut self) {
+        self.counters.late_frames += 1;
+        if self.counters.late_frames == 1 {
+            self.events.push(Event::Run {
+                message: LATE_MESSAGE.to_owned(),
+            });
         }
     }
 
@@ -451,7 +532,7 @@ impl Reconciler {
         }
         self.counters.dropped_reported += u64::from(h.dropped);
         if h.dropped > 0 {
-            self.fail_all(&format!(
+            self.fail_open(&format!(
                 "frames lost: source {src:016x} dropped {} frames before seq {}",
                 h.dropped, h.seq
             ));
@@ -476,14 +557,20 @@ impl Reconciler {
         }
     }
 
+    /// The run's telemetry contradicts itself: a run event, then every
+    /// stream without a final verdict fails (an exact one is revoked).
     fn run_failure(&mut self, message: String) {
         self.events.push(Event::Run {
             message: message.clone(),
         });
-        self.fail_all(&message);
+        for s in 0..self.streams.len() {
+            self.fail(s, message.clone());
+        }
     }
 
-    fn fail_all(&mut self, reason: &str) {
+    /// Frames were lost: every stream still open fails (a loss contradicts
+    /// nothing a complete stream was proven with).
+    fn fail_open(&mut self, reason: &str) {
         for s in 0..self.streams.len() {
             if self.streams[s].open() {
                 self.fail(s, reason.to_owned());
@@ -491,12 +578,14 @@ impl Reconciler {
         }
     }
 
+    /// Fail an open stream, or revoke an exact one (before `finalize()`).
     fn fail(&mut self, s: usize, reason: String) {
         let st = &mut self.streams[s];
-        if !st.open() {
+        if st.failed.is_some() || self.finalized {
             return;
         }
         st.release_all();
+        st.exact = false;
         st.failed = Some(reason.clone());
         self.events.push(Event::Failed {
             stream: s as u16,
@@ -504,14 +593,15 @@ impl Reconciler {
         });
     }
 
-    /// Index of an open stream named by a record, counting foreign records.
+    /// Index of a stream named by a record whose verdict may still change,
+    /// counting foreign records.
     fn record_stream(&mut self, stream: u16) -> Option<usize> {
         let s = stream as usize;
         if s >= self.streams.len() {
             self.counters.foreign_records += 1;
             return None;
         }
-        self.streams[s].open().then_some(s)
+        self.streams[s].failed.is_none().then_some(s)
     }
 
     fn on_notice(&mut self, src: u64, r: &NoticeRecord<'_>) {
@@ -520,7 +610,9 @@ impl Reconciler {
             r.message, r.code
         );
         if r.stream == ALL_STREAMS {
-            self.fail_all(&reason);
+            for s in 0..self.streams.len() {
+                self.fail(s, reason.clone());
+            }
         } else if let Some(s) = self.record_stream(r.stream) {
             self.fail(s, reason);
         }
@@ -548,11 +640,22 @@ impl Reconciler {
 
     // -------------------------------------------------------------------- SSE
 
-    /// One SSE delta of a stream: its text and token ids.
-    pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {
+    /// The stream an SSE input is for, if it can still change.
+    fn sse_stream(&mut self, stream: u16) -> Option<usize> {
         self.input_start = self.events.len();
         let s = stream as usize;
-        if s >= self.streams.len() || !self.streams[s].open() {
+        if self.finalized || s >= self.streams.len() || self.streams[s].failed.is_some() {
+            return None;
+        }
+        Some(s)
+    }
+
+    /// One SSE delta of a stream (its choice 0): text and token ids.
+    pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {
+        let Some(s) = self.sse_stream(stream) else {
+            return;
+        };
+        if self.streams[s].exact {
             return;
         }
         if let Err(reason) = self.streams[s].add_sse(s, text, token_ids) {
@@ -561,14 +664,66 @@ impl Reconciler {
         self.advance(s);
     }
 
-    /// The stream's SSE ended normally.
-    pub fn finish_sse(&mut self, stream: u16) {
-        self.input_start = self.events.len();
-        let s = stream as usize;
-        if s >= self.streams.len() || !self.streams[s].open() {
+    /// The `id` of the stream's SSE chunks (pushed for its first chunk and
+    /// whenever it differs from the previous chunk's).
+    pub fn push_sse_id(&mut self, stream: u16, chunk_id: &str) {
+        let Some(s) = self.sse_stream(stream) else {
+            return;
+        };
+        let st = &mut self.streams[s];
+        if st.exact {
             return;
         }
-        self.streams[s].sse_finished = true;
+        st.sse_id = Some(chunk_id.to_owned());
+    }
+
+    /// The stream's chunks carried a choice other than the single choice 0.
+    pub fn push_sse_choice(&mut self, stream: u16, index: u32) {
+        let Some(s) = self.sse_stream(stream) else {
+            return;
+        };
+        let st = &mut self.streams[s];
+        if st.exact {
+            return;
+        }
+        st.sse_choice.get_or_insert(index);
+    }
+
+    /// The usage chunk: `usage.completion_tokens` and vLLM's per-request
+    /// speculative-decoding metrics (`metrics.speculative_decoding`).
+    pub fn push_sse_usage(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        per_step_accepted: Option<&[u32]>,
+        per_step_drafted: Option<&[u32]>,
+    ) {
+        let Some(s) = self.sse_stream(stream) else {
+            return;
+        };
+        let st = &mut self.streams[s];
+        if st.exact {
+            return;
+        }
+        st.usage = Some(Usage {
+            completion_tokens,
+            per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
+            per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
+        });
+    }
+
+    /// The stream's SSE body ended normally; `finish_reason` is the last
+    /// non-null `finish_reason` of its choice 0.
+    pub fn finish_sse(&mut self, stream: u16, finish_reason: Option<&str>) {
+        let Some(s) = self.sse_stream(stream) else {
+            return;
+        };
+        let st = &mut self.streams[s];
+        if st.exact {
+            return;
+        }
+        st.sse_finished = true;
+        st.sse_reason = finish_reason.map(str::to_owned);
         self.advance(s);
     }
 
@@ -576,16 +731,19 @@ impl Reconciler {
 
     /// Settle records, prove fragments, emit spans and the exact verdict.
     fn advance(&mut self, s: usize) {
+        if !self.streams[s].open() {
+            return;
+        }
         let st = &mut self.streams[s];
         let c = st.p_end.min(st.t_end).min(st.q_end);
-        let truncated_end = if st.t_finished && st.t_truncated {
+        let surplus_from = if st.t_finished && st.t_stop_string {
             st.t_end
         } else {
             u64::MAX
         };
         // Settle provenance records.
         while let Some(r) = st.recs.front().copied() {
-            let conf_end = r.end.min(truncated_end);
+            let conf_end = r.end.min(surplus_from);
             if conf_end > c {
                 break;
             }
@@ -599,16 +757,14 @@ impl Reconciler {
         // Prove fragments, strictly in order.
         let h_len = st.h.len();
         let s_len = st.s.len();
-        while let Some(fr) = st.frags.front().copied() {
+        let h_final = st.t_finished && st.t_truncated;
+        while let Some(fr) = self.streams[s].frags.front().copied() {
+            let st = &mut self.streams[s];
             if fr.tok >= c {
                 break;
             }
             let fend = fr.byte_start + u64::from(fr.len);
-            let limit = if truncated_end != u64::MAX {
-                fend.min(h_len)
-            } else {
-                fend
-            };
+            let limit = if h_final { fend.min(h_len) } else { fend };
             if limit <= fr.byte_start {
                 // Entirely beyond the final HTTP text: not output.
                 st.frags.pop_front();
@@ -625,56 +781,37 @@ impl Reconciler {
                 self.fail(s, reason);
                 return;
             }
-            debug_assert!(std::str::from_utf8(hb).is_ok());
-            // SAFETY: `hb` equals `fb`, which is a whole fragment (each was
-            // checked to be valid UTF-8 when decoded) or, when the final HTTP
-            // text ends inside it, H's tail from a fragment start: H is valid
-            // UTF-8 (every delta was checked) and equals F up to here, so the
-            // fragment start is a character boundary of H.
-            let text = SpanText::new(unsafe { std::str::from_utf8_unchecked(hb) });
-            let first_ord = st.tok(fr.first).ord;
-            let last_ord = st.tok(fr.tok).ord;
-            let step = (first_ord == last_ord).then_some(first_ord);
-            if step.is_none() {
-                st.stats.mixed_spans += 1;
-            }
-            st.stats.bytes += limit - fr.byte_start;
+            let mut pieces = [Piece {
+                from: 0,
+                to: 0,
+                step: None,
+                role: None,
+                first: 0,
+                n: 0,
+            }; 3];
+            let n_pieces = st.pieces(&fr, (limit - fr.byte_start) as usize, &mut pieces);
             st.proven = limit;
             st.frags.pop_front();
-            let end_offset = fr.tok + 1;
-            if step.is_some() && self.events.len() > self.input_start {
-                if let Some(Event::Span {
-                    stream: last_stream,
-                    byte_start: last_start,
-                    text: last_text,
-                    step: last_step,
-                    first_offset: last_first,
-                    n_tokens: last_n,
-                }) = self.events.last_mut()
-                {
-                    // The same step, contiguous, proven by the same input: one span.
-                    if usize::from(*last_stream) == s
-                        && *last_step == step
-                        && *last_start + last_text.len() as u64 == fr.byte_start
-                    {
-                        let mut joined = String::with_capacity(last_text.len() + text.len());
-                        joined.push_str(last_text);
-                        joined.push_str(&text);
-                        *last_text = SpanText::new(&joined);
-                        *last_n = (end_offset - *last_first) as u32;
-                        continue;
-                    }
+            for p in &pieces[..n_pieces] {
+                let st = &mut self.streams[s];
+                let bytes =
+                    st.h.slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
+                debug_assert!(std::str::from_utf8(bytes).is_ok());
+                // SAFETY: `bytes` equals the fragment's bytes from a character
+                // boundary to a character boundary (pieces are cut at character
+                // boundaries of the fragment, which is valid UTF-8 on its own,
+                // or at the end of the final HTTP text, which is valid UTF-8
+                // and equal to the fragments up to there).
+                let text = SpanText::new(unsafe { std::str::from_utf8_unchecked(bytes) });
+                if p.step.is_none() {
+                    st.stats.mixed_spans += 1;
                 }
+                st.stats.bytes += (p.to - p.from) as u64;
+                let start = fr.byte_start + p.from as u64;
+                self.emit_span(s, start, text, p);
             }
-            self.events.push(Event::Span {
-                stream: s as u16,
-                byte_start: fr.byte_start,
-                text,
-                step,
-                first_offset: fr.first,
-                n_tokens: (end_offset - fr.first) as u32,
-            });
         }
+        let st = &mut self.streams[s];
         // Release what nothing needs any more.
         // A later fragment's span_back reaches back over at most the pending empties.
         let mut keep = c.min(
@@ -710,8 +847,53 @@ impl Reconciler {
         }
     }
 
-    /// The client gives up waiting: every open stream gets its verdict.
+    /// Emit one piece as a span, or extend the previous span of this input
+    /// when it is the same stream, step and role and ends where this starts.
+    fn emit_span(&mut self, s: usize, start: u64, text: SpanText, p: &Piece) {
+        let last_offset = p.first + u64::from(p.n) - 1;
+        if p.step.is_some() && self.events.len() > self.input_start {
+            if let Some(Event::Span {
+                stream: last_stream,
+                byte_start: last_start,
+                text: last_text,
+                step: last_step,
+                first_offset: last_first,
+                n_tokens: last_n,
+                role: last_role,
+            }) = self.events.last_mut()
+            {
+                if usize::from(*last_stream) == s
+                    && *last_step == p.step
+                    && *last_role == p.role
+                    && *last_start + last_text.len() as u64 == start
+                {
+                    let mut joined = String::with_capacity(last_text.len() + text.len());
+                    joined.push_str(last_text);
+                    joined.push_str(&text);
+                    *last_text = SpanText::new(&joined);
+                    *last_n = (last_offset + 1 - *last_first) as u32;
+                    return;
+                }
+            }
+        }
+        self.events.push(Event::Span {
+            stream: s as u16,
+            byte_start: start,
+            text,
+            step: p.step,
+            first_offset: p.first,
+            n_tokens: p.n,
+            role: p.role,
+        });
+    }
+
+    /// The client gives up waiting: every open stream gets its verdict, and
+    /// every verdict is final.
     pub fn finalize(&mut self) {
+        if self.finalized {
+            return;
+        }
+        self.input_start = self.events.len();
         let gap = self.source_order.iter().find_map(|id| {
             let src = &self.sources[id];
             (src.seq.buffered_len() > 0).then(|| (*id, src.seq.next_expected()))
@@ -723,6 +905,7 @@ impl Reconciler {
             let reason = self.final_reason(s, gap);
             self.fail(s, reason);
         }
+        self.finalized = true;
     }
 
     fn final_reason(&self, s: usize, gap: Option<(u64, u64)>) -> String {
@@ -782,6 +965,7 @@ impl Reconciler {
         self.events.len()
     }
 
+    /// The stream's verdict; final only once `finalize()` ran.
     pub fn verdict(&self, stream: u16) -> Verdict {
         let st = &self.streams[stream as usize];
         if st.exact {
@@ -791,6 +975,11 @@ impl Reconciler {
         } else {
             Verdict::Pending
         }
+    }
+
+    /// `finalize()` ran: every verdict is final.
+    pub fn is_final(&self) -> bool {
+        self.finalized
     }
 
     pub fn stream_stats(&self, stream: u16) -> &Stats {
@@ -857,7 +1046,107 @@ fn byte_mismatch(fr: Frag, fb: &[u8], hb: &[u8], sb: &[u8]) -> String {
     )
 }
 
+#[inline]
+fn is_continuation(b: u8) -> bool {
+    b & 0xC0 == 0x80
+}
+
 impl Stream {
+    /// Cut a proven fragment (its first `avail` bytes are output) into runs
+    /// of characters attributed alike (docs/PROTOCOL.md "Spans"): the
+    /// characters whose bytes all come from the span_back predecessors, the
+    /// one character with bytes from both, and the carrier's own characters.
+    /// Returns the number of pieces written.
+    fn pieces(&self, fr: &Frag, avail: usize, out: &mut [Piece; 3]) -> usize {
+        let carrier = self.tok(fr.tok);
+        let (c_step, c_role) = (carrier.ord, carrier.role);
+        let len = fr.len as usize;
+        let span_back = (fr.tok - fr.first) as u32;
+        // What the predecessors share (all tokens of the group when the split is unknown).
+        let mut g_step = Some(c_step);
+        let mut g_role = Some(c_role);
+        let mut p_step: Option<u32> = None;
+        let mut p_role: Option<u8> = None;
+        for (i, o) in (fr.first..fr.tok).enumerate() {
+            let t = self.tok(o);
+            if i == 0 {
+                p_step = Some(t.ord);
+                p_role = Some(t.role);
+            } else {
+                if p_step != Some(t.ord) {
+                    p_step = None;
+                }
+                if p_role != Some(t.role) {
+                    p_role = None;
+                }
+            }
+        }
+        if span_back > 0 {
+            if p_step != g_step {
+                g_step = None;
+            }
+            if p_role != g_role {
+                g_role = None;
+            }
+        }
+        if span_back == 0 || fr.lead == LEAD_UNKNOWN {
+            out[0] = Piece {
+                from: 0,
+                to: avail,
+                step: g_step,
+                role: g_role,
+                first: fr.first,
+                n: span_back + 1,
+            };
+            return 1;
+        }
+        let frag = self.f.slice(fr.byte_start, fr.byte_start + len as u64);
+        let lead = usize::from(fr.lead);
+        let mut a = lead;
+        while a > 0 && a < len && is_continuation(frag[a]) {
+            a -= 1;
+        }
+        let mut b = lead;
+        while b < len && is_continuation(frag[b]) {
+            b += 1;
+        }
+        let candidates = [
+            Piece {
+                from: 0,
+                to: a,
+                step: p_step,
+                role: p_role,
+                first: fr.first,
+                n: span_back,
+            },
+            Piece {
+                from: a,
+                to: b,
+                step: g_step,
+                role: g_role,
+                first: fr.first,
+                n: span_back + 1,
+            },
+            Piece {
+                from: b,
+                to: len,
+                step: Some(c_step),
+                role: Some(c_role),
+                first: fr.tok,
+                n: 1,
+            },
+        ];
+        let mut n = 0;
+        for mut p in candidates {
+            p.to = p.to.min(avail);
+            if p.from < p.to {
+                out[n] = p;
+                n += 1;
+            }
+        }
+        n
+    }
+
     fn add_provenance(&mut self, s: usize, src: u64, r: &ProvRecord<'_>) -> Result<(), String> {
         match self.p_src {
             None => self.p_src = Some(src),
@@ -878,8 +1167,24 @@ impl Stream {
         // The step ordinal is the index of the record within the stream.
         let ord = self.ord;
         self.ord += 1;
-        let beyond_fails = self.t_finished && !self.t_truncated;
+        let beyond_fails = self.t_finished && !self.t_stop_string;
         let t_end = self.t_end;
+        if self.exact {
+            // Late provenance of an exact stream: only surplus may follow.
+            if beyond_fails {
+                return Err(format!(
+                    "stream {s}: provenance beyond the end of the request at offset {offset}"
+                ));
+            }
+            self.p_end = offset + r.len() as u64;
+            self.stats.settle(
+                r.roles.iter().copied(),
+                0,
+                r.drafts_scheduled,
+                r.drafts_padded,
+            );
+            return Ok(());
+        }
         for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
             let o = offset + i as u64;
             if beyond_fails && o >= t_end {
@@ -966,6 +1271,7 @@ impl Stream {
                 first: o - u64::from(b),
                 byte_start: byte,
                 len: len as u32,
+                lead: t.lead_len,
             });
             byte += len as u64;
         }
@@ -980,7 +1286,8 @@ impl Stream {
         if r.flags & FLAG_FINISHED != 0 {
             self.t_finished = true;
             self.t_truncated = r.flags & FLAG_TEXT_TRUNCATED != 0;
-            if !self.t_truncated && self.p_end > self.t_end {
+            self.t_stop_string = r.flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0;
+            if !self.t_stop_string && self.p_end > self.t_end {
                 return Err(format!(
                     "stream {s}: provenance beyond the end of the request at offset {}",
                     self.t_end

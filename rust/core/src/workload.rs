@@ -41,7 +41,15 @@ pub enum Input {
         text: String,
         token_ids: Vec<u32>,
     },
-    FinishSse(u16),
+    /// The stream's SSE chunk id (pushed once: it never changes).
+    SseId {
+        stream: u16,
+        id: String,
+    },
+    FinishSse {
+        stream: u16,
+        reason: Option<String>,
+    },
 }
 
 /// The generated inputs plus what the reconciler should conclude.
@@ -179,6 +187,7 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
     let mut detoks: Vec<Detok> = (0..n).map(|_| Detok::default()).collect();
     let mut sse_text: Vec<String> = vec![String::new(); n];
     let mut sse_ids: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut chunk_sent = vec![false; n];
     let mut texts = vec![String::new(); n];
     let mut step = 0u64;
     loop {
@@ -252,13 +261,23 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
         for s in 0..n {
             let done = step_idx[s] == gens[s].steps.len();
             if (flush || done) && !sse_ids[s].is_empty() {
+                if !chunk_sent[s] {
+                    chunk_sent[s] = true;
+                    inputs.push(Input::SseId {
+                        stream: s as u16,
+                        id: format!("chatcmpl-ph1_{}_{s}", crate::reconcile::run_id_hex(&run_id)),
+                    });
+                }
                 inputs.push(Input::Sse {
                     stream: s as u16,
                     text: std::mem::take(&mut sse_text[s]),
                     token_ids: std::mem::take(&mut sse_ids[s]),
                 });
                 if done {
-                    inputs.push(Input::FinishSse(s as u16));
+                    inputs.push(Input::FinishSse {
+                        stream: s as u16,
+                        reason: Some("length".to_owned()),
+                    });
                 }
             }
         }
@@ -301,7 +320,8 @@ pub fn feed_inputs(inputs: &[Input], r: &mut crate::reconcile::Reconciler) {
                     text,
                     token_ids,
                 } => r.push_sse(*stream, text, token_ids),
-                Input::FinishSse(s) => r.finish_sse(*s),
+                Input::SseId { stream, id } => r.push_sse_id(*stream, id),
+                Input::FinishSse { stream, reason } => r.finish_sse(*stream, reason.as_deref()),
             }
         }
     }

@@ -98,7 +98,15 @@ impl Run {
     }
 }
 
-fn span(stream: u16, start: u64, text: &str, step: Option<u32>, first: u64, n: u32) -> Event {
+fn span(
+    stream: u16,
+    start: u64,
+    text: &str,
+    step: Option<u32>,
+    first: u64,
+    n: u32,
+    role: Option<u8>,
+) -> Event {
     Event::Span {
         stream,
         byte_start: start,
@@ -106,6 +114,7 @@ fn span(stream: u16, start: u64, text: &str, step: Option<u32>, first: u64, n: u
         step,
         first_offset: first,
         n_tokens: n,
+        role,
     }
 }
 
@@ -161,13 +170,14 @@ fn multibyte_char_split_across_tokens_of_one_step() {
     );
     run.sse(0, "a", &[10]);
     run.sse(0, "\u{e9}b", &[11, 12, 13]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "a", Some(0), 0, 1),
-            // One step, proven by one input: one span.
-            span(0, 1, "\u{e9}b", Some(1), 1, 3),
+            span(0, 0, "a", Some(0), 0, 1, Some(P)),
+            // One step, proven by one input: one span per role.
+            span(0, 1, "\u{e9}", Some(1), 1, 2, Some(A)),
+            span(0, 3, "b", Some(1), 3, 1, Some(T)),
             Event::Exact { stream: 0 },
         ]
     );
@@ -196,12 +206,12 @@ fn char_split_across_steps_is_a_mixed_span_and_sse_releases_it_later() {
         "nothing proven before SSE has the bytes"
     );
     run.sse(0, "\u{6f22}!", &[21, 22]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "\u{6f22}", None, 0, 2),
-            span(0, 3, "!", Some(1), 2, 1),
+            span(0, 0, "\u{6f22}", None, 0, 2, None),
+            span(0, 3, "!", Some(1), 2, 1, Some(B)),
             Event::Exact { stream: 0 },
         ]
     );
@@ -218,12 +228,15 @@ fn sse_may_lag_by_bytes_within_a_character() {
     run.sse(0, "a", &[1]);
     assert_eq!(run.events(), vec![]);
     run.sse(0, "bc", &[2]);
-    assert_eq!(run.events(), vec![span(0, 0, "ab", Some(0), 0, 1)]);
+    assert_eq!(run.events(), vec![span(0, 0, "ab", Some(0), 0, 1, Some(A))]);
     run.sse(0, "d", &[]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
-        vec![span(0, 2, "cd", Some(0), 1, 1), Event::Exact { stream: 0 }]
+        vec![
+            span(0, 2, "cd", Some(0), 1, 1, Some(T)),
+            Event::Exact { stream: 0 }
+        ]
     );
 }
 
@@ -245,17 +258,21 @@ fn stop_trim_0_26_keeps_ids_truncates_text() {
         1 | 2,
     );
     run.sse(0, "abc", &[1, 2, 3]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "abc", Some(0), 0, 2), Event::Exact { stream: 0 },]
+        vec![
+            span(0, 0, "abc", Some(0), 0, 2, Some(A)),
+            Event::Exact { stream: 0 },
+        ]
     );
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.surplus_tokens, st.bytes), (3, 0, 3));
-    // The scheduler ran one more step before the abort: ignored after exact.
+    // The scheduler ran one more step before the abort: surplus, even after exact.
     run.prov(0, 3, &[4], &[T], 1, 1);
     assert_eq!(run.events(), vec![]);
     assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.stream_stats(0).surplus_target, 1);
 }
 
 #[test]
@@ -267,10 +284,13 @@ fn stop_trim_0_33_deletes_surplus_tokens() {
     run.prov(0, 4, &[5], &[T], 2, 0);
     run.text_raw(0, 0, &[(1, "ab", 0), (2, "cS", 0)], b"abc", 1 | 2 | 4, 2);
     run.sse(0, "abc", &[1, 2]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "abc", Some(0), 0, 2), Event::Exact { stream: 0 },]
+        vec![
+            span(0, 0, "abc", Some(0), 0, 2, Some(A)),
+            Event::Exact { stream: 0 },
+        ]
     );
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.steps), (2, 1));
@@ -295,7 +315,7 @@ fn surplus_arriving_after_the_truncated_finish_settles() {
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.surplus_tokens, st.steps), (1, 2, 1));
     assert_eq!(st.hist, vec![1, 1]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(run.r.verdict(0), Verdict::Exact);
 }
 
@@ -364,7 +384,7 @@ fn byte_mismatches() {
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "ab", Some(0), 0, 1),
+            span(0, 0, "ab", Some(0), 0, 1, Some(A)),
             failed(
                 0,
                 "byte mismatch at offset 1 (byte 2): detokenizer fragment vs HTTP delta"
@@ -377,7 +397,7 @@ fn byte_mismatches() {
     assert_eq!(
         run.events(),
         vec![
-            span(1, 0, "ab", Some(0), 0, 1),
+            span(1, 0, "ab", Some(0), 0, 1, Some(A)),
             failed(1, "byte mismatch at offset 1 (byte 3): HTTP delta vs SSE")
         ]
     );
@@ -575,7 +595,7 @@ fn dropped_counter_fails_pending_streams() {
     run.prov(0, 0, &[1], &[P], 0, 1);
     run.text(0, 0, &[(1, "a", 0)], "a", 1);
     run.sse(0, "a", &[1]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(run.r.verdict(0), Verdict::Exact);
     run.events();
     run.sched.dropped = 3;
@@ -665,7 +685,7 @@ fn finalize_rules_in_order() {
     // Rule 2: nothing admitted.
     let mut r = Reconciler::new(RUN, 1).unwrap();
     r.push_sse(0, "a", &[1]);
-    r.finish_sse(0);
+    r.finish_sse(0, Some("stop"));
     r.finalize();
     assert_eq!(
         last_failure(&r.drain()),
@@ -678,7 +698,7 @@ fn finalize_rules_in_order() {
             Box::new(|run| {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "a", 0), (2, "b", 0)], "ab", 0);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
         (
@@ -687,7 +707,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
                 run.text(0, 0, &[(1, "a", 0)], "a", 0);
                 run.sse(0, "ab", &[1, 2]);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
         (
@@ -696,7 +716,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "a", 0)], "a", 0);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
         (
@@ -705,7 +725,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "ab", 0)], "ab", 1);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
         (
@@ -714,7 +734,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
                 run.text(0, 0, &[(1, "a", 0), (2, "", 0)], "a", 1);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
         (
@@ -724,7 +744,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "ab", 0)], "a", 1);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.r.finish_sse(0, Some("stop"));
             }),
         ),
     ];
@@ -744,10 +764,14 @@ fn special_tokens_with_empty_fragments_are_never_claimed() {
     run.prov(0, 0, &[1, 2, 3], &[A, A, B], 2, 1);
     run.text(0, 0, &[(1, "", 0), (2, "x", 0), (3, "y", 0)], "xy", 1);
     run.sse(0, "xy", &[1, 2, 3]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "xy", Some(0), 1, 2), Event::Exact { stream: 0 }]
+        vec![
+            span(0, 0, "x", Some(0), 1, 1, Some(A)),
+            span(0, 1, "y", Some(0), 2, 1, Some(B)),
+            Event::Exact { stream: 0 }
+        ]
     );
     assert_eq!(run.r.stream_stats(0).tokens, 3);
 }
@@ -756,7 +780,7 @@ fn special_tokens_with_empty_fragments_are_never_claimed() {
 fn empty_response_is_exact() {
     let mut run = Run::new(1);
     run.text(0, 0, &[], "", 1);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     assert_eq!(run.events(), vec![Event::Exact { stream: 0 }]);
 }
 
@@ -845,13 +869,13 @@ fn fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() {
     run.text(0, 0, &[(1, "y", 0), (2, "z", 0)], "yz", 1);
     run.sse(0, "y", &[1]);
     run.sse(0, "z", &[2]);
-    run.r.finish_sse(0);
+    run.r.finish_sse(0, Some("stop"));
     // Merging never spans two inputs, so it cannot depend on when events are drained.
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "y", Some(0), 0, 1),
-            span(0, 1, "z", Some(0), 1, 1),
+            span(0, 0, "y", Some(0), 0, 1, Some(A)),
+            span(0, 1, "z", Some(0), 1, 1, Some(B)),
             Event::Exact { stream: 0 }
         ]
     );
