@@ -222,9 +222,10 @@ def test_a_stream_split_anywhere_reaches_reconciler_and_model() -> None:
     # The reconciler saw exactly what push_sse would have given it, and the
     # thread finished the stream itself.
     twin = native.Reconciler(RUN_ID, 1)
+    twin.push_sse_id(0, "")  # the chunks have no id
     for text, ids in (("h\u00e9", [5, 6]), ("", [7]), ("\u4e16!", [8])):
         twin.push_sse(0, text, ids)
-    twin.finish_sse(0)
+    twin.finish_sse(0, "stop")
     reconciler = ran.ingest.reconciler
     for r in (reconciler, twin):
         r.finalize()

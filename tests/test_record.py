@@ -119,7 +119,7 @@ def test_recording_is_compact_and_holds_no_secrets(
     assert header["num_streams"] == 2 and header["simulated"] is True
     assert "api_key" not in header and "endpoint" not in header
     kinds = {event[1] for event in events}
-    assert kinds == {"start", "sse", "finish", "frame", "finalize"}
+    assert kinds == {"start", "sse", "sse_id", "finish", "frame", "finalize"}
     assert sum(len(event[4]) for event in events if event[1] == "sse") == 60
     assert footer["verdicts"] == [["exact", None], ["exact", None]]
     times = [event[0] for event in events]

@@ -43,6 +43,7 @@ __all__ = [
     "decode_recording",
     "encode_recording",
     "pack_inputs",
+    "sse_inputs",
 ]
 
 PROTOCOL_VERSION: int
@@ -147,7 +148,8 @@ def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
 def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | None]:
     """(header JSON, items, footer JSON or None) of a decompressed recording;
     items are (time, kind, ...): ("start", s), ("sse", s, text, ids),
-    ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
+    ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s,
+    completion_tokens, per_step_accepted, per_step_drafted), ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
     ("reject", reason), ("finalize",). ValueError names what is wrong."""
 
 def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
@@ -155,6 +157,13 @@ def encode_recording(header: str, items: Any, footer: str | None = None) -> byte
 
 def pack_inputs(inputs: Any) -> bytes:
     """push_inputs' items as one push_recorded buffer."""
+
+def sse_inputs(payloads: list[bytes]) -> list[tuple[Any, ...]]:
+    """The Rust extraction of one stream's SSE events (each an event's data, as
+    the reader's event-stream parser dispatches it): per event, (inputs, choice
+    0's finish_reason so far), the inputs C2 tuples without the stream (as
+    `parallelhue.reference.sse.ChunkInputs` gives them), or ("error", message);
+    None for `[DONE]` or an event with its own type. For tests."""
 
 @final
 class RecordWriter:
@@ -164,6 +173,15 @@ class RecordWriter:
     def __new__(cls, path: str | os.PathLike[str], header: str) -> RecordWriter: ...
     def start(self, stream: int) -> None: ...
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def sse_id(self, stream: int, id: str) -> None: ...
+    def sse_choice(self, stream: int, index: int) -> None: ...
+    def sse_usage(
+        self,
+        stream: int,
+        completion_tokens: int | None,
+        per_step_accepted: list[int] | None,
+        per_step_drafted: list[int] | None,
+    ) -> None: ...
     def finish(self, stream: int, reason: str | None = None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...

@@ -44,6 +44,7 @@ class RecordWriterLike(Protocol):
 
     def start(self, stream: int) -> None: ...
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def sse_input(self, item: tuple[Any, ...]) -> None: ...
     def finish(self, stream: int, reason: str | None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
@@ -63,6 +64,11 @@ class _Recorder:
 
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         self._writer.sse(stream, text, token_ids)
+
+    def sse_input(self, item: tuple[Any, ...]) -> None:
+        """An SSE input other than a delta: the C2 tuple (kind, stream, ...)."""
+        kind, *fields = item
+        getattr(self._writer, kind)(*fields)
 
     def finish(self, stream: int, reason: str | None) -> None:
         self._writer.finish(stream, reason)
@@ -101,7 +107,8 @@ def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
 @dataclass
 class Recording:
     header: dict[str, Any]
-    # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("finish", s, reason)
+    # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("sse_id", s, id)
+    # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted) ("finish", s, reason)
     # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     footer: dict[str, Any] | None = None

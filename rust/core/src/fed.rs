@@ -21,6 +21,7 @@ use crate::outcome::Outcome;
 use crate::reconcile::{Event, Reconciler};
 use crate::record::{u32_bytes, Item};
 use crate::sse::Usage;
+use crate::sse_inputs::SseInput;
 use crate::tap::Tap;
 
 /// New SSE text of one stream since the last [`Fed::take`].
@@ -329,6 +330,27 @@ impl Fed {
             entry.utf8.extend_from_slice(text.as_bytes());
             shown.text_bytes[s] += text.len() as u64;
             entry.chunk_ends.push(shown.text_bytes[s]);
+        }
+    }
+
+    /// One SSE input read by the HTTP thread: a delta goes to the screen as
+    /// well ([`Fed::sse_delta`]); the others are recorded and reconciled.
+    pub fn sse_input(&mut self, stream: u16, input: &SseInput, at: f64) {
+        match input {
+            SseInput::Delta { text, token_ids } => self.sse_delta(stream, text, token_ids, at),
+            SseInput::Id(id) => self.sse_id_at(stream, id, at),
+            SseInput::Choice(index) => self.sse_choice_at(stream, *index, at),
+            SseInput::Usage {
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
+            } => self.sse_usage_at(
+                stream,
+                *completion_tokens,
+                per_step_accepted.as_deref(),
+                per_step_drafted.as_deref(),
+                at,
+            ),
         }
     }
 

@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod record;
 pub mod sequence;
 pub mod sse;
+pub mod sse_inputs;
 pub mod sse_stream;
 pub mod stats;
 pub mod tap;

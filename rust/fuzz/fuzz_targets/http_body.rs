@@ -4,12 +4,13 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use parallelhue_core::http::Framing;
+use parallelhue_core::sse_inputs::SseInput;
 use parallelhue_core::sse_stream::StreamBody;
 
-fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<(String, Vec<u32>)>, String) {
+fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<SseInput>, String) {
     let mut body = StreamBody::new(framing);
     let mut deltas = Vec::new();
-    let mut on_delta = |t: &str, ids: &[u32]| deltas.push((t.to_owned(), ids.to_vec()));
+    let mut on_delta = |i: SseInput| deltas.push(i);
     for part in parts {
         body.feed(part, &mut on_delta);
     }
