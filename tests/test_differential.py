@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import test_reference
 import workloads
 from parallelhue.reference import FrameError, decode_to_dict
 from parallelhue.reference import Reconciler as ReferenceReconciler
@@ -236,6 +237,9 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
     sse_queue: list[list[tuple[str, list[int]]]] = [[] for _ in range(streams)]
     sources = {0x51: 1, 0x52: 1, 0xF1: 2, 0xF2: 2}  # id -> hello role
     seqs = dict.fromkeys(sources, 0)
+    steps = dict.fromkeys(sources, 0)
+    ids_sent: set[int] = set()
+    sse_done: set[int] = set()
     inputs: list[tuple[Any, ...]] = []
     sent: list[bytes] = []
 
@@ -245,13 +249,22 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
     def header(source: int) -> wire.Header:
         seq = seqs[source]
         seqs[source] += 2 if faulty() else 1
-        return wire.Header(run_bytes, source, seq, 0, 0, 1 if faulty() else 0)
+        # Each frame the next step of its source; a fault repeats one or goes back.
+        steps[source] += rng.choice((0, -1)) if faulty() else 1
+        step = max(steps[source], 0)
+        return wire.Header(run_bytes, source, seq, step, 0, 1 if faulty() else 0)
+
+    def chunk_id(stream: int) -> tuple[str, int, str]:
+        ids_sent.add(stream)
+        return ("sse_id", stream, f"chatcmpl-ph1_{run_id}_{stream}" + ("x" if faulty() else ""))
 
     for source, role in sources.items():
         if faulty():
             seqs[source] += 1  # its hello is never sent
             continue
-        k = rng.choice((0, 3)) if role == 1 else 0  # a frontend announces no drafts
+        # A scheduler announces K 4 (records draft at most 4), K 0 only as a fault;
+        # a frontend announces no drafts.
+        k = (0 if faulty() else 4) if role == 1 else 0
         hello = wire.Hello(3 - role if faulty() else role, 2, 1 if k else 0, False, k,
                            "p", "e", "ngram" if k else "", 1 if k else 0)  # fmt: skip
         inputs.append(("frame", wire.encode_hello(header(source), hello)))
@@ -276,8 +289,11 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                 roles, drafts, trimmed = _roles(rng, count)
                 if faulty():
                     offset += 1
-                records.append(wire.ProvenanceRecord(stream, offset, ids, roles, drafts,
-                                                     0, False, 0, trimmed))  # fmt: skip
+                # The scheduler finishes the request with its last token (stop), mostly.
+                done = offset + count >= len(script) and (rng.random() < 0.8) != faulty()
+                record = wire.ProvenanceRecord(stream, offset, ids, roles, drafts, 0, done,
+                                               1 if done else 0, trimmed)  # fmt: skip
+                records.append(record)
                 p_pos[stream] = offset + count
             if faulty():
                 records.append(wire.ProvenanceRecord(streams, 0, [1], [0], 0))  # foreign
@@ -323,8 +339,13 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
             stream = rng.randrange(streams)
             queue = sse_queue[stream]
             if not queue:
-                if t_done[stream] or faulty():
+                if (t_done[stream] and stream not in sse_done) or faulty():
+                    if stream not in ids_sent:
+                        inputs.append(chunk_id(stream))
+                    sse_done.add(stream)
                     inputs.append(("finish", stream, "stop"))
+                continue
+            if stream in sse_done and not faulty():
                 continue
             merged = [queue.pop(0) for _ in range(rng.randint(1, len(queue)))]
             text = "".join(part[0] for part in merged)
@@ -333,11 +354,26 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                 text += rng.choice(PARTS)
             if faulty() and ids:
                 ids[-1] ^= 8
+            if stream not in ids_sent or faulty():
+                inputs.append(chunk_id(stream))
+            if faulty():
+                inputs.append(
+                    rng.choice(
+                        (
+                            ("sse_choice", stream, 1),
+                            ("sse_usage", stream, rng.randint(0, 9), None, None),
+                        )
+                    )
+                )
             inputs.append(("sse", stream, text, ids))
             continue
         sent.append(data)
         inputs.append(("frame", data))
     for stream in range(streams):  # the rest of the SSE, usually
+        if stream in sse_done and not faulty():
+            continue
+        if stream not in ids_sent:
+            inputs.append(chunk_id(stream))
         if sse_queue[stream] and not faulty():
             text = "".join(part[0] for part in sse_queue[stream])
             ids = [i for part in sse_queue[stream] for i in part[1]]
@@ -395,3 +431,34 @@ def test_decoders_agree_on_frames(pick: int, flips: list[tuple[int, int]], cut: 
     except ValueError as error:
         actual = ("error", str(error))
     _assert_same("decoded frames", expected, actual, f"for {bytes(corrupted).hex()}")
+
+
+def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
+    # The chaos must keep producing exact streams (not only failures) and hit the rules.
+    exact = 0
+    reasons: set[str] = set()
+    for seed in range(400):
+        run_id, streams, inputs = chaotic_inputs(seed)
+        rec = ReferenceReconciler(run_id, streams)
+        workloads.feed(rec, inputs)
+        rec.finalize()
+        for index in range(streams):
+            verdict, reason = rec.verdict(index)
+            exact += verdict == "exact"
+            if reason:
+                reasons.add(reason.split(": ", 1)[-1].split(" ")[0])
+    assert exact >= 40
+    assert {"two", "SSE", "provenance", "text", "no"} <= reasons, reasons
+
+
+@pytest.mark.parametrize("case", range(len(test_reference.LIES)), ids=lambda i: f"lie{i}")
+def test_the_lie_table_gives_the_same_events_in_both_reconcilers(case: int) -> None:
+    name, lie, reason = test_reference.LIES[case]
+    runs = []
+    for cls in (ReferenceReconciler, NativeReconciler):
+        run = test_reference.Run(num_streams=2, cls=cls)
+        lie(run)
+        run.rec.finalize()
+        runs.append((run.events(), _snapshot(run.rec, 2)))
+    assert runs[0] == runs[1], name
+    assert reason in [event[2] for event in runs[0][0] if event[0] == "failed"]

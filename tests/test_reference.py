@@ -20,21 +20,37 @@ NI = "日".encode()  # e6 97 a5
 
 
 class Run:
-    """Builds the frames of one run, with per-source sequence numbers, and feeds them."""
+    """Builds the frames of one run, with per-source sequence numbers and steps (each
+    frame is the next step of its sender: one record per stream and step), and feeds
+    them. A stream's first SSE delta is preceded by its chunk id, as the readers do."""
 
-    def __init__(self, num_streams: int = 1, *, k: int = 3, hellos: bool = True) -> None:
-        self.rec = Reconciler(RUN, num_streams)
+    def __init__(
+        self, num_streams: int = 1, *, k: int = 3, hellos: bool = True, cls: Any = Reconciler
+    ) -> None:
+        self.rec = cls(RUN, num_streams)
         self.seq = {SCHED: 0, FRONT: 0}
+        self.step = {SCHED: 0, FRONT: 0}
+        self.ids_sent: set[int] = set()
         self.k = k
         if hellos:
             self.push(self.hello(SCHED, wire.SOURCE_SCHEDULER))
             self.push(self.hello(FRONT, wire.SOURCE_FRONTEND))
 
-    def header(self, source: int, seq: int | None, dropped: int = 0, run: str = RUN):
+    def header(
+        self,
+        source: int,
+        seq: int | None,
+        dropped: int = 0,
+        run: str = RUN,
+        step: int | None = None,
+    ) -> wire.Header:
         if seq is None:
             seq = self.seq[source]
             self.seq[source] += 1
-        return wire.Header(bytes.fromhex(run), source, seq, 0, 0, dropped)
+        if step is None:
+            step = self.step.setdefault(source, 0)
+            self.step[source] += 1
+        return wire.Header(bytes.fromhex(run), source, seq, step, 0, dropped)
 
     def hello(self, source: int, role: int, seq: int | None = None) -> bytes:
         k = self.k if role == wire.SOURCE_SCHEDULER else 0  # a frontend announces no drafts
@@ -66,12 +82,22 @@ class Run:
         for frame in frames:
             self.rec.push_frame(frame)
 
+    def sse_id(self, stream: int) -> None:
+        if stream not in self.ids_sent:
+            self.ids_sent.add(stream)
+            self.rec.push_sse_id(stream, chunk_id(stream))
+
     def sse(
         self, stream: int, text: str, ids: list[int], finish: bool = False, reason: str = "stop"
     ) -> None:
+        self.sse_id(stream)
         self.rec.push_sse(stream, text, ids)
         if finish:
-            self.rec.finish_sse(stream, reason)
+            self.finish(stream, reason)
+
+    def finish(self, stream: int, reason: str | None = "stop") -> None:
+        self.sse_id(stream)
+        self.rec.finish_sse(stream, reason)
 
     def events(self) -> list[tuple[Any, ...]]:
         return self.rec.drain()
@@ -92,6 +118,11 @@ def text(stream: int, offset: int, tokens: list[wire.TextToken], http: bytes | s
 
 
 FIN = {"finished": True, "finish_reason": wire.FINISH_STOP}
+
+
+def chunk_id(stream: int) -> str:
+    """The SSE chunk id vLLM gives a stream of the run (chatcmpl-<request id>)."""
+    return f"chatcmpl-ph1_{RUN}_{stream}"
 
 
 def simple_exact_run() -> Run:
@@ -199,7 +230,7 @@ def test_sse_releases_a_character_later_than_its_first_token() -> None:
     assert run.events() == []
     run.sse(0, "日", [2])
     assert run.events() == [("span", 0, 0, "日", None, 0, 2, P)]
-    run.rec.finish_sse(0, "stop")
+    run.finish(0)
     assert run.events() == [("exact", 0)]
 
 
@@ -215,7 +246,7 @@ def test_http_holdback_delays_the_span_until_the_text_is_released() -> None:
         run.prov(prov(0, 1, [2], [P], 0, finished=True, finish_reason=2)),
         run.text(text(0, 1, [tok(2, "c")], "bc", finished=True, finish_reason=2)),
     )
-    run.sse(0, "bc", [2], finish=True)
+    run.sse(0, "bc", [2], finish=True, reason="length")
     assert run.events() == [
         ("span", 0, 0, "ab", 0, 0, 1, P),
         ("span", 0, 2, "c", 1, 1, 1, P),
@@ -321,7 +352,7 @@ def test_finished_text_record_with_no_tokens() -> None:
         run.text(text(0, 1, [], "ab", finished=True, finish_reason=2)),
     )
     run.sse(0, "", [1])
-    run.sse(0, "ab", [], finish=True)
+    run.sse(0, "ab", [], finish=True, reason="length")
     assert run.events() == [("span", 0, 0, "ab", 0, 0, 1, P), ("exact", 0)]
 
 
@@ -349,11 +380,16 @@ def test_streams_are_independent() -> None:
 
 def test_duplicate_frame_is_discarded_and_counted() -> None:
     run = Run()
+    hello = run.hello(SCHED, wire.SOURCE_SCHEDULER, seq=0)
     frame = run.prov(prov(0, 0, [1], [P], 0))
     run.push(frame, frame)
-    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER, seq=0))  # seq below next expected
-    assert run.rec.counters()["duplicate_frames"] == 2
+    assert run.rec.counters()["duplicate_frames"] == 1
     assert run.events() == []
+    # A byte-identical copy of the hello (seq 0, released long ago): counted only.
+    first = Run(hellos=False)
+    first.push(hello, hello)
+    assert first.rec.counters()["duplicate_frames"] == 1
+    assert first.events() == []
 
 
 def test_buffered_duplicate_is_discarded() -> None:
@@ -714,9 +750,21 @@ def test_finalize_rule_6_text_not_finished() -> None:
     assert finalize(run) == ("failed", "missing telemetry: text not finished at offset 1")
 
 
-def test_finalize_rule_7_sse_text_shorter() -> None:
+def test_finalize_rule_7_the_scheduler_did_not_finish() -> None:
     run = Run()
     run.push(run.prov(prov(0, 0, [1], [P], 0)))
+    run.push(run.text(text(0, 0, [tok(1, "a")], "a", **FIN)))
+    run.sse(0, "a", [1], finish=True)
+    assert run.events() == [("span", 0, 0, "a", 0, 0, 1, P)]  # shown, but not exact
+    assert finalize(run) == (
+        "failed",
+        "missing telemetry: the scheduler did not finish the request at offset 1",
+    )
+
+
+def test_finalize_rule_8_sse_text_shorter() -> None:
+    run = Run()
+    run.push(run.prov(prov(0, 0, [1], [P], 0, **FIN)))
     run.push(run.text(text(0, 0, [tok(1, "abc")], "abc", **FIN)))
     run.sse(0, "a", [1], finish=True)
     assert finalize(run) == (
@@ -725,23 +773,27 @@ def test_finalize_rule_7_sse_text_shorter() -> None:
     )
 
 
-def test_finalize_rule_8_token_counts_differ() -> None:
+def test_finalize_rule_9_token_counts_differ() -> None:
     run = Run()
-    run.push(run.prov(prov(0, 0, [1, 2], [A, T], 2)))
+    run.push(run.prov(prov(0, 0, [1, 2], [A, T], 2, **FIN)))
     run.push(run.text(text(0, 0, [tok(1, "a"), tok(2, "b")], "ab", **FIN)))
     run.sse(0, "ab", [1], finish=True)
     assert finalize(run) == ("failed", "stream 0: 1 SSE tokens, 2 detokenized tokens")
 
 
-def test_finalize_rule_9_unproven_bytes() -> None:
+def test_http_text_cut_without_text_truncated_fails_at_once() -> None:
     # The text finished without a stop string but HTTP stopped inside the fragment 'cd'.
     run = Run()
     run.push(run.prov(prov(0, 0, [1, 2], [A, B], 1)))
     run.push(run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abc", **FIN)))
-    run.sse(0, "abc", [1, 2], finish=True)
-    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1, A)]
-    assert finalize(run) == ("failed", "stream 0: unproven bytes from byte 2")
-    assert run.events() == [("failed", 0, "stream 0: unproven bytes from byte 2")]
+    assert run.events() == [
+        (
+            "failed",
+            0,
+            "stream 0: the HTTP text is shorter than the fragments (3 of 4 bytes) "
+            "without text_truncated",
+        )
+    ]
 
 
 def test_finalize_leaves_decided_streams_alone_and_is_idempotent() -> None:
@@ -807,6 +859,7 @@ def test_push_frames_equals_push_frame_one_by_one() -> None:
     ]
     batch = Reconciler(RUN, 1)
     batch.push_frames(frames)
+    batch.push_sse_id(0, chunk_id(0))
     batch.push_sse(0, "Hi ab", [10, 11, 12])
     batch.finish_sse(0, "stop")
     assert batch.drain() == one.events()
@@ -852,3 +905,297 @@ def test_mutated_workloads_never_give_an_affected_stream_exact(workload: Any) ->
         assert verdicts == ["exact"] * workload.num_streams
     else:
         assert all(verdicts[i] == "failed" for i in workload.affected)
+
+
+# --------------------------------------------- lying senders (issue 9): one lie each
+# Each case starts from the honest run of `honest()` and changes one thing a lying
+# sender controls; the stream must fail with exactly that reason and never be exact.
+
+FIN_LENGTH = {"finished": True, "finish_reason": wire.FINISH_LENGTH}
+
+
+def honest(
+    run: Run,
+    *,
+    p_fin: dict[str, Any] | None = None,
+    t_fin: dict[str, Any] | None = None,
+    second_p_step: int | None = None,
+    second_t_step: int | None = None,
+    sse_reason: str | None = "stop",
+    sse_ids: list[int] | None = None,
+) -> None:
+    """Stream 0: "Hi" (plain), then " a" "b" (accepted, bonus), finished with stop."""
+    run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
+    run.sse(0, "Hi", [10])
+    run.push(
+        run.prov(prov(0, 1, [11, 12], [A, B], 1, **(p_fin or FIN)), step=second_p_step),
+        run.text(
+            text(0, 1, [tok(11, " a"), tok(12, "b")], " ab", **(t_fin or FIN)), step=second_t_step
+        ),
+    )
+    run.sse(0, " ab", [11, 12] if sse_ids is None else sse_ids)
+    run.finish(0, sse_reason)
+
+
+def _restart(run: Run, k: int = 3) -> None:
+    """Start `run` over with fresh sources: a scheduler announcing K (0: none)."""
+    run.rec = type(run.rec)(RUN, 2)
+    run.seq = {SCHED: 0, FRONT: 0}
+    run.step = {SCHED: 0, FRONT: 0}
+    run.k = k
+
+
+def _frontend_hello(engine_version: str) -> bytes:
+    return wire.encode_hello(
+        wire.Header(bytes.fromhex(RUN), FRONT, 0, 0, 0),
+        wire.Hello(wire.SOURCE_FRONTEND, wire.ENGINE_SIMULATED, 0, False, 0, "0.2.0",
+                   engine_version, "", 0),
+    )  # fmt: skip
+
+
+def _lie_step_repeat(run: Run) -> None:
+    honest(run, second_p_step=1)  # the hello was step 0, the first record step 1
+
+
+def _lie_step_back(run: Run) -> None:
+    run.step[SCHED] = 5
+    run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
+    run.push(run.prov(prov(0, 1, [11, 12], [A, B], 1, **FIN), step=2))
+
+
+def _lie_text_step_repeat(run: Run) -> None:
+    honest(run, second_t_step=1)
+
+
+def _lie_text_step_back(run: Run) -> None:
+    run.step[FRONT] = 5
+    run.push(run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
+    run.push(run.text(text(0, 1, [tok(11, " a")], " a"), step=1))
+
+
+def _lie_after_finished(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [P], 0, **FIN)), run.prov(prov(0, 1, [11], [P], 0)))
+
+
+def _lie_after_trimmed(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [A], 1, trimmed=True)), run.prov(prov(0, 1, [11], [P], 0)))
+
+
+def _lie_text_after_scheduler_end(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [P], 0, **FIN)))
+    run.push(run.text(text(0, 0, [tok(10, "H"), tok(11, "i")], "Hi", **FIN)))
+
+
+def _lie_sse_after_scheduler_end(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [P], 0, **FIN)))
+    run.sse(0, "Hi", [10, 11])
+
+
+def _lie_finish_reasons(run: Run) -> None:
+    honest(run, p_fin=FIN_LENGTH)
+
+
+def _lie_text_abort(run: Run) -> None:
+    honest(run, t_fin={"finished": True, "finish_reason": wire.FINISH_ABORT})
+
+
+def _lie_sse_reason(run: Run) -> None:
+    honest(run, sse_reason="length")
+
+
+def _lie_sse_reason_null(run: Run) -> None:
+    honest(run, sse_reason=None)
+
+
+def _lie_sse_beyond_text(run: Run) -> None:
+    honest(run, sse_ids=[11, 12, 13])
+
+
+def _lie_duplicate_differs(run: Run) -> None:
+    frame = run.prov(prov(0, 0, [10], [P], 0))
+    forged = frame[:60] + frame[60:].replace(b"\x0a\x00\x00\x00", b"\x0b\x00\x00\x00")
+    run.push(frame, forged)
+
+
+def _lie_drafts_beyond_k(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [P], 0), prov(1, 0, [1, 2], [A, T], 4)))
+
+
+def _lie_roles_without_speculation(run: Run) -> None:
+    _restart(run, k=0)
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER), run.hello(FRONT, wire.SOURCE_FRONTEND))
+    honest(run)
+
+
+def _lie_hello_pair(run: Run) -> None:
+    _restart(run)
+    run.seq[FRONT] = 1
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER), _frontend_hello("sim-2"))
+    honest(run)
+
+
+def _lie_truncated_not_shorter(run: Run) -> None:
+    run.push(
+        run.prov(prov(0, 0, [10], [P], 0)),
+        run.text(text(0, 0, [tok(10, "Hi")], "Hi", **FIN, text_truncated=True)),
+    )
+
+
+def _lie_stop_without_token(run: Run) -> None:
+    run.push(run.text(text(0, 0, [], "", **FIN, tokens_trimmed=True)))
+
+
+def _lie_trim_tie(run: Run) -> None:
+    # The step kept 2 tokens after the text's end, but the text says none were trimmed.
+    run.push(
+        run.prov(prov(0, 0, [10, 11, 12], [A, A, B], 2)),
+        run.text(text(0, 0, [tok(10, "Hi<")], "Hi", **FIN, text_truncated=True)),
+    )
+
+
+def _lie_choice(run: Run) -> None:
+    run.sse(0, "Hi", [10])
+    run.rec.push_sse_choice(0, 1)
+
+
+def _lie_usage(run: Run) -> None:
+    run.rec.push_sse_usage(0, 5, None, None)
+    honest(run)
+
+
+def _lie_chunk_id_other_stream(run: Run) -> None:
+    run.ids_sent.add(0)
+    run.rec.push_sse_id(0, f"chatcmpl-ph1_{RUN}_01")
+
+
+def _lie_chunk_id_changed(run: Run) -> None:
+    run.sse(0, "Hi", [10])
+    run.rec.push_sse_id(0, chunk_id(0) + "-other")
+
+
+def _lie_no_chunk_id(run: Run) -> None:
+    run.ids_sent.add(0)
+    honest(run)
+
+
+def _lie_sse_after_finish(run: Run) -> None:
+    honest(run)
+    run.rec.push_sse(0, "!", [])
+
+
+def _lie_accepted_padded(run: Run) -> None:
+    record = prov(0, 0, [10, 11], [A, T], 2, drafts_padded=2)
+    run.push(run.prov(record))
+
+
+S0 = "stream 0: "
+LIES = [
+    ("a second record of a stream in one step", _lie_step_repeat,
+     f"{S0}two provenance records in step 1"),
+    ("provenance steps going back", _lie_step_back, f"{S0}provenance step 2 before step 5"),
+    ("a second text record in one step", _lie_text_step_repeat, f"{S0}two text records in step 1"),
+    ("text steps going back", _lie_text_step_back, f"{S0}text step 1 before step 5"),
+    ("provenance after a finished record", _lie_after_finished,
+     f"{S0}provenance at offset 1 after the scheduler finished the request"),
+    ("provenance after a trimmed record", _lie_after_trimmed,
+     f"{S0}provenance at offset 1 after a trimmed step"),
+    ("text beyond the scheduler's finish", _lie_text_after_scheduler_end,
+     f"{S0}text token at offset 1 after the scheduler's last step ended at offset 1"),
+    ("SSE beyond the scheduler's finish", _lie_sse_after_scheduler_end,
+     f"{S0}SSE token at offset 1 after the scheduler's last step ended at offset 1"),
+    ("scheduler and detokenizer finish reasons differ", _lie_finish_reasons,
+     f"{S0}the scheduler finished the request with 'length', the detokenizer with 'stop'"),
+    ("an aborted request", _lie_text_abort,
+     f"{S0}the detokenizer finished the request with 'abort'"),
+    ("the SSE finish_reason differs", _lie_sse_reason,
+     f"{S0}SSE finish_reason 'length', the detokenizer finished with 'stop'"),
+    ("no SSE finish_reason", _lie_sse_reason_null,
+     f"{S0}SSE finish_reason null, the detokenizer finished with 'stop'"),
+    ("SSE tokens beyond the detokenizer's finish", _lie_sse_beyond_text,
+     f"{S0}SSE token at offset 3 after the scheduler's last step ended at offset 3"),
+    ("a duplicate with other content", _lie_duplicate_differs,
+     f"source {SCHED:016x}: seq 1 received twice with different content"),
+    ("drafts beyond the hello's K", _lie_drafts_beyond_k,
+     "stream 1: 4 drafts scheduled at offset 0, the scheduler's hello says K 3"),
+    ("speculative roles under a hello without speculative decoding",
+     _lie_roles_without_speculation,
+     f"{S0}1 drafts scheduled at offset 1, the scheduler's hello says K 0"),
+    ("the two hellos name different engine versions", _lie_hello_pair,
+     f"{S0}the scheduler's and the frontend's hellos disagree on engine_version "
+     "('sim-1' vs 'sim-2')"),
+    ("text_truncated but the HTTP text is whole", _lie_truncated_not_shorter,
+     f"{S0}text_truncated, but the HTTP text is not shorter than the fragments (2 of 2 bytes)"),
+    ("a stop-string finish without a token", _lie_stop_without_token,
+     f"{S0}a stop-string finish without any token"),
+    ("trimmed tokens not matching the scheduler's step", _lie_trim_tie,
+     f"{S0}the text ends at offset 1 with 0 trimmed tokens, the scheduler's step holding "
+     "offset 0 ends at offset 3"),
+    ("a second choice", _lie_choice,
+     f"{S0}SSE chunk with a choice other than the single choice 0 (index 1)"),
+    ("usage.completion_tokens", _lie_usage,
+     f"{S0}usage.completion_tokens 5, but the SSE carried 3 tokens"),
+    ("a chunk id of another stream", _lie_chunk_id_other_stream,
+     f"{S0}SSE chunk id does not carry the request id ph1_{RUN}_0"),
+    ("a chunk id that changes", _lie_chunk_id_changed, f"{S0}SSE chunk id changed mid-stream"),
+    ("no chunk id", _lie_no_chunk_id, f"{S0}no SSE chunk id"),
+    ("SSE data after the end", _lie_sse_after_finish, f"{S0}SSE data after the stream finished"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "lie", "reason"), LIES, ids=[case[0] for case in LIES])
+def test_a_lying_sender_fails_the_stream_with_its_reason_and_never_exact(
+    name: str, lie: Any, reason: str
+) -> None:
+    run = Run(num_streams=2)
+    lie(run)
+    run.rec.finalize()
+    events = run.events()
+    failures = [event for event in events if event[0] == "failed"]
+    assert reason in [event[2] for event in failures], events
+    stream = 1 if reason.startswith("stream 1:") else 0
+    assert run.rec.verdict(stream)[0] == "failed"
+    if name != "SSE data after the end":  # that one revokes an exact verdict
+        assert ("exact", stream) not in events
+
+
+def test_the_honest_run_of_the_lie_table_is_exact() -> None:
+    run = Run(num_streams=2)
+    honest(run)
+    assert run.rec.verdict(0) == ("exact", None)
+
+
+def test_an_impossible_acceptance_is_a_rejected_frame_not_a_figure() -> None:
+    run = Run()
+    _lie_accepted_padded(run)
+    assert run.events() == [
+        (
+            "run",
+            "rejected frame: record for stream 0: 1 accepted drafts exceed 2 scheduled minus "
+            "2 padded",
+        )
+    ]
+    assert run.rec.stream_stats(0)["accepted"] == 0
+
+
+def test_a_differing_duplicate_revokes_exact_verdicts_too() -> None:
+    run = Run()
+    honest(run)
+    assert run.rec.verdict(0) == ("exact", None)
+    run.events()
+    hello = run.hello(SCHED, wire.SOURCE_SCHEDULER, seq=0)  # seq 0 again, another step
+    run.push(hello)
+    message = f"source {SCHED:016x}: seq 0 received twice with different content"
+    assert run.events() == [("run", message), ("failed", 0, message)]
+    assert run.rec.counters()["duplicate_frames"] == 1
+
+
+def test_a_duplicate_after_a_gap_has_nothing_to_compare_with() -> None:
+    run = Run()
+    run.seq[SCHED] += 1  # seq 1 is lost
+    for offset in range(65):
+        run.push(run.prov(prov(0, offset, [1], [P], 0)))
+    assert run.rec.counters()["gaps"] == 1
+    late = run.prov(prov(0, 0, [9], [P], 0), seq=1)  # the given-up seq, any content
+    run.push(late)
+    assert run.rec.counters()["duplicate_frames"] == 1
+    assert [e for e in run.events() if e[0] == "run"] == []

@@ -308,9 +308,11 @@ class _BadChunkServer(FakeServer):
     """Stream "bad:<json value>" sends token_ids [value]; "surrogate" a lone
     surrogate escape in its text; anything else the healthy stream."""
 
-    async def _complete(self, prompt: str, writer: asyncio.StreamWriter) -> None:
+    async def _complete(
+        self, prompt: str, writer: asyncio.StreamWriter, request_id: str = "x"
+    ) -> None:
         if not (prompt.startswith("bad:") or prompt == "surrogate"):
-            await super()._complete(prompt, writer)
+            await super()._complete(prompt, writer, request_id)
             return
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

@@ -49,7 +49,7 @@ for _extra in (_ROOT / "plugin", _ROOT / "python"):
     if str(_extra) not in sys.path:
         sys.path.append(str(_extra))
 
-from parallelhue.reference.decode import FrameError, decode_frame  # noqa: E402
+from parallelhue.reference.decode import Frame, FrameError, decode_frame  # noqa: E402
 from parallelhue_vllm import wire  # noqa: E402
 
 Input = tuple[Any, ...]
@@ -639,6 +639,18 @@ HARMFUL_MUTATIONS = (
     "change_frame_id",
     "change_sse_id",
     "notice",
+    # The rules of a lying witness (issue 9): each one contradiction.
+    "step_repeat",
+    "step_back",
+    "sse_finish_reason",
+    "scheduler_finish_reason",
+    "sse_choice",
+    "chunk_id",
+    "usage_count",
+    "duplicate_differs",
+    "late_notice",
+    "truncated_flag",
+    "drafts_beyond_k",
 )
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
@@ -912,7 +924,234 @@ def _notice(workload: Workload, rng: random.Random) -> Workload | None:
     return _with(workload, "notice", inputs, {stream}, False)
 
 
+def _record_frames(workload: Workload) -> list[tuple[int, Frame]]:
+    """(input index, decoded frame) of every provenance and text frame, in input order."""
+    found = []
+    for index, item in enumerate(workload.inputs):
+        if item[0] == "frame":
+            frame = decode_frame(item[1])
+            if frame.kind in (wire.KIND_PROVENANCE, wire.KIND_TEXT):
+                found.append((index, frame))
+    return found
+
+
+def _set_step(frame_bytes: bytes, step: int) -> bytes:
+    data = bytearray(frame_bytes)
+    struct.pack_into("<Q", data, 40, step)
+    return bytes(data)
+
+
+def _step_pairs(workload: Workload) -> list[tuple[int, int, frozenset[int]]]:
+    """(input index, previous frame's step, streams in both) for consecutive frames of
+    one source that share a stream."""
+    pairs = []
+    previous: dict[int, Frame] = {}
+    for index, frame in _record_frames(workload):
+        source = frame.header.source_id
+        before = previous.get(source)
+        previous[source] = frame
+        if before is None:
+            continue
+        shared = {r.stream for r in frame.records} & {r.stream for r in before.records}
+        if shared:
+            pairs.append((index, before.header.step, frozenset(shared)))
+    return pairs
+
+
+def _step_repeat(workload: Workload, rng: random.Random) -> Workload | None:
+    # A second record of a stream in one engine step.
+    pairs = _step_pairs(workload)
+    if not pairs:
+        return None
+    index, step, streams = rng.choice(pairs)
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _set_step(inputs[index][1], step))
+    return _with(workload, "step_repeat", inputs, streams, False)
+
+
+def _step_back(workload: Workload, rng: random.Random) -> Workload | None:
+    pairs = [p for p in _step_pairs(workload) if p[1] > 0]
+    if not pairs:
+        return None
+    index, step, streams = rng.choice(pairs)
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _set_step(inputs[index][1], step - 1))
+    return _with(workload, "step_back", inputs, streams, False)
+
+
+def _sse_finish_reason(workload: Workload, rng: random.Random) -> Workload | None:
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "finish"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    _, stream, reason = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index] = ("finish", stream, "length" if reason == "stop" else "stop")
+    return _with(workload, "sse_finish_reason", inputs, {stream}, False)
+
+
+def _scheduler_finish_reason(workload: Workload, rng: random.Random) -> Workload | None:
+    # The scheduler's final record says another finish reason than the detokenizer.
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            ending = workload.truth[record.stream].ending
+            if (
+                isinstance(record, wire.ProvenanceRecord)
+                and record.finished
+                and ending
+                in (
+                    "length",
+                    "eos",
+                )
+            ):
+                options.append((index, position, record.stream))
+    if not options:
+        return None
+    index, position, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        record = records[position]
+        record.finish_reason = (
+            wire.FINISH_LENGTH if record.finish_reason == wire.FINISH_STOP else wire.FINISH_STOP
+        )
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "scheduler_finish_reason", inputs, {stream}, False)
+
+
+def _before_finish(workload: Workload, rng: random.Random, make: Any, name: str):
+    """Insert make(stream) just before a stream's ("finish", ...) input."""
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "finish"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    stream = workload.inputs[index][1]
+    inputs = list(workload.inputs)
+    inputs.insert(index, make(stream))
+    return _with(workload, name, inputs, {stream}, False)
+
+
+def _sse_choice(workload: Workload, rng: random.Random) -> Workload | None:
+    return _before_finish(workload, rng, lambda s: ("sse_choice", s, 1), "sse_choice")
+
+
+def _usage_count(workload: Workload, rng: random.Random) -> Workload | None:
+    return _before_finish(
+        workload,
+        rng,
+        lambda s: ("sse_usage", s, workload.truth[s].tokens + 1, None, None),
+        "usage_count",
+    )
+
+
+def _chunk_id(workload: Workload, rng: random.Random) -> Workload | None:
+    # The chunk id of another stream (or of no stream of ours).
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse_id"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    _, stream, chunk_id = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index] = ("sse_id", stream, f"{chunk_id}0")
+    return _with(workload, "chunk_id", inputs, {stream}, False)
+
+
+def _duplicate_differs(workload: Workload, rng: random.Random) -> Workload | None:
+    # The same source and seq again, one byte of the timestamp changed: the run fails.
+    target = _pick(rng, _frames(workload), need_streams=False)
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    data = bytearray(inputs[target.index][1])
+    data[48] ^= 0x01
+    inputs.insert(rng.randint(target.index + 1, len(inputs)), ("frame", bytes(data)))
+    return _with(workload, "duplicate_differs", inputs, range(workload.num_streams), False)
+
+
+def _late_notice(workload: Workload, rng: random.Random) -> Workload | None:
+    # A notice after everything else (the stream may be exact already): it revokes.
+    frames = [f for f in _frames(workload) if f.kind == wire.KIND_TEXT]
+    if not frames:
+        return None
+    last = max(frames, key=lambda f: f.seq)
+    stream = rng.randrange(workload.num_streams)
+    header = decode_frame(workload.inputs[last.index][1]).header
+    notice = wire.encode_records(
+        wire.KIND_NOTICE,
+        replace(header, seq=last.seq + 1),
+        [wire.NoticeRecord(stream, wire.NOTICE_HOOK_ERROR, "late hook failure")],
+    )
+    return _with(workload, "late_notice", [*workload.inputs, ("frame", notice)], {stream}, False)
+
+
+def _truncated_flag(workload: Workload, rng: random.Random) -> Workload | None:
+    # text_truncated on a finish that kept the whole text (or with a reason other
+    # than stop, which the decoders refuse: then every stream of that frame suffers).
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            if (
+                isinstance(record, wire.TextRecord)
+                and record.finished
+                and not record.text_truncated
+            ):
+                options.append((index, position, frame))
+    if not options:
+        return None
+    index, position, frame = rng.choice(options)
+    record = frame.records[position]
+    affected = {record.stream}
+    if record.finish_reason != wire.FINISH_STOP:
+        affected = {r.stream for r in frame.records}
+
+    def edit(records: list[Any]) -> None:
+        records[position].text_truncated = True
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "truncated_flag", inputs, affected, False)
+
+
+def _drafts_beyond_k(workload: Workload, rng: random.Random) -> Workload | None:
+    # More drafts scheduled than the hello's K (a record ending on a target stays valid).
+    hello = next(
+        decode_frame(item[1]).hello
+        for item in workload.inputs
+        if item[0] == "frame" and decode_frame(item[1]).kind == wire.KIND_HELLO
+        and decode_frame(item[1]).hello.role == wire.SOURCE_SCHEDULER  # type: ignore[union-attr]
+    )  # fmt: skip
+    assert hello is not None
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            if isinstance(record, wire.ProvenanceRecord) and record.roles[-1] == wire.ROLE_TARGET:
+                options.append((index, position, record.stream))
+    if not options:
+        return None
+    index, position, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        records[position].drafts_scheduled = hello.num_speculative_tokens + 1
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "drafts_beyond_k", inputs, {stream}, False)
+
+
 _MUTATORS = {
+    "step_repeat": _step_repeat,
+    "step_back": _step_back,
+    "sse_finish_reason": _sse_finish_reason,
+    "scheduler_finish_reason": _scheduler_finish_reason,
+    "sse_choice": _sse_choice,
+    "chunk_id": _chunk_id,
+    "usage_count": _usage_count,
+    "duplicate_differs": _duplicate_differs,
+    "late_notice": _late_notice,
+    "truncated_flag": _truncated_flag,
+    "drafts_beyond_k": _drafts_beyond_k,
     "drop": _drop,
     "truncate": _truncate,
     "queue_drop": _queue_drop,

@@ -39,7 +39,9 @@ where it was open to more than one reading):
 
 from __future__ import annotations
 
+import hashlib
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +50,8 @@ from parallelhue.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
 from parallelhue.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
 from parallelhue_vllm.wire import (
     ALL_STREAMS,
+    FINISH_LENGTH,
+    FINISH_NAMES,
     KIND_HELLO,
     KIND_PROVENANCE,
     KIND_TEXT,
@@ -58,6 +62,7 @@ from parallelhue_vllm.wire import (
     ROLE_TARGET,
     SOURCE_FRONTEND,
     SOURCE_SCHEDULER,
+    Hello,
     NoticeRecord,
     ProvenanceRecord,
     TextRecord,
@@ -103,7 +108,10 @@ class _Source:
     source_id: int
     next_seq: int = 0
     buffered: dict[int, Frame] = field(default_factory=dict)
+    # Keyed digest of every frame received, by seq: a duplicate must be byte-identical.
+    digests: dict[int, bytes] = field(default_factory=dict)
     role: int | None = None  # set by its hello
+    hello: Hello | None = None
     broken: bool = False  # first frame was not a hello: ignore the rest
 
 
@@ -156,12 +164,19 @@ class _Stream:
     p_roles: list[int] = field(default_factory=list)
     p_steps: list[_ProvenanceStep] = field(default_factory=list)
     settled_steps: int = 0
+    p_step: int | None = None  # header step of the last provenance record
+    p_finished: int | None = None  # the scheduler's finish reason once finished
+    p_trimmed: bool = False  # the last record was trimmed: nothing may follow
     # T: text
     t_source: int | None = None
     t_ids: list[int] = field(default_factory=list)
     t_finished: bool = False
     t_truncated: bool = False  # the final HTTP text stops inside or before the fragments
     t_stop_string: bool = False  # a stop string ended it: provenance beyond is surplus
+    t_reason: int = 0
+    t_trimmed_tokens: int = 0
+    t_step: int | None = None
+    trim_checked: bool = False  # a stop-string finish checked against the scheduler's step
     pending_empty: int = 0
     fragments: list[_Fragment] = field(default_factory=list)
     proven_fragments: int = 0
@@ -207,6 +222,28 @@ def _add_lists(total: list[int], values: list[int]) -> None:
         total[index] += value
 
 
+def _carries_request_id(chunk_id: str, request_id: str) -> bool:
+    """`chunk_id` holds `request_id` not followed by another digit."""
+    start = chunk_id.find(request_id)
+    while start >= 0:
+        after = chunk_id[start + len(request_id) : start + len(request_id) + 1]
+        if not (after and after in "0123456789"):
+            return True
+        start = chunk_id.find(request_id, start + 1)
+    return False
+
+
+def _shown_reason(reason: str | None) -> str:
+    """An SSE finish_reason in a message: quoted (at most 40 characters), or null."""
+    if reason is None:
+        return "null"
+    return f"'{reason[:40]}…'" if len(reason) > 40 else f"'{reason}'"
+
+
+def _finish_name(code: int) -> str:
+    return "none" if code == 0 else FINISH_NAMES.get(code, "error")
+
+
 def _check_u32_list(values: list[int] | None) -> None:
     for value in values or ():
         if not 0 <= value <= U32_MAX:
@@ -234,6 +271,8 @@ class Reconciler:
         self._counters = dict.fromkeys(COUNTER_KEYS, 0)
         self._admitted_any = False
         self._finalized = False  # finalize() ran: nothing changes any more
+        # The key of the duplicate digests: random, so a sender cannot craft a collision.
+        self._digest_key = secrets.token_bytes(16)
 
     # ----------------------------------------------------------------- API
 
@@ -254,7 +293,7 @@ class Reconciler:
             self._reject(f"frame for run {decoded.header.run_id.hex()}, expected {self.run_id}")
             return
         self._admitted_any = True
-        self._admit(decoded)
+        self._admit(decoded, bytes(frame))
 
     def push_frames(self, frames: list[bytes]) -> None:
         for frame in frames:
@@ -286,10 +325,14 @@ class Reconciler:
             raise ValueError(f"invalid input {item!r}: expected {INPUT_SHAPES}")
 
     def _sse_state(self, stream: int) -> _Stream | None:
-        """The stream an SSE input is for, while its verdict may change."""
+        """The stream an SSE input is for, while its verdict may change and its SSE
+        body has not ended (SSE data after the end is a contradiction)."""
         self._input_start = len(self._events)
         state = self._streams[stream]
         if self._finalized or state.verdict == "failed":
+            return None
+        if state.sse_finished:
+            self._set_failed(state, f"stream {stream}: SSE data after the stream finished")
             return None
         return state
 
@@ -299,11 +342,24 @@ class Reconciler:
             if not 0 <= token_id <= U32_MAX:
                 raise ValueError(f"token id {token_id} out of range 0..=4294967295")
         state = self._sse_state(stream)
-        if state is None or state.verdict == "exact":
+        if state is None:
             return
         try:
+            p_closed = state.p_finished is not None or state.p_trimmed
             for token_id in token_ids:
                 offset = len(state.q_ids)
+                if p_closed and offset >= len(state.p_ids):
+                    raise self._fail(
+                        state,
+                        f"stream {stream}: SSE token at offset {offset} after the scheduler's "
+                        f"last step ended at offset {len(state.p_ids)}",
+                    )
+                if state.t_finished and offset >= len(state.t_ids):
+                    raise self._fail(
+                        state,
+                        f"stream {stream}: SSE token at offset {offset} after the detokenizer "
+                        f"finished at offset {len(state.t_ids)}",
+                    )
                 state.q_ids.append(token_id)
                 if offset < len(state.t_ids) and state.t_ids[offset] != token_id:
                     raise self._fail(
@@ -323,20 +379,32 @@ class Reconciler:
         if not isinstance(chunk_id, str):
             raise TypeError(f"chunk id must be a string, not {type(chunk_id).__name__}")
         state = self._sse_state(stream)
-        if state is None or state.verdict == "exact":
+        if state is None:
             return
-        state.sse_id = chunk_id
+        request_id = f"ph1_{self.run_id}_{stream}"
+        if not _carries_request_id(chunk_id, request_id):
+            self._set_failed(
+                state, f"stream {stream}: SSE chunk id does not carry the request id {request_id}"
+            )
+        elif state.sse_id is not None and state.sse_id != chunk_id:
+            self._set_failed(state, f"stream {stream}: SSE chunk id changed mid-stream")
+        else:
+            state.sse_id = chunk_id
 
     def push_sse_choice(self, stream: int, index: int) -> None:
-        """The stream's chunks carried a choice other than the single choice 0."""
+        """The stream's chunks carried a choice other than the single choice 0: another
+        choice's text may be in what the client showed."""
         self._check_stream_index(stream)
         if not 0 <= index <= U32_MAX:
             raise ValueError(f"choice index {index} out of range 0..=4294967295")
         state = self._sse_state(stream)
-        if state is None or state.verdict == "exact":
+        if state is None:
             return
-        if state.sse_choice is None:
-            state.sse_choice = index
+        self._set_failed(
+            state,
+            f"stream {stream}: SSE chunk with a choice other than the single choice 0 "
+            f"(index {index})",
+        )
 
     def push_sse_usage(
         self,
@@ -354,7 +422,7 @@ class Reconciler:
         _check_u32_list(per_step_accepted)
         _check_u32_list(per_step_drafted)
         state = self._sse_state(stream)
-        if state is None or state.verdict == "exact":
+        if state is None:
             return
         state.usage = _Usage(
             completion_tokens,
@@ -370,11 +438,12 @@ class Reconciler:
                 f"finish_reason must be a string or None, not {type(finish_reason).__name__}"
             )
         state = self._sse_state(stream)
-        if state is None or state.verdict == "exact":
+        if state is None:
             return
         state.sse_finished = True
         state.sse_reason = finish_reason
         try:
+            self._sse_end_rules(state)
             self._progress(state)
         except _Failed:
             pass
@@ -435,15 +504,22 @@ class Reconciler:
         self._counters["rejected_frames"] += 1
         self._events.append(("run", f"rejected frame: {message}"))
 
-    def _admit(self, frame: Frame) -> None:
+    def _admit(self, frame: Frame, data: bytes) -> None:
         source_id = frame.header.source_id
         source = self._sources.get(source_id)
         if source is None:
             source = self._sources[source_id] = _Source(source_id)
         seq = frame.header.seq
+        digest = hashlib.blake2b(data, key=self._digest_key, digest_size=16).digest()
         if seq < source.next_seq or seq in source.buffered:
             self._counters["duplicate_frames"] += 1
+            # A seq given up after a gap has no digest: nothing to compare it with.
+            if seq in source.digests and source.digests[seq] != digest:
+                self._run_failure(
+                    f"source {source_id:016x}: seq {seq} received twice with different content"
+                )
             return
+        source.digests[seq] = digest
         source.buffered[seq] = frame
         self._release_in_order(source)
         if len(source.buffered) > REORDER_WINDOW:
@@ -499,9 +575,9 @@ class Reconciler:
                 continue
             try:
                 if isinstance(record, ProvenanceRecord):
-                    self._provenance(state, source, record)
+                    self._provenance(state, source, record, header.step)
                 else:
-                    self._text(state, source, record)
+                    self._text(state, source, record, header.step)
                 self._progress(state)
             except _Failed:
                 pass
@@ -510,6 +586,7 @@ class Reconciler:
         hello = frame.hello
         assert hello is not None
         source.role = hello.role
+        source.hello = hello
         self._hellos.append(
             {
                 "source_id": source.source_id,
@@ -566,18 +643,67 @@ class Reconciler:
         self._set_failed(state, reason)
         return _Failed(reason)
 
-    def _provenance(self, state: _Stream, source: _Source, record: ProvenanceRecord) -> None:
+    def _hello_pair(self, state: _Stream) -> None:
+        """The scheduler's and the frontend's hellos of a stream name the same engine,
+        engine version and plugin version."""
+        assert state.p_source is not None and state.t_source is not None
+        sched = self._sources[state.p_source].hello
+        front = self._sources[state.t_source].hello
+        assert sched is not None and front is not None
+        for field_name, a, b in (
+            ("engine", ENGINE_NAMES[sched.engine], ENGINE_NAMES[front.engine]),
+            ("engine_version", sched.engine_version, front.engine_version),
+            ("plugin_version", sched.plugin_version, front.plugin_version),
+        ):
+            if a != b:
+                raise self._fail(
+                    state,
+                    f"stream {state.index}: the scheduler's and the frontend's hellos disagree "
+                    f"on {field_name} ('{a}' vs '{b}')",
+                )
+
+    def _provenance(
+        self, state: _Stream, source: _Source, record: ProvenanceRecord, step: int
+    ) -> None:
         stream = state.index
         if state.p_source is None:
             state.p_source = source.source_id
+            if state.t_source is not None:
+                self._hello_pair(state)
         elif state.p_source != source.source_id:
             raise self._fail(
                 state, f"stream {stream}: provenance from a second source {source.source_id:016x}"
             )
+        if state.p_finished is not None:
+            raise self._fail(
+                state,
+                f"stream {stream}: provenance at offset {record.offset} after the scheduler "
+                "finished the request",
+            )
+        if state.p_trimmed:
+            raise self._fail(
+                state, f"stream {stream}: provenance at offset {record.offset} after a trimmed step"
+            )
+        # Step identity is the engine's step number: one record per stream and step.
+        if state.p_step is not None and step == state.p_step:
+            raise self._fail(state, f"stream {stream}: two provenance records in step {step}")
+        if state.p_step is not None and step < state.p_step:
+            raise self._fail(
+                state, f"stream {stream}: provenance step {step} before step {state.p_step}"
+            )
+        state.p_step = step
         expected = len(state.p_ids)
         if record.offset != expected:
             raise self._fail(
                 state, f"provenance offset {record.offset} for stream {stream}, expected {expected}"
+            )
+        assert source.hello is not None
+        k = source.hello.num_speculative_tokens
+        if record.drafts_scheduled > k:
+            raise self._fail(
+                state,
+                f"stream {stream}: {record.drafts_scheduled} drafts scheduled at offset "
+                f"{record.offset}, the scheduler's hello says K {k}",
             )
         ordinal = len(state.p_steps)
         state.p_steps.append(
@@ -595,6 +721,58 @@ class Reconciler:
             state.p_ordinals.append(ordinal)
             state.p_roles.append(role)
             self._check_provenance_token(state, offset)
+        end = len(state.p_ids)
+        text_end = len(state.t_ids)
+        # The step holding the stop-string text's last token (offset text_end - 1).
+        if (
+            state.t_finished
+            and state.t_stop_string
+            and not state.trim_checked
+            and record.offset < text_end <= end
+        ):
+            self._check_trim(state, end)
+        if record.finished:
+            state.p_finished = record.finish_reason
+        state.p_trimmed = record.trimmed
+        if state.p_finished is not None or state.p_trimmed:
+            self._p_closed_rules(state)
+
+    def _p_closed_rules(self, state: _Stream) -> None:
+        """The scheduler's last step ended: no token of the other witnesses beyond it,
+        and the same finish as the detokenizer's."""
+        end = len(state.p_ids)
+        for witness, count in (("text", len(state.t_ids)), ("SSE", len(state.q_ids))):
+            if count > end:
+                raise self._fail(
+                    state,
+                    f"stream {state.index}: {witness} token at offset {end} after the "
+                    f"scheduler's last step ended at offset {end}",
+                )
+        self._finish_pair(state)
+
+    def _finish_pair(self, state: _Stream) -> None:
+        """Without a stop string, the scheduler and the detokenizer finish alike."""
+        p = state.p_finished
+        if p is not None and state.t_finished and not state.t_stop_string and p != state.t_reason:
+            raise self._fail(
+                state,
+                f"stream {state.index}: the scheduler finished the request with "
+                f"'{_finish_name(p)}', the detokenizer with '{_finish_name(state.t_reason)}'",
+            )
+
+    def _check_trim(self, state: _Stream, step_end: int) -> None:
+        """A stop-string finish at offset e with n trimmed tokens: the scheduler's step
+        holding offset e - 1 ends at e + n (the detokenizer keeps whole steps up to
+        the stop string, and trims only that step)."""
+        state.trim_checked = True
+        end, trimmed = len(state.t_ids), state.t_trimmed_tokens
+        if step_end != end + trimmed:
+            raise self._fail(
+                state,
+                f"stream {state.index}: the text ends at offset {end} with {trimmed} trimmed "
+                f"tokens, the scheduler's step holding offset {end - 1} ends at offset "
+                f"{step_end}",
+            )
 
     def _check_provenance_token(self, state: _Stream, offset: int) -> None:
         if offset < len(state.t_ids):
@@ -612,23 +790,37 @@ class Reconciler:
                 f"at offset {offset}",
             )
 
-    def _text(self, state: _Stream, source: _Source, record: TextRecord) -> None:
+    def _text(self, state: _Stream, source: _Source, record: TextRecord, step: int) -> None:
         stream = state.index
         if state.t_source is None:
             state.t_source = source.source_id
+            if state.p_source is not None:
+                self._hello_pair(state)
         elif state.t_source != source.source_id:
             raise self._fail(
                 state, f"stream {stream}: text from a second source {source.source_id:016x}"
             )
         if state.t_finished:
             raise self._fail(state, f"stream {stream}: text after finish")
+        if state.t_step is not None and step == state.t_step:
+            raise self._fail(state, f"stream {stream}: two text records in step {step}")
+        if state.t_step is not None and step < state.t_step:
+            raise self._fail(state, f"stream {stream}: text step {step} before step {state.t_step}")
+        state.t_step = step
         expected = len(state.t_ids)
         if record.offset != expected:
             raise self._fail(
                 state, f"text offset {record.offset} for stream {stream}, expected {expected}"
             )
+        p_closed = state.p_finished is not None or state.p_trimmed
         for token in record.tokens:
             offset = len(state.t_ids)
+            if p_closed and offset >= len(state.p_ids):
+                raise self._fail(
+                    state,
+                    f"stream {stream}: text token at offset {offset} after the scheduler's "
+                    f"last step ended at offset {len(state.p_ids)}",
+                )
             state.t_ids.append(token.token_id)
             self._check_text_token(state, offset)
             if not token.fragment:
@@ -655,15 +847,85 @@ class Reconciler:
             )
         if record.finished:
             state.t_finished = True
+            state.t_reason = record.finish_reason
             state.t_truncated = record.text_truncated
             state.t_stop_string = record.text_truncated or record.tokens_trimmed
-            end = len(state.t_ids)
-            if len(state.p_ids) > end and not state.t_stop_string:
+            state.t_trimmed_tokens = record.trimmed_tokens
+            self._t_end_rules(state)
+
+    def _t_end_rules(self, state: _Stream) -> None:
+        """The detokenizer finished the request: how it ended must agree with its own
+        bytes, the scheduler and the SSE."""
+        stream, end = state.index, len(state.t_ids)
+        http, fragments = len(state.http_bytes), len(state.fragment_bytes)
+        if state.t_reason > FINISH_LENGTH:
+            raise self._fail(
+                state,
+                f"stream {stream}: the detokenizer finished the request with "
+                f"'{_finish_name(state.t_reason)}'",
+            )
+        # text_truncated means the final HTTP text is shorter than the fragments.
+        if state.t_truncated and http >= fragments:
+            raise self._fail(
+                state,
+                f"stream {stream}: text_truncated, but the HTTP text is not shorter than the "
+                f"fragments ({http} of {fragments} bytes)",
+            )
+        if not state.t_truncated and http < fragments:
+            raise self._fail(
+                state,
+                f"stream {stream}: the HTTP text is shorter than the fragments "
+                f"({http} of {fragments} bytes) without text_truncated",
+            )
+        if len(state.p_ids) > end and not state.t_stop_string:
+            raise self._fail(
+                state, f"stream {stream}: provenance beyond the end of the request at offset {end}"
+            )
+        if state.t_stop_string:
+            if end == 0:
+                raise self._fail(state, f"stream {stream}: a stop-string finish without any token")
+            if len(state.p_ids) >= end:
+                holding = next(
+                    s for s in state.p_steps if s.offset < end <= s.offset + len(s.roles)
+                )
+                self._check_trim(state, holding.offset + len(holding.roles))
+        self._finish_pair(state)
+        self._check_sse_within_http(state)
+        if len(state.q_ids) > end:
+            raise self._fail(
+                state,
+                f"stream {stream}: SSE token at offset {end} after the detokenizer finished "
+                f"at offset {end}",
+            )
+        if state.sse_finished:
+            self._sse_reason_rule(state)
+
+    def _sse_reason_rule(self, state: _Stream) -> None:
+        """The SSE's finish_reason is the detokenizer's."""
+        expected = _finish_name(state.t_reason)
+        if state.sse_reason != expected:
+            raise self._fail(
+                state,
+                f"stream {state.index}: SSE finish_reason {_shown_reason(state.sse_reason)}, "
+                f"the detokenizer finished with '{expected}'",
+            )
+
+    def _sse_end_rules(self, state: _Stream) -> None:
+        """The SSE body ended: it carried the stream's chunk id, a usage count equal to
+        its tokens, and the detokenizer's finish reason."""
+        stream = state.index
+        if state.sse_id is None:
+            raise self._fail(state, f"stream {stream}: no SSE chunk id")
+        usage = state.usage
+        if usage is not None and usage.completion_tokens is not None:
+            if usage.completion_tokens != len(state.q_ids):
                 raise self._fail(
                     state,
-                    f"stream {stream}: provenance beyond the end of the request at offset {end}",
+                    f"stream {stream}: usage.completion_tokens {usage.completion_tokens}, but "
+                    f"the SSE carried {len(state.q_ids)} tokens",
                 )
-            self._check_sse_within_http(state)
+        if state.t_finished:
+            self._sse_reason_rule(state)
 
     def _check_text_token(self, state: _Stream, offset: int) -> None:
         detokenizer = state.t_ids[offset]
@@ -849,9 +1111,14 @@ class Reconciler:
 
     def _is_exact(self, state: _Stream) -> bool:
         text_end = len(state.t_ids)
+        # Not vacuously, and with the request's end proven: the scheduler's finish, or
+        # a stop string's trimmed tokens checked against the scheduler's step.
+        end_proven = state.trim_checked if state.t_stop_string else state.p_finished is not None
         return (
             state.sse_finished
             and state.t_finished
+            and text_end > 0
+            and end_proven
             and len(state.q_ids) == text_end
             and len(state.p_ids) >= text_end
             and len(state.sse_bytes) == len(state.http_bytes)
@@ -879,6 +1146,8 @@ class Reconciler:
             return f"missing telemetry: no text frame for offset {t_end}"
         if not state.t_finished:
             return f"missing telemetry: text not finished at offset {t_end}"
+        if not state.t_stop_string and state.p_finished is None:
+            return f"missing telemetry: the scheduler did not finish the request at offset {p_end}"
         sse_len, http_len = len(state.sse_bytes), len(state.http_bytes)
         if sse_len < http_len:
             return (

@@ -7,6 +7,7 @@
 //! contract and docs/ARCHITECTURE.md for the picture.
 
 pub mod describe;
+pub mod digest;
 pub mod encode;
 pub mod fed;
 pub mod http;

@@ -10,13 +10,15 @@
 //! A stream's verdict is final only after [`Reconciler::finalize`]: until
 //! then contradicting evidence revokes an exact verdict.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
+use crate::digest::FrameDigest;
 use crate::encode::HelloFields;
 use crate::protocol::{
-    self, Body, DecodeError, Frame, Hello, NoticeRecord, ProvRecord, TextRecord, ALL_STREAMS,
-    FLAG_FINISHED, FLAG_TEXT_TRUNCATED, FLAG_TOKENS_TRIMMED, LEAD_UNKNOWN,
+    self, finish_name, Body, DecodeError, Frame, Hello, NoticeRecord, ProvRecord, TextRecord,
+    ALL_STREAMS, FLAG_FINISHED, FLAG_TEXT_TRUNCATED, FLAG_TOKENS_TRIMMED, FLAG_TRIMMED,
+    LEAD_UNKNOWN,
 };
 use crate::sequence::{Offer, SeqTracker};
 use crate::stats::{Counters, Stats};
@@ -246,10 +248,22 @@ struct Stream {
     q_end: u64,
     p_src: Option<u64>,
     t_src: Option<u64>,
+    /// Header step of the stream's last provenance / text record.
+    p_step: Option<u64>,
+    t_step: Option<u64>,
     /// Ordinal of the next provenance record.
     ord: u32,
     recs: VecDeque<PRec>,
+    /// The scheduler's finish reason once a record said finished.
+    p_finished: Option<u8>,
+    /// The last provenance record was trimmed (nothing may follow it).
+    p_trimmed: bool,
     t_finished: bool,
+    t_reason: u8,
+    t_trimmed_tokens: u16,
+    /// A stop-string finish's trimmed tokens were checked against the
+    /// scheduler's step holding the text's last token.
+    trim_checked: bool,
     /// T finished because of a stop string (text_truncated or tokens_trimmed):
     /// provenance beyond its end is surplus.
     t_stop_string: bool,
@@ -265,7 +279,6 @@ struct Stream {
     sse_finished: bool,
     sse_reason: Option<String>,
     sse_id: Option<String>,
-    sse_choice: Option<u32>,
     usage: Option<Usage>,
     stats: Stats,
 }
@@ -304,8 +317,13 @@ impl Stream {
 
 struct Source {
     seq: SeqTracker<Vec<u8>>,
+    /// Keyed digest of every frame received, by sequence number: a
+    /// duplicate must be byte-identical.
+    digests: BTreeMap<u64, u64>,
     /// Role from its hello, once released.
     role: Option<u8>,
+    /// Index of its hello in `infos`.
+    info: usize,
     /// Its first released frame was not a hello: the rest is ignored.
     broken: bool,
 }
@@ -323,6 +341,9 @@ pub struct Reconciler {
     admitted: bool,
     /// `finalize()` ran: nothing changes any more.
     finalized: bool,
+    /// The key of the duplicate digests (random per reconciler: a sender
+    /// cannot craft two frames with the same digest).
+    digest: FrameDigest,
     /// Index of the first event produced by the input being processed: only
     /// spans of the same input are merged, so merging never depends on drains.
     input_start: usize,
@@ -364,6 +385,7 @@ impl Reconciler {
             counters: Counters::default(),
             admitted: false,
             finalized: false,
+            digest: FrameDigest::new(),
             input_start: 0,
         }
     }
@@ -418,27 +440,43 @@ impl Reconciler {
             ));
         }
         self.admitted = true;
+        let digest = self.digest.digest(data);
         let source = match self.sources.get_mut(&h.source_id) {
             Some(s) => s,
             None => {
                 self.source_order.push(h.source_id);
                 self.sources.entry(h.source_id).or_insert(Source {
                     seq: SeqTracker::default(),
+                    digests: BTreeMap::new(),
                     role: None,
+                    info: 0,
                     broken: false,
                 })
             }
         };
         // A buffered frame keeps its bytes and is decoded again when released.
         match source.seq.offer(h.seq, || data.to_vec()) {
-            Offer::Duplicate => self.counters.duplicate_frames += 1,
-            Offer::Buffered => {}
+            Offer::Duplicate => {
+                self.counters.duplicate_frames += 1;
+                // A sequence number given up after a gap has no digest: nothing to compare.
+                if source.digests.get(&h.seq).is_some_and(|&d| d != digest) {
+                    self.run_failure(format!(
+                        "source {:016x}: seq {} received twice with different content",
+                        h.source_id, h.seq
+                    ));
+                }
+            }
+            Offer::Buffered => {
+                source.digests.insert(h.seq, digest);
+            }
             Offer::Release => {
+                source.digests.insert(h.seq, digest);
                 self.release(&frame);
                 self.drain_source(h.source_id);
             }
             Offer::Gap { missing } => {
                 self.counters.gaps += 1;
+                source.digests.insert(h.seq, digest);
                 self.fail_open(&format!(
                     "frames lost: gap in source {:016x} at seq {missing}",
                     h.source_id
@@ -509,6 +547,7 @@ impl Reconciler {
             }
             (Body::Hello(hello), None) => {
                 source.role = Some(hello.role);
+                source.info = self.infos.len();
                 self.infos.push(SourceInfo::from_hello(src, hello));
             }
             (_, None) => {
@@ -539,13 +578,16 @@ impl Reconciler {
         }
         match &frame.body {
             Body::Provenance(recs) => {
+                let k = self.infos[source_info(&self.sources, src)]
+                    .hello
+                    .num_speculative_tokens;
                 for r in recs {
-                    self.on_provenance(src, r);
+                    self.on_provenance(src, h.step, k, r);
                 }
             }
             Body::Text(recs) => {
                 for r in recs {
-                    self.on_text(src, r);
+                    self.on_text(src, h.step, r);
                 }
             }
             Body::Notice(recs) => {
@@ -618,24 +660,60 @@ impl Reconciler {
         }
     }
 
-    fn on_provenance(&mut self, src: u64, r: &ProvRecord<'_>) {
+    fn on_provenance(&mut self, src: u64, step: u64, k: u16, r: &ProvRecord<'_>) {
         let Some(s) = self.record_stream(r.stream) else {
             return;
         };
-        if let Err(reason) = self.streams[s].add_provenance(s, src, r) {
+        let st = &self.streams[s];
+        let pair = match (st.p_src, st.t_src) {
+            (None, Some(t)) => self.hello_pair(s, src, t),
+            _ => None,
+        };
+        if let Err(reason) = self.streams[s].add_provenance(s, src, step, k, pair, r) {
             return self.fail(s, reason);
         }
         self.advance(s);
     }
 
-    fn on_text(&mut self, src: u64, r: &TextRecord<'_>) {
+    fn on_text(&mut self, src: u64, step: u64, r: &TextRecord<'_>) {
         let Some(s) = self.record_stream(r.stream) else {
             return;
         };
-        if let Err(reason) = self.streams[s].add_text(s, src, r) {
+        let st = &self.streams[s];
+        let pair = match (st.p_src, st.t_src) {
+            (Some(p), None) => self.hello_pair(s, p, src),
+            _ => None,
+        };
+        if let Err(reason) = self.streams[s].add_text(s, src, step, pair, r) {
             return self.fail(s, reason);
         }
         self.advance(s);
+    }
+
+    /// The scheduler's and the frontend's hellos of a stream must name the
+    /// same engine, engine version and plugin version.
+    fn hello_pair(&self, s: usize, sched: u64, front: u64) -> Option<String> {
+        let a = &self.infos[self.sources[&sched].info];
+        let b = &self.infos[self.sources[&front].info];
+        let fields = [
+            ("engine", a.engine_name(), b.engine_name()),
+            (
+                "engine_version",
+                a.hello.engine_version.as_str(),
+                b.hello.engine_version.as_str(),
+            ),
+            (
+                "plugin_version",
+                a.hello.plugin_version.as_str(),
+                b.hello.plugin_version.as_str(),
+            ),
+        ];
+        fields.iter().find(|(_, x, y)| x != y).map(|(field, x, y)| {
+            format!(
+                "stream {s}: the scheduler's and the frontend's hellos disagree on {field} \
+                 ('{x}' vs '{y}')"
+            )
+        })
     }
 
     // -------------------------------------------------------------------- SSE
@@ -650,14 +728,22 @@ impl Reconciler {
         Some(s)
     }
 
+    /// The stream an SSE input is for, if it can still change and its SSE
+    /// body has not ended (SSE data after the end is a contradiction).
+    fn sse_open(&mut self, stream: u16) -> Option<usize> {
+        let s = self.sse_stream(stream)?;
+        if self.streams[s].sse_finished {
+            self.fail(s, format!("stream {s}: SSE data after the stream finished"));
+            return None;
+        }
+        Some(s)
+    }
+
     /// One SSE delta of a stream (its choice 0): text and token ids.
     pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {
-        let Some(s) = self.sse_stream(stream) else {
+        let Some(s) = self.sse_open(stream) else {
             return;
         };
-        if self.streams[s].exact {
-            return;
-        }
         if let Err(reason) = self.streams[s].add_sse(s, text, token_ids) {
             return self.fail(s, reason);
         }
@@ -665,28 +751,35 @@ impl Reconciler {
     }
 
     /// The `id` of the stream's SSE chunks (pushed for its first chunk and
-    /// whenever it differs from the previous chunk's).
+    /// whenever it differs from the previous chunk's): it must carry the
+    /// stream's request id and never change.
     pub fn push_sse_id(&mut self, stream: u16, chunk_id: &str) {
-        let Some(s) = self.sse_stream(stream) else {
+        let Some(s) = self.sse_open(stream) else {
             return;
         };
+        let request_id = format!("ph1_{}_{s}", run_id_hex(&self.run_id));
         let st = &mut self.streams[s];
-        if st.exact {
+        let reason = if !carries_request_id(chunk_id, &request_id) {
+            format!("stream {s}: SSE chunk id does not carry the request id {request_id}")
+        } else if st.sse_id.as_deref().is_some_and(|id| id != chunk_id) {
+            format!("stream {s}: SSE chunk id changed mid-stream")
+        } else {
+            st.sse_id = Some(chunk_id.to_owned());
             return;
-        }
-        st.sse_id = Some(chunk_id.to_owned());
+        };
+        self.fail(s, reason);
     }
 
-    /// The stream's chunks carried a choice other than the single choice 0.
+    /// The stream's chunks carried a choice other than the single choice 0:
+    /// another choice's text may be in what the client showed.
     pub fn push_sse_choice(&mut self, stream: u16, index: u32) {
-        let Some(s) = self.sse_stream(stream) else {
+        let Some(s) = self.sse_open(stream) else {
             return;
         };
-        let st = &mut self.streams[s];
-        if st.exact {
-            return;
-        }
-        st.sse_choice.get_or_insert(index);
+        self.fail(
+            s,
+            format!("stream {s}: SSE chunk with a choice other than the single choice 0 (index {index})"),
+        );
     }
 
     /// The usage chunk: `usage.completion_tokens` and vLLM's per-request
@@ -698,13 +791,10 @@ impl Reconciler {
         per_step_accepted: Option<&[u32]>,
         per_step_drafted: Option<&[u32]>,
     ) {
-        let Some(s) = self.sse_stream(stream) else {
+        let Some(s) = self.sse_open(stream) else {
             return;
         };
         let st = &mut self.streams[s];
-        if st.exact {
-            return;
-        }
         st.usage = Some(Usage {
             completion_tokens,
             per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
@@ -715,15 +805,15 @@ impl Reconciler {
     /// The stream's SSE body ended normally; `finish_reason` is the last
     /// non-null `finish_reason` of its choice 0.
     pub fn finish_sse(&mut self, stream: u16, finish_reason: Option<&str>) {
-        let Some(s) = self.sse_stream(stream) else {
+        let Some(s) = self.sse_open(stream) else {
             return;
         };
         let st = &mut self.streams[s];
-        if st.exact {
-            return;
-        }
         st.sse_finished = true;
         st.sse_reason = finish_reason.map(str::to_owned);
+        if let Err(reason) = st.sse_end_rules(s) {
+            return self.fail(s, reason);
+        }
         self.advance(s);
     }
 
@@ -833,13 +923,21 @@ impl Reconciler {
         st.f.release_before(bytes_keep);
         st.h.release_before(bytes_keep);
         st.s.release_before(bytes_keep);
-        // Exact?
+        // Exact? Not vacuously (at least one token), and with the request's
+        // end proven: the scheduler's finish, or a stop string's trimmed tokens
+        // checked against the scheduler's step.
         if st.sse_finished
             && st.t_finished
+            && st.t_end > 0
             && st.q_end == st.t_end
             && c == st.t_end
             && s_len == h_len
             && st.proven >= s_len
+            && (if st.t_stop_string {
+                st.trim_checked
+            } else {
+                st.p_finished.is_some()
+            })
         {
             st.exact = true;
             st.release_all();
@@ -931,6 +1029,12 @@ impl Reconciler {
                 st.t_end
             );
         }
+        if !st.t_stop_string && st.p_finished.is_none() {
+            return format!(
+                "missing telemetry: the scheduler did not finish the request at offset {}",
+                st.p_end
+            );
+        }
         if st.s.len() < st.h.len() {
             return format!(
                 "stream {s}: SSE text shorter than the HTTP text ({} of {} bytes)",
@@ -1014,6 +1118,10 @@ impl Reconciler {
     }
 }
 
+fn source_info(sources: &HashMap<u64, Source>, src: u64) -> usize {
+    sources.get(&src).map_or(0, |s| s.info)
+}
+
 /// `a == b && b == c` for slices of equal length (short ones compared inline).
 #[inline]
 fn same3(a: &[u8], b: &[u8], c: &[u8]) -> bool {
@@ -1051,17 +1159,53 @@ fn is_continuation(b: u8) -> bool {
     b & 0xC0 == 0x80
 }
 
+/// `chunk_id` holds `request_id` (`ph1_<run>_<stream>`) not followed by
+/// another digit (`ph1_<run>_1` is not in `..._12`).
+fn carries_request_id(chunk_id: &str, request_id: &str) -> bool {
+    chunk_id.match_indices(request_id).any(|(i, m)| {
+        !chunk_id[i + m.len()..]
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_digit())
+    })
+}
+
+/// An SSE finish_reason as shown in a message: quoted (at most 40
+/// characters), or null.
+fn shown_reason(reason: Option<&str>) -> String {
+    match reason {
+        None => "null".to_owned(),
+        Some(r) if r.chars().count() > 40 => {
+            format!("'{}…'", r.chars().take(40).collect::<String>())
+        }
+        Some(r) => format!("'{r}'"),
+    }
+}
+
 impl Stream {
     /// Cut a proven fragment (its first `avail` bytes are output) into runs
     /// of characters attributed alike (docs/PROTOCOL.md "Spans"): the
     /// characters whose bytes all come from the span_back predecessors, the
     /// one character with bytes from both, and the carrier's own characters.
     /// Returns the number of pieces written.
+    #[inline]
     fn pieces(&self, fr: &Frag, avail: usize, out: &mut [Piece; 3]) -> usize {
         let carrier = self.tok(fr.tok);
         let (c_step, c_role) = (carrier.ord, carrier.role);
         let len = fr.len as usize;
         let span_back = (fr.tok - fr.first) as u32;
+        if span_back == 0 {
+            // The common case: the token's own bytes only.
+            out[0] = Piece {
+                from: 0,
+                to: avail,
+                step: Some(c_step),
+                role: Some(c_role),
+                first: fr.tok,
+                n: 1,
+            };
+            return 1;
+        }
         // What the predecessors share (all tokens of the group when the split is unknown).
         let mut g_step = Some(c_step);
         let mut g_role = Some(c_role);
@@ -1147,7 +1291,15 @@ impl Stream {
         n
     }
 
-    fn add_provenance(&mut self, s: usize, src: u64, r: &ProvRecord<'_>) -> Result<(), String> {
+    fn add_provenance(
+        &mut self,
+        s: usize,
+        src: u64,
+        step: u64,
+        k: u16,
+        pair: Option<String>,
+        r: &ProvRecord<'_>,
+    ) -> Result<(), String> {
         match self.p_src {
             None => self.p_src = Some(src),
             Some(x) if x != src => {
@@ -1157,11 +1309,42 @@ impl Stream {
             }
             Some(_) => {}
         }
+        if let Some(reason) = pair {
+            return Err(reason);
+        }
         let offset = u64::from(r.offset);
+        if self.p_finished.is_some() {
+            return Err(format!(
+                "stream {s}: provenance at offset {offset} after the scheduler finished the request"
+            ));
+        }
+        if self.p_trimmed {
+            return Err(format!(
+                "stream {s}: provenance at offset {offset} after a trimmed step"
+            ));
+        }
+        // Step identity is the engine's step number: one record per stream and step.
+        match self.p_step {
+            Some(prev) if step == prev => {
+                return Err(format!("stream {s}: two provenance records in step {step}"))
+            }
+            Some(prev) if step < prev => {
+                return Err(format!(
+                    "stream {s}: provenance step {step} before step {prev}"
+                ))
+            }
+            _ => self.p_step = Some(step),
+        }
         if offset != self.p_end {
             return Err(format!(
                 "provenance offset {offset} for stream {s}, expected {}",
                 self.p_end
+            ));
+        }
+        if r.drafts_scheduled > k {
+            return Err(format!(
+                "stream {s}: {} drafts scheduled at offset {offset}, the scheduler's hello says K {k}",
+                r.drafts_scheduled
             ));
         }
         // The step ordinal is the index of the record within the stream.
@@ -1169,6 +1352,7 @@ impl Stream {
         self.ord += 1;
         let beyond_fails = self.t_finished && !self.t_stop_string;
         let t_end = self.t_end;
+        let end = offset + r.len() as u64;
         if self.exact {
             // Late provenance of an exact stream: only surplus may follow.
             if beyond_fails {
@@ -1176,45 +1360,117 @@ impl Stream {
                     "stream {s}: provenance beyond the end of the request at offset {offset}"
                 ));
             }
-            self.p_end = offset + r.len() as u64;
+            self.p_end = end;
             self.stats.settle(
                 r.roles.iter().copied(),
                 0,
                 r.drafts_scheduled,
                 r.drafts_padded,
             );
-            return Ok(());
-        }
-        for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
-            let o = offset + i as u64;
-            if beyond_fails && o >= t_end {
-                return Err(format!(
-                    "stream {s}: provenance beyond the end of the request at offset {o}"
-                ));
+        } else {
+            for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
+                let o = offset + i as u64;
+                if beyond_fails && o >= t_end {
+                    return Err(format!(
+                        "stream {s}: provenance beyond the end of the request at offset {o}"
+                    ));
+                }
+                let slot = self.slot(o);
+                slot.p = id;
+                slot.role = role;
+                slot.ord = ord;
+                slot.has |= HAS_P;
+                if slot.has & HAS_T != 0 && slot.t != id {
+                    return Err(format!(
+                        "token mismatch at offset {o}: scheduler {id}, detokenizer {}",
+                        slot.t
+                    ));
+                }
+                self.p_end = o + 1;
             }
-            let slot = self.slot(o);
-            slot.p = id;
-            slot.role = role;
-            slot.ord = ord;
-            slot.has |= HAS_P;
-            if slot.has & HAS_T != 0 && slot.t != id {
-                return Err(format!(
-                    "token mismatch at offset {o}: scheduler {id}, detokenizer {}",
-                    slot.t
-                ));
-            }
-            self.p_end = o + 1;
+            self.recs.push_back(PRec {
+                start: offset,
+                end,
+                ds: r.drafts_scheduled,
+                dp: r.drafts_padded,
+            });
         }
-        self.recs.push_back(PRec {
-            start: offset,
-            end: offset + r.len() as u64,
-            ds: r.drafts_scheduled,
-            dp: r.drafts_padded,
-        });
+        // The step holding the stop-string text's last token (offset t_end − 1).
+        if self.t_finished
+            && self.t_stop_string
+            && !self.trim_checked
+            && offset < t_end
+            && t_end <= end
+        {
+            self.check_trim(s, end)?;
+        }
+        if r.flags & FLAG_FINISHED != 0 {
+            self.p_finished = Some(r.finish_reason);
+        }
+        self.p_trimmed = r.flags & FLAG_TRIMMED != 0;
+        if self.p_finished.is_some() || self.p_trimmed {
+            self.p_closed_rules(s)?;
+        }
         Ok(())
     }
 
-    fn add_text(&mut self, s: usize, src: u64, r: &TextRecord<'_>) -> Result<(), String> {
+    /// The scheduler's last step ended at `p_end`: no token of the other
+    /// witnesses beyond it, and the same finish as the detokenizer's.
+    fn p_closed_rules(&self, s: usize) -> Result<(), String> {
+        let e = self.p_end;
+        if self.t_end > e {
+            return Err(format!(
+                "stream {s}: text token at offset {e} after the scheduler's last step ended at offset {e}"
+            ));
+        }
+        if self.q_end > e {
+            return Err(format!(
+                "stream {s}: SSE token at offset {e} after the scheduler's last step ended at offset {e}"
+            ));
+        }
+        self.finish_pair(s)
+    }
+
+    /// Without a stop string, the scheduler and the detokenizer finish the
+    /// request alike.
+    fn finish_pair(&self, s: usize) -> Result<(), String> {
+        if let Some(p) = self.p_finished {
+            if self.t_finished && !self.t_stop_string && p != self.t_reason {
+                return Err(format!(
+                    "stream {s}: the scheduler finished the request with '{}', the detokenizer with '{}'",
+                    finish_name(p),
+                    finish_name(self.t_reason)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A stop-string finish at offset e with n trimmed tokens: the
+    /// scheduler's step holding offset e − 1 ends at e + n (the detokenizer
+    /// keeps whole steps up to the stop string, and trims only that step).
+    fn check_trim(&mut self, s: usize, step_end: u64) -> Result<(), String> {
+        self.trim_checked = true;
+        let e = self.t_end;
+        let n = u64::from(self.t_trimmed_tokens);
+        if step_end != e + n {
+            return Err(format!(
+                "stream {s}: the text ends at offset {e} with {n} trimmed tokens, \
+                 the scheduler's step holding offset {} ends at offset {step_end}",
+                e - 1
+            ));
+        }
+        Ok(())
+    }
+
+    fn add_text(
+        &mut self,
+        s: usize,
+        src: u64,
+        step: u64,
+        pair: Option<String>,
+        r: &TextRecord<'_>,
+    ) -> Result<(), String> {
         match self.t_src {
             None => self.t_src = Some(src),
             Some(x) if x != src => {
@@ -1222,8 +1478,20 @@ impl Stream {
             }
             Some(_) => {}
         }
+        if let Some(reason) = pair {
+            return Err(reason);
+        }
         if self.t_finished {
             return Err(format!("stream {s}: text after finish"));
+        }
+        match self.t_step {
+            Some(prev) if step == prev => {
+                return Err(format!("stream {s}: two text records in step {step}"))
+            }
+            Some(prev) if step < prev => {
+                return Err(format!("stream {s}: text step {step} before step {prev}"))
+            }
+            _ => self.t_step = Some(step),
         }
         let offset = u64::from(r.offset);
         if offset != self.t_end {
@@ -1232,9 +1500,16 @@ impl Stream {
                 self.t_end
             ));
         }
+        let p_closed = self.p_finished.is_some() || self.p_trimmed;
         let mut byte = self.f.len();
         for (i, t) in r.tokens().enumerate() {
             let o = offset + i as u64;
+            if p_closed && o >= self.p_end {
+                return Err(format!(
+                    "stream {s}: text token at offset {o} after the scheduler's last step ended at offset {}",
+                    self.p_end
+                ));
+            }
             let id = t.token_id;
             let slot = self.slot(o);
             slot.t = id;
@@ -1285,27 +1560,122 @@ impl Stream {
         }
         if r.flags & FLAG_FINISHED != 0 {
             self.t_finished = true;
+            self.t_reason = r.finish_reason;
             self.t_truncated = r.flags & FLAG_TEXT_TRUNCATED != 0;
             self.t_stop_string = r.flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0;
-            if !self.t_stop_string && self.p_end > self.t_end {
+            self.t_trimmed_tokens = r.trimmed_tokens;
+            self.t_end_rules(s)?;
+        }
+        Ok(())
+    }
+
+    /// The detokenizer finished the request: how it ended must agree with
+    /// its own bytes, the scheduler and the SSE.
+    fn t_end_rules(&mut self, s: usize) -> Result<(), String> {
+        let (e, h, f) = (self.t_end, self.h.len(), self.f.len());
+        if self.t_reason > 2 {
+            return Err(format!(
+                "stream {s}: the detokenizer finished the request with '{}'",
+                finish_name(self.t_reason)
+            ));
+        }
+        // text_truncated means the final HTTP text is shorter than the fragments.
+        if self.t_truncated && h >= f {
+            return Err(format!(
+                "stream {s}: text_truncated, but the HTTP text is not shorter than the fragments ({h} of {f} bytes)"
+            ));
+        }
+        if !self.t_truncated && h < f {
+            return Err(format!(
+                "stream {s}: the HTTP text is shorter than the fragments ({h} of {f} bytes) without text_truncated"
+            ));
+        }
+        if !self.t_stop_string && self.p_end > e {
+            return Err(format!(
+                "stream {s}: provenance beyond the end of the request at offset {e}"
+            ));
+        }
+        if self.t_stop_string {
+            if e == 0 {
                 return Err(format!(
-                    "stream {s}: provenance beyond the end of the request at offset {}",
-                    self.t_end
+                    "stream {s}: a stop-string finish without any token"
                 ));
             }
-            if self.s.len() > self.h.len() {
+            // The scheduler's step holding offset e − 1, if it is known.
+            if self.p_end >= e {
+                let step_end = match self.recs.iter().find(|r| r.start < e && e <= r.end) {
+                    Some(r) => r.end,
+                    // Settled already: it was all confirmed, so it ended at e.
+                    None => e,
+                };
+                self.check_trim(s, step_end)?;
+            }
+        }
+        self.finish_pair(s)?;
+        if self.s.len() > h {
+            return Err(format!(
+                "stream {s}: SSE text extends beyond the HTTP text at byte {h}"
+            ));
+        }
+        if self.q_end > e {
+            return Err(format!(
+                "stream {s}: SSE token at offset {e} after the detokenizer finished at offset {e}"
+            ));
+        }
+        if self.sse_finished {
+            self.sse_reason_rule(s)?;
+        }
+        Ok(())
+    }
+
+    /// The SSE's finish_reason is the detokenizer's.
+    fn sse_reason_rule(&self, s: usize) -> Result<(), String> {
+        let t = finish_name(self.t_reason);
+        if self.sse_reason.as_deref() != Some(t) {
+            return Err(format!(
+                "stream {s}: SSE finish_reason {}, the detokenizer finished with '{t}'",
+                shown_reason(self.sse_reason.as_deref())
+            ));
+        }
+        Ok(())
+    }
+
+    /// The SSE body ended: it must have carried the stream's chunk id, a
+    /// usage count equal to its tokens, and the detokenizer's finish reason.
+    fn sse_end_rules(&self, s: usize) -> Result<(), String> {
+        if self.sse_id.is_none() {
+            return Err(format!("stream {s}: no SSE chunk id"));
+        }
+        if let Some(n) = self.usage.as_ref().and_then(|u| u.completion_tokens) {
+            if n != self.q_end {
                 return Err(format!(
-                    "stream {s}: SSE text extends beyond the HTTP text at byte {}",
-                    self.h.len()
+                    "stream {s}: usage.completion_tokens {n}, but the SSE carried {} tokens",
+                    self.q_end
                 ));
             }
+        }
+        if self.t_finished {
+            self.sse_reason_rule(s)?;
         }
         Ok(())
     }
 
     fn add_sse(&mut self, s: usize, text: &str, ids: &[u32]) -> Result<(), String> {
+        let p_closed = self.p_finished.is_some() || self.p_trimmed;
         for &id in ids {
             let o = self.q_end;
+            if p_closed && o >= self.p_end {
+                return Err(format!(
+                    "stream {s}: SSE token at offset {o} after the scheduler's last step ended at offset {}",
+                    self.p_end
+                ));
+            }
+            if self.t_finished && o >= self.t_end {
+                return Err(format!(
+                    "stream {s}: SSE token at offset {o} after the detokenizer finished at offset {}",
+                    self.t_end
+                ));
+            }
             let slot = self.slot(o);
             slot.q = id;
             slot.has |= HAS_Q;
