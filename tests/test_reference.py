@@ -1083,6 +1083,25 @@ def _lie_sse_after_finish(run: Run) -> None:
     run.rec.push_sse(0, "!", [])
 
 
+def _metrics(accepted: list[int] | None, drafted: list[int] | None) -> Any:
+    def lie(run: Run) -> None:
+        run.rec.push_sse_usage(0, 3, accepted, drafted)
+        honest(run)
+
+    return lie
+
+
+def _lie_metrics_without_scheduler_finish(run: Run) -> None:
+    # A stop-string finish: the engine never finished the request, yet metrics came.
+    run.push(
+        run.prov(prov(0, 0, [10], [P], 0)),
+        run.text(text(0, 0, [tok(10, "Hi<")], "Hi", **FIN, text_truncated=True)),
+    )
+    run.sse(0, "Hi", [10])
+    run.rec.push_sse_usage(0, 1, [], [])
+    run.finish(0)
+
+
 def _lie_accepted_padded(run: Run) -> None:
     record = prov(0, 0, [10, 11], [A, T], 2, drafts_padded=2)
     run.push(run.prov(record))
@@ -1139,6 +1158,21 @@ LIES = [
     ("a chunk id that changes", _lie_chunk_id_changed, f"{S0}SSE chunk id changed mid-stream"),
     ("no chunk id", _lie_no_chunk_id, f"{S0}no SSE chunk id"),
     ("SSE data after the end", _lie_sse_after_finish, f"{S0}SSE data after the stream finished"),
+    ("vLLM's metrics: another drafted count", _metrics([1], [2]),
+     f"{S0}vLLM's per-request metrics disagree at verify step 0: 1 accepted of 2 drafted, "
+     "the scheduler's step at offset 1 says 1 of 1"),
+    ("vLLM's metrics: another accepted count", _metrics([0], [1]),
+     f"{S0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 drafted, "
+     "the scheduler's step at offset 1 says 1 of 1"),
+    ("vLLM's metrics: another number of steps", _metrics([1, 0], [1, 1]),
+     f"{S0}vLLM's per-request metrics list 2 verify steps, the scheduler sent 1 steps with "
+     "drafts"),
+    ("vLLM's metrics: lists of two lengths", _metrics([1], [1, 1]),
+     f"{S0}vLLM's per-request metrics list 1 accepted and 2 drafted steps"),
+    ("vLLM's metrics: one list", _metrics([1], None),
+     f"{S0}vLLM's per-request metrics carry per_step_accepted without per_step_drafted"),
+    ("vLLM's metrics without the scheduler's finish", _lie_metrics_without_scheduler_finish,
+     "missing telemetry: the scheduler did not finish the request at offset 1"),
 ]  # fmt: skip
 
 
@@ -1162,6 +1196,31 @@ def test_the_honest_run_of_the_lie_table_is_exact() -> None:
     run = Run(num_streams=2)
     honest(run)
     assert run.rec.verdict(0) == ("exact", None)
+    assert run.rec.stream_stats(0)["metrics_steps"] == 0
+
+
+def test_vllm_metrics_that_agree_are_counted_as_cross_checked_steps() -> None:
+    run = Run(num_streams=2)
+    _metrics([1], [1])(run)
+    assert run.rec.verdict(0) == ("exact", None)
+    assert run.rec.stream_stats(0)["metrics_steps"] == 1
+    assert run.rec.totals()["metrics_steps"] == 1
+
+
+def test_vllm_metrics_count_a_trimmed_steps_acceptance_before_the_cut() -> None:
+    # max_tokens cut a step of 3 accepted drafts after 1: vLLM counts 3, the record 1.
+    fresh = Run()
+    fresh.push(
+        fresh.prov(prov(0, 0, [10], [P], 0)),
+        fresh.text(text(0, 0, [tok(10, "H")], "H")),
+        fresh.prov(prov(0, 1, [11], [A], 3, trimmed=True, **FIN_LENGTH)),
+        fresh.text(text(0, 1, [tok(11, "i")], "i", **FIN_LENGTH)),
+    )
+    fresh.sse(0, "Hi", [10, 11])
+    fresh.rec.push_sse_usage(0, 2, [3], [3])
+    fresh.finish(0, "length")
+    assert fresh.rec.verdict(0) == ("exact", None)
+    assert fresh.rec.stream_stats(0)["metrics_steps"] == 1
 
 
 def test_an_impossible_acceptance_is_a_rejected_frame_not_a_figure() -> None:

@@ -275,6 +275,7 @@ class _StreamSim:
         self.text_offset = 0
         self.final_chars: int | None = None  # text length once finished (stop string cut)
         self.finish_reason: str | None = None  # the SSE finish_reason, once finished
+        self.spec_metrics: list[tuple[int, int]] = []  # (accepted, drafted) per drafted step
 
     @property
     def done(self) -> bool:
@@ -332,6 +333,8 @@ class _StreamSim:
         if self.scheduler_done:
             return out
         roles, drafts, padded = self._roles()
+        if drafts:  # what vLLM's per-request metrics list: accepted before any cut
+            self.spec_metrics.append((roles.count(wire.ROLE_ACCEPTED), drafts - padded))
         start = self.position
         count = len(roles)
         finished = trimmed = False
@@ -514,6 +517,7 @@ def generate(
     provenance_log: list[list[wire.ProvenanceRecord]] = [[] for _ in sims]
     text_log: list[list[wire.TextRecord]] = [[] for _ in sims]
     chunk: list[tuple[str, list[int]] | None] = [None for _ in sims]
+    sse_tokens = [0 for _ in sims]
 
     def emit(kind: int, source: int, step: int, records: list[Any], channel: list[Any]) -> None:
         for part in wire.split_for_frames(kind, records):
@@ -549,10 +553,14 @@ def generate(
                         chunk_id = f"chatcmpl-{wire.request_id(run_id, sim.index)}"
                         sse[sim.index].append((time, ("sse_id", sim.index, chunk_id)))
                     sse[sim.index].append((time, ("sse", sim.index, merged[0], merged[1])))
+                    sse_tokens[sim.index] += len(merged[1])
                     chunk[sim.index] = None
                 else:
                     chunk[sim.index] = merged
                 if out.sse_final:
+                    usage = _usage_input(sim, sse_tokens[sim.index], rng)
+                    if usage is not None:
+                        sse[sim.index].append((time + 0.005, usage))
                     reason = sim.finish_reason
                     sse[sim.index].append((time + 0.01, ("finish", sim.index, reason)))
         if provenance:
@@ -565,6 +573,18 @@ def generate(
         _fill_truth(truth[index], provenance_log[index], text_log[index])
     inputs = _interleave([scheduler, frontend, *sse])
     return Workload(seed, run_id, streams, inputs, truth)
+
+
+def _usage_input(sim: _StreamSim, tokens: int, rng: random.Random) -> Input | None:
+    """The final usage chunk, sometimes: completion_tokens and, when the engine itself
+    finished the request (no stop string), vLLM's per-request metrics."""
+    choice = rng.random()
+    if choice < 0.3:
+        return None
+    lists: tuple[list[int] | None, list[int] | None] = (None, None)
+    if choice < 0.8 and sim.ending in ("length", "eos") and sim.k:
+        lists = ([a for a, _ in sim.spec_metrics], [d for _, d in sim.spec_metrics])
+    return ("sse_usage", sim.index, tokens, *lists)
 
 
 def _fill_truth(
@@ -651,6 +671,7 @@ HARMFUL_MUTATIONS = (
     "late_notice",
     "truncated_flag",
     "drafts_beyond_k",
+    "metrics_mismatch",
 )
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
@@ -1140,7 +1161,22 @@ def _drafts_beyond_k(workload: Workload, rng: random.Random) -> Workload | None:
     return _with(workload, "drafts_beyond_k", inputs, {stream}, False)
 
 
+def _metrics_mismatch(workload: Workload, rng: random.Random) -> Workload | None:
+    # vLLM's per-request metrics say one step drafted one more token than the scheduler.
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse_usage" and item[4]]
+    if not options:
+        return None
+    index = rng.choice(options)
+    kind, stream, tokens, accepted, drafted = workload.inputs[index]
+    drafted = list(drafted)
+    drafted[rng.randrange(len(drafted))] += 1
+    inputs = list(workload.inputs)
+    inputs[index] = (kind, stream, tokens, accepted, drafted)
+    return _with(workload, "metrics_mismatch", inputs, {stream}, False)
+
+
 _MUTATORS = {
+    "metrics_mismatch": _metrics_mismatch,
     "step_repeat": _step_repeat,
     "step_back": _step_back,
     "sse_finish_reason": _sse_finish_reason,

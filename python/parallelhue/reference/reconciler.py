@@ -122,6 +122,7 @@ class _ProvenanceStep:
     drafts_scheduled: int
     drafts_padded: int
     ordinal: int
+    trimmed: bool = False
 
 
 @dataclass
@@ -177,6 +178,7 @@ class _Stream:
     t_trimmed_tokens: int = 0
     t_step: int | None = None
     trim_checked: bool = False  # a stop-string finish checked against the scheduler's step
+    metrics_checked: bool = False  # vLLM's per-request metrics matched the records
     pending_empty: int = 0
     fragments: list[_Fragment] = field(default_factory=list)
     proven_fragments: int = 0
@@ -429,6 +431,11 @@ class Reconciler:
             None if per_step_accepted is None else list(per_step_accepted),
             None if per_step_drafted is None else list(per_step_drafted),
         )
+        state.metrics_checked = False
+        try:
+            self._metrics_rules(state)
+        except _Failed:
+            pass
 
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
         """The body ended normally; `finish_reason` is the last non-null one of choice 0."""
@@ -713,6 +720,7 @@ class Reconciler:
                 record.drafts_scheduled,
                 record.drafts_padded,
                 ordinal,
+                record.trimmed,
             )
         )
         for token_id, role in zip(record.token_ids, record.roles, strict=True):
@@ -736,6 +744,8 @@ class Reconciler:
         state.p_trimmed = record.trimmed
         if state.p_finished is not None or state.p_trimmed:
             self._p_closed_rules(state)
+        if state.p_finished is not None:
+            self._metrics_rules(state)
 
     def _p_closed_rules(self, state: _Stream) -> None:
         """The scheduler's last step ended: no token of the other witnesses beyond it,
@@ -759,6 +769,54 @@ class Reconciler:
                 f"stream {state.index}: the scheduler finished the request with "
                 f"'{_finish_name(p)}', the detokenizer with '{_finish_name(state.t_reason)}'",
             )
+
+    @staticmethod
+    def _has_metrics(state: _Stream) -> bool:
+        usage = state.usage
+        return usage is not None and (
+            usage.per_step_accepted is not None or usage.per_step_drafted is not None
+        )
+
+    def _metrics_rules(self, state: _Stream) -> None:
+        """The fourth witness: vLLM's per-request metrics list the scheduler's steps with
+        drafts, in order, with their accepted (counted before a stop cut the step) and
+        drafted counts. Checked once both the lists and the scheduler's finish are known."""
+        stream, usage = state.index, state.usage
+        if usage is None:
+            return
+        accepted, drafted = usage.per_step_accepted, usage.per_step_drafted
+        if accepted is None and drafted is None:
+            return
+        prefix = f"stream {stream}: vLLM's per-request metrics"
+        if drafted is None:
+            raise self._fail(state, f"{prefix} carry per_step_accepted without per_step_drafted")
+        if accepted is None:
+            raise self._fail(state, f"{prefix} carry per_step_drafted without per_step_accepted")
+        if len(accepted) != len(drafted):
+            raise self._fail(
+                state, f"{prefix} list {len(accepted)} accepted and {len(drafted)} drafted steps"
+            )
+        if state.p_finished is None or state.metrics_checked:
+            return
+        steps = [step for step in state.p_steps if step.drafts_scheduled > 0]
+        if len(accepted) != len(steps):
+            raise self._fail(
+                state,
+                f"{prefix} list {len(accepted)} verify steps, the scheduler sent {len(steps)} "
+                "steps with drafts",
+            )
+        for index, (step, a, d) in enumerate(zip(steps, accepted, drafted, strict=True)):
+            ra = step.roles.count(ROLE_ACCEPTED)
+            rd = step.drafts_scheduled - step.drafts_padded
+            accepted_ok = ra <= a <= rd if step.trimmed else a == ra
+            if d != rd or not accepted_ok:
+                raise self._fail(
+                    state,
+                    f"{prefix} disagree at verify step {index}: {a} accepted of {d} drafted, "
+                    f"the scheduler's step at offset {step.offset} says {ra} of {rd}",
+                )
+        state.metrics_checked = True
+        state.stats["metrics_steps"] = len(accepted)
 
     def _check_trim(self, state: _Stream, step_end: int) -> None:
         """A stop-string finish at offset e with n trimmed tokens: the scheduler's step
@@ -1114,11 +1172,13 @@ class Reconciler:
         # Not vacuously, and with the request's end proven: the scheduler's finish, or
         # a stop string's trimmed tokens checked against the scheduler's step.
         end_proven = state.trim_checked if state.t_stop_string else state.p_finished is not None
+        metrics_proven = state.metrics_checked or not self._has_metrics(state)
         return (
             state.sse_finished
             and state.t_finished
             and text_end > 0
             and end_proven
+            and metrics_proven
             and len(state.q_ids) == text_end
             and len(state.p_ids) >= text_end
             and len(state.sse_bytes) == len(state.http_bytes)
@@ -1146,7 +1206,7 @@ class Reconciler:
             return f"missing telemetry: no text frame for offset {t_end}"
         if not state.t_finished:
             return f"missing telemetry: text not finished at offset {t_end}"
-        if not state.t_stop_string and state.p_finished is None:
+        if (not state.t_stop_string or self._has_metrics(state)) and state.p_finished is None:
             return f"missing telemetry: the scheduler did not finish the request at offset {p_end}"
         sse_len, http_len = len(state.sse_bytes), len(state.http_bytes)
         if sse_len < http_len:

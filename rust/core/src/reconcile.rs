@@ -18,7 +18,7 @@ use crate::encode::HelloFields;
 use crate::protocol::{
     self, finish_name, Body, DecodeError, Frame, Hello, NoticeRecord, ProvRecord, TextRecord,
     ALL_STREAMS, FLAG_FINISHED, FLAG_TEXT_TRUNCATED, FLAG_TOKENS_TRIMMED, FLAG_TRIMMED,
-    LEAD_UNKNOWN,
+    LEAD_UNKNOWN, ROLE_ACCEPTED,
 };
 use crate::sequence::{Offer, SeqTracker};
 use crate::stats::{Counters, Stats};
@@ -228,6 +228,19 @@ struct Frag {
     lead: u16,
 }
 
+/// A provenance record with drafts, for the cross-check with vLLM's
+/// per-request metrics (which list exactly those steps, in order).
+#[derive(Clone, Copy, Debug)]
+struct SpecStep {
+    offset: u64,
+    /// `drafts_scheduled - drafts_padded`.
+    drafted: u16,
+    /// Accepted drafts among the record's tokens.
+    accepted: u16,
+    /// The record was trimmed: vLLM counted its acceptance before the cut.
+    trimmed: bool,
+}
+
 /// What the usage chunk said (the last one pushed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Usage {
@@ -264,6 +277,10 @@ struct Stream {
     /// A stop-string finish's trimmed tokens were checked against the
     /// scheduler's step holding the text's last token.
     trim_checked: bool,
+    /// The records with drafts, in order (the fourth witness lists them).
+    spec_steps: Vec<SpecStep>,
+    /// vLLM's per-request metrics were checked against them.
+    metrics_checked: bool,
     /// T finished because of a stop string (text_truncated or tokens_trimmed):
     /// provenance beyond its end is surplus.
     t_stop_string: bool,
@@ -308,6 +325,7 @@ impl Stream {
     fn release_all(&mut self) {
         self.toks = VecDeque::new();
         self.recs = VecDeque::new();
+        self.spec_steps = Vec::new();
         self.frags = VecDeque::new();
         self.f.clear();
         self.h.clear();
@@ -800,6 +818,10 @@ impl Reconciler {
             per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
             per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
         });
+        st.metrics_checked = false;
+        if let Err(reason) = st.metrics_rules(s) {
+            self.fail(s, reason);
+        }
     }
 
     /// The stream's SSE body ended normally; `finish_reason` is the last
@@ -938,6 +960,7 @@ impl Reconciler {
             } else {
                 st.p_finished.is_some()
             })
+            && (st.metrics_checked || !st.has_metrics())
         {
             st.exact = true;
             st.release_all();
@@ -1029,7 +1052,7 @@ impl Reconciler {
                 st.t_end
             );
         }
-        if !st.t_stop_string && st.p_finished.is_none() {
+        if (!st.t_stop_string || st.has_metrics()) && st.p_finished.is_none() {
             return format!(
                 "missing telemetry: the scheduler did not finish the request at offset {}",
                 st.p_end
@@ -1395,6 +1418,14 @@ impl Stream {
                 dp: r.drafts_padded,
             });
         }
+        if r.drafts_scheduled > 0 {
+            self.spec_steps.push(SpecStep {
+                offset,
+                drafted: r.drafts_scheduled - r.drafts_padded,
+                accepted: r.roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count() as u16,
+                trimmed: r.flags & FLAG_TRIMMED != 0,
+            });
+        }
         // The step holding the stop-string text's last token (offset t_end − 1).
         if self.t_finished
             && self.t_stop_string
@@ -1411,6 +1442,81 @@ impl Stream {
         if self.p_finished.is_some() || self.p_trimmed {
             self.p_closed_rules(s)?;
         }
+        if self.p_finished.is_some() {
+            self.metrics_rules(s)?;
+        }
+        Ok(())
+    }
+
+    /// vLLM's per-request metrics (`per_step_accepted` / `per_step_drafted`)
+    /// are present.
+    fn has_metrics(&self) -> bool {
+        self.usage
+            .as_ref()
+            .is_some_and(|u| u.per_step_accepted.is_some() || u.per_step_drafted.is_some())
+    }
+
+    /// The fourth witness: vLLM's per-request metrics list the scheduler's
+    /// steps with drafts, in order, with their accepted and drafted counts
+    /// (accepted counted before a stop cut the step). Checked once both the
+    /// lists and the scheduler's finish are known.
+    fn metrics_rules(&mut self, s: usize) -> Result<(), String> {
+        let Some(usage) = &self.usage else {
+            return Ok(());
+        };
+        let (accepted, drafted) = match (&usage.per_step_accepted, &usage.per_step_drafted) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics carry per_step_accepted without per_step_drafted"
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics carry per_step_drafted without per_step_accepted"
+                ))
+            }
+            (Some(a), Some(d)) => (a, d),
+        };
+        if accepted.len() != drafted.len() {
+            return Err(format!(
+                "stream {s}: vLLM's per-request metrics list {} accepted and {} drafted steps",
+                accepted.len(),
+                drafted.len()
+            ));
+        }
+        if self.p_finished.is_none() || self.metrics_checked {
+            return Ok(());
+        }
+        if accepted.len() != self.spec_steps.len() {
+            return Err(format!(
+                "stream {s}: vLLM's per-request metrics list {} verify steps, the scheduler sent {} steps with drafts",
+                accepted.len(),
+                self.spec_steps.len()
+            ));
+        }
+        for (i, (step, (&a, &d))) in self
+            .spec_steps
+            .iter()
+            .zip(accepted.iter().zip(drafted))
+            .enumerate()
+        {
+            let (ra, rd) = (u32::from(step.accepted), u32::from(step.drafted));
+            let accepted_ok = if step.trimmed {
+                ra <= a && a <= rd
+            } else {
+                a == ra
+            };
+            if d != rd || !accepted_ok {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics disagree at verify step {i}: \
+                     {a} accepted of {d} drafted, the scheduler's step at offset {} says {ra} of {rd}",
+                    step.offset
+                ));
+            }
+        }
+        self.metrics_checked = true;
+        self.stats.metrics_steps = accepted.len() as u64;
         Ok(())
     }
 

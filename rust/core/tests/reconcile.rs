@@ -1241,7 +1241,86 @@ fn lies() -> Vec<(&'static str, Lie, String)> {
             }),
             format!("{s0}SSE data after the stream finished"),
         ),
+        (
+            "vLLM's metrics: another drafted count",
+            metrics(Some(&[1]), Some(&[2])),
+            format!(
+                "{s0}vLLM's per-request metrics disagree at verify step 0: 1 accepted of 2 \
+                 drafted, the scheduler's step at offset 1 says 1 of 1"
+            ),
+        ),
+        (
+            "vLLM's metrics: another accepted count",
+            metrics(Some(&[0]), Some(&[1])),
+            format!(
+                "{s0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 \
+                 drafted, the scheduler's step at offset 1 says 1 of 1"
+            ),
+        ),
+        (
+            "vLLM's metrics: another number of steps",
+            metrics(Some(&[1, 0]), Some(&[1, 1])),
+            format!(
+                "{s0}vLLM's per-request metrics list 2 verify steps, the scheduler sent 1 \
+                 steps with drafts"
+            ),
+        ),
+        (
+            "vLLM's metrics: lists of two lengths",
+            metrics(Some(&[1]), Some(&[1, 1])),
+            format!("{s0}vLLM's per-request metrics list 1 accepted and 2 drafted steps"),
+        ),
+        (
+            "vLLM's metrics: one list",
+            metrics(None, Some(&[1])),
+            format!(
+                "{s0}vLLM's per-request metrics carry per_step_drafted without per_step_accepted"
+            ),
+        ),
+        (
+            "vLLM's metrics without the scheduler's finish",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.text(0, 0, &[(10, "Hi<", 0)], "Hi", 1 | 2);
+                run.sse(0, "Hi", &[10]);
+                run.r.push_sse_usage(0, Some(1), Some(&[]), Some(&[]));
+                run.finish(0, "stop");
+            }),
+            "missing telemetry: the scheduler did not finish the request at offset 1".into(),
+        ),
     ]
+}
+
+fn metrics(accepted: Option<&'static [u32]>, drafted: Option<&'static [u32]>) -> Lie {
+    Box::new(move |run: &mut Run| {
+        run.r.push_sse_usage(0, Some(3), accepted, drafted);
+        honest(run, Honest::default())
+    })
+}
+
+#[test]
+fn vllm_metrics_that_agree_are_counted_including_a_trimmed_steps_precut_acceptance() {
+    let mut run = Run::new(2);
+    metrics(Some(&[1]), Some(&[1]))(&mut run);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.stream_stats(0).metrics_steps, 1);
+    // max_tokens cut a step of 3 accepted drafts after 1: vLLM counts 3, the record 1.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.text(0, 0, &[(10, "H", 0)], "H", 0);
+    let mut p = prov_rec(0, 1, &[11], &[A], 3);
+    (p.flags, p.finish_reason) = (1 | 2, 2);
+    let f = run.sched.provenance(9, &[p]);
+    run.r.push_frame(&f);
+    let mut t = text_rec(0, 1, &[(11, "i")], "i");
+    (t.flags, t.finish_reason) = (1, 2);
+    let f = run.front.text(9, &[t]);
+    run.r.push_frame(&f);
+    run.sse(0, "Hi", &[10, 11]);
+    run.r.push_sse_usage(0, Some(2), Some(&[3]), Some(&[3]));
+    run.finish(0, "length");
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.totals().metrics_steps, 1);
 }
 
 impl Run {
