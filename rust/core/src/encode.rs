@@ -3,7 +3,8 @@
 //! layout of docs/PROTOCOL.md and checks nothing: tests use it to build
 //! invalid frames too.
 
-use crate::protocol::{Hello, Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+pub use crate::protocol::HelloFields;
+use crate::protocol::{Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
 
 /// A provenance record to encode.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,59 +39,6 @@ pub struct TextRec {
     pub trimmed_tokens: u16,
     pub tokens: Vec<TextTok>,
     pub http: Vec<u8>,
-}
-
-/// A hello's fields, owned: what a sender encodes and what a reconciler keeps.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HelloFields {
-    pub role: u8,
-    pub engine: u8,
-    pub role_derivation: u8,
-    pub async_scheduling: bool,
-    pub num_speculative_tokens: u16,
-    pub verification: u16,
-    pub plugin_version: String,
-    pub engine_version: String,
-    pub spec_method: String,
-}
-
-impl From<&Hello<'_>> for HelloFields {
-    fn from(h: &Hello<'_>) -> Self {
-        HelloFields {
-            role: h.role,
-            engine: h.engine,
-            role_derivation: h.role_derivation,
-            async_scheduling: h.async_scheduling,
-            num_speculative_tokens: h.num_speculative_tokens,
-            verification: h.verification,
-            plugin_version: h.plugin_version.to_owned(),
-            engine_version: h.engine_version.to_owned(),
-            spec_method: h.spec_method.to_owned(),
-        }
-    }
-}
-
-impl HelloFields {
-    /// A simulated engine's hello for `role` with K speculative tokens (0:
-    /// none). A frontend announces no speculative fields whatever K is.
-    pub fn simulated(role: u8, k: u16) -> Self {
-        let k = if role == 1 { k } else { 0 };
-        HelloFields {
-            role,
-            engine: 2,
-            role_derivation: if k == 0 { 0 } else { 1 },
-            async_scheduling: false,
-            num_speculative_tokens: k,
-            verification: if k == 0 { 0 } else { 1 },
-            plugin_version: "0.2.0".into(),
-            engine_version: "sim-1".into(),
-            spec_method: if k == 0 {
-                String::new()
-            } else {
-                "ngram".into()
-            },
-        }
-    }
 }
 
 /// A sending source: numbers its frames 0, 1, 2, ...

@@ -8,6 +8,9 @@
 
 pub mod describe;
 pub mod digest;
+/// Test kit: a frame encoder (tests, benches, fuzzing; the production
+/// encoder is the Python `parallelhue_vllm.wire`).
+#[cfg(any(test, feature = "testkit"))]
 pub mod encode;
 pub mod fed;
 pub mod http;
@@ -32,6 +35,8 @@ pub mod telemetry_stream;
 pub mod text;
 pub mod tls;
 pub mod window;
+/// Test kit: a deterministic synthetic workload (tests and benchmarks).
+#[cfg(any(test, feature = "testkit"))]
 pub mod workload;
 
 pub use protocol::{decode, DecodeError, Frame};

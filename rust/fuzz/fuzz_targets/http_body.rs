@@ -15,10 +15,7 @@ fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<SseInput>, String) {
         body.feed(part, &mut on_delta);
     }
     body.finish(&mut on_delta);
-    let end = format!(
-        "{:?} {:?} {:?}",
-        body.end, body.finish_reason, body.usage
-    );
+    let end = format!("{:?} {:?} {:?}", body.end, body.finish_reason, body.usage);
     (deltas, end)
 }
 
@@ -35,5 +32,8 @@ fuzz_target!(|data: &[u8]| {
     let whole = read(framing, &[raw]);
     let parts: Vec<&[u8]> = raw.chunks(step).collect();
     let split = read(framing, &parts);
-    assert_eq!(whole, split, "the result depends on how the bytes were split");
+    assert_eq!(
+        whole, split,
+        "the result depends on how the bytes were split"
+    );
 });
