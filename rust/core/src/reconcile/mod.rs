@@ -247,7 +247,7 @@ pub struct Reconciler {
     admitted: bool,
     /// `finalize()` ran: nothing changes any more.
     finalized: bool,
-    /// The key of the duplicate digests (random per reconciler: a sender
+    /// The keyed digest of duplicates (its key is secret and random: a sender
     /// cannot craft two frames with the same digest).
     digest: FrameDigest,
     /// Index of the first event produced by the input being processed: only

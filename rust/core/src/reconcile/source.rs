@@ -69,7 +69,7 @@ pub(super) struct Source {
     pub(super) seq: SeqTracker<Vec<u8>>,
     /// Keyed digest of every frame received, by sequence number: a
     /// duplicate must be byte-identical.
-    pub(super) digests: BTreeMap<u64, u64>,
+    pub(super) digests: BTreeMap<u64, crate::digest::Digest>,
     /// Role from its hello, once released.
     pub(super) role: Option<u8>,
     /// Index of its hello in `infos`.
