@@ -176,38 +176,36 @@ fn role_letter(r: u8) -> char {
     }
 }
 
-/// The role rules of docs/PROTOCOL.md "provenance".
+/// The role rules of docs/PROTOCOL.md "provenance"; returns the number of
+/// accepted drafts (the leading `A`s).
 pub(super) fn check_roles(
     stream: u16,
     roles: &[u8],
     scheduled: u16,
     trimmed: bool,
-) -> Result<(), DecodeError> {
-    for (index, &role) in roles.iter().enumerate() {
-        if role > ROLE_BONUS {
-            return Err(DecodeError::UnknownRole {
-                stream,
-                role,
-                index,
-            });
-        }
-    }
+) -> Result<usize, DecodeError> {
     let n = roles.len();
+    let accepted = roles.iter().take_while(|&&r| r == ROLE_ACCEPTED).count();
+    // Every role before `accepted` is A: the first unknown one is after it.
+    if let Some(i) = roles[accepted..].iter().position(|&r| r > ROLE_BONUS) {
+        return Err(DecodeError::UnknownRole {
+            stream,
+            role: roles[accepted + i],
+            index: accepted + i,
+        });
+    }
     let ok = if scheduled == 0 {
         n == 1 && roles[0] == ROLE_PLAIN
-    } else {
-        let accepted = roles.iter().take_while(|&&r| r == ROLE_ACCEPTED).count();
-        if accepted == n {
-            trimmed && accepted <= scheduled as usize
-        } else if accepted + 1 == n {
-            match roles[n - 1] {
-                ROLE_TARGET => accepted < scheduled as usize,
-                ROLE_BONUS => accepted == scheduled as usize,
-                _ => false,
-            }
-        } else {
-            false
+    } else if accepted == n {
+        trimmed && accepted <= scheduled as usize
+    } else if accepted + 1 == n {
+        match roles[n - 1] {
+            ROLE_TARGET => accepted < scheduled as usize,
+            ROLE_BONUS => accepted == scheduled as usize,
+            _ => false,
         }
+    } else {
+        false
     };
     if !ok {
         return Err(DecodeError::RoleSequence {
@@ -215,7 +213,7 @@ pub(super) fn check_roles(
             seq: roles.iter().map(|&r| role_letter(r)).collect(),
         });
     }
-    Ok(())
+    Ok(accepted)
 }
 
 pub(super) fn decode_provenance<'a>(
@@ -247,8 +245,7 @@ pub(super) fn decode_provenance<'a>(
         }
         let token_ids_raw = r.take(4 * n as usize)?;
         let roles = r.take(n as usize)?;
-        check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
-        let accepted = roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count();
+        let accepted = check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
         // A padded draft slot held no draft: it cannot have been accepted.
         if accepted > usize::from(drafts_scheduled - drafts_padded) {
             return Err(DecodeError::AcceptedExceedsDrafts {
@@ -308,22 +305,37 @@ pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>,
         }
         let http_len = r.u32()? as usize;
         let tokens_raw = r.take(TEXT_TOKEN_BYTES * n as usize)?;
+        // One pass over the entries: their rules, the fragments' total length
+        // and whether every fragment starts on a character boundary (a byte
+        // read beyond the fragments and HTTP delta can only make this false,
+        // which takes the exact path below).
+        let frag_start = r.pos;
+        let buf = r.buf;
         let mut frag_total = 0usize;
+        let mut aligned = true;
         for (index, t) in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES).enumerate() {
             let token = text_token(t);
-            check_token_entry(stream, index, token)?;
+            if token.span_back != 0 || token.lead_len != 0 {
+                check_token_entry(stream, index, token)?;
+            }
+            aligned &= buf
+                .get(frag_start + frag_total)
+                .is_none_or(|&b| (b as i8) >= -0x40);
             frag_total += token.frag_len as usize;
         }
-        let frag_start = r.pos;
         let fragments = r.take(frag_total)?;
         // Fast path: fragments and HTTP delta are adjacent; one validation of
-        // both, plus character-boundary checks where each piece starts.
-        let both = r
-            .buf
-            .get(frag_start..frag_start + frag_total + http_len)
-            .and_then(|b| std::str::from_utf8(b).ok());
+        // both, plus the character-boundary checks where each piece starts.
+        let both = if aligned {
+            r.buf
+                .get(frag_start..frag_start + frag_total + http_len)
+                .and_then(|b| std::str::from_utf8(b).ok())
+        } else {
+            None
+        };
+        let starts_char = |s: &str| s.is_char_boundary(frag_total);
         let http_delta = match both {
-            Some(s) if boundaries_ok(tokens_raw, fragments, s.as_bytes()) => {
+            Some(s) if starts_char(s) => {
                 r.take(http_len)?;
                 &s[frag_total..]
             }
@@ -382,21 +394,6 @@ fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), Deco
         });
     }
     Ok(())
-}
-
-/// Every fragment and the HTTP delta start on a character boundary of
-/// `both` (fragments followed by the HTTP delta, valid UTF-8 as a whole).
-#[inline]
-fn boundaries_ok(tokens_raw: &[u8], fragments: &[u8], both: &[u8]) -> bool {
-    let starts_char = |pos: usize| pos >= both.len() || (both[pos] as i8) >= -0x40;
-    let mut pos = 0usize;
-    for t in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES) {
-        if !starts_char(pos) {
-            return false;
-        }
-        pos += usize::from(u16::from_le_bytes([t[4], t[5]]));
-    }
-    starts_char(fragments.len())
 }
 
 /// Each fragment must be valid UTF-8 on its own. Fast path: the whole run is

@@ -151,10 +151,7 @@ impl Reconciler {
                     && *last_role == p.role
                     && *last_start + last_text.len() as u64 == start
                 {
-                    let mut joined = String::with_capacity(last_text.len() + text.len());
-                    joined.push_str(last_text);
-                    joined.push_str(&text);
-                    *last_text = SpanText::new(&joined);
+                    *last_text = last_text.concat(&text);
                     *last_n = (last_offset + 1 - *last_first) as u32;
                     return;
                 }
