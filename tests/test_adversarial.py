@@ -52,7 +52,7 @@ FIELDS = (
     )),
     *(f"hello.{f}" for f in (
         "role", "engine", "role_derivation", "async_scheduling", "num_speculative_tokens",
-        "reserved", "plugin_version", "engine_version", "spec_method",
+        "verification", "plugin_version", "engine_version", "spec_method",
     )),
     *(f"provenance.{f}" for f in (
         "record_count", "stream", "flags.finished", "flags.trimmed", "finish_reason",
@@ -144,13 +144,8 @@ def _protocol_section(title: str) -> str:
 
 
 NOT_PROVEN = "What EXACT proves"
-_DOC_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="issue 9: PROTOCOL.md has no section 'What EXACT proves and what it does not'",
-)
 
 
-@_DOC_XFAIL
 @pytest.mark.parametrize(
     "field", sorted({c.field for c in CASES if c.expect == "claim"}), ids=lambda f: f
 )
@@ -160,7 +155,6 @@ def test_claimed_fields_are_documented_as_no_evidence(field: str) -> None:
     assert name in _protocol_section(NOT_PROVEN), field
 
 
-@_DOC_XFAIL
 def test_consistent_lies_are_documented_as_limits() -> None:
     section = _protocol_section(NOT_PROVEN)
     assert "consistent" in section.lower()

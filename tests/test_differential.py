@@ -165,6 +165,21 @@ def test_corrupted_frames_agree(seed: int, flips: list[tuple[int, int]], cut: in
                                 workload.truth, "corrupt"))  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", workloads.HARMFUL_MUTATIONS)
+def test_each_harmful_mutation_agrees_and_fails_its_streams(kind: str) -> None:
+    # Every lie of the catalog at least once, deterministically (the property above
+    # picks them at random).
+    applied = 0
+    for seed in range(40):
+        workload = workloads.mutate(workloads.generate(seed, **SMALL), seed, kind)
+        if workload.mutation != kind:
+            continue
+        applied += 1
+        reference, _ = run_both(workload)
+        assert all(reference.verdict(i)[0] == "failed" for i in workload.affected), seed
+    assert applied or kind == "reorder_beyond"  # that one needs long streams (below)
+
+
 @pytest.mark.parametrize("start", [0, 100, 200])
 def test_reorder_beyond_the_window_agrees_and_fails_affected_streams(start: int) -> None:
     # Needs more than 64 later frames from one source: long streams, few tokens per step.

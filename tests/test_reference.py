@@ -277,18 +277,45 @@ def test_coalesced_sse_chunk_merging_two_steps() -> None:
 
 
 def test_fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() -> None:
+    # The HTTP text of step 1 holds back "zw": those fragments are proven by step 2's
+    # chunk, "y" by step 1's.
     run = Run()
     run.push(
-        run.prov(prov(0, 0, [1, 2], [A, B], 1, finished=True, finish_reason=1)),
-        run.text(text(0, 0, [tok(1, "y"), tok(2, "z")], "yz", **FIN)),
+        run.prov(prov(0, 0, [1, 2, 3], [A, A, B], 2)),
+        run.text(text(0, 0, [tok(1, "y"), tok(2, "z"), tok(3, "w")], "y")),
     )
-    run.sse(0, "y", [1])
-    run.sse(0, "z", [2], finish=True)
+    run.sse(0, "y", [1, 2, 3])
+    run.push(
+        run.prov(prov(0, 3, [4], [P], 0, **FIN)),
+        run.text(text(0, 3, [tok(4, "!")], "zw!", **FIN)),
+    )
+    run.sse(0, "zw!", [4], finish=True)
     # Merging never spans two inputs, so it cannot depend on when drain() runs.
     assert run.events() == [
         ("span", 0, 0, "y", 0, 0, 1, A),
-        ("span", 0, 1, "z", 0, 1, 1, B),
+        ("span", 0, 1, "z", 0, 1, 1, A),
+        ("span", 0, 2, "w", 0, 2, 1, B),
+        ("span", 0, 3, "!", 1, 3, 1, P),
         ("exact", 0),
+    ]
+
+
+def test_an_sse_chunk_ending_inside_a_text_record_fails_once_that_record_is_proven() -> None:
+    # SSE text in pieces that do not align with the step: its bytes are proven as they
+    # come, then the first chunk's end is a contradiction.
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2], [A, T], 2, **FIN)),
+        run.text(text(0, 0, [tok(1, "ab"), tok(2, "cd")], "abcd", **FIN)),
+    )
+    run.sse(0, "a", [1])
+    assert run.events() == []
+    run.sse(0, "bc", [2])
+    assert run.events() == [("span", 0, 0, "ab", 0, 0, 1, A)]
+    run.sse(0, "d", [], finish=True)
+    assert run.events() == [
+        ("span", 0, 2, "cd", 0, 1, 1, T),
+        ("failed", 0, "stream 0: an SSE chunk ends at offset 1 (byte 1), inside a text record"),
     ]
 
 
@@ -416,7 +443,7 @@ def test_reordering_within_the_window_gives_the_in_order_result() -> None:
     assert run.rec.stream_stats(0) == in_order.rec.stream_stats(0)
 
 
-def test_gap_beyond_the_window_fails_pending_streams() -> None:
+def test_gap_beyond_the_window_fails_every_stream_without_a_final_verdict() -> None:
     run = Run(num_streams=2)
     run.push(run.prov(prov(1, 0, [5], [P], 0, finished=True, finish_reason=1)))
     run.push(run.text(text(1, 0, [tok(5, "q")], "q", **FIN)))
@@ -428,18 +455,42 @@ def test_gap_beyond_the_window_fails_pending_streams() -> None:
     assert run.events() == []
     run.push(run.prov(prov(0, 64, [1], [P], 0)))
     reason = f"frames lost: gap in source {SCHED:016x} at seq 2"
-    assert run.events() == [("failed", 0, reason)]
+    # The complete stream is revoked too: the lost frame may have been a notice for it.
+    assert run.events() == [("failed", 0, reason), ("failed", 1, reason)]
     assert run.rec.verdict(0) == ("failed", reason)
-    assert run.rec.verdict(1) == ("exact", None)  # already complete: untouched
+    assert run.rec.verdict(1) == ("failed", reason)
     assert run.rec.counters()["gaps"] == 1
 
 
-def test_dropped_counter_fails_pending_streams() -> None:
+def test_dropped_counter_fails_every_stream_without_a_final_verdict() -> None:
     run = Run(num_streams=2)
     run.push(run.prov(prov(0, 0, [1], [P], 0), dropped=3))
     reason = f"frames lost: source {SCHED:016x} dropped 3 frames before seq 1"
     assert run.events() == [("failed", 0, reason), ("failed", 1, reason)]
     assert run.rec.counters()["dropped_reported"] == 3
+    # An exact stream is revoked too (a lost frame may have been a notice for it),
+    # until finalize().
+    run = Run(num_streams=2)
+    honest(run)
+    run.events()
+    run.push(run.prov(prov(1, 0, [1], [P], 0), dropped=1))
+    reason = f"frames lost: source {SCHED:016x} dropped 1 frames before seq 3"
+    assert run.events() == [("failed", 0, reason), ("failed", 1, reason)]
+    run = Run(num_streams=1)
+    honest(run)
+    run.rec.finalize()
+    run.push(run.prov(prov(0, 3, [1], [P], 0), dropped=1))
+    assert run.rec.verdict(0) == ("exact", None)
+
+
+def test_a_second_hello_is_rejected_when_identical_and_a_run_failure_when_not() -> None:
+    run = Run(num_streams=1)
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER))
+    assert run.events() == [("run", f"rejected frame: second hello from source {SCHED:016x}")]
+    run.k = 2
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER))
+    message = f"source {SCHED:016x}: a second hello that differs from its first"
+    assert run.events() == [("run", message), ("failed", 0, message)]
 
 
 def test_notice_for_one_stream_and_for_the_whole_run() -> None:
@@ -1102,6 +1153,29 @@ def _lie_metrics_without_scheduler_finish(run: Run) -> None:
     run.finish(0)
 
 
+def _lie_chunk_inside_step(run: Run) -> None:
+    run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
+    run.sse(0, "Hi a", [10])  # " a" moved from step 2's chunk into step 1's (ids stay)
+    run.push(
+        run.prov(prov(0, 1, [11, 12], [A, B], 1, **FIN)),
+        run.text(text(0, 1, [tok(11, " a"), tok(12, "b")], " ab", **FIN)),
+    )
+    run.sse(0, "b", [11, 12])
+    run.finish(0)
+
+
+def _lie_second_hello(run: Run) -> None:
+    run.k = 7
+    run.push(run.hello(SCHED, wire.SOURCE_SCHEDULER))
+    run.k = 3
+    honest(run)
+
+
+def _lie_loss_after_verdict(run: Run) -> None:
+    honest(run)
+    run.push(run.prov(prov(1, 0, [1], [P], 0), dropped=1))
+
+
 def _lie_accepted_padded(run: Run) -> None:
     record = prov(0, 0, [10, 11], [A, T], 2, drafts_padded=2)
     run.push(run.prov(record))
@@ -1158,6 +1232,12 @@ LIES = [
     ("a chunk id that changes", _lie_chunk_id_changed, f"{S0}SSE chunk id changed mid-stream"),
     ("no chunk id", _lie_no_chunk_id, f"{S0}no SSE chunk id"),
     ("SSE data after the end", _lie_sse_after_finish, f"{S0}SSE data after the stream finished"),
+    ("an SSE chunk ending inside a step", _lie_chunk_inside_step,
+     f"{S0}an SSE chunk ends at offset 1 (byte 4), inside a text record"),
+    ("a second hello that differs", _lie_second_hello,
+     f"source {SCHED:016x}: a second hello that differs from its first"),
+    ("a loss after the verdict", _lie_loss_after_verdict,
+     f"frames lost: source {SCHED:016x} dropped 1 frames before seq 3"),
     ("vLLM's metrics: another drafted count", _metrics([1], [2]),
      f"{S0}vLLM's per-request metrics disagree at verify step 0: 1 accepted of 2 drafted, "
      "the scheduler's step at offset 1 says 1 of 1"),
@@ -1188,7 +1268,7 @@ def test_a_lying_sender_fails_the_stream_with_its_reason_and_never_exact(
     assert reason in [event[2] for event in failures], events
     stream = 1 if reason.startswith("stream 1:") else 0
     assert run.rec.verdict(stream)[0] == "failed"
-    if name != "SSE data after the end":  # that one revokes an exact verdict
+    if name not in ("SSE data after the end", "a loss after the verdict"):  # these revoke
         assert ("exact", stream) not in events
 
 

@@ -217,6 +217,19 @@ CASES: list[tuple[str, list[str], list[Any]]] = [
         [([("sse_id", "a"), ("sse_choice", 0), ("sse", "x", [])], None), ([], None)],
     ),
     (
+        "choice 0's content after its finish_reason is refused; an empty choice 0 is not",
+        [
+            _chat(content="a", ids=[1], finish_reason="length"),
+            '{"id":"chatcmpl-a","choices":[{"index":0,"delta":{},"finish_reason":null}]}',
+            _chat(content="", ids=[2]),
+        ],
+        [
+            ([("sse_id", "chatcmpl-a"), ("sse", "a", [1])], "length"),
+            ([], "length"),
+            ("error", f"{SHAPE}choice 0 has content after its finish_reason"),
+        ],
+    ),
+    (
         "the id is pushed once, then when it changes; usage with the per-step metrics",
         [
             _chat(content="a", ids=[1]),

@@ -672,6 +672,9 @@ HARMFUL_MUTATIONS = (
     "truncated_flag",
     "drafts_beyond_k",
     "metrics_mismatch",
+    "sse_split",
+    "hello_differs",
+    "loss_after_verdict",
 )
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
@@ -1175,7 +1178,93 @@ def _metrics_mismatch(workload: Workload, rng: random.Random) -> Workload | None
     return _with(workload, "metrics_mismatch", inputs, {stream}, False)
 
 
+def _record_ends(workload: Workload) -> list[set[tuple[int, int]]]:
+    """Per stream, (token end, HTTP byte end) of each of its text records."""
+    ends: list[set[tuple[int, int]]] = [set() for _ in range(workload.num_streams)]
+    http = [0] * workload.num_streams
+    for _, frame in _record_frames(workload):
+        for record in frame.records:
+            if isinstance(record, wire.TextRecord):
+                http[record.stream] += len(record.http_delta)
+                ends[record.stream].add((record.offset + len(record.tokens), http[record.stream]))
+    return ends
+
+
+def _sse_split(workload: Workload, rng: random.Random) -> Workload | None:
+    # One SSE chunk split in two where no text record ends (ids and bytes unchanged):
+    # a chunk that does not carry whole steps.
+    ends = _record_ends(workload)
+    done = [(0, 0)] * workload.num_streams
+    options = []
+    for index, item in enumerate(workload.inputs):
+        if item[0] != "sse":
+            continue
+        _, stream, text, ids = item
+        tokens, size = done[stream]
+        end = size + len(text.encode())
+        options.extend(
+            (index, k) for k in range(1, len(ids)) if (tokens + k, end) not in ends[stream]
+        )
+        done[stream] = (tokens + len(ids), end)
+    if not options:
+        return None
+    index, k = rng.choice(options)
+    _, stream, text, ids = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index : index + 1] = [("sse", stream, text, ids[:k]), ("sse", stream, "", ids[k:])]
+    return _with(workload, "sse_split", inputs, {stream}, False)
+
+
+def _hello_differs(workload: Workload, rng: random.Random) -> Workload | None:
+    # A second hello from the scheduler announcing another K, as its next frame.
+    hellos = [
+        (position, decode_frame(item[1]))
+        for position, item in enumerate(workload.inputs)
+        if item[0] == "frame" and decode_frame(item[1]).kind == wire.KIND_HELLO
+    ]
+    found = [(p, f) for p, f in hellos if f.hello.role == wire.SOURCE_SCHEDULER]  # type: ignore[union-attr]
+    if not found:
+        return None
+    position, frame = found[0]
+    source = frame.header.source_id
+    inputs = list(workload.inputs)
+    for other in _frames(workload):
+        if other.source == source and other.seq >= 1:
+            inputs[other.index] = ("frame", _set_header(inputs[other.index][1], seq=other.seq + 1))
+    hello = replace(frame.hello, num_speculative_tokens=frame.hello.num_speculative_tokens + 1)  # type: ignore[type-var]
+    if not hello.spec_method:  # speculative fields go together (protocol 2)
+        hello = replace(
+            hello,
+            spec_method="ngram",
+            role_derivation=wire.DERIVATION_DRAFT_IDS,
+            async_scheduling=False,
+            verification=wire.VERIFICATION_STANDARD,
+        )
+    data = wire.encode_hello(replace(frame.header, seq=1), hello)
+    inputs.insert(position + 1 + rng.randint(0, 3), ("frame", data))
+    return _with(workload, "hello_differs", inputs, range(workload.num_streams), False)
+
+
+def _loss_after_verdict(workload: Workload, rng: random.Random) -> Workload | None:
+    # After everything else, a frame of the frontend reports one frame it dropped: every
+    # stream fails, the exact ones included (the lost frame may have been a notice).
+    frames = [f for f in _frames(workload) if f.kind == wire.KIND_TEXT]
+    if not frames:
+        return None
+    last = max(frames, key=lambda f: f.seq)
+    header = decode_frame(workload.inputs[last.index][1]).header
+    foreign = wire.NoticeRecord(workload.num_streams, wire.NOTICE_OTHER, "for no stream of ours")
+    frame = wire.encode_records(
+        wire.KIND_NOTICE, replace(header, seq=last.seq + 1, dropped=1), [foreign]
+    )
+    inputs = [*workload.inputs, ("frame", frame)]
+    return _with(workload, "loss_after_verdict", inputs, range(workload.num_streams), False)
+
+
 _MUTATORS = {
+    "sse_split": _sse_split,
+    "hello_differs": _hello_differs,
+    "loss_after_verdict": _loss_after_verdict,
     "metrics_mismatch": _metrics_mismatch,
     "step_repeat": _step_repeat,
     "step_back": _step_back,

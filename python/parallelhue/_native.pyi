@@ -149,8 +149,9 @@ def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | Non
     """(header JSON, items, footer JSON or None) of a decompressed recording;
     items are (time, kind, ...): ("start", s), ("sse", s, text, ids),
     ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s,
-    completion_tokens, per_step_accepted, per_step_drafted), ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
-    ("reject", reason), ("finalize",). ValueError names what is wrong."""
+    completion_tokens, per_step_accepted, per_step_drafted), ("finish", s, reason),
+    ("end", s, kind, status, detail), ("frame", bytes), ("reject", reason),
+    ("finalize",). ValueError names what is wrong."""
 
 def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""

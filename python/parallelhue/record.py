@@ -1,6 +1,6 @@
 """`--record` files: the ordered inputs a run's reconciler applied, and reading them back.
 
-One format for both paths (version 2, rust/core/src/record.rs): a gzip'd
+One format for both paths (version 3, rust/core/src/record.rs): a gzip'd
 stream of binary items — header, each stream's start, every SSE delta, SSE
 finish, telemetry frame and rejected datagram in the order the reconciler
 applied them, each stream's abnormal end, finalize — with times in seconds
@@ -30,7 +30,7 @@ __all__ = [
     "write_recording",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # The key of a version-1 recording's JSON header line.
 _V1_MAGIC_KEY = "parallelhue_recording"
 

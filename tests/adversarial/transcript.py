@@ -285,9 +285,9 @@ class Offsets:
     RUN_ID, SOURCE_ID, SEQ, STEP, TIMESTAMP, DROPPED, BODY_LEN = 8, 24, 32, 40, 48, 56, 60
     BODY = wire.HEADER_SIZE
     RECORD = BODY + 2  # after the record count
-    # hello body: role, engine, role_derivation, async_scheduling, K, reserved, str8s
+    # hello body: role, engine, role_derivation, async_scheduling, K, verification, str8s
     HELLO_ROLE, HELLO_ENGINE, HELLO_DERIVATION, HELLO_ASYNC = BODY, BODY + 1, BODY + 2, BODY + 3
-    HELLO_K, HELLO_RESERVED = BODY + 4, BODY + 6
+    HELLO_K, HELLO_VERIFICATION = BODY + 4, BODY + 6
     # record fields (provenance and text share the first four)
     REC_STREAM, REC_FLAGS, REC_FINISH, REC_OFFSET, REC_COUNT = (
         RECORD,

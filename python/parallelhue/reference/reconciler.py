@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,6 +184,10 @@ class _Stream:
     fragments: list[_Fragment] = field(default_factory=list)
     proven_fragments: int = 0
     proven_bytes: int = 0
+    # (token end, HTTP byte end) of each text record the SSE has not passed yet, and
+    # of each SSE chunk not yet held against them: a chunk carries whole steps.
+    t_ends: deque[tuple[int, int]] = field(default_factory=deque)
+    q_ends: deque[tuple[int, int]] = field(default_factory=deque)
     fragment_bytes: bytearray = field(default_factory=bytearray)  # F
     http_bytes: bytearray = field(default_factory=bytearray)  # H
     # Q and S: what the client's own SSE stream received
@@ -370,6 +375,8 @@ class Reconciler:
                         f"detokenizer {state.t_ids[offset]}, SSE {token_id}",
                     )
             state.sse_bytes += text.encode("utf-8")
+            if text or token_ids:
+                state.q_ends.append((len(state.q_ids), len(state.sse_bytes)))
             self._check_sse_within_http(state)
             self._progress(state)
         except _Failed:
@@ -532,7 +539,7 @@ class Reconciler:
         if len(source.buffered) > REORDER_WINDOW:
             missing = source.next_seq
             self._counters["gaps"] += 1
-            self._fail_pending(f"frames lost: gap in source {source_id:016x} at seq {missing}")
+            self._frames_lost(f"frames lost: gap in source {source_id:016x} at seq {missing}")
             source.next_seq = min(source.buffered)
             self._release_in_order(source)
 
@@ -549,7 +556,14 @@ class Reconciler:
             return
         if frame.kind == KIND_HELLO:
             if source.role is not None:
-                self._reject(f"second hello from source {source.source_id:016x}")
+                # The same hello again changes nothing; another one contradicts the first.
+                if frame.hello == source.hello:
+                    self._reject(f"second hello from source {source.source_id:016x}")
+                else:
+                    self._run_failure(
+                        f"source {source.source_id:016x}: a second hello that differs from "
+                        "its first"
+                    )
                 return
             self._register_hello(source, frame)
         elif source.role is None:
@@ -566,7 +580,7 @@ class Reconciler:
             return
         self._counters["dropped_reported"] += header.dropped
         if header.dropped > 0:
-            self._fail_pending(
+            self._frames_lost(
                 f"frames lost: source {source.source_id:016x} dropped {header.dropped} "
                 f"frames before seq {header.seq}"
             )
@@ -617,11 +631,11 @@ class Reconciler:
             if state.verdict != "failed":
                 self._set_failed(state, message)
 
-    def _fail_pending(self, reason: str) -> None:
-        """Frames were lost: the pending streams fail (a loss contradicts nothing a
-        complete stream was proven with)."""
+    def _frames_lost(self, reason: str) -> None:
+        """Frames were lost: every stream without a final verdict fails, an exact one is
+        revoked (a lost frame may have been a notice for it)."""
         for state in self._streams:
-            if state.verdict == "pending":
+            if state.verdict != "failed":
                 self._set_failed(state, reason)
 
     def _notice(self, source: _Source, record: NoticeRecord) -> None:
@@ -897,6 +911,7 @@ class Reconciler:
                 _Fragment(offset, token.span_back, start, len(state.fragment_bytes), token.lead_len)
             )
         state.http_bytes += record.http_delta
+        state.t_ends.append((len(state.t_ids), len(state.http_bytes)))
         if len(state.http_bytes) > len(state.fragment_bytes):
             raise self._fail(
                 state,
@@ -1014,6 +1029,7 @@ class Reconciler:
         if state.verdict != "pending":
             return  # an exact stream: only late surplus records settle
         self._prove(state)
+        self._chunk_rule(state)
         if self._is_exact(state):
             state.verdict = "exact"
             self._events.append(("exact", state.index))
@@ -1085,6 +1101,30 @@ class Reconciler:
             state.proven_bytes = end
             for piece in self._pieces(state, fragment, end - fragment.start):
                 self._emit_span(state, fragment.start, piece)
+
+    def _chunk_rule(self, state: _Stream) -> None:
+        """Each SSE chunk carries whole steps: it ends where a text record ends (several
+        records when the HTTP writer merged steps). A chunk is held against the first
+        text record that ends at or after it once that record's tokens are confirmed and
+        its bytes proven, so a token or byte mismatch inside it is reported first."""
+        confirmed_end = state.confirmed_end
+        while state.q_ends:
+            q, b = state.q_ends[0]
+            while state.t_ends and state.t_ends[0] < (q, b):
+                state.t_ends.popleft()
+            if not state.t_ends:
+                return
+            t, h = state.t_ends[0]
+            if t > confirmed_end or h > state.proven_bytes:
+                return
+            if (t, h) != (q, b):
+                raise self._fail(
+                    state,
+                    f"stream {state.index}: an SSE chunk ends at offset {q} (byte {b}), "
+                    "inside a text record",
+                )
+            state.t_ends.popleft()
+            state.q_ends.popleft()
 
     @staticmethod
     def _shared(values: list[int]) -> int | None:
@@ -1183,6 +1223,7 @@ class Reconciler:
             and len(state.p_ids) >= text_end
             and len(state.sse_bytes) == len(state.http_bytes)
             and state.proven_bytes >= len(state.sse_bytes)
+            and not state.q_ends
             and state.settled_steps == len(state.p_steps)
         )
 

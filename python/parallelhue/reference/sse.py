@@ -213,6 +213,10 @@ class ChunkInputs:
                 if key == "completion_tokens":
                     completion_tokens = number
         steps = self._spec_steps(data.get("metrics"))
+        # The first choice 0 with text or token ids after choice 0's finish_reason.
+        zero_content = next((bool(c[1] or c[2]) for c in parsed if c[0] == 0), False)
+        if self.finish_reason is not None and zero_content:
+            raise SseError("invalid SSE chunk: choice 0 has content after its finish_reason")
         inputs: list[Input] = []
         if chunk_id != self._last_id:
             inputs.append(("sse_id", chunk_id))

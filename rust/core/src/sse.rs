@@ -37,6 +37,8 @@ pub enum SseError {
     },
     /// The server reported an error inside the stream.
     Server { message: String },
+    /// Choice 0 has text or token ids after a chunk gave its finish_reason.
+    ContentAfterFinish,
 }
 
 impl fmt::Display for SseError {
@@ -58,6 +60,9 @@ impl fmt::Display for SseError {
                 write!(f, "invalid SSE chunk: {path} must be {expected}")
             }
             SseError::Server { message } => write!(f, "server error in SSE stream: {message}"),
+            SseError::ContentAfterFinish => {
+                f.write_str("invalid SSE chunk: choice 0 has content after its finish_reason")
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 //! reference of the same extraction is `parallelhue.reference.sse`.
 
 use crate::reconcile::Reconciler;
-use crate::sse::{Choice, Chunk};
+use crate::sse::{Choice, Chunk, SseError};
 
 /// One SSE input of a stream, in the order the chunks said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,8 +62,25 @@ impl ChunkInputs {
     /// The inputs of one chunk, in order: its id (first chunk, or a new id),
     /// a choice other than the single choice 0 (once per stream), choice 0's
     /// delta (when it has text or token ids), the usage (when the chunk has
-    /// `usage` or `metrics.speculative_decoding`).
-    pub fn extract(&mut self, chunk: Chunk, out: &mut impl FnMut(SseInput)) {
+    /// `usage` or `metrics.speculative_decoding`). A chunk whose choice 0 has
+    /// text or token ids after an earlier chunk gave choice 0's finish_reason
+    /// is refused ([`SseError::ContentAfterFinish`]), before any of its inputs.
+    pub fn extract(
+        &mut self,
+        chunk: Chunk,
+        out: &mut impl FnMut(SseInput),
+    ) -> Result<(), SseError> {
+        let content =
+            |c: &Choice| !c.text.is_empty() || c.token_ids.as_ref().is_some_and(|t| !t.is_empty());
+        if self.finish_reason.is_some()
+            && chunk
+                .choices
+                .iter()
+                .find(|c| c.index == 0)
+                .is_some_and(content)
+        {
+            return Err(SseError::ContentAfterFinish);
+        }
         let id = chunk.id.unwrap_or_default();
         if self.last_id.as_deref() != Some(id.as_str()) {
             out(SseInput::Id(id.clone()));
@@ -104,6 +121,7 @@ impl ChunkInputs {
                 per_step_drafted: steps.per_step_drafted,
             });
         }
+        Ok(())
     }
 }
 
@@ -116,7 +134,8 @@ mod tests {
         let mut x = ChunkInputs::new();
         let mut out = Vec::new();
         for c in chunks {
-            x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i));
+            x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i))
+                .unwrap();
         }
         (out, x.finish_reason)
     }
@@ -132,8 +151,8 @@ mod tests {
     fn id_once_then_on_change_deltas_and_finish_reason() {
         let (out, finish) = inputs(&[
             r#"{"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[1]}]}"#,
-            r#"{"id":"a","choices":[{"index":0,"delta":{"content":""},"token_ids":[],"finish_reason":"stop"}]}"#,
             r#"{"id":"b","choices":[{"index":0,"text":"y","finish_reason":null}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":""},"token_ids":[],"finish_reason":"stop"}]}"#,
             r#"{"choices":[],"usage":{"completion_tokens":2},"metrics":{"speculative_decoding":{"per_step_accepted":[1],"per_step_drafted":[3]}}}"#,
         ]);
         assert_eq!(
@@ -170,5 +189,29 @@ mod tests {
             ]
         );
         assert_eq!(finish, None);
+    }
+
+    #[test]
+    fn content_after_choice_0_finished_is_refused() {
+        let mut x = ChunkInputs::new();
+        let mut out = Vec::new();
+        let mut push =
+            |x: &mut ChunkInputs, c: &str| x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i));
+        let finish = r#"{"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[1],"finish_reason":"length"}]}"#;
+        assert_eq!(push(&mut x, finish), Ok(()));
+        // Nothing for choice 0, or choice 0 without content: fine.
+        assert_eq!(
+            push(
+                &mut x,
+                r#"{"id":"a","choices":[{"index":0,"delta":{}}],"usage":null}"#
+            ),
+            Ok(())
+        );
+        let more = r#"{"id":"a","choices":[{"index":0,"delta":{"content":""},"token_ids":[2]}]}"#;
+        let err = push(&mut x, more).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid SSE chunk: choice 0 has content after its finish_reason"
+        );
     }
 }

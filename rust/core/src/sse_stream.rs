@@ -105,7 +105,10 @@ impl StreamBody {
                     if chunk.usage.is_some() {
                         self.usage.clone_from(&chunk.usage);
                     }
-                    self.inputs.extract(chunk, on_input);
+                    if let Err(e) = self.inputs.extract(chunk, on_input) {
+                        self.end = Some(StreamEnd::BadEvent(e.to_string()));
+                        return;
+                    }
                     self.finish_reason.clone_from(&self.inputs.finish_reason);
                 }
                 Ok(SseEvent::Done) => {

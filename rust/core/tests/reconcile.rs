@@ -243,8 +243,9 @@ fn char_split_across_steps_is_a_mixed_span_and_sse_releases_it_later() {
 }
 
 #[test]
-fn sse_may_lag_by_bytes_within_a_character() {
-    // SSE text arrives in pieces that do not align with tokens.
+fn an_sse_chunk_ending_inside_a_text_record_fails_once_that_record_is_proven() {
+    // SSE text in pieces that do not align with the step: its bytes are proven
+    // as they come, then the first chunk's end is a contradiction.
     let mut run = Run::new(1);
     run.prov(0, 0, &[1, 2], &[A, T], 2, 1);
     run.text(0, 0, &[(1, "ab", 0), (2, "cd", 0)], "abcd", 1);
@@ -258,7 +259,10 @@ fn sse_may_lag_by_bytes_within_a_character() {
         run.events(),
         vec![
             span(0, 2, "cd", Some(0), 1, 1, Some(T)),
-            Event::Exact { stream: 0 }
+            failed(
+                0,
+                "stream 0: an SSE chunk ends at offset 1 (byte 1), inside a text record"
+            )
         ]
     );
 }
@@ -613,7 +617,7 @@ fn notices() {
 }
 
 #[test]
-fn dropped_counter_fails_pending_streams() {
+fn dropped_counter_fails_every_stream_without_a_final_verdict() {
     let mut run = Run::new(2);
     run.prov(0, 0, &[1], &[P], 0, 1);
     run.text(0, 0, &[(1, "a", 0)], "a", 1);
@@ -623,14 +627,20 @@ fn dropped_counter_fails_pending_streams() {
     run.events();
     run.sched.dropped = 3;
     run.prov(1, 0, &[1], &[P], 0, 0);
-    assert_eq!(
-        run.events(),
-        vec![failed(
-            1,
-            "frames lost: source 000000000000aaaa dropped 3 frames before seq 2"
-        )]
-    );
+    // The exact stream is revoked too: a lost frame may have been a notice for it.
+    let m = "frames lost: source 000000000000aaaa dropped 3 frames before seq 2";
+    assert_eq!(run.events(), vec![failed(0, m), failed(1, m)]);
     assert_eq!(run.r.counters().dropped_reported, 3);
+    // After finalize() a loss changes nothing.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 1);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(0, "a", &[1]);
+    run.finish(0, "stop");
+    run.r.finalize();
+    run.sched.dropped = 3;
+    run.prov(0, 1, &[2], &[P], 0, 0);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
 }
 
 #[test]
@@ -893,18 +903,24 @@ fn memory_stays_bounded_while_streaming() {
 
 #[test]
 fn fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() {
+    // The HTTP text of step 1 holds back "zw": those fragments are proven by
+    // step 2's chunk, "y" by step 1's.
     let mut run = Run::new(1);
-    run.prov(0, 0, &[1, 2], &[A, B], 1, 1);
-    run.text(0, 0, &[(1, "y", 0), (2, "z", 0)], "yz", 1);
-    run.sse(0, "y", &[1]);
-    run.sse(0, "z", &[2]);
+    run.prov(0, 0, &[1, 2, 3], &[A, A, B], 2, 0);
+    run.text(0, 0, &[(1, "y", 0), (2, "z", 0), (3, "w", 0)], "y", 0);
+    run.sse(0, "y", &[1, 2, 3]);
+    run.prov(0, 3, &[4], &[P], 0, 1);
+    run.text(0, 3, &[(4, "!", 0)], "zw!", 1);
+    run.sse(0, "zw!", &[4]);
     run.finish(0, "stop");
     // Merging never spans two inputs, so it cannot depend on when events are drained.
     assert_eq!(
         run.events(),
         vec![
             span(0, 0, "y", Some(0), 0, 1, Some(A)),
-            span(0, 1, "z", Some(0), 1, 1, Some(B)),
+            span(0, 1, "z", Some(0), 1, 1, Some(A)),
+            span(0, 2, "w", Some(0), 2, 1, Some(B)),
+            span(0, 3, "!", Some(1), 3, 1, Some(P)),
             Event::Exact { stream: 0 }
         ]
     );
@@ -1242,6 +1258,43 @@ fn lies() -> Vec<(&'static str, Lie, String)> {
             format!("{s0}SSE data after the stream finished"),
         ),
         (
+            "an SSE chunk ending inside a step",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.text(0, 0, &[(10, "Hi", 0)], "Hi", 0);
+                // " a" moved from step 2's chunk into step 1's (ids stay).
+                run.sse(0, "Hi a", &[10]);
+                let p = prov_rec(0, 1, &[11, 12], &[A, B], 1);
+                let (mut p, mut t) = (p, text_rec(0, 1, &[(11, " a"), (12, "b")], " ab"));
+                (p.flags, p.finish_reason, t.flags, t.finish_reason) = (1, 1, 1, 1);
+                let f = run.sched.provenance(run.step, &[p]);
+                run.r.push_frame(&f);
+                let f = run.front.text(run.t_step, &[t]);
+                run.r.push_frame(&f);
+                run.sse(0, "b", &[11, 12]);
+                run.finish(0, "stop");
+            }),
+            format!("{s0}an SSE chunk ends at offset 1 (byte 4), inside a text record"),
+        ),
+        (
+            "a second hello that differs",
+            Box::new(|run: &mut Run| {
+                let f = run.sched.hello(&HelloFields::simulated(ROLE_SCHEDULER, 7));
+                run.r.push_frame(&f);
+                honest(run, Honest::default())
+            }),
+            "source 000000000000aaaa: a second hello that differs from its first".into(),
+        ),
+        (
+            "a loss after the verdict",
+            Box::new(|run: &mut Run| {
+                honest(run, Honest::default());
+                run.sched.dropped = 1;
+                run.prov(1, 0, &[1], &[P], 0, 0);
+            }),
+            "frames lost: source 000000000000aaaa dropped 1 frames before seq 3".into(),
+        ),
+        (
             "vLLM's metrics: another drafted count",
             metrics(Some(&[1]), Some(&[2])),
             format!(
@@ -1369,7 +1422,7 @@ fn a_lying_sender_fails_the_stream_with_its_reason_and_never_exact() {
             Verdict::Failed(reason.clone()),
             "{name}"
         );
-        if name != "SSE data after the end" {
+        if !["SSE data after the end", "a loss after the verdict"].contains(&name) {
             assert!(!events.contains(&Event::Exact { stream }), "{name}");
         }
     }

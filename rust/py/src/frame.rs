@@ -79,7 +79,10 @@ pub(crate) fn sse_inputs<'py>(
                 Err(e) => out.append(("error", e.to_string()))?,
                 Ok(SseEvent::Chunk(chunk)) => {
                     let mut inputs = Vec::new();
-                    extraction.extract(chunk, &mut |i| inputs.push(i));
+                    if let Err(e) = extraction.extract(chunk, &mut |i| inputs.push(i)) {
+                        out.append(("error", e.to_string()))?;
+                        continue;
+                    }
                     let tuples = inputs
                         .into_iter()
                         .map(|i| input_tuple(py, i))

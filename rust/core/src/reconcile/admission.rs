@@ -3,6 +3,7 @@
 //! record goes to its stream.
 
 use super::*;
+use crate::protocol::HelloFields;
 
 impl Reconciler {
     /// Count a datagram rejected before decoding (e.g. by the receiver).
@@ -71,7 +72,7 @@ impl Reconciler {
             Offer::Gap { missing } => {
                 self.counters.gaps += 1;
                 source.digests.insert(h.seq, digest);
-                self.fail_open(&format!(
+                self.frames_lost(&format!(
                     "frames lost: gap in source {:016x} at seq {missing}",
                     h.source_id
                 ));
@@ -136,8 +137,14 @@ impl Reconciler {
         }
         let kind = h.kind.name();
         match (&frame.body, source.role) {
-            (Body::Hello(_), Some(_)) => {
-                return self.reject_message(format!("second hello from source {src:016x}"));
+            (Body::Hello(hello), Some(_)) => {
+                // The same hello again changes nothing; another one contradicts the first.
+                if self.infos[source.info].hello == HelloFields::from(hello) {
+                    return self.reject_message(format!("second hello from source {src:016x}"));
+                }
+                return self.run_failure(format!(
+                    "source {src:016x}: a second hello that differs from its first"
+                ));
             }
             (Body::Hello(hello), None) => {
                 source.role = Some(hello.role);
@@ -165,7 +172,7 @@ impl Reconciler {
         }
         self.counters.dropped_reported += u64::from(h.dropped);
         if h.dropped > 0 {
-            self.fail_open(&format!(
+            self.frames_lost(&format!(
                 "frames lost: source {src:016x} dropped {} frames before seq {}",
                 h.dropped, h.seq
             ));
@@ -204,13 +211,11 @@ impl Reconciler {
         }
     }
 
-    /// Frames were lost: every stream still open fails (a loss contradicts
-    /// nothing a complete stream was proven with).
-    pub(super) fn fail_open(&mut self, reason: &str) {
+    /// Frames were lost: every stream without a final verdict fails, an
+    /// exact one is revoked (a lost frame may have been a notice for it).
+    pub(super) fn frames_lost(&mut self, reason: &str) {
         for s in 0..self.streams.len() {
-            if self.streams[s].open() {
-                self.fail(s, reason.to_owned());
-            }
+            self.fail(s, reason.to_owned());
         }
     }
 

@@ -194,6 +194,11 @@ struct Stream {
     s: ByteWindow,
     /// End of the proven bytes.
     proven: u64,
+    /// (token end, HTTP byte end) of each text record the SSE has not yet
+    /// passed, and of each SSE chunk not yet held against them: a chunk
+    /// carries whole steps, so it ends where a text record ends.
+    t_ends: VecDeque<(u64, u64)>,
+    q_ends: VecDeque<(u64, u64)>,
     sse_finished: bool,
     sse_reason: Option<String>,
     sse_id: Option<String>,
@@ -228,6 +233,8 @@ impl Stream {
         self.recs = VecDeque::new();
         self.spec_steps = Vec::new();
         self.frags = VecDeque::new();
+        self.t_ends = VecDeque::new();
+        self.q_ends = VecDeque::new();
         self.f.clear();
         self.h.clear();
         self.s.clear();

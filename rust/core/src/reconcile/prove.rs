@@ -87,6 +87,9 @@ impl Reconciler {
             }
         }
         let st = &mut self.streams[s];
+        if let Err(reason) = st.chunk_rule(s, c) {
+            return self.fail(s, reason);
+        }
         // Release what nothing needs any more.
         // A later fragment's span_back reaches back over at most the pending empties.
         let mut keep = c.min(
@@ -118,6 +121,7 @@ impl Reconciler {
             && c == st.t_end
             && s_len == h_len
             && st.proven >= s_len
+            && st.q_ends.is_empty()
             && (if st.t_stop_string {
                 st.trim_checked
             } else {

@@ -227,6 +227,7 @@ impl Stream {
         }
         self.f.extend(r.fragments);
         self.h.extend(r.http_delta.as_bytes());
+        self.t_ends.push_back((self.t_end, self.h.len()));
         if self.h.len() > self.f.len() {
             return Err(format!(
                 "stream {s}: HTTP text extends beyond the detokenized fragments at byte {}",
@@ -272,11 +273,43 @@ impl Stream {
             self.q_end = o + 1;
         }
         self.s.extend(text.as_bytes());
+        if !text.is_empty() || !ids.is_empty() {
+            self.q_ends.push_back((self.q_end, self.s.len()));
+        }
         if self.t_finished && self.s.len() > self.h.len() {
             return Err(format!(
                 "stream {s}: SSE text extends beyond the HTTP text at byte {}",
                 self.h.len()
             ));
+        }
+        Ok(())
+    }
+}
+
+impl Stream {
+    /// Each SSE chunk carries whole steps: it ends where a text record ends
+    /// (several records when the HTTP writer merged steps). A chunk is held
+    /// against the first text record that ends at or after it once that
+    /// record's tokens are confirmed (`c`) and its bytes proven, so a token or
+    /// byte mismatch inside it is reported first.
+    pub(super) fn chunk_rule(&mut self, s: usize, c: u64) -> Result<(), String> {
+        while let Some(&(q, b)) = self.q_ends.front() {
+            while self.t_ends.front().is_some_and(|&end| end < (q, b)) {
+                self.t_ends.pop_front();
+            }
+            let Some(&(t, h)) = self.t_ends.front() else {
+                return Ok(());
+            };
+            if t > c || h > self.proven {
+                return Ok(());
+            }
+            if (t, h) != (q, b) {
+                return Err(format!(
+                    "stream {s}: an SSE chunk ends at offset {q} (byte {b}), inside a text record"
+                ));
+            }
+            self.t_ends.pop_front();
+            self.q_ends.pop_front();
         }
         Ok(())
     }
