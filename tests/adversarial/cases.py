@@ -762,6 +762,73 @@ def _sse_usage_absent(t: Transcript) -> None:
             t.remove(event)
 
 
+def _honest_metrics(t: Transcript) -> dict[int, dict[str, list[int]]]:
+    """What vLLM's per-request metrics (`--per-request-spec-decode-metrics detailed`)
+    say for each stream of the transcript as it is now: one entry per verify step (a
+    record with scheduled drafts), accepted drafts and real (unpadded) drafts."""
+    lists = {}
+    for stream in range(t.streams):
+        records = [
+            r
+            for f in t.frames(kind=wire.KIND_PROVENANCE)
+            for r in f.records
+            if isinstance(r, wire.ProvenanceRecord) and r.stream == stream and r.drafts_scheduled
+        ]
+        lists[stream] = {
+            "per_step_accepted": [r.roles.count(wire.ROLE_ACCEPTED) for r in records],
+            "per_step_drafted": [r.drafts_scheduled - r.drafts_padded for r in records],
+        }
+    return lists
+
+
+def _put_metrics(t: Transcript, lists: dict[int, dict[str, list[int]]]) -> None:
+    for stream, spec in lists.items():
+        t.usage_chunk(stream)["metrics"] = {"speculative_decoding": spec}
+
+
+def _sse_metrics(t: Transcript) -> None:
+    _put_metrics(t, _honest_metrics(t))
+
+
+def _sse_metrics_edit(edit: Callable[[dict[str, list[int]]], None]) -> Mutation:
+    def mutate(t: Transcript) -> None:
+        lists = _honest_metrics(t)
+        edit(lists[0])
+        _put_metrics(t, lists)
+
+    return mutate
+
+
+def _one_more_drafted(spec: dict[str, list[int]]) -> None:
+    spec["per_step_drafted"][0] += 1
+
+
+def _one_fewer_accepted(spec: dict[str, list[int]]) -> None:
+    spec["per_step_accepted"][1] -= 1
+
+
+def _last_step_missing(spec: dict[str, list[int]]) -> None:
+    spec["per_step_accepted"].pop()
+    spec["per_step_drafted"].pop()
+
+
+def _drafted_missing(spec: dict[str, list[int]]) -> None:
+    del spec["per_step_drafted"]
+
+
+def _relabelled_beside_metrics(t: Transcript) -> None:
+    # vLLM's own counters, taken before the scheduler's frames lie about roles.
+    lists = _honest_metrics(t)
+    _prov_roles_relabelled(t)
+    _put_metrics(t, lists)
+
+
+def _metrics_consistent(t: Transcript) -> None:
+    # The same relabelling, with vLLM's counters forged to match.
+    _prov_roles_relabelled(t)
+    _put_metrics(t, _honest_metrics(t))
+
+
 def _sse_done_early(t: Transcript) -> None:
     done = t.done(0)
     t.remove(done)
@@ -942,6 +1009,20 @@ def finish_pair(scheduler: str, detokenizer: str) -> str:
     )
 
 
+def metrics_disagree(step: int, vllm: str, offset: int, scheduler: str) -> str:
+    return (
+        f"stream 0: vLLM's per-request metrics disagree at verify step {step}: {vllm} "
+        f"drafted, the scheduler's step at offset {offset} says {scheduler}"
+    )
+
+
+def metrics_steps(listed: int, sent: int) -> str:
+    return (
+        f"stream 0: vLLM's per-request metrics list {listed} verify steps, the scheduler "
+        f"sent {sent} steps with drafts"
+    )
+
+
 def bad_id(position: int) -> str:
     return (
         f"bad SSE data: invalid SSE chunk: choices[0].token_ids[{position}] must be an "
@@ -992,6 +1073,14 @@ CASES: list[Case] = [
         "no usage chunk (it is optional)",
         "none",
         _sse_usage_absent,
+        expect="exact",
+    ),
+    _C(
+        "honest.sse_metrics",
+        "sse.metrics.per_step_accepted",
+        "vLLM's per-request metrics in both usage chunks, matching the scheduler's records",
+        "none",
+        _sse_metrics,
         expect="exact",
     ),
     _C(
@@ -2269,6 +2358,45 @@ CASES: list[Case] = [
         rule="carries no evidence about this stream's tokens",
     ),
     _C(
+        "sse.metrics.drafted",
+        "sse.metrics.per_step_drafted",
+        "stream 0's per-request metrics say one draft more at the first verify step",
+        "sse",
+        _sse_metrics_edit(_one_more_drafted),
+        reasons={0: metrics_disagree(0, "2 accepted of 4", 1, "2 of 3")},
+        rule="the fourth witness: vLLM's drafted count per verify step = scheduled - padded",
+    ),
+    _C(
+        "sse.metrics.accepted",
+        "sse.metrics.per_step_accepted",
+        "stream 0's per-request metrics say one accepted draft fewer at the second verify step",
+        "sse",
+        _sse_metrics_edit(_one_fewer_accepted),
+        reasons={0: metrics_disagree(1, "0 accepted of 3", 4, "1 of 3")},
+        rule="the fourth witness: vLLM's accepted count per verify step = the accepted roles",
+    ),
+    _C(
+        "sse.metrics.steps",
+        "sse.metrics.per_step_accepted",
+        "stream 0's per-request metrics leave out the last verify step",
+        "sse",
+        _sse_metrics_edit(_last_step_missing),
+        reasons={0: metrics_steps(4, 5)},
+        rule="the fourth witness: one entry per scheduler step with drafts",
+    ),
+    _C(
+        "sse.metrics.one_list",
+        "sse.metrics.per_step_drafted",
+        "stream 0's per-request metrics have per_step_accepted only",
+        "sse",
+        _sse_metrics_edit(_drafted_missing),
+        reasons={
+            0: "stream 0: vLLM's per-request metrics carry per_step_accepted without "
+            "per_step_drafted"
+        },
+        rule="the fourth witness: both lists or neither",
+    ),
+    _C(
         "sse.done.early",
         "sse.done",
         "stream 0's [DONE] comes before its last chunk",
@@ -2384,6 +2512,25 @@ CASES: list[Case] = [
         _boundary_shift_all,
         expect="limit",
         rule="which token produced which bytes is the detokenizer's statement",
+    ),
+    _C(
+        "combined.roles_beside_metrics",
+        "provenance.roles",
+        "the relabelled prefill token (provenance.roles.relabelled) beside vLLM's own "
+        "per-request metrics",
+        "scheduler",
+        _relabelled_beside_metrics,
+        reasons={0: metrics_steps(5, 6)},
+        rule="the fourth witness contradicts the roles: one entry per step with drafts",
+    ),
+    _C(
+        "combined.roles_and_metrics",
+        "provenance.roles",
+        "the relabelled prefill token, and per-request metrics forged to match it",
+        "scheduler+sse",
+        _metrics_consistent,
+        expect="limit",
+        rule="roles and vLLM's counters come from one engine: a consistent lie of both",
     ),
     _C(
         "combined.second_scheduler",

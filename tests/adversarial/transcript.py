@@ -199,14 +199,18 @@ class Transcript:
     def sse_events(self, stream: int) -> list[Sse]:
         return [a for a in self.actions if isinstance(a, Sse) and a.stream == stream]
 
-    def usage(self, stream: int) -> dict[str, Any]:
+    def usage_chunk(self, stream: int) -> dict[str, Any]:
+        """The stream's final usage chunk (no choices), as JSON data."""
         (event,) = [
             a
             for a in self.sse_events(stream)
             if isinstance(a.data, dict) and "usage" in a.data and not a.data["choices"]
         ]
         assert isinstance(event.data, dict)
-        usage: dict[str, Any] = event.data["usage"]
+        return event.data
+
+    def usage(self, stream: int) -> dict[str, Any]:
+        usage: dict[str, Any] = self.usage_chunk(stream)["usage"]
         return usage
 
     def done(self, stream: int) -> Sse:
