@@ -2176,6 +2176,7 @@ CASES: list[Case] = [
         "after each chunk of choice 0, a chunk of choice 1 with text 'zz'",
         "sse",
         _sse_second_choice_chunks,
+        reasons={0: OTHER_CHOICE},
         rule="issue 9 #6: choice 1's text never mixes into stream 0",
     ),
     _C(
