@@ -18,7 +18,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "maturin>=1.7,<2" "httpx>=0.27" "rich>=13.7" "prometheus_client>=0.20" \
 	    "pytest>=8" "pytest-benchmark>=4" "hypothesis>=6.100" "ruff>=0.6" "mypy>=1.10" \
-	    "pytest-timeout>=2.3"
+	    "pytest-timeout>=2.3" "jsonschema>=4.20"
 	touch $@
 
 # Build the extension in release mode and install the project editable into the

@@ -11,6 +11,7 @@ run can mix healthy streams with every kind of failure:
   nofinish    one SSE chunk and [DONE] without any finish_reason
   error400    HTTP 400 with vLLM's JSON error for a prompt over the context length
   surrogate   a delta whose JSON text is a lone surrogate (\\ud800), then the rest
+  noids       like ok, but without token_ids (only usage.completion_tokens counts them)
 It runs its own event loop in a thread, so synchronous CLI calls can use it.
 With `tls` (an ssl.SSLContext with the server's certificate) it speaks https.
 """
@@ -45,13 +46,10 @@ def _sse(payload: Any) -> bytes:
 
 
 def _delta(text: str, ids: list[int], finish: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-x",
-        "object": "chat.completion.chunk",
-        "choices": [
-            {"index": 0, "delta": {"content": text}, "token_ids": ids, "finish_reason": finish}
-        ],
-    }
+    choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    if ids:  # a server that sends no token ids leaves the key out
+        choice["token_ids"] = ids
+    return {"id": "chatcmpl-x", "object": "chat.completion.chunk", "choices": [choice]}
 
 
 class FakeServer:
@@ -60,10 +58,12 @@ class FakeServer:
         models: list[str] | None = None,
         metrics: str | None = None,
         tls: ssl.SSLContext | None = None,
+        models_status: int = 200,
     ) -> None:
         self.models = ["fake-model"] if models is None else models
         self.tls = tls
         self.metrics = metrics
+        self.models_status = models_status
         self.requests: list[dict[str, Any]] = []
         self.loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
@@ -128,6 +128,12 @@ class FakeServer:
         body: bytes,
         writer: asyncio.StreamWriter,
     ) -> None:
+        if method == "GET" and path.endswith("/models") and self.models_status != 200:
+            error = {"error": {"message": "invalid api key", "code": self.models_status}}
+            self._respond(
+                writer, self.models_status, "application/json", json.dumps(error).encode()
+            )
+            return
         if method == "GET" and path.endswith("/models"):
             data = {"object": "list", "data": [{"id": m} for m in self.models]}
             self._respond(writer, 200, "application/json", json.dumps(data).encode())
@@ -137,6 +143,10 @@ class FakeServer:
                 self._respond(writer, 404, "text/plain", b"not found")
             else:
                 self._respond(writer, 200, "text/plain; version=0.0.4", self.metrics.encode())
+            return
+        if not path.endswith("/completions"):
+            # A server without ParallelHue's route (e.g. /v1/parallelhue): like vLLM, 404.
+            self._respond(writer, 404, "application/json", b'{"detail":"Not Found"}')
             return
         request = json.loads(body)
         request["_headers"] = headers
@@ -197,11 +207,12 @@ class FakeServer:
         if prompt == "surrogate":
             writer.write(_sse(_delta("\ud800", [9])))
         text = EVIL_TEXT if prompt == "evil" else "Hello"
+        ids: list[list[int]] = [[], [], []] if prompt == "noids" else [[1, 2], [3], [4]]
         parts = [
             sse({"id": "", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
-            sse(_delta(text, [1, 2])),
-            sse(_delta(" world", [3])),
-            sse(_delta("!", [4], "stop")),
+            sse(_delta(text, ids[0])),
+            sse(_delta(" world", ids[1])),
+            sse(_delta("!", ids[2], "stop")),
             sse({"id": "", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}),
             _sse("[DONE]"),
             _chunk(b""),

@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from parallelhue import cli
-from parallelhue.config import ConfigError, parse_demo, parse_replay, parse_run
+from parallelhue.config import ConfigError, parse_replay, parse_run
 
 _CLEARED = (
     "PARALLELHUE_ENDPOINT",
@@ -28,6 +28,10 @@ _CLEARED = (
     "PARALLELHUE_TEMPERATURE",
     "PARALLELHUE_RECONCILER",
     "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "PARALLELHUE_API",
+    "PARALLELHUE_COLOR",
+    "PARALLELHUE_PALETTE",
     "NO_COLOR",
 )
 
@@ -63,13 +67,74 @@ FLAG_CASES = [
     ),
     (
         ["hi", "--endpoint", "ftp://x/v1/chat/completions"],
-        "--endpoint must be an http(s) URL ending in /v1/chat/completions or /v1/completions, "
+        "--endpoint must be an http(s) URL: a base URL (http://host:8000 or http://host:8000/v1) "
+        "or a full .../v1/chat/completions or .../v1/completions URL, "
         "got 'ftp://x/v1/chat/completions'",
     ),
     (
         ["hi", "--endpoint", "http://user:secret@h:1/v1/models"],
-        "--endpoint must be an http(s) URL ending in /v1/chat/completions or /v1/completions, "
-        "got 'http://***@h:1/v1/models'",
+        "--endpoint must be a base URL ending in an API version (http://host:8000/v1) or a full "
+        "URL ending in /v1/chat/completions or /v1/completions, got 'http://***@h:1/v1/models'",
+    ),
+    # Defect 14: an endpoint without /v1 used to pass validation.
+    (
+        ["hi", "--endpoint", "http://h:8000/chat/completions"],
+        "--endpoint has no API version (/v1) before /chat/completions: give http://h:8000/v1 "
+        "or .../v1/chat/completions, got 'http://h:8000/chat/completions'",
+    ),
+    (
+        ["hi", "--endpoint", "http://h:8000/v1/chat/completions", "--api", "completions"],
+        "--endpoint ends in /chat/completions, which is the chat API, but --api completions was "
+        "given: give the base URL (.../v1) with --api, or drop --api",
+    ),
+    (["hi", "--api", "responses"], "--api must be one of chat, completions, got 'responses'"),
+    (["hi", "--color", "rainbow"], "--color must be one of step, role, got 'rainbow'"),
+    (
+        ["hi", "--palette", "neon"],
+        "--palette must be one of standard, colorblind, got 'neon'",
+    ),
+    (
+        ["hi", "--extra-body", "{top_p: 1}"],
+        "--extra-body is not valid JSON (Expecting property name enclosed in double quotes at "
+        """line 1 column 2): give a JSON object, e.g. '{"top_p": 0.9}'""",
+    ),
+    (
+        ["hi", "--extra-body", "[1]"],
+        """--extra-body must be a JSON object, got a list: give a JSON object, e.g. """
+        """'{"top_p": 0.9}'""",
+    ),
+    (
+        ["hi", "--extra-body", '{"stream": false, "top_p": 0.5}'],
+        "--extra-body may not set stream: parallelhue sets stream, stream_options, "
+        "return_token_ids, request_id, n itself (they make the stream verifiable)",
+    ),
+    (
+        ["hi", "--header", "NoColon"],
+        "--header needs NAME:VALUE with a token NAME (e.g. --header 'X-Team: infra'), "
+        "got 'NoColon'",
+    ),
+    (
+        ["hi", "--header", "Bad Name: x"],
+        "--header needs NAME:VALUE with a token NAME (e.g. --header 'X-Team: infra'), "
+        "got 'Bad Name:…'",
+    ),
+    (
+        ["hi", "--header", "X-Request-Id: mine"],
+        "--header X-Request-Id is set by parallelhue itself on every request: drop it",
+    ),
+    (
+        ["hi", "--header", "X-Secret: ab\x01cd"],
+        "--header X-Secret: the value contains a control character",
+    ),
+    (["hi", "--stop", ""], "--stop needs a non-empty string"),
+    (["hi", "--system", "  "], "--system is empty: give the system prompt's text"),
+    (
+        ["hi", "--system", "be brief", "--api", "completions"],
+        "--system needs the chat API: give a .../v1/chat/completions endpoint or --api chat",
+    ),
+    (
+        ["hi", "--json", "--measurement", "-"],
+        "--json and --measurement - both write to stdout: give --measurement a file name",
     ),
     (["hi", "--export", "out.png"], "--export must end in .svg or .html or .htm, got 'out.png'"),
     (["hi", "--socket-dir", ""], "--socket-dir needs a directory path"),
@@ -124,8 +189,22 @@ ENV_CASES = [
     (
         "PARALLELHUE_ENDPOINT",
         "localhost:8000",
-        "PARALLELHUE_ENDPOINT must be an http(s) URL ending in /v1/chat/completions or "
-        "/v1/completions, got 'localhost:8000'",
+        "PARALLELHUE_ENDPOINT must be an http(s) URL: a base URL (http://host:8000 or "
+        "http://host:8000/v1) or a full .../v1/chat/completions or .../v1/completions URL, "
+        "got 'localhost:8000'",
+    ),
+    (
+        "OPENAI_BASE_URL",
+        "http://h:1/openai",
+        "OPENAI_BASE_URL must be a base URL ending in an API version (http://host:8000/v1) or a "
+        "full URL ending in /v1/chat/completions or /v1/completions, got 'http://h:1/openai'",
+    ),
+    ("PARALLELHUE_API", "x", "PARALLELHUE_API must be one of chat, completions, got 'x'"),
+    ("PARALLELHUE_COLOR", "x", "PARALLELHUE_COLOR must be one of step, role, got 'x'"),
+    (
+        "PARALLELHUE_PALETTE",
+        "x",
+        "PARALLELHUE_PALETTE must be one of standard, colorblind, got 'x'",
     ),
     (
         "PARALLELHUE_BACKEND",
@@ -199,7 +278,8 @@ def test_concurrency_above_64_warns(capsys: pytest.CaptureFixture[str]) -> None:
     config = parse_run(["hi", "--concurrency", "65"], stdout_tty=True)
     assert config.view == "grid"
     assert config.warnings == [
-        "--concurrency 65 is above 64: every stream runs, but the grid shows only the first 64"
+        "--concurrency 65 is above 64: every stream runs, but only the first 64 get panes "
+        "(the rest are overview lines)"
     ]
 
 
@@ -240,6 +320,8 @@ def test_prompt_file_errors(tmp_path: pytest.TempPathFactory) -> None:
 
 
 def test_demo_flags() -> None:
+    from parallelhue.demo import parse_demo
+
     with pytest.raises(ConfigError) as error:
         parse_demo(["--concurrency", "65"], stdout_tty=True)
     assert str(error.value) == "--concurrency must be an integer from 1 to 64, got '65'"
@@ -309,6 +391,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_fault_spec_is_validated() -> None:
+    from parallelhue.demo import parse_demo
+
     with pytest.raises(ConfigError) as error:
         parse_demo(["--fault", "drop:2"], stdout_tty=False)
     assert str(error.value) == "--fault: fault drop must be a probability in 0..1, got 2.0"
@@ -327,3 +411,121 @@ def test_command_line_prompt_wins_over_prompt_file_variable(
     with pytest.raises(ConfigError) as error:
         parse_run(["typed", "--prompt-file", path], stdout_tty=False)
     assert str(error.value) == "give either a prompt or --prompt-file, not both"
+
+
+# --- defects of issue 12 and the new flags ---------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["demo", "replay"])
+def test_subcommand_help_exits_0(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Defect 1: `parallelhue demo --help` and `replay --help` were rejected with exit 2.
+    code, out, err = run_cli([command, "--help"], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"usage: parallelhue {command}")
+
+
+def test_help_states_the_concurrency_range_that_is_accepted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Defect 14: the help said "1-64" while 1024 was accepted.
+    from parallelhue.settings import HARD_CONCURRENCY_LIMIT
+
+    _code, out, _err = run_cli(["--help"], capsys)
+    line = next(x for x in out.splitlines() if x.lstrip().startswith("--concurrency"))
+    assert f"1-{HARD_CONCURRENCY_LIMIT} " in line
+    parse_run(["hi", "--concurrency", str(HARD_CONCURRENCY_LIMIT)], stdout_tty=False)
+    with pytest.raises(ConfigError) as error:
+        parse_run(["hi", "--concurrency", str(HARD_CONCURRENCY_LIMIT + 1)], stdout_tty=False)
+    assert f"from 1 to {HARD_CONCURRENCY_LIMIT}," in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "api", "expected"),
+    [
+        ("http://h:8000", None, "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/", "completions", "http://h:8000/v1/completions"),
+        ("http://h:8000/v1", None, "http://h:8000/v1/chat/completions"),
+        ("https://h/proxy/v1/", "completions", "https://h/proxy/v1/completions"),
+        ("http://h:8000/v1/completions", None, "http://h:8000/v1/completions"),
+        ("http://h:8000/v1/chat/completions/", "chat", "http://h:8000/v1/chat/completions"),
+        ("https://h/api/v1beta", None, "https://h/api/v1beta/chat/completions"),
+    ],
+)
+def test_endpoint_takes_base_urls_as_the_openai_sdk_does(
+    given: str, api: str | None, expected: str
+) -> None:
+    args = ["hi", "--endpoint", given] + (["--api", api] if api else [])
+    assert parse_run(args, stdout_tty=False).endpoint == expected
+
+
+def test_endpoint_variables_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (
+        parse_run(["hi"], stdout_tty=False).endpoint == "http://127.0.0.1:8000/v1/chat/completions"
+    )
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://openai-base:1/v1")
+    monkeypatch.setenv("PARALLELHUE_API", "completions")
+    assert parse_run(["hi"], stdout_tty=False).endpoint == "http://openai-base:1/v1/completions"
+    monkeypatch.setenv("PARALLELHUE_ENDPOINT", "http://ph:2")
+    assert parse_run(["hi"], stdout_tty=False).endpoint == "http://ph:2/v1/completions"
+    config = parse_run(["hi", "--endpoint", "http://flag:3/v1", "--api", "chat"], stdout_tty=False)
+    assert config.endpoint == "http://flag:3/v1/chat/completions"
+
+
+def test_request_knobs_reach_the_body() -> None:
+    from parallelhue.request import build_body
+    from parallelhue.streams import StreamRequest
+
+    config = parse_run(
+        ["hi", "--stop", "END", "--stop", "\n\n", "--ignore-eos", "--system", "be brief",
+         "--extra-body", '{"top_p": 0.5, "min_tokens": 3, "seed": 99}', "--seed", "7",
+         "--header", "X-Team: infra", "--header", "Authorization: Bearer other"],
+        stdout_tty=False,
+    )  # fmt: skip
+    body = build_body(config, "m", StreamRequest(2, "ph1_x_2", "hi", 9))
+    assert body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert body["stop"] == ["END", "\n\n"]
+    assert body["ignore_eos"] is True
+    assert (body["top_p"], body["min_tokens"]) == (0.5, 3)
+    assert body["seed"] == 9  # the stream's own seed wins over --extra-body
+    assert body["request_id"] == "ph1_x_2" and body["return_token_ids"] is True
+    assert config.headers == (("X-Team", "infra"), ("Authorization", "Bearer other"))
+    completions = parse_run(["hi", "--api", "completions"], stdout_tty=False)
+    body = build_body(completions, "m", StreamRequest(0, "ph1_x_0", "hi", 0))
+    assert body["prompt"] == "hi" and "messages" not in body and "stop" not in body
+
+
+def test_prompt_file_byte_order_mark_is_not_sent(tmp_path: pytest.TempPathFactory) -> None:
+    # Defect 14: a UTF-8 BOM at the start of the prompt file became part of prompt 0.
+    path = os.path.join(str(tmp_path), "bom.txt")
+    with open(path, "wb") as handle:
+        handle.write("\ufefffirst\nsecond\n".encode())
+    assert parse_run(["--prompt-file", path], stdout_tty=False).prompts == ["first", "second"]
+
+
+def test_replay_of_a_directory_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # Defect 10: `replay /tmp` said "no such file".
+    code, _out, err = run_cli(["replay", "/tmp"], capsys)
+    assert code == 2
+    assert err == "parallelhue: error: replay: /tmp is a directory, give a recording file\n"
+
+
+def test_dumb_terminal_gets_the_plain_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Defect 7: TERM=dumb was ignored (alternate screen, cursor moves, colors).
+    monkeypatch.setenv("TERM", "dumb")
+    config = parse_run(["hi", "--concurrency", "4"], stdout_tty=True)
+    assert (config.view, config.no_color) == ("plain", True)
+    with pytest.raises(ConfigError) as error:
+        parse_run(["hi", "--concurrency", "4", "--view", "grid"], stdout_tty=True)
+    assert str(error.value) == (
+        "--view grid moves the cursor, but TERM=dumb cannot: use --view plain or set TERM"
+    )
+
+
+def test_measurement_dash_is_stdout_not_a_file(tmp_path: pytest.TempPathFactory) -> None:
+    # Defect 14: `--measurement -` created a file named "-".
+    config = parse_run(["hi", "--measurement", "-"], stdout_tty=True)
+    assert config.measurement == "-" and config.stdout_reserved
+    assert parse_run(["hi", "--json"], stdout_tty=True).stdout_reserved

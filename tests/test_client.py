@@ -24,6 +24,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "GRACE_SECONDS", 0.2)
 
 
+def table_rows(out: str) -> dict[int, list[str]]:
+    """The summary table's stream rows: `#i LABEL tokens ...` split into their cells."""
+    rows = {}
+    for match in re.finditer(r"^#(\d+) +(.*)$", out, re.M):
+        rows[int(match.group(1))] = match.group(2).split()
+    return rows
+
+
 def write_prompts(directory: str, prompts: list[str]) -> str:
     path = os.path.join(directory, "prompts.json")
     with open(path, "w", encoding="utf-8") as handle:
@@ -114,6 +122,7 @@ def test_each_failure_ends_only_its_stream(
     assert code == 1
     assert err == ("parallelhue: 7 of 9 streams failed; stream 1: HTTP 500: boom red second line\n")
     lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    rows = table_rows(out)
     assert "error: HTTP 500: boom red second line" in lines[1]
     assert "error: HTTP 404: no such route" in lines[2]
     assert (
@@ -131,7 +140,7 @@ def test_each_failure_ends_only_its_stream(
         assert "error: the server closed the connection mid-stream" in lines[8]
     for healthy in (0, 6):
         assert "error" not in lines[healthy]
-        assert "SSE tokens=4" in lines[healthy]
+        assert rows[healthy][:2] == ["CHUNK", "4"]  # label, tokens
         # No telemetry reached the client: auto downgraded visibly, per stream.
         assert lines[healthy].startswith(f"stream {healthy}: SSE CHUNK MODE")
         assert "downgraded: missing telemetry: no frames received for this run" in lines[healthy]
@@ -369,7 +378,13 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     assert mode == 0o600
     assert frames == [b"ours"]
     if os.geteuid() == 0:
-        assert stats == {"datagrams": 2, "rejected_uid": 1, "bytes": 4}
+        assert stats == {
+            "datagrams": 2,
+            "rejected_uid": 1,
+            "accepted_foreign": 0,
+            "bytes": 4,
+            "last_rejected_uid": 65534,
+        }
     assert not os.path.exists(path)
 
 
@@ -416,7 +431,7 @@ def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
         )  # fmt: skip
     out, _err = capsys.readouterr()
     assert code == 0
-    assert "Hello world!" in out and "SSE tokens=4" in out
+    assert "Hello world!" in out and table_rows(out)[0][:2] == ["CHUNK", "4"]
 
     original = client_fakes._delta
 
@@ -433,4 +448,167 @@ def test_both_sse_parsers_give_the_same_text_and_end_on_bad_data(
     assert code == 1
     assert err.startswith("parallelhue: 1 of 1 streams failed; stream 0: bad SSE data")
     assert "not json" in err or "JSON" in err
-    assert "SSE tokens=2" in out  # "Hello" arrived; nothing after the bad event
+    assert table_rows(out)[0][:2] == ["ERROR", "2"]  # "Hello" arrived; nothing after the bad event
+
+
+# --- defects of issue 12 and the new request knobs -------------------------------------------
+
+
+def test_401_from_the_model_list_points_at_the_api_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Defect 6: a 401 from /v1/models said "give --model".
+    with FakeServer(models_status=401) as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk"]
+        )
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        f"parallelhue: error: the server needs an API key (HTTP 401 from {server.url}/v1/models): "
+        "give it with --api-key or OPENAI_API_KEY\n"
+    )
+
+
+def test_tokens_are_counted_from_usage_without_token_ids(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Defect 8: 0 tokens on a server that sends usage.completion_tokens but no token_ids.
+    with FakeServer() as server:
+        endpoint = server.url + "/v1/chat/completions"
+        code = cli.main(["noids", "--endpoint", endpoint, "--mode", "chunk", "--view", "plain"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert "#0 SSE CHUNK MODE · 4 tok" in out
+        assert re.search(r"^#0 +CHUNK +4† ", out, re.M), out
+        code = cli.main(["noids", "--endpoint", endpoint, "--mode", "chunk", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    (stream,) = result["streams"]
+    assert (stream["tokens"], stream["tokens_source"]) == (4, "usage")
+    assert result["total"]["tokens"] == 4
+
+
+@pytest.mark.timeout(300)
+def test_auto_mode_without_telemetry_does_not_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Defect 5: against a server without the plugin the label stayed VERIFYING for the
+    # whole grace period (2 s) after the last stream, and wall time and tok/s included it.
+    # With a 10-minute grace period, waiting for it would hit the test's timeout.
+    monkeypatch.setattr(session, "GRACE_SECONDS", 600.0)
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--concurrency", "2",
+             "--view", "plain"]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count("SSE CHUNK MODE · 4 tok") == 2
+    assert "downgraded: missing telemetry: no frames received for this run" in out
+    wall = re.search(r"^wall time ([0-9.]+) s \(first request to last SSE delta\)", out, re.M)
+    assert wall is not None and float(wall.group(1)) < 60  # the generation, not a grace period
+
+
+def test_nothing_connected_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Defect 13: every stream refused drew panes and a ten-line summary.
+    port = free_port()
+    code = cli.main(
+        ["hi", "--endpoint", f"http://127.0.0.1:{port}/v1/chat/completions", "--model", "m",
+         "--mode", "chunk", "--concurrency", "3"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out == ""
+    assert err == (
+        f"parallelhue: 3 of 3 streams failed; stream 0: cannot connect to 127.0.0.1:{port}: "
+        "connection refused (is the server running?)\n"
+    )
+
+
+def test_headers_and_request_knobs_reach_the_server(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1", "--mode", "chunk", "--header",
+             "X-Team: infra", "--stop", "END", "--ignore-eos", "--system", "be brief",
+             "--extra-body", '{"top_p": 0.25}']
+        )  # fmt: skip
+        (request,) = server.requests
+    assert code == 0, capsys.readouterr().err
+    assert request["_headers"]["x-team"] == "infra"
+    assert request["stop"] == ["END"] and request["ignore_eos"] is True
+    assert request["top_p"] == 0.25
+    assert request["messages"][0] == {"role": "system", "content": "be brief"}
+
+
+def test_measurement_to_stdout(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Defect 14: `--measurement -` created a file named "-".
+    os.chdir(str(tmp_path))
+    with FakeServer() as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url + "/v1/chat/completions", "--mode", "chunk",
+             "--measurement", "-"]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert not os.path.exists("-")
+    record = json.loads(out)
+    assert record["schema"] == "parallelhue-measurement/2"
+    assert record["results"]["streams"][0]["tokens"] == 4
+    assert (record["request"]["stop"], record["request"]["ignore_eos"]) == ([], False)
+    assert "Summary" in err
+
+
+def _python_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "python")
+    return env
+
+
+def test_dumb_terminal_gets_no_escape_sequences() -> None:
+    # Defect 7: TERM=dumb got the alternate screen, cursor moves and 256 colors.
+    import pty
+    import subprocess
+
+    env = _python_env()
+    env["TERM"] = "dumb"
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2", "--max-tokens",
+         "20", "--step-ms", "1"],
+        stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,
+    )  # fmt: skip
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, output[-2000:]
+    text = output.decode("utf-8", "replace")
+    assert "EXACT TOKEN PROVENANCE" in text and "Summary" in text
+    assert "\x1b" not in text
+
+
+def test_closed_stdout_exits_141_with_one_line() -> None:
+    # Defect 9: `parallelhue demo | head -1` exited 1 silently.
+    import subprocess
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "parallelhue", "demo", "--concurrency", "2", "--max-tokens",
+         "40", "--step-ms", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_python_env(),
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader went away before the first line
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141
+    assert err == "parallelhue: stdout was closed (broken pipe): output stopped\n"

@@ -122,13 +122,13 @@ def run_ingest(
                 feed,
                 run_id=RUN_ID,
                 endpoint=(url or served) + "/v1/x?q=1",
-                requests=[
-                    (StreamRequest(i, f"ph1_{RUN_ID}_{i}", "hi", i), {"a": i}) for i in range(n)
-                ],
                 api_key="sk-x",
                 timeout=timeout,
-                socket_path=None,
+                telemetry=None,
                 min_interval=0.0,
+            )
+            ingest.begin(
+                [(StreamRequest(i, f"ph1_{RUN_ID}_{i}", "hi", i), {"a": i}) for i in range(n)]
             )
             ran = Ran(model, ingest, requests)
             try:

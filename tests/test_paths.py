@@ -214,5 +214,6 @@ def test_check_socket_refuses_foreign_owner(short_tmp: Path) -> None:
             paths.check_socket_file(str(path))
     assert str(info.value) == (
         f"socket {path} is owned by uid 4242, not {os.geteuid()}: "
-        "run the client and the server as the same user"
+        "run the client and the server as the same user, or see --accept-uid "
+        "and PARALLELHUE_SOCKET_OWNER_UID (docs/PROTOCOL.md)"
     )

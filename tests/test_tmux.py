@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -76,11 +77,11 @@ def test_one_pane_per_stream_and_a_summary_pane(
         assert f"#{index} SSE CHUNK MODE" in text
         assert "Hello world!" in text
         assert "4 tok" in text
-    summary = wait_for(f"{session}:0.3", "total: 3 streams")
-    assert "total: 3 streams; SSE tokens=12" in summary
-    assert "stream 2: SSE CHUNK MODE" in summary
+    summary = wait_for(f"{session}:0.3", "3 streams · mode chunk")
+    assert re.search(r"^total +12 ", summary, re.M), summary
+    assert re.search(r"^#2 +CHUNK +4 ", summary, re.M), summary
     # The summary is also printed to the launching terminal.
-    assert "total: 3 streams; SSE tokens=12" in out
+    assert re.search(r"^total +12 ", out, re.M), out
     # No pane command carries secrets or the endpoint: only the snapshot directory.
     commands = subprocess.run(
         ["tmux", "list-panes", "-t", session, "-F", "#{pane_start_command}"],
@@ -124,8 +125,238 @@ def test_attach_from_a_terminal_then_summary_after_detach(
             text=True,
         ).stdout.split()
         (inner,) = [name for name in sessions if name.startswith("parallelhue-")]
-        wait_for(f"{inner}:0.2", "total: 2 streams")
+        wait_for(f"{inner}:0.2", "2 streams · mode chunk")
         subprocess.run(["tmux", "kill-session", "-t", inner], check=True)
         after = wait_for("outer", "EXIT=")
     assert "EXIT=0" in after
-    assert "total: 2 streams; SSE tokens=8" in after
+    assert re.search(r"^total +8 ", after, re.M), after
+
+
+# --- the live screen in a real terminal (tmux panes at 200x50, 80x24 and 34x9) ------------
+
+PROMPT = "READY$ "
+
+
+def _shell_command(*args: str) -> str:
+    """A parallelhue command line for a shell in a pane, with this checkout on PYTHONPATH."""
+    import shlex
+    import sys
+
+    python_dir = os.path.join(os.path.dirname(__file__), "..", "python")
+    env = [
+        f"PYTHONPATH={python_dir}",
+        f"PARALLELHUE_SOCKET_DIR={os.environ['PARALLELHUE_SOCKET_DIR']}",
+    ]
+    return shlex.join(["env", "-u", "TMUX", *env, sys.executable, "-m", "parallelhue", *args])
+
+
+def _shell(name: str, width: int, height: int) -> str:
+    """A bash in a detached pane of the given size, with a prompt we can find."""
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", name, "-x", str(width), "-y", str(height),
+         "env", f"PS1={PROMPT}", "TERM=xterm-256color", "bash", "--norc", "--noprofile", "-i"],
+        check=True,
+    )  # fmt: skip
+    wait_for(name, PROMPT)
+    return name
+
+
+def _type(target: str, *keys: str) -> None:
+    subprocess.run(["tmux", "send-keys", "-t", target, *keys], check=True)
+
+
+def _wait_until(target: str, predicate: object, what: str) -> str:
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:
+        text = capture(target)
+        if callable(predicate) and predicate(text):
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{what} never appeared:\n{text}")
+
+
+def _slow_demo(concurrency: int) -> str:
+    return _shell_command(
+        "demo", "--concurrency", str(concurrency), "--max-tokens", "3000", "--step-ms", "40"
+    )
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "columns", "streams"), [(200, 50, 5, 15), (80, 24, 2, 16)]
+)
+def test_live_grid_keeps_the_rightmost_column(
+    private_tmux: str, width: int, height: int, columns: int, streams: int
+) -> None:
+    # Defect 2: panes filling the width exactly (5 x 40, 2 x 40) lost the last column.
+    from rich.cells import cell_len
+
+    def pane_rows(text: str) -> list[str]:
+        return [row for row in text.splitlines() if row and row[0] in "┌│└┏┃┗"]
+
+    def whole(text: str) -> bool:
+        """Every pane row holds all its cells (a capture may catch a row mid-write)."""
+        rows = pane_rows(text)
+        return len(rows) >= 6 and all(cell_len(row) == width for row in rows)
+
+    target = _shell("grid", width, height)
+    _type(target, _slow_demo(streams), "Enter")
+    _wait_until(target, lambda text: "#1 VERIFYING" in text or "#1 EXACT" in text, "the grid")
+    # With the defect every frame lacks the last cell: this never turns true.
+    screen = _wait_until(target, whole, "a grid whose rows keep their last cell")
+    for row in pane_rows(screen):
+        assert row[-1] in "┐│┘┓┃┛", row
+        assert row.count("┐") + row.count("┓") in (0, columns)
+    assert screen.splitlines()[height - 1].startswith("streams ")  # the status line stays
+    _type(target, "q")
+    _wait_until(target, lambda text: text.rstrip().endswith(PROMPT.rstrip()), "the prompt")
+
+
+def test_all_streams_visible_at_200x50(private_tmux: str) -> None:
+    target = _shell("all", 200, 50)
+    _type(target, _slow_demo(64), "Enter")
+    screen = _wait_until(
+        target, lambda text: len(set(re.findall(r"#(\d+) ", text))) == 64, "64 streams"
+    )
+    assert " hidden" not in screen
+    _type(target, "q")
+    _wait_until(target, lambda text: text.rstrip().endswith(PROMPT.rstrip()), "the prompt")
+
+
+def test_80x24_shows_overview_lines_and_cuts_the_status_with_an_ellipsis(
+    private_tmux: str,
+) -> None:
+    # Defect 14: at 80x24 the status line was cut without an ellipsis.
+    target = _shell("narrow", 80, 24)
+    _type(target, _slow_demo(64), "Enter")
+    screen = _wait_until(target, lambda text: " hidden" in text, "the grid")
+    rows = screen.splitlines()
+    status = rows[23]
+    assert re.match(r"\d+ of 64 streams hidden: enlarge the terminal", status), status
+    assert status.endswith("…")
+    overview = [row for row in rows if re.match(r"^[ ▶]#\d+ +(VERIFY|EXACT) ", row)]
+    assert len(overview) >= 20  # a line per stream: label, tokens/step, acceptance, tail
+    _type(target, "q")
+    _wait_until(target, lambda text: text.rstrip().endswith(PROMPT.rstrip()), "the prompt")
+
+
+def test_typed_q_quits_with_a_partial_summary_and_never_reaches_the_shell(
+    private_tmux: str,
+) -> None:
+    # Defect 11: no keys were handled; a `q` typed during the run landed on the prompt.
+    target = _shell("keys", 80, 24)
+    _type(target, _slow_demo(4), "Enter")
+    _wait_until(target, lambda text: "#3 " in text, "the live grid")
+    _type(target, "x", "y")  # keys the view does not use are read and dropped
+    _type(target, "Down", "z")  # zoom the next stream: it gets the whole screen
+    zoomed = _wait_until(target, lambda text: "┃#1 " in text, "the zoomed stream")
+    assert (
+        "#2 " not in zoomed and "keys: ↑↓←→ focus · z zoom · p pause · c colors · q quit" in zoomed
+    )
+    _type(target, "q")
+    after = _wait_until(
+        target, lambda text: text.rstrip().endswith(PROMPT.rstrip()), "the prompt after q"
+    )
+    assert "Summary (SIMULATED ENGINE: simulated numbers) (interrupted: partial" in after
+    assert "parallelhue: interrupted" in after
+    last = after.rstrip("\n").splitlines()[-1]
+    assert last.rstrip() == PROMPT.rstrip(), last  # nothing typed during the run reached it
+    _type(target, "echo EXIT=$?", "Enter")
+    assert "EXIT=130" in wait_for(target, "EXIT=")
+
+
+def test_ctrl_c_prints_a_partial_summary_and_restores_the_terminal(private_tmux: str) -> None:
+    # Defect 11: Ctrl-C printed no partial summary.
+    target = _shell("ctrlc", 80, 24)
+    _type(target, _slow_demo(2), "Enter")
+    _wait_until(target, lambda text: "#1 " in text, "the live grid")
+    _type(target, "C-c")
+    after = _wait_until(
+        target, lambda text: text.rstrip().endswith(PROMPT.rstrip()), "the prompt after Ctrl-C"
+    )
+    assert "(interrupted: partial figures)" in after and re.search(r"^#1 +\S+ +\d+", after, re.M)
+    # The terminal echoes again (cbreak mode was left): typed text shows on the prompt.
+    _type(target, "echo typed-back", "Enter")
+    assert "typed-back" in wait_for(target, "typed-back\n")
+
+
+def test_34x9_still_shows_streams_and_what_is_hidden(private_tmux: str) -> None:
+    target = _shell("tiny", 34, 9)
+    _type(target, _slow_demo(16), "Enter")
+    screen = _wait_until(target, lambda text: "hidden" in text and "#0 " in text, "the grid")
+    rows = screen.splitlines()
+    assert len(rows) <= 9 and all(len(row) <= 34 for row in rows)
+    assert re.search(r"▶?#0 +(VERIFY|EXACT)", screen)
+    _type(target, "q")
+    _wait_until(target, lambda text: PROMPT.rstrip() in text.splitlines()[-1], "the prompt")
+
+
+def test_tmux_panes_keep_their_header_however_long_the_text(
+    private_tmux: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Defect 3: a pane printed one line more than it holds; the header scrolled away.
+    code = cli.main(
+        ["demo", "--concurrency", "6", "--max-tokens", "300", "--step-ms", "1", "--tmux",
+         "--no-attach"]
+    )  # fmt: skip
+    _out, err = capsys.readouterr()
+    assert code == 0, err
+    session = err.split("parallelhue: tmux session ", 1)[1].split()[0]
+    for index in range(6):
+        text = wait_for(f"{session}:0.{index}", " tok ")
+        lines = text.splitlines()
+        assert lines[0].startswith(f"#{index} EXACT TOKEN PROVENANCE"), lines[:2]
+        assert re.match(r"\d+ tok \d+ st ", lines[1]), lines[:2]
+
+
+def _sessions_attached() -> str:
+    listed = subprocess.run(
+        ["tmux", "list-sessions", "-F", "#{session_name} #{session_attached}"],
+        capture_output=True,
+        text=True,
+    )
+    return listed.stdout
+
+
+def test_tmux_inside_tmux_says_how_to_return_and_removes_finished_sessions(
+    private_tmux: str,
+) -> None:
+    # Defect 12: inside tmux the client was switched with no hint; sessions accumulated.
+    work = _shell("work", 160, 40)
+    # A client attached to "work" (drawn by a second tmux server acting as the terminal),
+    # so `switch-client` has a client to switch.
+    subprocess.run(
+        ["tmux", "-L", "outer", "new-session", "-d", "-x", "160", "-y", "40",
+         f"env -u TMUX TMUX_TMPDIR={private_tmux} tmux attach -t work"],
+        check=True,
+    )  # fmt: skip
+    try:
+        _wait_until(
+            work,
+            lambda _text: "work 1" in _sessions_attached(),
+            "the attached client",
+        )
+        command = _shell_command(
+            "demo", "--concurrency", "2", "--max-tokens", "20", "--step-ms", "1", "--tmux"
+        ).replace("env -u TMUX ", "env ")
+        _type(work, command, "Enter")
+        first = _wait_until(work, lambda text: "stays for reading" in text, "the run's end")
+        assert "return with `tmux switch-client -l` (prefix + L)" in first
+        old = re.search(r"tmux session (parallelhue-[0-9a-f]+)", first)
+        assert old is not None
+        subprocess.run(["tmux", "switch-client", "-t", "work"], check=False)
+        _type(work, "clear; echo SECOND-RUN", "Enter", command, "Enter")
+        second = _wait_until(
+            work,
+            lambda text: "stays for reading" in text.split("SECOND-RUN")[-1],
+            "the second run",
+        )
+        assert f"removed the finished tmux session {old.group(1)}" in second
+        sessions = subprocess.run(
+            ["tmux", "list-sessions", "-F", "#{session_name}"],
+            check=True, capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        assert old.group(1) not in sessions
+        assert len([name for name in sessions if name.startswith("parallelhue-")]) == 1
+    finally:
+        subprocess.run(["tmux", "-L", "outer", "kill-server"], check=False, capture_output=True)

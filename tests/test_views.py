@@ -1,33 +1,44 @@
-"""Coloring rule, labels, fixed-size grid panes, plain output."""
+"""The pane model and its painters: coloring rule, labels, layout, summary table, plain output."""
 
 from __future__ import annotations
 
 import io
 import re
 
+from rich.cells import cell_len
 from rich.console import Console
 
 from parallelhue.backend import Backend
-from parallelhue.state import (
-    LABEL_CHUNK,
-    LABEL_EXACT,
-    LABEL_VERIFYING,
-    PALETTE,
-    RunModel,
-    StreamState,
+from parallelhue.paint import ansi_line, plain_lines, rich_text
+from parallelhue.panes import (
+    GridUi,
+    box_pane,
+    final_grid,
+    grid_layout,
+    grid_screen,
+    line_text,
+    line_width,
+    pane_data,
+    wrap,
 )
-from parallelhue.views import grid_layout, grid_renderable, make_console, styled_text
+from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
+from parallelhue.style import Theme
+from parallelhue.summary import summary_block, summary_lines
+from parallelhue.views import make_console
 
 SPECULATIVE = Backend("ngram", True, "plugin hello")
 GENERIC = Backend("generic", False, "no plugin hello; no /metrics")
-_ANSI_COLOR = re.compile(r"\x1b\[38;5;(\d+)m([^\x1b]*)")
+THEME = Theme()
+_ANSI_COLOR = re.compile(r"\x1b\[(?:[0-9;]*;)?38;5;(\d+)m([^\x1b]*)")
+_SGR = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 
 
 def colored_pieces(text: str) -> list[tuple[int, str]]:
     return [(int(code), piece) for code, piece in _ANSI_COLOR.findall(text)]
 
 
-def render(renderable: object, width: int = 120, no_color: bool = False) -> str:
+def render(text: object, width: int = 120, no_color: bool = False) -> str:
+    """What Rich writes for `text` on a 256-color terminal (the Rich painter's output)."""
     console = Console(
         file=io.StringIO(),
         width=width,
@@ -37,10 +48,14 @@ def render(renderable: object, width: int = 120, no_color: bool = False) -> str:
         highlight=False,
         markup=False,
     )
-    console.print(renderable)
+    console.print(text)
     output = console.file.getvalue()  # type: ignore[attr-defined]
     assert isinstance(output, str)
     return output
+
+
+def painted(segments: list[tuple[str, str | None]], theme: Theme = THEME) -> str:
+    return render(rich_text([list(segments)], theme))
 
 
 def exact_stream(mode: str = "auto") -> StreamState:
@@ -48,18 +63,29 @@ def exact_stream(mode: str = "auto") -> StreamState:
     for text in ("Hel", "lo w", "orld", "!!"):
         stream.add_delta(text, [1], 0.0)
     # Steps 0..4; "lo w" is a mixed span (two steps), so it stays uncolored.
-    stream.add_span(0, "Hel", 0)
-    stream.add_span(3, "lo w", None)
-    stream.add_span(7, "orld", 1)
+    stream.add_span(0, "Hel", 0, 1)
+    stream.add_span(3, "lo w", None, None)
+    stream.add_span(7, "orld", 1, 2)
     return stream
+
+
+def model_of(streams: list[StreamState], mode: str = "auto", **kwargs: object) -> RunModel:
+    backend = kwargs.pop("backend", SPECULATIVE)
+    return RunModel(streams, mode, backend, no_color=bool(kwargs.pop("no_color", False)), **kwargs)  # type: ignore[arg-type]
 
 
 def test_proven_spans_are_colored_by_step_and_mixed_spans_are_not() -> None:
     stream = exact_stream()
     segments = stream.segments(colorize=True)
-    assert segments == [("Hel", PALETTE[0]), ("lo w", None), ("orld", PALETTE[1]), ("!!", None)]
-    output = render(styled_text(segments))
+    assert segments == [
+        ("Hel", "step.0"),
+        ("lo w", "mixed"),
+        ("orld", "step.1"),
+        ("!!", "unproven"),
+    ]
+    output = painted(segments)
     assert colored_pieces(output) == [(46, "Hel"), (196, "orld")]
+    assert "\x1b[4mlo w" in output  # mixed: underlined, no color
     assert stream.label == LABEL_VERIFYING
 
 
@@ -68,7 +94,7 @@ def test_step_colors_cycle_through_the_palette() -> None:
     for step in range(6):
         stream.add_delta(str(step), [step], 0.0)
         stream.add_span(step, str(step), step)
-    output = render(styled_text(stream.segments(colorize=True)))
+    output = painted(stream.segments(colorize=True))
     assert colored_pieces(output) == [
         (46, "0"),
         (196, "1"),
@@ -77,6 +103,30 @@ def test_step_colors_cycle_through_the_palette() -> None:
         (46, "4"),
         (196, "5"),
     ]
+    # The color-blind-safe palette (Okabe-Ito) cycles the same way in its own colors.
+    output = painted(stream.segments(colorize=True), Theme("colorblind"))
+    assert [code for code, _ in colored_pieces(output)] == [214, 74, 227, 175, 214, 74]
+
+
+def test_role_colors_follow_the_span_role_and_mixed_roles_stay_uncolored() -> None:
+    stream = exact_stream()
+    stream.add_span(11, "!!", 2, 3)
+    assert stream.segments(True, "role") == [
+        ("Hel", "role.accepted"),
+        ("lo w", "mixed"),
+        ("orld", "role.target"),
+        ("!!", "role.bonus"),
+    ]
+    assert colored_pieces(painted(stream.segments(True, "role"))) == [
+        (46, "Hel"),
+        (203, "orld"),
+        (39, "!!"),
+    ]
+    # A role-less span (a reconciler before contract C2's 8th element) is "mixed", never guessed.
+    legacy = StreamState(index=0, mode="exact")
+    legacy.add_delta("ab", [1], 0.0)
+    legacy.add_span(0, "ab", 4)
+    assert legacy.segments(True, "role") == [("ab", "mixed")]
 
 
 def test_exact_mode_shows_only_proven_text() -> None:
@@ -92,15 +142,15 @@ def test_auto_downgrade_switches_to_chunk_colors_with_reason() -> None:
     stream.reason = "frames lost: gap in source 00000000000000ab at seq 7"
     assert stream.label == LABEL_CHUNK
     assert stream.note == "downgraded: frames lost: gap in source 00000000000000ab at seq 7"
-    output = render(styled_text(stream.segments(colorize=True)))
+    output = painted(stream.segments(colorize=True))
     assert colored_pieces(output) == [(46, "Hel"), (196, "lo w"), (27, "orld"), (226, "!!")]
 
 
 def test_no_color_and_generic_backends_are_monochrome() -> None:
     for backend, no_color in ((SPECULATIVE, True), (GENERIC, False)):
-        model = RunModel([exact_stream()], "auto", backend, no_color=no_color)
+        model = model_of([exact_stream()], backend=backend, no_color=no_color)
         assert not model.colorize
-        output = render(styled_text(model.streams[0].segments(model.colorize)))
+        output = painted(model.streams[0].segments(model.colorize))
         assert "\x1b[38;5;" not in output
         assert "Hello world!!" in output
 
@@ -108,9 +158,25 @@ def test_no_color_and_generic_backends_are_monochrome() -> None:
 def test_plain_console_writes_no_ansi() -> None:
     console = make_console(False, plain=True)
     console.file = io.StringIO()
-    model = RunModel([exact_stream()], "auto", SPECULATIVE, no_color=False)
-    console.print(styled_text(model.streams[0].segments(True)))
+    model = model_of([exact_stream()])
+    console.print(rich_text([model.streams[0].segments(True)], THEME))
     assert "\x1b" not in console.file.getvalue()
+
+
+def test_both_painters_paint_the_same_lines() -> None:
+    # One model, two painters: the live grid's ANSI text and Rich's rendering of the
+    # same lines hold the same characters and the same colored pieces.
+    streams = [exact_stream() for _ in range(3)]
+    for index, stream in enumerate(streams):
+        stream.index = index
+        stream.add_delta(" 日本語 عربي", [5], 0.0)
+    model = model_of(streams)
+    lines = grid_screen(model, 120, 20)
+    ansi = "\n".join(ansi_line(line, THEME) for line in lines)
+    rich = render(rich_text(lines, THEME), width=120)
+    assert _SGR.sub("", ansi) == _SGR.sub("", rich).rstrip("\n")
+    assert colored_pieces(ansi) == colored_pieces(rich)
+    assert "\n".join(plain_lines(lines)) == _SGR.sub("", ansi)
 
 
 def test_grid_has_64_fixed_size_panes_with_headers() -> None:
@@ -119,30 +185,77 @@ def test_grid_has_64_fixed_size_panes_with_headers() -> None:
         stream = StreamState(index=index, mode="chunk")
         stream.add_delta("word " * (index * 7), [1] * index, 0.0)
         streams.append(stream)
-    streams.append(StreamState(index=64, mode="chunk"))
-    model = RunModel(streams, "chunk", GENERIC, no_color=True)
-    console = Console(file=io.StringIO(), width=240, force_terminal=True, color_system=None)
-    columns, pane_width, pane_height = grid_layout(64, 240, 90)
-    assert (columns, pane_width, pane_height) == (6, 40, 8)
-    output = render(grid_renderable(model, console, 240, 90), width=240, no_color=True)
-    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # bold/dim only: no colors asked
-    lines = output.splitlines()
-    # banner + 8 rows of panes + status line; every pane row is exactly pane_height lines.
-    assert len(lines) == 1 + 11 * pane_height + 1
+    model = model_of(streams, "chunk", backend=GENERIC, no_color=True)
+    # 90 rows: banner, legend and status around an 87-row body.
+    columns, pane_width, pane_height = grid_layout(64, 240, 87)
+    assert (columns, pane_width, pane_height) == (6, 40, 7)
+    lines = grid_screen(model, 240, 90)
+    text = plain_lines(lines)
+    assert len(lines) == 90
+    assert all(line_width(line) == 240 for line in lines)
     for index in range(64):
-        assert f"#{index} SSE CHUNK MODE" in output
-        assert f"{index} tok - st - t/st acc -" in output
-    # Ten full rows of six panes, then a last row of four: every pane is 40 cells wide.
-    widths = [len(line) for line in lines[1:-1]]
-    assert widths == [6 * pane_width] * (10 * pane_height) + [4 * pane_width] * pane_height
-    assert "#64 " not in output
-    assert lines[-1].startswith("1 of 65 streams hidden: the grid holds 64 · streams SSE CHUNK")
+        assert sum(f"#{index} SSE CHUNK MODE" in row for row in text) == 1
+        assert any(f"{index} tok - st - t/st acc -" in row for row in text)
+    # Ten full rows of six panes, then a last row of four (two pane widths of spaces).
+    assert text[2 + 10 * pane_height].startswith("┌" + "─" * 38 + "┐")
+    assert text[2 + 10 * pane_height][4 * pane_width :] == " " * (240 - 4 * pane_width)
+    assert text[-1].startswith("streams SSE CHUNK MODE: 64")
 
 
-def test_grid_follows_the_terminal_size() -> None:
-    assert grid_layout(16, 80, 24)[0] == 2
-    assert grid_layout(16, 200, 50)[0] == 5
-    assert grid_layout(1, 200, 50) == (1, 200, 48)
+def test_all_64_streams_are_visible_at_200x50() -> None:
+    streams = []
+    for index in range(64):
+        stream = exact_stream()
+        stream.index = index
+        stream.stats = {"tokens": 30, "steps": 10, "drafts_scheduled": 40, "accepted": 20}
+        streams.append(stream)
+    model = model_of(streams)
+    lines = grid_screen(model, 200, 50)
+    text = plain_lines(lines)
+    assert len(lines) == 50 and all(line_width(line) == 200 for line in lines)
+    visible = [int(n) for n in re.findall(r"#(\d+)", "\n".join(text))]
+    assert sorted(visible) == list(range(64))  # each stream once: a pane or an overview line
+    panes = [n for row in text for n in re.findall(r"│#(\d+) VERIFYING", row)]
+    overview = [n for row in text for n in re.findall(r" #(\d+) +VERIFY +3\.00 +50% ", row)]
+    assert len(panes) >= 10 and len(panes) + len(overview) == 64
+    assert "hidden" not in text[-1]
+
+
+def test_80x24_shows_panes_overview_lines_and_what_is_hidden() -> None:
+    streams = [StreamState(index=i, mode="chunk") for i in range(64)]
+    model = model_of(streams, "chunk", backend=GENERIC, no_color=True)
+    text = plain_lines(grid_screen(model, 80, 24))
+    assert len(text) == 24
+    visible = sorted(int(n) for n in re.findall(r"#(\d+)", "\n".join(text)))
+    assert visible == list(range(len(visible))) and 30 <= len(visible) < 64
+    assert text[-1].startswith(f"{64 - len(visible)} of 64 streams hidden: enlarge the terminal")
+    # The status line is cut with an ellipsis (defect 14), and exactly 80 cells wide.
+    assert text[-1].endswith("…") and cell_len(text[-1]) == 80
+    # Moving the focus past the visible overview lines scrolls them to it.
+    ui = GridUi(focus=63, keys=True)
+    text = plain_lines(grid_screen(model, 80, 24, ui))
+    assert "▶#63" in "\n".join(text)
+
+
+def test_zoom_gives_the_focused_stream_the_whole_body() -> None:
+    streams = [exact_stream() for _ in range(8)]
+    for index, stream in enumerate(streams):
+        stream.index = index
+    model = model_of(streams)
+    lines = plain_lines(grid_screen(model, 80, 24, GridUi(focus=5, zoomed=True, keys=True)))
+    assert lines[2].startswith("┏" + "━" * 78 + "┓")
+    assert lines[3].startswith("┃#5 VERIFYING")
+    assert lines[-2].startswith("┗")
+    assert sum("#" in line for line in lines[2:-1]) == 1
+
+
+def test_small_terminal_is_still_useful() -> None:
+    streams = [StreamState(index=i, mode="chunk") for i in range(16)]
+    model = model_of(streams, "chunk", backend=GENERIC, no_color=True)
+    text = plain_lines(grid_screen(model, 34, 9))
+    assert len(text) == 9 and all(cell_len(row) == 34 for row in text)
+    assert re.findall(r"#(\d+) +CHUNK", "\n".join(text)) == [str(i) for i in range(7)]
+    assert text[-1].startswith("9 of 16 streams hidden")
 
 
 def test_stream_and_grid_views_print_the_final_picture_and_summary() -> None:
@@ -151,43 +264,26 @@ def test_stream_and_grid_views_print_the_final_picture_and_summary() -> None:
     for view_class in (StreamView, GridView):
         stream = exact_stream()
         stream.verdict = "exact"
-        model = RunModel([stream], "auto", SPECULATIVE, no_color=False)
+        model = model_of([stream])
         console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="256")
         view = view_class(model, console)
         view.start()
         view.refresh()
         view.stop()
         output = console.file.getvalue()  # type: ignore[attr-defined]
-        plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", output)
+        plain = _SGR.sub("", output)
         assert "#0 EXACT TOKEN PROVENANCE" in plain
         assert "Hello world" in plain
-        assert "stream 0: EXACT TOKEN PROVENANCE" in plain
+        assert re.search(r"^#0 +EXACT ", plain, re.M)  # the summary table's row
         assert (46, "Hel") in colored_pieces(output)
 
 
-def test_small_terminal_shows_whole_rows_and_says_what_is_hidden() -> None:
-    streams = [StreamState(index=i, mode="chunk") for i in range(16)]
-    model = RunModel(streams, "chunk", GENERIC, no_color=True)
-    console = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
-    output = render(grid_renderable(model, console, 80, 24), width=80, no_color=True)
-    output = re.sub(r"\x1b\[[0-9;]*m", "", output)
-    lines = output.splitlines()
-    # 2 columns of 6-line panes: 3 rows fit in 24 lines with the banner and status.
-    assert len(lines) <= 24
-    assert "#5 SSE CHUNK MODE" in output and "#6 " not in output
-    assert lines[-1].startswith("10 of 16 streams hidden: enlarge the terminal or use --tmux")
-
-
 def test_final_grid_picture_keeps_all_64_panes() -> None:
-    from parallelhue.views import GridView
-
     streams = [StreamState(index=i, mode="chunk") for i in range(64)]
-    model = RunModel(streams, "chunk", GENERIC, no_color=True)
-    console = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
-    output = render(GridView(model, console).final_picture(console), width=120, no_color=True)
-    output = re.sub(r"\x1b\[[0-9;]*m", "", output)
-    assert all(f"#{i} SSE CHUNK MODE" in output for i in range(64))
-    assert "hidden" not in output
+    model = model_of(streams, "chunk", backend=GENERIC, no_color=True)
+    text = "\n".join(plain_lines(final_grid(model, 120)))
+    assert all(f"#{i} SSE CHUNK MODE" in text for i in range(64))
+    assert "hidden" not in text
 
 
 def _live_grid(model: RunModel, width: int, height: int) -> tuple[object, io.StringIO]:
@@ -201,49 +297,49 @@ def _live_grid(model: RunModel, width: int, height: int) -> tuple[object, io.Str
 
 
 def test_live_grid_frame_matches_the_layout_and_the_coloring_rule() -> None:
-    from rich.cells import cell_len
-
-    from parallelhue.views import AnsiGrid, pane_ansi
+    from parallelhue.views import AnsiGrid
 
     streams = []
     for index in range(64):
         stream = exact_stream()
         stream.index = index
-        stream.add_delta(" 日本語", [5], 0.0)  # unproven: shown uncolored in auto mode
+        stream.add_delta(" 日本語", [5], 0.0)  # unproven: dim in auto mode
         streams.append(stream)
     streams[1].verdict = "failed"
     streams[1].reason = "byte mismatch at offset 3\nsecond line"
-    model = RunModel(streams, "auto", SPECULATIVE, no_color=False)
+    model = model_of(streams)
     grid, _file = _live_grid(model, 240, 90)
     assert isinstance(grid, AnsiGrid)
     lines = grid.frame(240, 90)
-    _columns, pane_width, pane_height = grid_layout(64, 240, 90)
-    assert len(lines) == 1 + 11 * pane_height + 1
-    plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
-    widths = [cell_len(line) for line in plain[1:-1]]
-    assert widths == [6 * pane_width] * (10 * pane_height) + [4 * pane_width] * pane_height
+    _columns, pane_width, pane_height = grid_layout(64, 240, 87)
+    assert len(lines) == 90
+    plain = [_SGR.sub("", line) for line in lines]
+    assert all(cell_len(line) == 240 for line in plain)
     text = "\n".join(plain)
     assert all(f"#{i} VERIFYING" in text for i in range(64) if i != 1)
     assert "#1 SSE CHUNK MODE" in text
     assert "downgraded: byte mismatch at offset 3…" in text  # one line, cropped to the pane
     # Proven spans by step (green, red), the mixed span and the unproven tail uncolored.
-    pane = pane_ansi(streams[0], model, pane_width, pane_height)
-    assert all(lines[1 + k].startswith(pane[k]) for k in range(pane_height))
-    pieces = colored_pieces("".join(pane))
+    pane = box_pane(pane_data(streams[0], model, None), pane_width, pane_height)
+    painted_pane = [ansi_line(line, THEME) for line in pane]
+    assert all(lines[2 + k].startswith(painted_pane[k]) for k in range(pane_height))
+    pieces = colored_pieces("".join(painted_pane))
     assert (46, "Hel") in pieces and (196, "orld") in pieces
     assert all("lo w" not in piece for _, piece in pieces)
     assert "日本語" in text
     assert plain[-1].startswith("streams")
 
 
-def test_live_grid_redraws_only_rows_that_changed() -> None:
+def test_live_grid_redraws_only_rows_that_changed_and_never_erases_a_cell() -> None:
     streams = [StreamState(index=i, mode="chunk") for i in range(4)]
-    model = RunModel(streams, "chunk", GENERIC, no_color=True)
+    model = model_of(streams, "chunk", backend=GENERIC, no_color=True)
     grid, file = _live_grid(model, 160, 30)
     grid.draw()  # type: ignore[attr-defined]
     first = file.getvalue()
     assert first.startswith("\x1b[H\x1b[2J")
-    assert "#3 SSE CHUNK MODE" in re.sub(r"\x1b\[[0-9;]*m", "", first)
+    assert "#3 SSE CHUNK MODE" in _SGR.sub("", first)
+    # Defect 2: an erase-to-end-of-line after a full-width row takes its last cell.
+    assert "\x1b[K" not in first
     file.seek(0)
     file.truncate()
     grid.draw()  # type: ignore[attr-defined]
@@ -252,33 +348,30 @@ def test_live_grid_redraws_only_rows_that_changed() -> None:
     grid.draw()  # type: ignore[attr-defined]
     update = file.getvalue()
     assert "fresh words" in update and "2 tok" in update
-    # Only the rows holding the changed pane's header line and body were rewritten.
+    # Only the rows holding the changed pane's numbers line, body and the status line.
     rewritten = re.findall(r"\x1b\[(\d+);1H", update)
     assert 0 < len(rewritten) <= 3
-    assert "\x1b[2J" not in update
+    assert "\x1b[2J" not in update and "\x1b[K" not in update
     assert "\x1b[38;5;" not in update  # NO_COLOR
 
 
-def test_wrap_cells_counts_wide_characters() -> None:
-    from rich.cells import cell_len
-
-    from parallelhue.views import wrap_cells
-
-    lines = wrap_cells([("ab日本語cd\nxy", ""), ("z" * 9, "\x1b[38;5;46m")], 5, 10)
-    plain = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]
+def test_wrap_counts_wide_characters() -> None:
+    lines = wrap([("ab日本語cd\nxy", None), ("z" * 9, "step.0")], 5, 10)
+    plain = [line_text(line) for line in lines]
     assert plain == ["ab日 ", "本語c", "d    ", "xyzzz", "zzzzz", "z    "]
     assert all(cell_len(line) == 5 for line in plain)
-    assert wrap_cells([("abcdefgh", "")], 3, 2) == ["def", "gh "]
+    assert [line_text(line) for line in wrap([("abcdefgh", None)], 3, 2)] == ["def", "gh "]
 
 
 def test_tail_segments_equal_the_tail_of_all_segments() -> None:
     for mode, verdict in (("auto", "pending"), ("exact", "exact"), ("auto", "failed")):
         stream = exact_stream(mode)
         stream.verdict = verdict
+        whole = stream.segments(True)
         for max_chars in (1, 5, 9, 100):
-            whole = styled_text(stream.segments(True), max_chars=max_chars)
-            tail = styled_text(stream.tail_segments(True, max_chars))
-            assert (whole.plain, whole.spans) == (tail.plain, tail.spans)
+            tail = stream.tail_segments(True, max_chars)
+            assert whole[len(whole) - len(tail) :] == tail
+            assert sum(len(t) for t, _ in tail) >= min(max_chars, sum(len(t) for t, _ in whole))
 
 
 def test_role_line_counts_plain_tokens_as_target_and_adds_up() -> None:
@@ -308,3 +401,164 @@ def test_run_model_repr_stays_small_however_long_the_run() -> None:
         "chunks=10000, spans=0)"
     )
     assert repr(model) == "RunModel(streams=1, mode='auto', backend='ngram', finished=False)"
+
+
+# --- the legend, the summary table and the defects of issue 12 -------------------------------
+
+
+def test_legend_says_what_the_colors_mean() -> None:
+    model = model_of([exact_stream()])
+    text = line_text(grid_screen(model, 200, 30)[1])
+    assert text.startswith("colors: engine step ■■■■ (cycling, one per verified step)")
+    assert "underlined: a character from two steps" in text and "dim: not yet proven" in text
+    model.color_by = "role"
+    text = line_text(grid_screen(model, 200, 30)[1])
+    assert "■ accepted draft  ■ target correction  ■ bonus" in text
+    assert "underlined: tokens of two roles" in text
+    chunk = model_of([StreamState(index=0, mode="chunk")], "chunk")
+    assert "SSE chunks" in line_text(grid_screen(chunk, 200, 30)[1])
+    generic = model_of([exact_stream()], backend=GENERIC)
+    assert line_text(grid_screen(generic, 200, 30)[1]).startswith(
+        "colors: none (no speculative decoding proven)"
+    )
+
+
+def _finished(stream: StreamState, start: float, times: list[float]) -> StreamState:
+    stream.started_at = start
+    for at in times:
+        stream.add_delta("ab", [1, 2], at)
+    return stream
+
+
+def test_summary_is_a_table_with_a_row_per_stream_and_a_total() -> None:
+    streams = [
+        _finished(StreamState(index=i, mode="exact"), 0.0, [0.1, 0.2, 0.3 + i]) for i in range(2)
+    ]
+    for stream in streams:
+        stream.verdict = "exact"
+        stream.stats = {
+            "tokens": 6, "steps": 3, "hist": {1: 1, 2: 1, 3: 1}, "drafts_scheduled": 6,
+            "drafts_padded": 0, "accepted": 3, "target": 2, "bonus": 1, "plain": 0,
+            "drafts_by_pos": [3, 2, 1], "accepted_by_pos": [2, 1, 0],
+        }  # fmt: skip
+    model = model_of(streams, "exact")
+    model.totals = {
+        "tokens": 12, "steps": 6, "hist": {1: 2, 2: 2, 3: 2}, "drafts_scheduled": 12,
+        "drafts_padded": 0, "accepted": 6, "target": 4, "bonus": 2, "plain": 0,
+        "drafts_by_pos": [6, 4, 2], "accepted_by_pos": [4, 2, 0],
+    }  # fmt: skip
+    lines = summary_lines(model)
+    assert lines[0].startswith("Summary · 2 streams · mode exact")
+    header = lines[1].split()
+    assert header[:6] == ["stream", "label", "tokens", "steps", "tok/step", "hist"]
+    assert "acc@1..3" in header and "TTFT" in header and "tok/s" in header
+    row = lines[2]
+    assert re.match(r"#0 +EXACT +6 +3 +2\.00 +███ +50\.0% +67 50 0 +3/2/1 +100\.0 ms ", row)
+    assert re.match(r"total +12 +6 +2\.00 +███ +50\.0% +67 50 0 ", lines[4])
+    # ITL p50/p90/p99 of the gaps 0.1 s, 0.1 s + i; E2E 0.3 s + i; 6 tokens / E2E per stream.
+    assert "100.0/100.0/100.0" in row and "300.0 ms" in row and "20.0" in row
+    assert "wall time 1.30 s (first request to last SSE delta); 9.2 tok/s over the run" in lines
+
+
+def test_summary_table_drops_columns_to_fit_the_width() -> None:
+    stream = _finished(StreamState(index=0, mode="exact"), 0.0, [0.1, 0.2])
+    stream.stats = {"tokens": 4, "steps": 2, "drafts_scheduled": 4, "accepted": 2}
+    model = model_of([stream], "exact")
+    model.totals = dict(stream.stats)
+    lines = plain_lines(summary_block(model, 70))
+    assert all(cell_len(line) == 70 for line in lines)
+    assert lines[1].split() == [
+        "stream", "label", "tokens", "steps", "tok/step", "accept", "TTFT", "tok/s",
+    ]  # fmt: skip
+    assert plain_lines(summary_block(model, 50))[1].split() == [
+        "stream", "label", "tokens", "steps", "tok/step", "accept",
+    ]  # fmt: skip
+
+
+def test_non_speculative_summary_shows_no_walls_of_zeros() -> None:
+    # Defect 14: chunk mode / no telemetry printed 0 steps, 0.0% and zero roles per stream.
+    streams = [_finished(StreamState(index=i, mode="auto"), 0.0, [0.1, 0.2]) for i in range(2)]
+    for stream in streams:
+        stream.verdict = "failed"
+        stream.reason = "missing telemetry: no frames received for this run"
+    model = model_of(streams, backend=GENERIC)
+    lines = summary_lines(model)
+    assert lines[1].split()[:4] == ["stream", "label", "tokens", "TTFT"]
+    assert not any(re.search(r"\b0\.0%|steps=0|accepted draft=0", line) for line in lines)
+    assert (
+        "steps and roles: not measured (no step of this run was proven by telemetry frames)"
+        in lines
+    )
+
+
+def test_frozen_acceptance_of_a_downgraded_stream_carries_a_caveat() -> None:
+    stream = _finished(StreamState(index=3, mode="auto"), 0.0, [0.1])
+    stream.stats = {"tokens": 2, "steps": 1, "drafts_scheduled": 4, "accepted": 1}
+    stream.verdict = "failed"
+    stream.reason = "byte mismatch at offset 2"
+    model = model_of([stream])
+    model.totals = dict(stream.stats)
+    lines = summary_lines(model)
+    assert re.match(r"#3 +CHUNK +2 +1 +2\.00 .* 25\.0%\* ", lines[2]), lines[2]
+    assert (
+        "stream 3: * acceptance frozen at the downgrade: it counts only the steps proven "
+        "before it" in lines
+    )
+    assert "acc 25%*" in line_text(box_pane(pane_data(stream, model, None), 40, 6)[2])
+
+
+def test_singular_stream_and_no_arrival_note_below_four_streams() -> None:
+    # Defect 14: "total: 1 streams" and "(arrival times to 5 ms while 4+ streams are open)".
+    note = "arrival times to 5 ms while 4+ streams are open"
+    one = model_of([_finished(StreamState(index=0, mode="chunk"), 0.0, [0.1])], "chunk")
+    one.arrival_note = note
+    lines = summary_lines(one)
+    assert lines[0].startswith("Summary · 1 stream · mode chunk")
+    assert not any(note in line for line in lines)
+    four = model_of(
+        [_finished(StreamState(index=i, mode="chunk"), 0.0, [0.1]) for i in range(4)], "chunk"
+    )
+    four.arrival_note = note
+    assert any(note in line for line in summary_lines(four))
+
+
+def test_token_counts_come_from_usage_when_the_server_sends_no_token_ids() -> None:
+    # Defect 8: servers without token_ids showed 0 tokens even with usage.completion_tokens.
+    stream = _finished(StreamState(index=0, mode="chunk"), 0.0, [])
+    stream.add_delta("Hello world", [], 0.1)
+    stream.usage = {"prompt_tokens": 3, "completion_tokens": 4}
+    assert (stream.tokens, stream.tokens_source) == (4, "usage")
+    model = model_of([stream], "chunk")
+    lines = summary_lines(model)
+    assert re.match(r"#0 +CHUNK +4† ", lines[2])
+    assert "† tokens from usage.completion_tokens: the server sent no token ids" in lines
+    assert "4 tok" in line_text(box_pane(pane_data(stream, model, None), 40, 6)[2])
+
+
+def test_nothing_received_prints_nothing_but_the_one_line() -> None:
+    # Defect 13: refused connections on every stream drew panes and a long summary.
+    from parallelhue.views import GridView, PlainView
+
+    for view_class in (PlainView, GridView):
+        streams = [StreamState(index=i, mode="chunk") for i in range(3)]
+        for stream in streams:
+            stream.fail_http("cannot connect to 127.0.0.1:9: connection refused")
+        model = model_of(streams, "chunk")
+        console = Console(file=io.StringIO(), width=100)
+        view = view_class(model, console)
+        view.start()
+        view.stop()
+        assert console.file.getvalue() == ""  # type: ignore[attr-defined]
+    streams[0].fail_http("HTTP 500: boom")  # different failures: the summary tells them apart
+    assert not model_of(streams, "chunk").nothing_received
+
+
+def test_banner_names_model_server_and_lossy_verification() -> None:
+    model = model_of([exact_stream()], simulated=True)
+    model.model_name, model.server = "tiny-llama", "10.0.0.7:8000"
+    text = line_text(grid_screen(model, 200, 30)[0])
+    assert text.startswith("SIMULATED ENGINE · model tiny-llama @ 10.0.0.7:8000 · mode auto")
+    assert "LOSSY" not in text
+    model.sources = [{"role": "scheduler", "verification": "fly"}]
+    text = line_text(grid_screen(model, 300, 30)[0])
+    assert "LOSSY verification (fly): an accepted draft need not be the target's choice" in text

@@ -183,11 +183,12 @@ class RunSink:
     def open_client(self) -> None:
         """Connect the client's socket; raises SocketPathError / OSError like the emitter did."""
         destination = self._destination
+        owner = paths.socket_owner()  # a client of another uid (docs/PROTOCOL.md)
         socket_dir = paths.ensure_socket_dir(
-            destination.socket_dir or paths.default_socket_dir(), create=False
+            destination.socket_dir or paths.default_socket_dir(), create=False, owner=owner
         )
         path = paths.socket_path(socket_dir, self.run_id)
-        paths.check_socket_file(path)
+        paths.check_socket_file(path, owner)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)

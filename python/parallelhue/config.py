@@ -1,11 +1,12 @@
-"""Command-line flags and environment variables, validated into plain settings.
+"""Command-line flags and environment variables, validated into settings (settings.py).
 
 Every value, from a flag or from the environment, is checked here before any
 network or terminal work starts. A bad value raises `ConfigError` with one
 line that names the flag or variable, the accepted range and the value given;
 the CLI prints it and exits 2. Flags win over environment variables, which
 win over defaults. argparse only splits the command line: all checking is
-ours, so the messages are exact and never a usage dump.
+ours, so the messages are exact and never a usage dump. The demo's own flags
+are parsed by `demo.py` with the helpers here.
 """
 
 from __future__ import annotations
@@ -14,38 +15,46 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, NoReturn
 
+from .endpoint import EndpointError, api_kind, completions_url
+from .request import RESERVED_BODY_KEYS
 from .sanitize import one_line
+from .settings import (
+    COLOR_MODES,
+    DEFAULT_BASE_URL,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TIMEOUT,
+    HARD_CONCURRENCY_LIMIT,
+    MAX_CONCURRENCY,
+    MAX_SEED,
+    MAX_UID,
+    MODES,
+    PALETTE_NAMES,
+    RECONCILERS,
+    STDOUT,
+    TELEMETRY,
+    VIEWS,
+    ReplayConfig,
+    RunConfig,
+)
 
 __all__ = [
     "BACKEND_METHODS",
-    "DEFAULT_ENDPOINT",
-    "MAX_CONCURRENCY",
     "ConfigError",
-    "DemoConfig",
-    "ReplayConfig",
-    "RunConfig",
-    "parse_demo",
+    "Parser",
+    "Sources",
+    "common_flags",
+    "dumb_terminal",
     "parse_replay",
     "parse_run",
+    "resolve_common",
+    "run_config",
 ]
 
-DEFAULT_ENDPOINT = "http://127.0.0.1:8000/v1/chat/completions"
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_TIMEOUT = 60.0
-# The grid shows up to this many panes; more streams run but get a warning.
-MAX_CONCURRENCY = 64
-# Beyond this a run is almost certainly a typo; the wire format allows 65535.
-HARD_CONCURRENCY_LIMIT = 1024
-MAX_SEED = 2**32 - 1
-MODES = ("exact", "auto", "chunk")
-VIEWS = ("stream", "grid", "plain")
-RECONCILERS = ("rust", "python")
 # Speculative methods vLLM knows (vllm/config/speculative.py) plus the names the
 # predecessor accepted; `--backend` is a declaration, so only spelling is checked.
 BACKEND_METHODS = (
@@ -61,68 +70,34 @@ BACKEND_METHODS = (
     "dflash",
     "dspark",
 )
-DEMO_MAX_CONCURRENCY = 64
+APIS = ("chat", "completions")
+# Headers parallelhue sets itself on every request (or the HTTP layer does).
+_RESERVED_HEADERS = (
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "x-request-id",
+    "accept-encoding",
+)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class ConfigError(Exception):
     """A bad flag or environment value; the message is one line naming the fix."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse that reports mistakes as one ConfigError line instead of usage + exit."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see parallelhue --help)")
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    endpoint: str
-    model: str | None
-    prompts: list[str]  # one per stream, already fanned out
-    max_tokens: int
-    concurrency: int
-    api_key: str | None
-    mode: str
-    socket_dir: str | None
-    timeout: float
-    backend: str
-    temperature: float | None
-    seed: int
-    view: str
-    tmux: bool
-    no_attach: bool
-    record: str | None
-    export: str | None
-    measurement: str | None
-    reconciler: str
-    no_color: bool
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    run: RunConfig
-    acceptance: float | None
-    draft_len: int
-    step_ms: float
-    faults: str | None = None  # the simulator's fault spec (docs/SIMULATOR.md), validated
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    path: str
-    speed: float  # math.inf: no waiting
-    view: str
-    export: str | None
-    reconciler: str
-    no_color: bool
-
-
 # --- value checkers -------------------------------------------------------------
 
 
-def _int(name: str, raw: str, low: int, high: int) -> int:
+def check_int(name: str, raw: str, low: int, high: int) -> int:
     try:
         value = int(raw.strip(), 10)
     except ValueError:
@@ -132,7 +107,7 @@ def _int(name: str, raw: str, low: int, high: int) -> int:
     return value
 
 
-def _float(name: str, raw: str, low: float, high: float, *, low_open: bool = False) -> float:
+def check_float(name: str, raw: str, low: float, high: float, *, low_open: bool = False) -> float:
     try:
         value = float(raw.strip())
     except ValueError:
@@ -144,40 +119,18 @@ def _float(name: str, raw: str, low: float, high: float, *, low_open: bool = Fal
     return value
 
 
-def _choice(name: str, raw: str, choices: Sequence[str]) -> str:
+def check_choice(name: str, raw: str, choices: Sequence[str]) -> str:
     value = raw.strip()
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, got '{one_line(raw)}'")
     return value
 
 
-def _endpoint(name: str, raw: str) -> str:
-    value = raw.strip()
+def _endpoint(name: str, raw: str, api: str | None) -> str:
     try:
-        parts = urlsplit(value)
-        port = parts.port  # raises ValueError on a bad port
-    except ValueError:
-        parts, port = None, None
-    ok = (
-        parts is not None
-        and parts.scheme in ("http", "https")
-        and bool(parts.hostname)
-        and parts.path.rstrip("/").endswith(("/chat/completions", "/completions"))
-        and not parts.query
-        and not parts.fragment
-    )
-    if not ok or parts is None:
-        shown = value
-        if parts is not None and (parts.username or parts.password):
-            # Never echo credentials embedded in a URL.
-            host = parts.hostname or ""
-            netloc = f"***@{host}" + (f":{port}" if port else "")
-            shown = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-        raise ConfigError(
-            f"{name} must be an http(s) URL ending in /v1/chat/completions or "
-            f"/v1/completions, got '{one_line(shown)}'"
-        )
-    return value.rstrip("/")
+        return completions_url(raw, api)
+    except EndpointError as error:
+        raise ConfigError(f"{name} {one_line(str(error), 300)}") from None
 
 
 def _api_key(name: str, raw: str) -> str:
@@ -197,10 +150,14 @@ def _backend(name: str, raw: str) -> str:
     )
 
 
-def _output_file(name: str, raw: str, suffixes: Sequence[str] | None = None) -> str:
+def _output_file(
+    name: str, raw: str, suffixes: Sequence[str] | None = None, *, stdout: bool = False
+) -> str:
     path = raw.strip()
     if not path:
         raise ConfigError(f"{name} needs a file name")
+    if stdout and path == STDOUT:
+        return STDOUT
     if suffixes is not None and not path.lower().endswith(tuple(suffixes)):
         raise ConfigError(f"{name} must end in {' or '.join(suffixes)}, got '{one_line(raw)}'")
     parent = os.path.dirname(os.path.abspath(path))
@@ -214,10 +171,13 @@ def _output_file(name: str, raw: str, suffixes: Sequence[str] | None = None) -> 
 def _read_prompt_file(name: str, raw: str) -> list[str]:
     path = raw.strip()
     try:
-        with open(path, encoding="utf-8") as handle:
+        # utf-8-sig: a byte order mark (Windows editors) is not part of the first prompt.
+        with open(path, encoding="utf-8-sig") as handle:
             content = handle.read()
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file {one_line(path)}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: {one_line(path)} is a directory, give a file") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{name}: {one_line(path)} is not UTF-8 text") from None
     except OSError as error:
@@ -240,10 +200,49 @@ def _read_prompt_file(name: str, raw: str) -> list[str]:
     return prompts
 
 
+def _extra_body(raw: str) -> dict[str, Any]:
+    example = """give a JSON object, e.g. '{"top_p": 0.9}'"""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            f"--extra-body is not valid JSON ({error.msg} at line {error.lineno} column "
+            f"{error.colno}): {example}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"--extra-body must be a JSON object, got a {type(data).__name__}: {example}"
+        )
+    reserved = [key for key in data if key in RESERVED_BODY_KEYS]
+    if reserved:
+        raise ConfigError(
+            f"--extra-body may not set {', '.join(reserved)}: parallelhue sets "
+            f"{', '.join(RESERVED_BODY_KEYS)} itself (they make the stream verifiable)"
+        )
+    return data
+
+
+def _header(raw: str) -> tuple[str, str]:
+    name, colon, value = raw.partition(":")
+    name = name.strip()
+    if not colon or not _HEADER_NAME.fullmatch(name):
+        raise ConfigError(
+            f"--header needs NAME:VALUE with a token NAME (e.g. --header 'X-Team: infra'), "
+            f"got '{one_line(raw.split(':', 1)[0], 60)}{':…' if colon else ''}'"
+        )
+    if name.lower() in _RESERVED_HEADERS:
+        raise ConfigError(f"--header {name} is set by parallelhue itself on every request: drop it")
+    value = value.strip()
+    if any(not ch.isprintable() for ch in value):
+        # Header values are often secrets: never echo them.
+        raise ConfigError(f"--header {name}: the value contains a control character")
+    return name, value
+
+
 # --- parsing --------------------------------------------------------------------
 
 
-class _Sources:
+class Sources:
     """Look a setting up as a flag first, then as an environment variable."""
 
     def __init__(self, args: argparse.Namespace, env: Mapping[str, str]) -> None:
@@ -261,71 +260,96 @@ class _Sources:
         return None
 
 
-def _common_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--view")
-    parser.add_argument("--mode")
-    parser.add_argument("--max-tokens")
-    parser.add_argument("--concurrency")
-    parser.add_argument("--socket-dir")
-    parser.add_argument("--seed")
-    parser.add_argument("--temperature")
-    parser.add_argument("--record")
-    parser.add_argument("--export")
-    parser.add_argument("--measurement")
-    parser.add_argument("--reconciler")
-    parser.add_argument("--prompt")
-    parser.add_argument("--tmux", action="store_true", default=None)
-    parser.add_argument("--no-attach", action="store_true", default=None)
+def common_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags a run and the demo share."""
+    for flag in (
+        "--view", "--mode", "--max-tokens", "--concurrency", "--socket-dir", "--seed",
+        "--temperature", "--record", "--export", "--measurement", "--reconciler", "--prompt",
+        "--telemetry", "--color", "--palette", "--system", "--extra-body",
+    ):  # fmt: skip
+        parser.add_argument(flag)
+    parser.add_argument("--stop", action="append")
+    parser.add_argument("--header", action="append")
+    for flag in ("--tmux", "--no-attach", "--ignore-eos", "--json"):
+        parser.add_argument(flag, action="store_true", default=None)
 
 
-def _run_parser() -> _Parser:
-    parser = _Parser(prog="parallelhue", add_help=False)
+def _run_parser() -> Parser:
+    parser = Parser(prog="parallelhue", add_help=False)
     parser.add_argument("prompt_arg", nargs="?")
-    parser.add_argument("--endpoint")
-    parser.add_argument("--model")
-    parser.add_argument("--prompt-file")
-    parser.add_argument("--api-key")
-    parser.add_argument("--timeout")
+    for flag in ("--endpoint", "--api", "--model", "--prompt-file", "--api-key", "--timeout"):
+        parser.add_argument(flag)
     parser.add_argument("--backend")
-    _common_flags(parser)
+    parser.add_argument("--accept-uid", action="append")
+    common_flags(parser)
     return parser
 
 
-def _default_view(concurrency: int, stdout_tty: bool) -> str:
-    if not stdout_tty:
+def dumb_terminal(env: Mapping[str, str] | None = None) -> bool:
+    """TERM=dumb (or unknown): no cursor movement, no alternate screen, no colors."""
+    return (os.environ if env is None else env).get("TERM", "") in ("dumb", "unknown")
+
+
+def _default_view(concurrency: int, stdout_tty: bool, env: Mapping[str, str]) -> str:
+    if not stdout_tty or dumb_terminal(env):
         return "plain"
     return "stream" if concurrency == 1 else "grid"
 
 
-def _resolve_common(
-    src: _Sources,
+def resolve_common(
+    src: Sources,
     *,
     default_concurrency: int,
     concurrency_limit: int,
     warn_above: int | None,
     stdout_tty: bool,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Settings shared by a normal run and the demo."""
+    env = src.env
+    args = src.args
     warnings: list[str] = []
     got = src.get("--max-tokens", "PARALLELHUE_MAX_TOKENS")
-    max_tokens = _int(got[0], got[1], 1, 1_000_000) if got else DEFAULT_MAX_TOKENS
+    max_tokens = check_int(got[0], got[1], 1, 1_000_000) if got else DEFAULT_MAX_TOKENS
     got = src.get("--concurrency", "PARALLELHUE_CONCURRENCY")
-    concurrency = _int(got[0], got[1], 1, concurrency_limit) if got else default_concurrency
+    concurrency = check_int(got[0], got[1], 1, concurrency_limit) if got else default_concurrency
     if got and warn_above is not None and concurrency > warn_above:
         warnings.append(
-            f"{got[0]} {concurrency} is above {warn_above}: every stream runs, "
-            f"but the grid shows only the first {warn_above}"
+            f"{got[0]} {concurrency} is above {warn_above}: every stream runs, but only "
+            f"the first {warn_above} get panes (the rest are overview lines)"
         )
     got = src.get("--mode", "PARALLELHUE_MODE")
-    mode = _choice(got[0], got[1], MODES) if got else "auto"
+    mode = check_choice(got[0], got[1], MODES) if got else "auto"
+    json_output = bool(args.json)
+    measurement = src.get("--measurement", None)
+    measurement_path = _output_file(*measurement, stdout=True) if measurement else None
+    if json_output and measurement_path == STDOUT:
+        raise ConfigError(
+            "--json and --measurement - both write to stdout: give --measurement a file name"
+        )
+    stdout_free = not (json_output or measurement_path == STDOUT)
+    # With stdout taken by JSON the screen goes to stderr: its terminal decides the view.
+    screen_tty = stdout_tty if stdout_free else sys.stderr.isatty()
     got = src.get("--view", "PARALLELHUE_VIEW")
-    view = _choice(got[0], got[1], VIEWS) if got else _default_view(concurrency, stdout_tty)
+    view = (
+        check_choice(got[0], got[1], VIEWS) if got else _default_view(concurrency, screen_tty, env)
+    )
+    if got and view != "plain" and dumb_terminal(env):
+        raise ConfigError(
+            f"{got[0]} {view} moves the cursor, but TERM={env.get('TERM')} cannot: "
+            "use --view plain or set TERM"
+        )
     got = src.get("--reconciler", "PARALLELHUE_RECONCILER")
-    reconciler = _choice(got[0], got[1], RECONCILERS) if got else "rust"
+    reconciler = check_choice(got[0], got[1], RECONCILERS) if got else "rust"
+    got = src.get("--telemetry", "PARALLELHUE_TELEMETRY")
+    telemetry = check_choice(got[0], got[1], TELEMETRY) if got else "auto"
     got = src.get("--seed", "PARALLELHUE_SEED")
-    seed = _int(got[0], got[1], 0, MAX_SEED) if got else 0
+    seed = check_int(got[0], got[1], 0, MAX_SEED) if got else 0
     got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
-    temperature = _float(got[0], got[1], 0.0, 100.0) if got else None
+    temperature = check_float(got[0], got[1], 0.0, 100.0) if got else None
+    got = src.get("--color", "PARALLELHUE_COLOR")
+    color_by = check_choice(got[0], got[1], COLOR_MODES) if got else "step"
+    got = src.get("--palette", "PARALLELHUE_PALETTE")
+    palette = check_choice(got[0], got[1], PALETTE_NAMES) if got else "standard"
     socket_dir: str | None = None
     got = src.get("--socket-dir", None)
     if got is not None:
@@ -334,9 +358,8 @@ def _resolve_common(
         socket_dir = got[1]
     record = src.get("--record", None)
     export = src.get("--export", None)
-    measurement = src.get("--measurement", None)
-    tmux = bool(src.args.tmux)
-    no_attach = bool(src.args.no_attach)
+    tmux = bool(args.tmux)
+    no_attach = bool(args.no_attach)
     if no_attach and not tmux:
         raise ConfigError("--no-attach only applies with --tmux")
     if view == "stream" and concurrency > 1:
@@ -344,27 +367,64 @@ def _resolve_common(
             f"--view stream shows one stream, but {concurrency} streams were asked for: "
             "use --view grid or --concurrency 1"
         )
+    stop = tuple(args.stop or ())
+    if any(not item for item in stop):
+        raise ConfigError("--stop needs a non-empty string")
+    system = args.system
+    if system is not None and not system.strip():
+        raise ConfigError("--system is empty: give the system prompt's text")
     return {
         "max_tokens": max_tokens,
         "concurrency": concurrency,
         "mode": mode,
         "view": view,
         "reconciler": reconciler,
+        "telemetry": telemetry,
         "seed": seed,
         "temperature": temperature,
         "socket_dir": socket_dir,
         "record": _output_file(*record) if record else None,
         "export": _output_file(*export, (".svg", ".html", ".htm")) if export else None,
-        "measurement": _output_file(*measurement) if measurement else None,
+        "measurement": measurement_path,
         "tmux": tmux,
         "no_attach": no_attach,
         "warnings": warnings,
+        "stop": stop,
+        "ignore_eos": bool(args.ignore_eos),
+        "system": system,
+        "extra_body": _extra_body(args.extra_body) if args.extra_body is not None else {},
+        "headers": tuple(_header(raw) for raw in args.header or ()),
+        "color_by": color_by,
+        "palette": palette,
+        "json_output": json_output,
     }
 
 
-def _no_color(env: Mapping[str, str]) -> bool:
-    # https://no-color.org: present and not empty disables color.
-    return bool(env.get("NO_COLOR"))
+def _accept_uids(src: Sources, telemetry: str) -> tuple[int, ...]:
+    """--accept-uid UID (repeatable) or PARALLELHUE_ACCEPT_UIDS=UID[,UID...]."""
+    flags: list[str] | None = src.args.accept_uid
+    if flags:
+        given = [("--accept-uid", raw) for raw in flags]
+    else:
+        raw_env = src.env.get("PARALLELHUE_ACCEPT_UIDS", "")
+        given = [("PARALLELHUE_ACCEPT_UIDS", part) for part in raw_env.split(",") if part.strip()]
+    uids: list[int] = []
+    for name, raw in given:
+        uid = check_int(name, raw, 0, MAX_UID)
+        if uid == os.geteuid():
+            raise ConfigError(f"{name} {uid} is this client's own uid: it is always accepted")
+        if uid not in uids:
+            uids.append(uid)
+    if uids and telemetry == "http":
+        raise ConfigError(
+            f"{given[0][0]} applies to the telemetry socket: not with --telemetry http"
+        )
+    return tuple(uids)
+
+
+def no_color(env: Mapping[str, str]) -> bool:
+    # https://no-color.org: present and not empty disables color; a dumb terminal has none.
+    return bool(env.get("NO_COLOR")) or dumb_terminal(env)
 
 
 def _fan_out(prompts: list[str], concurrency: int, source: str) -> list[str]:
@@ -377,14 +437,17 @@ def _fan_out(prompts: list[str], concurrency: int, source: str) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(concurrency)]
 
 
+def _stdout_tty(value: bool | None) -> bool:
+    return sys.stdout.isatty() if value is None else value
+
+
 def parse_run(
     argv: Sequence[str], env: Mapping[str, str] | None = None, stdout_tty: bool | None = None
 ) -> RunConfig:
     """Validate a normal run's flags and environment."""
     env = os.environ if env is None else env
-    stdout_tty = sys.stdout.isatty() if stdout_tty is None else stdout_tty
     args = _run_parser().parse_args(list(argv))
-    src = _Sources(args, env)
+    src = Sources(args, env)
 
     prompt_file = src.get("--prompt-file", "PARALLELHUE_PROMPT_FILE")
     prompt_given = args.prompt_arg is not None or args.prompt is not None
@@ -405,14 +468,14 @@ def parse_run(
     default_concurrency = 1
     if file_prompts is not None:
         default_concurrency = min(len(file_prompts), HARD_CONCURRENCY_LIMIT)
-    common = _resolve_common(
+    common = resolve_common(
         src,
         default_concurrency=default_concurrency,
         concurrency_limit=HARD_CONCURRENCY_LIMIT,
         warn_above=MAX_CONCURRENCY,
-        stdout_tty=stdout_tty,
+        stdout_tty=_stdout_tty(stdout_tty),
     )
-    concurrency = int(str(common["concurrency"]))
+    concurrency = int(common["concurrency"])
     if file_prompts is not None:
         assert prompt_file is not None
         prompts = _fan_out(file_prompts, concurrency, prompt_file[0])
@@ -423,8 +486,17 @@ def parse_run(
             "no prompt: give it as an argument, with --prompt, --prompt-file or PARALLELHUE_PROMPT"
         )
 
-    got = src.get("--endpoint", "PARALLELHUE_ENDPOINT")
-    endpoint = _endpoint(got[0], got[1]) if got else DEFAULT_ENDPOINT
+    got = src.get("--api", "PARALLELHUE_API")
+    api = check_choice(got[0], got[1], APIS) if got else None
+    got = src.get("--endpoint", "PARALLELHUE_ENDPOINT") or src.get("--endpoint", "OPENAI_BASE_URL")
+    if got:
+        endpoint = _endpoint(got[0], got[1], api)
+    else:
+        endpoint = completions_url(DEFAULT_BASE_URL, api)
+    if common["system"] is not None and api_kind(endpoint) != "chat":
+        raise ConfigError(
+            "--system needs the chat API: give a .../v1/chat/completions endpoint or --api chat"
+        )
     got = src.get("--model", "PARALLELHUE_MODEL")
     model = got[1].strip() if got else None
     if got and not model:
@@ -432,11 +504,12 @@ def parse_run(
     got = src.get("--api-key", "PARALLELHUE_API_KEY") or src.get("--api-key", "OPENAI_API_KEY")
     api_key = _api_key(got[0], got[1]) if got else None
     got = src.get("--timeout", "PARALLELHUE_TIMEOUT")
-    timeout = _float(got[0], got[1], 0.0, 86400.0, low_open=True) if got else DEFAULT_TIMEOUT
+    timeout = check_float(got[0], got[1], 0.0, 86400.0, low_open=True) if got else DEFAULT_TIMEOUT
     got = src.get("--backend", "PARALLELHUE_BACKEND")
     backend = _backend(got[0], got[1]) if got else "auto"
+    accept_uids = _accept_uids(src, str(common["telemetry"]))
 
-    return _run_config(
+    return run_config(
         common,
         env,
         endpoint=endpoint,
@@ -445,11 +518,12 @@ def parse_run(
         api_key=api_key,
         timeout=timeout,
         backend=backend,
+        accept_uids=accept_uids,
     )
 
 
-def _run_config(
-    common: Mapping[str, object],
+def run_config(
+    common: Mapping[str, Any],
     env: Mapping[str, str],
     *,
     endpoint: str,
@@ -458,101 +532,19 @@ def _run_config(
     api_key: str | None,
     timeout: float,
     backend: str,
+    accept_uids: tuple[int, ...] = (),
 ) -> RunConfig:
     """A RunConfig from the resolved common flags plus what differs between run and demo."""
     return RunConfig(
         endpoint=endpoint,
         model=model,
         prompts=prompts,
-        max_tokens=int(str(common["max_tokens"])),
-        concurrency=int(str(common["concurrency"])),
         api_key=api_key,
-        mode=str(common["mode"]),
-        socket_dir=_optional_str(common["socket_dir"]),
         timeout=timeout,
         backend=backend,
-        temperature=_optional_float(common["temperature"]),
-        seed=int(str(common["seed"])),
-        view=str(common["view"]),
-        tmux=bool(common["tmux"]),
-        no_attach=bool(common["no_attach"]),
-        record=_optional_str(common["record"]),
-        export=_optional_str(common["export"]),
-        measurement=_optional_str(common["measurement"]),
-        reconciler=str(common["reconciler"]),
-        no_color=_no_color(env),
-        warnings=list(_str_list(common["warnings"])),
-    )
-
-
-def _optional_str(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _optional_float(value: object) -> float | None:
-    return None if value is None else float(str(value))
-
-
-def _str_list(value: object) -> list[str]:
-    return [str(item) for item in value] if isinstance(value, list) else []
-
-
-DEMO_PROMPT = "Explain speculative decoding to a curious engineer, with a short example."
-
-
-def parse_demo(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, stdout_tty: bool | None = None
-) -> DemoConfig:
-    """Validate `parallelhue demo` flags (the simulated engine's knobs included)."""
-    env = os.environ if env is None else env
-    stdout_tty = sys.stdout.isatty() if stdout_tty is None else stdout_tty
-    parser = _Parser(prog="parallelhue demo", add_help=False)
-    _common_flags(parser)
-    parser.add_argument("--acceptance")
-    parser.add_argument("--draft-len")
-    parser.add_argument("--step-ms")
-    parser.add_argument("--fault")
-    args = parser.parse_args(list(argv))
-    # The demo talks to its own engine: the endpoint, model and key variables do
-    # not apply, but the display and request-shape ones do.
-    src = _Sources(args, env)
-    common = _resolve_common(
-        src,
-        default_concurrency=16,
-        concurrency_limit=DEMO_MAX_CONCURRENCY,
-        warn_above=None,
-        stdout_tty=stdout_tty,
-    )
-    concurrency = int(str(common["concurrency"]))
-    prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
-    if not prompt.strip():
-        raise ConfigError("the prompt is empty: give some text")
-    acceptance = (
-        _float("--acceptance", args.acceptance, 0.0, 1.0) if args.acceptance is not None else None
-    )
-    draft_len = _int("--draft-len", args.draft_len, 1, 16) if args.draft_len is not None else 4
-    step_ms = _float("--step-ms", args.step_ms, 0.0, 10_000.0) if args.step_ms is not None else 20.0
-    run = _run_config(
-        common,
-        env,
-        endpoint=DEFAULT_ENDPOINT,  # replaced by the simulated engine's URL
-        model=None,
-        prompts=[prompt] * concurrency,
-        api_key=None,
-        timeout=DEFAULT_TIMEOUT,
-        backend="auto",
-    )
-    faults = None
-    if args.fault is not None:
-        from .sim import FaultConfig
-
-        try:
-            FaultConfig.parse(args.fault)
-        except ValueError as error:
-            raise ConfigError(f"--fault: {one_line(str(error), 400)}") from None
-        faults = args.fault
-    return DemoConfig(
-        run=run, acceptance=acceptance, draft_len=draft_len, step_ms=step_ms, faults=faults
+        no_color=no_color(env),
+        accept_uids=accept_uids,
+        **common,
     )
 
 
@@ -561,28 +553,42 @@ def parse_replay(
 ) -> ReplayConfig:
     """Validate `parallelhue replay FILE` flags."""
     env = os.environ if env is None else env
-    stdout_tty = sys.stdout.isatty() if stdout_tty is None else stdout_tty
-    parser = _Parser(prog="parallelhue replay", add_help=False)
+    parser = Parser(prog="parallelhue replay", add_help=False)
     parser.add_argument("file", nargs="?")
-    parser.add_argument("--speed")
-    parser.add_argument("--view")
-    parser.add_argument("--export")
-    parser.add_argument("--reconciler")
+    for flag in ("--speed", "--view", "--export", "--reconciler", "--color", "--palette"):
+        parser.add_argument(flag)
+    parser.add_argument("--json", action="store_true", default=None)
     args = parser.parse_args(list(argv))
     if args.file is None:
         raise ConfigError("replay needs a recording: parallelhue replay FILE")
+    if os.path.isdir(args.file):
+        raise ConfigError(f"replay: {one_line(args.file)} is a directory, give a recording file")
     if not os.path.isfile(args.file):
         raise ConfigError(f"replay: no such file {one_line(args.file)}")
     speed = math.inf
     if args.speed is None:
         speed = 1.0
     elif args.speed.strip() != "max":
-        speed = _float("--speed", args.speed, 0.0, 1000.0, low_open=True)
-    src = _Sources(args, env)
+        speed = check_float("--speed", args.speed, 0.0, 1000.0, low_open=True)
+    src = Sources(args, env)
+    json_output = bool(args.json)
+    screen_tty = _stdout_tty(stdout_tty) if not json_output else sys.stderr.isatty()
     got = src.get("--view", "PARALLELHUE_VIEW")
-    view = _choice(got[0], got[1], VIEWS) if got else ("grid" if stdout_tty else "plain")
+    if got:
+        view = check_choice(got[0], got[1], VIEWS)
+        if view != "plain" and dumb_terminal(env):
+            raise ConfigError(
+                f"{got[0]} {view} moves the cursor, but TERM={env.get('TERM')} cannot: "
+                "use --view plain or set TERM"
+            )
+    else:
+        view = "grid" if screen_tty and not dumb_terminal(env) else "plain"
     got = src.get("--reconciler", "PARALLELHUE_RECONCILER")
-    reconciler = _choice(got[0], got[1], RECONCILERS) if got else "rust"
+    reconciler = check_choice(got[0], got[1], RECONCILERS) if got else "rust"
+    got = src.get("--color", "PARALLELHUE_COLOR")
+    color_by = check_choice(got[0], got[1], COLOR_MODES) if got else "step"
+    got = src.get("--palette", "PARALLELHUE_PALETTE")
+    palette = check_choice(got[0], got[1], PALETTE_NAMES) if got else "standard"
     export = (
         _output_file("--export", args.export, (".svg", ".html", ".htm"))
         if args.export is not None
@@ -594,5 +600,8 @@ def parse_replay(
         view=view,
         export=export,
         reconciler=reconciler,
-        no_color=_no_color(env),
+        no_color=no_color(env),
+        color_by=color_by,
+        palette=palette,
+        json_output=json_output,
     )

@@ -1,48 +1,416 @@
-"""--export FILE.svg|FILE.html: a picture of the final grid and the summary."""
+"""--export FILE.svg|FILE.html: the final picture and the summary, painted from the pane model.
+
+Both painters place text by terminal cells, exactly as the terminal would:
+every run of ASCII text and every other character gets its own box at its
+cell column, as many cells wide as the terminal gives it (CJK and emoji two).
+A glyph is squeezed into its box when the font draws it wider (SVG
+`textLength`, a CSS transform in HTML), so nothing overlaps its neighbour or
+a pane border, and each box is left-to-right on its own: right-to-left text is
+never reordered across boxes or borders (it shows in cell order, as in a
+terminal). The HTML page is self-contained and dark like a terminal, and adds
+plots: the tokens-per-step histogram, acceptance per draft position and a
+per-stream timeline of steps. Colors come from the run's theme, never from
+the console, so an export made without a terminal keeps its step colors.
+"""
 
 from __future__ import annotations
 
-import io
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from rich.console import Console, RenderableType
+from rich.cells import cell_len
 
-from .state import RunModel
-from .summary import render_summary
+from .paint import theme_for
+from .panes import Line
+from .results import by_position, run_result
+from .state import SIMULATED_LABEL, RunModel
+from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
+from .summary import summary_block
 
-__all__ = ["ExportError", "export_picture"]
+__all__ = ["EXPORT_WIDTH", "ExportError", "export_picture", "html_page", "svg_picture"]
 
 EXPORT_WIDTH = 160
+FOREGROUND = "#d0d0d0"
+BACKGROUND = "#101010"
+_FONT = '"DejaVu Sans Mono", "Liberation Mono", "Noto Sans Mono", Menlo, Consolas, monospace'
+# SVG geometry in pixels: a 14 px monospace font, cells 8.4 px wide, rows 17 px high.
+_CELL = 8.4
+_ROW = 17.0
+_BASELINE = 13.0
+_PAD = 12.0
 
 
 class ExportError(Exception):
     """The picture could not be written; one line."""
 
 
-class _HasFinalPicture(Protocol):
-    def final_picture(self, console: Console) -> RenderableType: ...
+class _HasFinalLines(Protocol):
+    def final_lines(self, width: int) -> list[Line]: ...
 
 
-def export_picture(path: str, model: RunModel, view: _HasFinalPicture) -> None:
-    """Render the view's final picture and the summary into an SVG or HTML file."""
-    console = Console(
-        file=io.StringIO(),
-        record=True,
-        width=EXPORT_WIDTH,
-        force_terminal=True,
-        color_system=None if model.no_color else "256",
-        no_color=model.no_color,
-        highlight=False,
-        markup=False,
-        emoji=False,
+@dataclass(frozen=True)
+class Box:
+    """Text placed at a cell column: `kind` a = ASCII run, g = one glyph, f = a run of
+    one repeated narrow glyph (border lines), stretched to fill its cells."""
+
+    column: int
+    cells: int
+    text: str
+    key: str | None
+    kind: str
+
+
+def _visible(text: str, key: str | None, theme: Theme) -> bool:
+    return bool(text.strip()) or theme.ink(key).reverse
+
+
+def line_boxes(line: Line, theme: Theme) -> list[Box]:
+    """The boxes of one line, left to right, with their cell columns."""
+    boxes: list[Box] = []
+    column = 0
+    for text, key in line:
+        index = 0
+        while index < len(text):
+            char = text[index]
+            if char.isascii():
+                end = index
+                while end < len(text) and text[end].isascii():
+                    end += 1
+                run = text[index:end]
+                if _visible(run, key, theme):
+                    # Leading and trailing blanks are no box of their own.
+                    stripped = run if theme.ink(key).reverse else run.strip(" ")
+                    lead = 0 if theme.ink(key).reverse else len(run) - len(run.lstrip(" "))
+                    boxes.append(Box(column + lead, len(stripped), stripped, key, "a"))
+                column += len(run)
+                index = end
+                continue
+            width = cell_len(char)
+            if width == 0:
+                # A combining mark belongs to the character before it.
+                if boxes and boxes[-1].column + boxes[-1].cells == column:
+                    last = boxes[-1]
+                    boxes[-1] = Box(last.column, last.cells, last.text + char, last.key, last.kind)
+                index += 1
+                continue
+            end = index
+            while end < len(text) and text[end] == char:
+                end += 1
+            count = end - index
+            if width == 1 and count > 1:
+                boxes.append(Box(column, count, char * count, key, "f"))
+                column += count
+            else:
+                for _ in range(count):
+                    boxes.append(Box(column, width, char, key, "g"))
+                    column += width
+            index = end
+    return boxes
+
+
+# --- HTML ------------------------------------------------------------------------------
+
+
+def _css_classes(theme: Theme) -> str:
+    rules = []
+    for key in theme.inks:
+        ink = theme.ink(key)
+        decls = []
+        color = theme.css_color(key)
+        if ink.reverse:
+            decls.append(f"background:{color or FOREGROUND};color:{BACKGROUND}")
+        elif color:
+            decls.append(f"color:{color}")
+        if ink.bold:
+            decls.append("font-weight:bold")
+        if ink.dim:
+            decls.append("opacity:.6")
+        if ink.underline:
+            decls.append("text-decoration:underline")
+        if decls:
+            rules.append(f".k-{_class(key)}{{{';'.join(decls)}}}")
+    return "\n".join(rules)
+
+
+def _class(key: str) -> str:
+    return key.replace(".", "-")
+
+
+_FIT_SCRIPT = """
+// Squeeze each glyph into its cells where the font draws it wider (or, for a border
+// line, stretch it to fill them): nothing may overlap a neighbour or a border.
+function phFit() {
+  for (const box of document.querySelectorAll(".b.g, .b.f")) {
+    const inner = box.firstElementChild;
+    inner.style.transform = "";
+    const drawn = inner.getBoundingClientRect().width;
+    const room = box.clientWidth;
+    if (drawn > 0 && (box.classList.contains("f") || drawn > room)) {
+      inner.style.transform = "scaleX(" + (room / drawn) + ")";
+    }
+  }
+  document.body.dataset.fitted = "1";
+}
+if (document.fonts && document.fonts.ready) { document.fonts.ready.then(phFit); } else { phFit(); }
+"""
+
+
+def _html_screen(lines: Sequence[Line], theme: Theme, width: int) -> str:
+    rows = []
+    for line in lines:
+        spans = []
+        for box in line_boxes(line, theme):
+            classes = ["b"]
+            if box.kind != "a":
+                classes.append(box.kind)
+            if box.key is not None:
+                classes.append("k-" + _class(box.key))
+            text = html.escape(box.text)
+            inner = f"<i>{text}</i>" if box.kind != "a" else text
+            spans.append(
+                f'<span class="{" ".join(classes)}" style="left:{box.column}ch;'
+                f'width:{box.cells}ch">{inner}</span>'
+            )
+        rows.append(f'<div class="r">{"".join(spans)}</div>')
+    return f'<div class="screen" style="width:{width}ch">\n' + "\n".join(rows) + "\n</div>"
+
+
+def _bar_chart(title: str, caption: str, labels: list[str], values: list[float | None],
+               value_text: list[str], color: str) -> str:  # fmt: skip
+    width, height, left = 520.0, 200.0, 40.0
+    top = max([v for v in values if v is not None] or [0.0]) or 1.0
+    slot = (width - left - 10) / max(1, len(values))
+    parts = [
+        f'<svg class="plot" width="{width:.0f}" height="{height + 30:.0f}" '
+        f'role="img" aria-label="{html.escape(title)}">',
+        f'<text x="0" y="14" class="pt">{html.escape(title)}</text>',
+        f'<line x1="{left}" y1="{height}" x2="{width - 10}" y2="{height}" class="ax"/>',
+    ]
+    for index, (label, value, shown) in enumerate(zip(labels, values, value_text, strict=True)):
+        x = left + index * slot + slot * 0.15
+        bar_width = slot * 0.7
+        if value is not None:
+            bar = (height - 40) * value / top
+            parts.append(
+                f'<rect x="{x:.1f}" y="{height - bar:.1f}" width="{bar_width:.1f}" '
+                f'height="{bar:.1f}" fill="{color}"/>'
+            )
+            parts.append(
+                f'<text x="{x + bar_width / 2:.1f}" y="{height - bar - 4:.1f}" class="pv" '
+                f'text-anchor="middle">{html.escape(shown)}</text>'
+            )
+        parts.append(
+            f'<text x="{x + bar_width / 2:.1f}" y="{height + 16:.1f}" class="pl" '
+            f'text-anchor="middle">{html.escape(label)}</text>'
+        )
+    parts.append(
+        f'<text x="0" y="{height + 30:.0f}" class="pc">{html.escape(caption)}</text></svg>'
     )
-    console.print(view.final_picture(console))
-    console.print(render_summary(model))
-    title = "ParallelHue (SIMULATED ENGINE)" if model.simulated else "ParallelHue"
+    return "".join(parts)
+
+
+def _histogram_plot(model: RunModel, color: str) -> str:
+    hist = {int(k): int(v) for k, v in (model.totals.get("hist") or {}).items()}
+    if not hist:
+        return '<p class="nodata">Tokens per step: no step of this run was proven.</p>'
+    keys = list(range(1, max(hist) + 1))
+    values: list[float | None] = [float(hist.get(k, 0)) for k in keys]
+    return _bar_chart(
+        "Tokens per step (steps)",
+        "confirmed tokens of each verified engine step, from this run's frames",
+        [str(k) for k in keys],
+        values,
+        [str(hist.get(k, 0)) for k in keys],
+        color,
+    )
+
+
+def _position_plot(model: RunModel, color: str) -> str:
+    rates = by_position(model.totals) if model.mode != "chunk" else None
+    if not rates:
+        return (
+            '<p class="nodata">Acceptance per draft position: not reported (no drafts '
+            "proven, or a reconciler without per-position counts).</p>"
+        )
+    return _bar_chart(
+        "Acceptance per draft position",
+        "accepted / drafted at each position 1..K, from this run's frames",
+        [str(i + 1) for i in range(len(rates))],
+        [None if r is None else r * 100 for r in rates],
+        ["-" if r is None else f"{r * 100:.0f}%" for r in rates],
+        color,
+    )
+
+
+def _timeline_plot(model: RunModel, theme: Theme) -> str:
+    streams = model.streams
+    starts = [s.started_at for s in streams if s.started_at is not None]
+    if not starts:
+        return ""
+    origin = min(starts)
+    wall = model.wall_seconds or 0.0
+    span = max(wall, 1e-3)
+    left, width, row = 44.0, 860.0, 12.0
+    height = row * len(streams) + 36
+    parts = [
+        f'<svg class="plot" width="{left + width + 10:.0f}" height="{height:.0f}" role="img" '
+        'aria-label="timeline of steps">',
+        '<text x="0" y="14" class="pt">Steps over time, per stream</text>',
+    ]
+    for index, stream in enumerate(streams):
+        y = 22 + index * row
+        parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
+        marks = stream.step_marks()
+        if stream.shows_chunks or not marks:
+            for number, at in enumerate(stream.chunk_arrivals()):
+                key = CHUNK_KEYS[number % len(CHUNK_KEYS)] if model.colorize else None
+                color = theme.css_color(key) or "#808080"
+                x = left + width * (at - origin) / span
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{y:.1f}" width="1.5" height="{row - 2:.1f}" '
+                    f'fill="{color}"/>'
+                )
+            continue
+        for at, step, role, _chars in marks:
+            if model.color_by == "role":
+                key = ROLE_KEYS[role] if role is not None and 0 <= role < 4 else None
+            else:
+                key = STEP_KEYS[step % len(STEP_KEYS)] if step is not None else None
+            color = (theme.css_color(key) if model.colorize else None) or FOREGROUND
+            x = left + width * (at - origin) / span
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="2" height="{row - 2:.1f}" fill="{color}"/>'
+            )
+    parts.append(
+        f'<text x="{left}" y="{height - 2:.0f}" class="pc">0 s … {wall:.2f} s: each mark is '
+        "a proven span at the SSE arrival of its first byte (gray: SSE chunks, no proof)</text>"
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
+    theme = theme_for(model)
+    title = _title(model)
+    # Bars in the palette's bonus and accepted colors: no step color means anything here.
+    plots = [
+        _histogram_plot(model, theme.css_color("role.bonus") or FOREGROUND),
+        _position_plot(model, theme.css_color("role.accepted") or FOREGROUND),
+        _timeline_plot(model, theme),
+    ]
+    total = run_result(model)
+    facts = html.escape(
+        f"{total['streams']} streams · {total['tokens']} tokens · mode {model.mode}"
+        + (f" · {SIMULATED_LABEL}: simulated numbers" if model.is_simulated else "")
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="color-scheme" content="dark">
+<title>{html.escape(title)}</title>
+<style>
+body{{margin:0;padding:16px;background:{BACKGROUND};color:{FOREGROUND};font:14px/1 {_FONT}}}
+h1{{font-size:15px;margin:0 0 12px 0}}
+.screen{{position:relative}}
+.r{{position:relative;height:1.2em}}
+.b{{position:absolute;top:0;height:1.2em;line-height:1.2em;overflow:hidden;white-space:pre;
+direction:ltr;unicode-bidi:isolate;text-align:left}}
+.b.g{{text-align:center}}
+.b>i{{display:inline-block;width:max-content;font-style:normal;white-space:pre;
+transform-origin:left center}}
+{_css_classes(theme)}
+.plots{{display:flex;flex-wrap:wrap;gap:24px;margin-top:24px;font-family:sans-serif}}
+.plot text{{fill:{FOREGROUND};font:12px sans-serif}}
+.plot .pl{{font-size:10px}}
+.plot .pt{{font-weight:bold;font-size:13px}}
+.plot .pc{{fill:#909090;font-size:11px}}
+.plot .ax{{stroke:#606060}}
+.nodata{{color:#909090;font:12px sans-serif}}
+</style></head>
+<body>
+<h1>{html.escape(title)} <span style="font-weight:normal">· {facts}</span></h1>
+{_html_screen(lines, theme, width)}
+<div class="plots">
+{"".join(plots)}
+</div>
+<script>{_FIT_SCRIPT}</script>
+</body></html>
+"""
+
+
+# --- SVG -------------------------------------------------------------------------------
+
+
+def svg_picture(lines: Sequence[Line], model: RunModel, width: int) -> str:
+    theme = theme_for(model)
+    title = _title(model)
+    total_width = width * _CELL + 2 * _PAD
+    total_height = len(lines) * _ROW + 2 * _PAD
+    body = []
+    for row, line in enumerate(lines):
+        y = _PAD + row * _ROW
+        for box in line_boxes(line, theme):
+            x = _PAD + box.column * _CELL
+            length = box.cells * _CELL
+            ink = theme.ink(box.key)
+            color = theme.css_color(box.key)
+            if ink.reverse:
+                body.append(
+                    f'<rect x="{x:.1f}" y="{y:.1f}" width="{length:.1f}" height="{_ROW:.1f}" '
+                    f'fill="{color or FOREGROUND}"/>'
+                )
+            # Inline styles: the stylesheet's `text` rule would beat presentation attributes.
+            style = []
+            fill = BACKGROUND if ink.reverse else color
+            if fill:
+                style.append(f"fill:{fill}")
+            if ink.bold:
+                style.append("font-weight:bold")
+            if ink.dim:
+                style.append("opacity:.6")
+            if ink.underline:
+                style.append("text-decoration:underline")
+            attrs = [
+                f'x="{x:.1f}"',
+                f'y="{y + _BASELINE:.1f}"',
+                f'textLength="{length:.1f}"',
+                'lengthAdjust="spacingAndGlyphs"',
+            ]
+            if style:
+                attrs.append(f'style="{";".join(style)}"')
+            body.append(f"<text {' '.join(attrs)}>{html.escape(box.text)}</text>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width:.0f}" '
+        f'height="{total_height:.0f}" viewBox="0 0 {total_width:.0f} {total_height:.0f}">\n'
+        f"<title>{html.escape(title)}</title>\n"
+        f"<style>text{{font:14px {html.escape(_FONT)};white-space:pre;fill:{FOREGROUND};"
+        "direction:ltr;unicode-bidi:isolate}</style>\n"
+        f'<rect width="100%" height="100%" rx="6" fill="{BACKGROUND}"/>\n'
+        + "\n".join(body)
+        + "\n</svg>\n"
+    )
+
+
+def _title(model: RunModel) -> str:
+    title = "ParallelHue"
+    if model.replay_of is not None:
+        title += " replay"
+    if model.is_simulated:
+        title += f" ({SIMULATED_LABEL})"
+    return title
+
+
+def export_picture(path: str, model: RunModel, view: _HasFinalLines) -> None:
+    """The view's final picture and the summary into an SVG or HTML file."""
+    lines = [*view.final_lines(EXPORT_WIDTH), [], *summary_block(model, EXPORT_WIDTH)]
+    width = max([EXPORT_WIDTH, *(sum(cell_len(t) for t, _ in line) for line in lines)])
+    if path.lower().endswith(".svg"):
+        content = svg_picture(lines, model, width)
+    else:
+        content = html_page(lines, model, width)
     try:
-        if path.lower().endswith(".svg"):
-            console.save_svg(path, title=title)
-        else:
-            console.save_html(path)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(content)
     except OSError as error:
         raise ExportError(f"--export: cannot write {path}: {error.strerror}") from None

@@ -21,13 +21,13 @@ from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
 from .state import RunModel
 from .stream_errors import end_message
 
-__all__ = ["Feed", "run_message"]
+__all__ = ["Feed", "reconciler_line"]
 
 _PROTOCOL_VERSION = re.compile(r"unsupported protocol version (\d+) \(this build speaks (\d+)\)")
 
 
-def run_message(message: str) -> str:
-    """A reconciler run message as one line; a protocol version mismatch names the fix."""
+def reconciler_line(message: str) -> str:
+    """A run message as one line; a protocol version mismatch names the fix."""
     line = one_line(message)
     found = _PROTOCOL_VERSION.search(line)
     if found is None:
@@ -95,8 +95,8 @@ class Feed:
         for event in events:
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step, _first, _count, _role = cast(SpanEvent, event)
-                streams[stream].add_span(byte_start, text, step)
+                _, stream, byte_start, text, step, _first, _count, role = cast(SpanEvent, event)
+                streams[stream].add_span(byte_start, text, step, role)
             elif kind == "exact":
                 streams[cast(ExactEvent, event)[1]].verdict = "exact"
             elif kind == "failed":
@@ -106,10 +106,15 @@ class Feed:
                 state.reason = reason
                 self._failed(index)
             elif kind == "run":
-                line = run_message(str(event[1]))
-                messages = self.model.run_messages
-                if not messages or messages[-1] != line:  # e.g. every frame of an old plugin
-                    messages.append(line)
+                self.run_message(str(event[1]))
+
+    def run_message(self, message: str) -> None:
+        """A line about the whole run (the reconciler's, or the client's own about
+        its telemetry stream); repeated lines are shown once."""
+        line = reconciler_line(message)
+        messages = self.model.run_messages
+        if not messages or messages[-1] != line:  # e.g. every frame of an old plugin
+            messages.append(line)
 
     def stats(self, reconciler: ReconcilerLike) -> None:
         """The reconciler's statistics, counters and sources, stored once."""

@@ -112,6 +112,8 @@ async def run_headless(
     timeout: float = 60.0,
     record: str | None = None,
     model: str | None = None,
+    telemetry: str = "auto",
+    api_key: str | None = None,
 ) -> HeadlessResult:
     """One run of `num_streams` streams against `base_url` (no /v1 suffix)."""
     endpoint = base_url + ("/v1/chat/completions" if chat else "/v1/completions")
@@ -119,8 +121,10 @@ async def run_headless(
         "--endpoint", endpoint, "--concurrency", str(num_streams),
         "--max-tokens", str(max_tokens), "--mode", mode, "--reconciler", reconciler_kind,
         "--socket-dir", socket_dir, "--timeout", str(timeout), "--seed", str(seed),
-        "--view", "plain",
+        "--view", "plain", "--telemetry", telemetry,
     ]  # fmt: skip
+    if api_key is not None:
+        argv += ["--api-key", api_key]
     if record is not None:
         argv += ["--record", record]
     if model is not None:

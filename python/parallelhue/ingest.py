@@ -4,7 +4,8 @@
 (with the `--record` tap and the screen's queue under its lock), the
 `Receiver` thread (telemetry datagrams) and the `HttpStreams` thread (every
 stream's whole HTTP exchange, TLS included, its SSE deltas pushed into the
-reconciler, its end applied by the thread itself). Python composes the
+reconciler, its end applied by the thread itself; with `--telemetry http`
+also the run's telemetry stream, its frames pushed like datagrams). Python composes the
 requests (`streams.py`) and then only collects: `poll()` applies one
 `Reconciler.take()` batch — new text once per stream, spans as byte ranges
 of it, verdicts, stream ends — to the screen model. docs/ARCHITECTURE.md has
@@ -13,6 +14,7 @@ the picture.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,14 +25,28 @@ from .feed import Feed
 from .receiver import ReceiverError
 from .record import RecordingError
 from .state import RunModel
-from .stream_errors import end_message
-from .streams import StreamRequest, body_bytes, connect_target, request_headers
+from .stream_errors import api_key_message, end_message, telemetry_end_message
+from .streams import (
+    StreamRequest,
+    body_bytes,
+    connect_target,
+    request_headers,
+    telemetry_headers,
+)
+from .telemetry import TelemetryError, TelemetryPlan, dropped_line, rejected_line, runs_url
 
 __all__ = ["RustIngest"]
 
 
 class RustIngest:
-    """One live run on the Rust path (any view, with or without --record)."""
+    """One live run on the Rust path (any view, with or without --record).
+
+    Opened in three steps: the constructor starts the HTTP thread (and, for
+    HTTP telemetry, creates the run on the server); `open_run()` waits for the
+    run's id (the server's, over HTTP); `begin()` starts the recording, binds
+    the socket or accepts the server's run, and takes the requests composed
+    with that id. Then `start()`.
+    """
 
     def __init__(
         self,
@@ -39,40 +55,30 @@ class RustIngest:
         *,
         run_id: str,
         endpoint: str,
-        requests: Sequence[tuple[StreamRequest, dict[str, Any]]],
         api_key: str | None,
         timeout: float,
-        socket_path: str | None,
-        record: tuple[str, dict[str, Any]] | None = None,
+        telemetry: TelemetryPlan | None,
+        socket_path: str | None = None,
         min_interval: float | None = None,
+        extra_headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.model = model
         self.feed = feed
         self.endpoint = endpoint
-        self.requests = list(requests)
+        self.requests: list[tuple[StreamRequest, dict[str, Any]]] = []
         self.api_key = api_key
+        self.extra_headers = tuple(extra_headers)  # --header
         self.timeout = timeout
+        self.telemetry = telemetry
+        self.socket_path = socket_path if telemetry is not None else None
+        self.run_id = run_id
         self.reconciler = _native.Reconciler(run_id, len(model.streams))
         self.receiver: _native.Receiver | None = None
         self._ended: set[int] = set()
         self._closed = False
-        if record is not None:
-            path, header = record
-            try:
-                self.reconciler.record(path, json.dumps(header, ensure_ascii=False))
-            except OSError as error:
-                raise RecordingError(
-                    f"--record: cannot write {path}: {error.strerror or error}"
-                ) from None
+        self._telemetry_seen: tuple[int, bool] = (0, False)  # (dropped, ended) already told
+        self._told_rejected = False
         try:
-            if socket_path is not None:
-                try:
-                    self.receiver = _native.Receiver(socket_path, self.reconciler)
-                except (OSError, ValueError) as error:
-                    reason = getattr(error, "strerror", None) or error
-                    raise ReceiverError(
-                        f"cannot bind telemetry socket {socket_path}: {reason}"
-                    ) from None
             target = connect_target(endpoint)
             self.target = target
             self.streams = _native.HttpStreams(
@@ -85,9 +91,70 @@ class RustIngest:
                 timeout,
                 min_interval=min_interval,
             )
+            if telemetry is not None and telemetry.path == "http":
+                runs = connect_target(runs_url(endpoint))
+                headers = telemetry_headers(
+                    target, api_key, _native.TELEMETRY_CONTENT_TYPE, self.extra_headers
+                )
+                self.streams.subscribe(runs.path, headers, b"")
         except BaseException:
             self._release(None)
             raise
+
+    async def open_run(self) -> str:
+        """The run's id: over HTTP the one the server created (its stream's
+        preamble); TelemetryError when the telemetry stream cannot be had."""
+        if self.telemetry is None or self.telemetry.path != "http":
+            return self.run_id
+        # The thread's own timeouts bound this (connect, then --timeout of silence).
+        while True:
+            state = self.streams.telemetry()
+            if state["run_id"] is not None:
+                # Ended since? The run's streams hear it once it is accepted.
+                self.run_id = state["run_id"]
+                return self.run_id
+            end = state["end"]
+            if end is not None:
+                kind, status, detail = end
+                if kind == "http_status" and status == 401:
+                    where = runs_url(self.endpoint)
+                    raise TelemetryError(api_key_message(where, self.api_key is not None))
+                raise TelemetryError(
+                    telemetry_end_message(kind, status, detail, timeout=self.timeout)
+                )
+            if self.streams.failed:
+                raise TelemetryError("telemetry stream: the Rust HTTP thread stopped unexpectedly")
+            await asyncio.sleep(0.005)
+
+    def begin(
+        self,
+        requests: Sequence[tuple[StreamRequest, dict[str, Any]]],
+        record: tuple[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Start the recording, then the telemetry (bind the socket or take the
+        server's run): nothing reaches the reconciler before the tap."""
+        self.requests = list(requests)
+        if record is not None:
+            path, header = record
+            try:
+                self.reconciler.record(path, json.dumps(header, ensure_ascii=False))
+            except OSError as error:
+                raise RecordingError(
+                    f"--record: cannot write {path}: {error.strerror or error}"
+                ) from None
+        if self.telemetry is not None and self.telemetry.path == "http":
+            self.streams.accept_telemetry()
+        elif self.socket_path is not None:
+            accept = list(self.telemetry.accept_uids) if self.telemetry is not None else []
+            try:
+                self.receiver = _native.Receiver(
+                    self.socket_path, self.reconciler, accept_uids=accept
+                )
+            except (OSError, ValueError) as error:
+                reason = getattr(error, "strerror", None) or error
+                raise ReceiverError(
+                    f"cannot bind telemetry socket {self.socket_path}: {reason}"
+                ) from None
 
     @staticmethod
     def arrival_note() -> str:
@@ -107,7 +174,7 @@ class RustIngest:
                 request.index,
                 "POST",
                 target.path,
-                request_headers(target, self.api_key, request.request_id),
+                request_headers(target, self.api_key, request.request_id, self.extra_headers),
                 body_bytes(body),
             )
 
@@ -120,6 +187,8 @@ class RustIngest:
                     self.feed.end(
                         state.index, "internal", 0, "the Rust HTTP thread stopped unexpectedly"
                     )
+        if self.telemetry is not None and self.telemetry.path == "http":
+            self._telemetry_news()
         texts, spans, events, ends = self.reconciler.take()
         streams = self.model.streams
         for stream, utf8, chunk_ends, times, tokens in texts:
@@ -142,6 +211,18 @@ class RustIngest:
             except Exception as error:
                 self._failed_here(stream, error)
 
+    def _telemetry_news(self) -> None:
+        """What the telemetry stream itself says, as run messages (once each)."""
+        state = self.streams.telemetry()
+        told_dropped, told_end = self._telemetry_seen
+        dropped, end = state["dropped"], state["end"]
+        if dropped > told_dropped:
+            self.feed.run_message(dropped_line(dropped, state["buffer_bytes"]))
+        if end is not None and not told_end:
+            kind, status, detail = end
+            self.feed.run_message(telemetry_end_message(kind, status, detail, timeout=self.timeout))
+        self._telemetry_seen = (max(dropped, told_dropped), told_end or end is not None)
+
     def _failed_here(self, stream: int, error: Exception) -> None:
         """Handling what stream `stream` received raised: that stream fails with
         the reason (recorded, and reported by the next batch); the others go on."""
@@ -162,6 +243,11 @@ class RustIngest:
     def update_stats(self) -> None:
         if self.model.mode != "chunk":
             self.feed.stats(self.reconciler)
+        if self.receiver is not None and not self._told_rejected:
+            stats = self.receiver.stats()
+            if stats["rejected_uid"]:
+                self._told_rejected = True
+                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
 
     def finalize(self) -> None:
         if self.model.mode != "chunk":
@@ -193,7 +279,11 @@ class RustIngest:
         self._release(footer)
 
     def receiver_stats(self) -> Mapping[str, object]:
-        return self.receiver.stats() if self.receiver is not None else {}
+        if self.receiver is not None:
+            return self.receiver.stats()
+        if self.telemetry is not None and self.telemetry.path == "http":
+            return self.streams.telemetry()
+        return {}
 
 
 def native_available() -> bool:

@@ -10,19 +10,21 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from importlib import metadata
 from typing import Any
 
-from .config import RunConfig
-from .state import RunModel, acceptance_of
+from .endpoint import api_kind
+from .results import run_result, stream_result
+from .settings import STDOUT, RunConfig
+from .state import RunModel
 from .summary import summary_lines
 
 __all__ = ["MeasurementError", "build_measurement", "write_measurement"]
 
-SCHEMA = "parallelhue-measurement/1"
+# 2: per-stream entries are the --json per-stream results (docs/CLIENT.md).
+SCHEMA = "parallelhue-measurement/2"
 
 
 class MeasurementError(Exception):
@@ -90,46 +92,23 @@ def software(model: RunModel) -> dict[str, Any]:
     }
 
 
-def _stream_result(model: RunModel, index: int) -> dict[str, Any]:
-    state = model.streams[index]
-    gaps = state.inter_step_gaps()
-    return {
-        "stream": index,
-        "label": state.label,
-        "verdict": state.verdict,
-        "reason": state.reason,
-        "error": state.error,
-        "sse_tokens": state.sse_tokens,
-        "confirmed_tokens": int(state.stats.get("tokens", 0)),
-        "steps": int(state.stats.get("steps", 0)),
-        "acceptance": acceptance_of(state.stats),
-        "roles": {k: int(state.stats.get(k, 0)) for k in ("accepted", "target", "bonus", "plain")},
-        "mixed_spans": int(state.stats.get("mixed_spans", 0)),
-        "ttft_s": state.ttft,
-        "inter_step_mean_s": statistics.fmean(gaps) if gaps else None,
-    }
-
-
 def build_measurement(model: RunModel, config: RunConfig, model_name: str | None) -> dict[str, Any]:
-    totals = model.totals
-    steps = int(totals.get("steps", 0))
-    wall = (model.ended_at - model.started_at) if model.ended_at is not None else None
-    sse_tokens = sum(s.sse_tokens for s in model.streams)
-    hist = {str(k): int(v) for k, v in dict(totals.get("hist") or {}).items()}
+    total = run_result(model)
+    simulated = model.is_simulated
     return {
         "schema": SCHEMA,
         "recorded_unix": time.time(),
-        "simulated": model.simulated or model.backend.simulated,
+        "simulated": simulated,
         "engine_note": (
             "SIMULATED ENGINE: every number below comes from the embedded simulator, "
             "not from a real model"
-            if model.simulated or model.backend.simulated
+            if simulated
             else "numbers from the server named under software.server_hello and request.endpoint"
         ),
         "hardware": hardware(),
         "software": software(model),
         "request": {
-            "endpoint_kind": "chat" if "chat/completions" in config.endpoint else "completions",
+            "endpoint_kind": api_kind(config.endpoint),
             "model": model_name,
             "max_tokens": config.max_tokens,
             "temperature": config.temperature,
@@ -138,6 +117,12 @@ def build_measurement(model: RunModel, config: RunConfig, model_name: str | None
             "distinct_prompts": len(set(config.prompts)),
             "prompt_chars": [len(p) for p in config.prompts],
             "mode": config.mode,
+            "stop": list(config.stop),
+            "ignore_eos": config.ignore_eos,
+            "system_prompt_chars": len(config.system) if config.system is not None else None,
+            "extra_body": config.extra_body,
+            # Header values may be credentials: only their names are kept.
+            "extra_header_names": [name for name, _value in config.headers],
         },
         "n": {
             "runs": 1,
@@ -146,16 +131,18 @@ def build_measurement(model: RunModel, config: RunConfig, model_name: str | None
         },
         "backend": {"name": model.backend.name, "evidence": model.backend.evidence},
         "results": {
-            "wall_seconds": wall,
-            "sse_tokens": sse_tokens,
-            "client_tokens_per_second": (sse_tokens / wall) if wall else None,
-            "confirmed_tokens": int(totals.get("tokens", 0)),
-            "steps": steps,
-            "mean_tokens_per_step": (int(totals.get("tokens", 0)) / steps) if steps else None,
-            "tokens_per_step_histogram": hist,
-            "acceptance": acceptance_of(totals),
-            "labels": model.count_labels(),
-            "streams": [_stream_result(model, i) for i in range(len(model.streams))],
+            "wall_seconds": total["wall_seconds"],
+            "sse_tokens": total["tokens"],
+            "client_tokens_per_second": total["tokens_per_second"],
+            "confirmed_tokens": total["confirmed_tokens"],
+            "steps": total["steps"],
+            "mean_tokens_per_step": total["mean_tokens_per_step"],
+            "tokens_per_step_histogram": total["tokens_per_step_histogram"],
+            "acceptance": total["acceptance"],
+            "acceptance_by_position": total["acceptance_by_position"],
+            "labels": total["labels"],
+            "total": total,
+            "streams": [stream_result(stream) for stream in model.streams],
             "server_wide_metrics_deltas": {
                 "note": "server-wide: every request on the server during the run",
                 "values": dict(model.server_deltas),
@@ -169,6 +156,10 @@ def write_measurement(
     path: str, model: RunModel, config: RunConfig, model_name: str | None
 ) -> None:
     record = build_measurement(model, config, model_name)
+    if path == STDOUT:
+        sys.stdout.write(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
     try:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2, ensure_ascii=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,8 +131,20 @@ def read_recording(path: str) -> Recording:
     try:
         with gzip.open(path, "rb") as handle:
             data = handle.read()
-    except (OSError, EOFError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
+    except (zlib.error, EOFError) as error:
+        # A flipped byte inside the compressed data, or a file cut short.
+        why = "ends early" if isinstance(error, EOFError) else "does not decompress"
+        raise RecordingError(f"replay: {shown} is damaged (its gzip data {why})") from None
+    except gzip.BadGzipFile as error:
+        if not str(error).startswith("Not a gzipped file"):  # a CRC or length mismatch
+            raise RecordingError(
+                f"replay: {shown} is damaged (its gzip checksum does not match)"
+            ) from None
+        raise RecordingError(
+            f"replay: {shown} is not a ParallelHue recording ({one_line(str(error))})"
+        ) from None
+    except OSError as error:
+        reason = error.strerror or str(error)
         raise RecordingError(
             f"replay: {shown} is not a ParallelHue recording ({one_line(reason)})"
         ) from None

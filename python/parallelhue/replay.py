@@ -16,13 +16,13 @@ from typing import Any
 from rich.console import Console
 
 from .backend import detect_backend
-from .config import ReplayConfig
 from .feed import Feed
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import Recording, RecordingError, read_recording
 from .sanitize import one_line
 from .session import RunDriver, SetupError, outcome
+from .settings import ReplayConfig
 from .state import RunModel, StreamState
 from .streams import StreamStopped
 from .views import REFRESH_HZ, make_view
@@ -72,6 +72,10 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         reconciler_kind=config.reconciler,
     )
     model.started_at = 0.0
+    model.replay_of = config.path
+    model.color_by = config.color_by
+    model.palette = config.palette
+    model.model_name = str(header["model"]) if header.get("model") else None
     timeout = float(header.get("timeout", 60.0))
     feed = Feed(model, timeout=timeout, backend_override=override, metrics_before=metrics)
     driver = RunDriver(model, feed, reconciler)
@@ -112,14 +116,21 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     return False
 
 
-def _compare(model: RunModel, footer: dict[str, Any] | None) -> str | None:
+def _verdict(verdict: object, reason: object) -> str:
+    return f"{verdict} ({one_line(str(reason))})" if reason else str(verdict)
+
+
+def _compare(path: str, model: RunModel, footer: dict[str, Any] | None) -> str | None:
     if footer is None or "verdicts" not in footer:
-        return None
+        return (
+            f"replay: {one_line(path)} has no footer (the recorded run was interrupted or the "
+            "file is cut short): the replayed verdicts could not be compared with the recording"
+        )
     for state, recorded in zip(model.streams, footer["verdicts"], strict=False):
         if [state.verdict, state.reason] != list(recorded):
             return (
                 f"replay differs from the recording: stream {state.index} was "
-                f"{recorded[0]} ({recorded[1]}), replayed {state.verdict} ({state.reason})"
+                f"{_verdict(*recorded)}, replayed {_verdict(state.verdict, state.reason)}"
             )
     return None
 
@@ -169,7 +180,7 @@ async def replay(config: ReplayConfig, console: Console) -> tuple[int, str | Non
             view.stop()
         else:
             view.abort()
-    mismatch = _compare(model, recording.footer)
+    mismatch = _compare(config.path, model, recording.footer)
     if mismatch is not None:
         return 1, mismatch, model, view
     code, message = outcome(model)

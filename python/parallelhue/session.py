@@ -36,18 +36,34 @@ from parallelhue_vllm.paths import (
 from parallelhue_vllm.wire import request_id
 
 from .backend import detect_backend
-from .config import RunConfig
 from .endpoint import api_base
 from .feed import Feed
 from .metrics import fetch_metrics, server_deltas
-from .receiver import PyReceiver, ReceiverError
+from .receiver import PyHttpTelemetry, PyReceiver, ReceiverError
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
 from .record import RecordingError, RecordWriterLike, open_writer
+from .request import build_body
 from .sanitize import one_line
+from .settings import RunConfig
 from .shapes import EndKind, Usage
-from .state import RunModel, StreamState
-from .stream_errors import connect_reason
-from .streams import StreamRequest, StreamStopped, build_body, make_client, read_stream
+from .state import RunModel, StreamState, telemetry_expected
+from .stream_errors import api_key_message, connect_reason, telemetry_end_message
+from .streams import (
+    StreamRequest,
+    StreamStopped,
+    connect_target,
+    make_client,
+    read_stream,
+)
+from .telemetry import (
+    TelemetryError,
+    TelemetryPlan,
+    choose,
+    dropped_line,
+    rejected_line,
+    runs_url,
+    security_line,
+)
 from .views import View
 
 if TYPE_CHECKING:
@@ -201,17 +217,20 @@ def new_run_id() -> str:
     return secrets.token_hex(16)
 
 
-def resolve_socket(mode: str, socket_dir: str | None, run_id: str) -> str:
-    """The socket path, checked in every mode; the directory is created unless chunk."""
+def resolve_socket(
+    socket_dir: str | None, run_id: str, *, create: bool, shared: bool = False
+) -> str:
+    """The socket path, checked in every mode; with `create` the directory is
+    made (`shared`: 0711, for --accept-uid of a uid other than root)."""
     directory = socket_dir if socket_dir is not None else default_socket_dir()
     try:
         # The length is checked before anything is created: an over-long --socket-dir
         # is an error in every mode and leaves no directory behind.
-        # chunk mode binds nothing, but a bad path is still an error, never silent.
+        # chunk mode and HTTP telemetry bind nothing, but a bad path is still an error.
         path = socket_path(os.path.abspath(directory), run_id)
-        if mode == "chunk":
+        if not create:
             return path
-        directory = ensure_socket_dir(directory, create=True)
+        directory = ensure_socket_dir(directory, create=True, shared=shared)
         return socket_path(directory, run_id)
     except SocketPathError as error:
         raise SetupError(str(error)) from None
@@ -227,6 +246,9 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
             f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}; "
             "give --model to skip this"
         ) from None
+    if response.status_code in (401, 403):
+        key_given = "Authorization" in client.headers
+        raise SetupError(api_key_message(url, key_given, response.status_code))
     if response.status_code != 200:
         raise SetupError(
             f"listing models at {one_line(url)} gave HTTP {response.status_code}: give --model"
@@ -261,7 +283,9 @@ class IngestPath(Protocol):
 
 
 class ReferenceIngest:
-    """The reference path: httpx streams and `PyReceiver` on this event loop."""
+    """The reference path: httpx streams and `PyReceiver` (or `PyHttpTelemetry`)
+    on this event loop. Opened like `RustIngest`: constructor, `open_run()`,
+    `begin()`."""
 
     def __init__(
         self,
@@ -271,36 +295,63 @@ class ReferenceIngest:
         *,
         run_id: str,
         endpoint: str,
-        requests: Requests,
+        telemetry: TelemetryPlan | None,
         socket_path: str | None,
-        record: tuple[str, dict[str, Any]] | None,
+        timeout: float,
     ) -> None:
         self.model = model
+        self.feed = feed
         self.client = client
         self.endpoint = endpoint
+        self.run_id = run_id
+        self.telemetry = telemetry if model.mode != "chunk" else None
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.requests: Requests = []
+        self.receiver: PyReceiver | None = None
+        self.http_telemetry: PyHttpTelemetry | None = None
+        self.driver = RunDriver(model, feed, None, None)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._told: tuple[int, bool] = (0, False)
+        self._told_rejected = False
+        self._closed = False
+        if self.telemetry is not None and self.telemetry.path == "http":
+            url = runs_url(endpoint)
+            self.http_telemetry = PyHttpTelemetry(client, url, connect_target(url))
+
+    async def open_run(self) -> str:
+        reader = self.http_telemetry
+        if reader is None:
+            return self.run_id
+        run_id = await reader.run_id()
+        if run_id is None:
+            kind, status, detail = reader.end or ("cancelled", 0, "")
+            if kind == "http_status" and status == 401:
+                key_given = "Authorization" in self.client.headers
+                raise TelemetryError(api_key_message(reader.url, key_given))
+            raise TelemetryError(telemetry_end_message(kind, status, detail, timeout=self.timeout))
+        self.run_id = run_id
+        return run_id
+
+    def begin(self, requests: Requests, record: tuple[str, dict[str, Any]] | None) -> None:
         self.requests = requests
-        reconciler: ReconcilerLike | None = None
-        if model.mode != "chunk":
+        if self.model.mode != "chunk":
             try:
-                reconciler = make_reconciler("python", run_id, len(model.streams))
+                self.driver.reconciler = make_reconciler(
+                    "python", self.run_id, len(self.model.streams)
+                )
             except ReconcilerError as error:
                 raise SetupError(str(error)) from None
-        recorder = open_writer(*record) if record is not None else None
-        self.receiver: PyReceiver | None = None
-        if reconciler is not None and socket_path is not None:
-            try:
-                self.receiver = PyReceiver(socket_path)
-            except ReceiverError:
-                if recorder is not None:
-                    recorder.close(None)
-                raise
-        self.driver = RunDriver(model, feed, reconciler, recorder)
-        self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._closed = False
+        self.driver.recorder = open_writer(*record) if record is not None else None
+        if self.http_telemetry is not None:
+            self.http_telemetry.accept()
+        elif self.driver.reconciler is not None and self.socket_path is not None:
+            accept = self.telemetry.accept_uids if self.telemetry is not None else ()
+            self.receiver = PyReceiver(self.socket_path, accept_uids=accept)
 
     def start(self) -> None:
-        # The socket is read from this loop: the readers yield after every event.
-        yield_each_read = self.receiver is not None
+        # Telemetry is read from this loop: the readers yield after every event.
+        yield_each_read = self.receiver is not None or self.http_telemetry is not None
         for request, body in self.requests:
             self.driver.start(request.index)
             self.tasks[request.index] = asyncio.create_task(
@@ -317,6 +368,15 @@ class ReferenceIngest:
     def poll(self) -> None:
         if self.receiver is not None:
             self.driver.frames(self.receiver.take())
+        reader = self.http_telemetry
+        if reader is not None:
+            self.driver.frames(reader.take())
+            told_dropped, told_end = self._told
+            if reader.dropped > told_dropped:
+                self.feed.run_message(dropped_line(reader.dropped, reader.buffer_bytes))
+            if reader.end is not None and not told_end:
+                self.feed.run_message(telemetry_end_message(*reader.end, timeout=self.timeout))
+            self._told = (reader.dropped, told_end or reader.end is not None)
         self.driver.apply_events()
 
     def streams_done(self) -> bool:
@@ -330,10 +390,16 @@ class ReferenceIngest:
 
     def update_stats(self) -> None:
         self.driver.update_stats()
+        if self.receiver is not None and not self._told_rejected:
+            stats = self.receiver.stats()
+            if stats["rejected_uid"]:
+                self._told_rejected = True
+                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
 
     def finalize(self) -> None:
         self.poll()
         self.driver.finalize()
+        self.update_stats()
 
     def close(self, footer: dict[str, Any] | None = None) -> None:
         if self._closed:
@@ -343,11 +409,17 @@ class ReferenceIngest:
             task.cancel()
         if self.receiver is not None:
             self.receiver.close()
+        if self.http_telemetry is not None:
+            self.http_telemetry.close()
         if self.driver.recorder is not None:
             self.driver.recorder.close(footer)
 
     def receiver_stats(self) -> Mapping[str, object]:
-        return self.receiver.stats() if self.receiver is not None else {}
+        if self.receiver is not None:
+            return self.receiver.stats()
+        if self.http_telemetry is not None:
+            return self.http_telemetry.stats()
+        return {}
 
 
 class Session:
@@ -371,16 +443,19 @@ class Session:
         self.view_factory = view_factory
         self.simulated = simulated
         self.title = title
+        # Over HTTP telemetry the server's run id takes its place (`_open_path`).
         self.run_id = run_id or new_run_id()
-        self.socket_path = resolve_socket(config.mode, config.socket_dir, self.run_id)
+        # Checked now in every mode; the directory is made once the socket is chosen.
+        self.socket_path = resolve_socket(config.socket_dir, self.run_id, create=False)
         self.model_name: str | None = config.model
         self._abort = asyncio.Event()
         self.path: RustIngest | ReferenceIngest | None = None
 
-    def _header(self) -> dict[str, Any]:
+    def _header(self, plan: TelemetryPlan | None) -> dict[str, Any]:
         cfg = self.config
         return {
             "run_id": self.run_id,
+            "telemetry": plan.path if plan is not None else None,
             "num_streams": cfg.concurrency,
             "mode": cfg.mode,
             "backend_override": cfg.backend,
@@ -404,19 +479,42 @@ class Session:
                 prompt=prompt,
                 seed=(cfg.seed + index) % 2**32,
             )
-            body = build_body(
-                cfg.endpoint, self.model_name, request, cfg.max_tokens, cfg.temperature
-            )
+            body = build_body(cfg, self.model_name, request)
             body.update(self.extra_body)
             requests.append((request, body))
         return requests
 
-    def _open_path(
-        self, model: RunModel, feed: Feed, client: httpx.AsyncClient
+    async def _choose_telemetry(self, client: httpx.AsyncClient) -> TelemetryPlan | None:
+        """The run's telemetry path (None in chunk mode); the socket path for the socket."""
+        cfg = self.config
+        if cfg.mode == "chunk":
+            return None
+        try:
+            plan = await choose(
+                client,
+                cfg.endpoint,
+                cfg.telemetry,
+                api_key=cfg.api_key,
+                accept_uids=cfg.accept_uids,
+            )
+        except TelemetryError as error:
+            raise SetupError(str(error)) from None
+        if plan.path == "socket":
+            shared = any(uid not in (0, os.geteuid()) for uid in plan.accept_uids)
+            self.socket_path = resolve_socket(
+                cfg.socket_dir, self.run_id, create=True, shared=shared
+            )
+        return plan
+
+    def _new_path(
+        self,
+        model: RunModel,
+        feed: Feed,
+        client: httpx.AsyncClient,
+        plan: TelemetryPlan | None,
     ) -> RustIngest | ReferenceIngest:
         cfg = self.config
-        record = (cfg.record, self._header()) if cfg.record is not None else None
-        socket = self.socket_path if cfg.mode != "chunk" else None
+        socket = self.socket_path if plan is not None and plan.path == "socket" else None
         if cfg.reconciler == "python":
             return ReferenceIngest(
                 model,
@@ -424,9 +522,9 @@ class Session:
                 client,
                 run_id=self.run_id,
                 endpoint=cfg.endpoint,
-                requests=self._requests(),
+                telemetry=plan,
                 socket_path=socket,
-                record=record,
+                timeout=cfg.timeout,
             )
         from .ingest import RustIngest
 
@@ -435,14 +533,34 @@ class Session:
             feed,
             run_id=self.run_id,
             endpoint=cfg.endpoint,
-            requests=self._requests(),
             api_key=cfg.api_key,
             timeout=cfg.timeout,
+            telemetry=plan,
             socket_path=socket,
-            record=record,
+            extra_headers=cfg.headers,
         )
         model.arrival_note = ingest.arrival_note()
         return ingest
+
+    async def _open_path(
+        self, path: RustIngest | ReferenceIngest, model: RunModel, plan: TelemetryPlan | None
+    ) -> None:
+        """The run's id (the server's over HTTP), then the recording, the
+        telemetry and the requests composed with that id."""
+        cfg = self.config
+        try:
+            self.run_id = await path.open_run()
+        except TelemetryError as error:
+            raise SetupError(str(error)) from None
+        if plan is not None:
+            model.telemetry = security_line(
+                plan, connect_target(cfg.endpoint), cfg.api_key, self.run_id
+            )
+        record = (cfg.record, self._header(plan)) if cfg.record is not None else None
+        try:
+            path.begin(self._requests(), record)
+        except ReceiverError as error:
+            raise SetupError(str(error)) from None
 
     async def run(self) -> SessionResult:
         cfg = self.config
@@ -450,7 +568,8 @@ class Session:
             reconciler_class(cfg.reconciler)  # a missing extension is a setup error now
         except ReconcilerError as error:
             raise SetupError(str(error)) from None
-        client = make_client(cfg.concurrency, cfg.timeout, cfg.api_key)
+        # One connection more than streams: the telemetry probe, then its stream.
+        client = make_client(cfg.concurrency + 1, cfg.timeout, cfg.api_key, cfg.headers)
         view: View | None = None
         path: RustIngest | ReferenceIngest | None = None
         try:
@@ -478,10 +597,9 @@ class Session:
             )
             if cfg.mode == "exact":
                 feed.on_failure = lambda _stream: self._abort.set()
-            try:
-                path = self.path = self._open_path(model, feed, client)
-            except ReceiverError as error:
-                raise SetupError(str(error)) from None
+            plan = await self._choose_telemetry(client)
+            path = self.path = self._new_path(model, feed, client, plan)
+            await self._open_path(path, model, plan)
             view = self.view_factory(model)
             view.start()
             await self._drive(path, model, feed, view)
@@ -546,6 +664,10 @@ class Session:
     async def _grace(self, path: RustIngest | ReferenceIngest, feed: Feed) -> None:
         if self.config.mode == "chunk":
             return
+        path.poll()
+        path.update_stats()
+        if not telemetry_expected(feed.model.counters):
+            return  # no datagram in the whole run: none is late, none is coming
         deadline = time.monotonic() + (GRACE_SECONDS if self.grace is None else self.grace)
         while time.monotonic() < deadline and not self._abort.is_set():
             path.poll()

@@ -5,6 +5,7 @@ coloring rule lives here so every view (and the export) applies it the same
 way: a character is colored by its engine step only inside a span the
 reconciler proved; a mixed span stays uncolored; `SSE CHUNK MODE` colors by SSE
 chunk; nothing is colored for a non-speculative server or under NO_COLOR.
+Pieces carry style keys (style.py), never colors: the painters decide.
 
 A stream's SSE text is stored once, as UTF-8; its chunks and the proven spans
 are runs of that text (end offsets with their steps), which is how the Rust
@@ -13,6 +14,7 @@ path delivers them (`Reconciler.take`): a redraw decodes only what it shows.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import sys
 import time
@@ -24,6 +26,7 @@ from typing import Any
 from .backend import Backend
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
+from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 
 __all__ = [
     "LABEL_CANCELLED",
@@ -32,14 +35,14 @@ __all__ = [
     "LABEL_EXACT",
     "LABEL_NOT_EXACT",
     "LABEL_VERIFYING",
-    "PALETTE",
+    "SIMULATED_LABEL",
     "RunModel",
     "Segment",
     "StreamState",
+    "acceptance_of",
+    "label_key",
+    "telemetry_expected",
 ]
-
-# xterm-256 green, red, blue, yellow: one color per new step, cycling.
-PALETTE = (46, 196, 27, 226)
 
 LABEL_EXACT = "EXACT TOKEN PROVENANCE"
 LABEL_CHUNK = "SSE CHUNK MODE"
@@ -47,8 +50,41 @@ LABEL_VERIFYING = "VERIFYING"
 LABEL_NOT_EXACT = "NOT EXACT"
 LABEL_ERROR = "ERROR"
 LABEL_CANCELLED = "CANCELLED"
+# Everything from the embedded simulator says so, on screen, in summaries and exports.
+SIMULATED_LABEL = "SIMULATED ENGINE"
 
-Segment = tuple[str, int | None]  # text (raw, sanitized by the renderer), xterm color
+# The style key of each label (style.py says what it looks like).
+_LABEL_KEYS = {
+    LABEL_EXACT: "label.exact",
+    LABEL_CHUNK: "label.chunk",
+    LABEL_VERIFYING: "label.verifying",
+    LABEL_NOT_EXACT: "label.failed",
+    LABEL_ERROR: "label.error",
+    LABEL_CANCELLED: "label.cancelled",
+}
+
+
+def label_key(label: str) -> str:
+    return _LABEL_KEYS.get(label, "bold")
+
+
+Segment = tuple[str, str | None]  # text (raw, sanitized by the layout), style key
+
+
+def _span_key(step: int | None, role: int | None, color_by: str) -> str:
+    if color_by == "role":
+        return ROLE_KEYS[role] if role is not None and 0 <= role < len(ROLE_KEYS) else "mixed"
+    return STEP_KEYS[step % len(STEP_KEYS)] if step is not None else "mixed"
+
+
+def telemetry_expected(counters: Mapping[str, Any]) -> bool:
+    """Whether telemetry can still arrive after the SSE streams ended.
+
+    A server with the plugin sends its hello and the first step records while
+    the first tokens are generated; when not one datagram came in by the end of
+    every stream, none is coming (the grace period would only delay the verdict).
+    """
+    return int(counters.get("frames", 0)) > 0
 
 
 class _Runs:
@@ -155,10 +191,6 @@ def _append_le(target: array[int] | array[float], data: bytes | memoryview) -> N
         target.frombytes(data)
 
 
-def _color(step: int | None, colorize: bool) -> int | None:
-    return PALETTE[step % len(PALETTE)] if colorize and step is not None else None
-
-
 # Compact reprs: asyncio's end-of-run signal bookkeeping (Python 3.11) formats
 # the main task's result with repr(), and a full dataclass repr of a run's
 # texts and times cost ~0.2 s per call at 128k tokens.
@@ -169,7 +201,9 @@ class StreamState:
     prompt: str = ""
     sse_utf8: bytearray = field(default_factory=bytearray)  # the SSE text, once
     chunk_ends: array[int] = field(default_factory=lambda: array("Q"))  # non-empty deltas
-    sse_tokens: int = 0
+    # When each non-empty delta arrived (the timeline; see add_text for its precision).
+    chunk_times: array[float] = field(default_factory=lambda: array("d"))
+    sse_tokens: int = 0  # token ids received over SSE
     # The proven spans, two words each (see _Spans): end offset, step | role << 32.
     span_records: array[int] = field(default_factory=lambda: array("Q"))
     verdict: str = "pending"  # pending, exact, failed
@@ -204,27 +238,40 @@ class StreamState:
         if data:
             self.sse_utf8 += data
             self.chunk_ends.append(len(self.sse_utf8))
+            self.chunk_times.append(now)
 
     def add_text(self, utf8: bytes, chunk_ends: bytes, times: bytes, tokens: int) -> None:
         """Deltas as the Rust path packs them (`Reconciler.take`): the new text
         once, where each non-empty delta ends, one arrival time per delta."""
         before = len(self.delta_times)
+        chunks_before = len(self.chunk_ends)
         _append_le(self.delta_times, times)
         if self.first_token_at is None and len(self.delta_times) > before:
             self.first_token_at = self.delta_times[before]
         self.sse_tokens += tokens
         self.sse_utf8 += utf8
         _append_le(self.chunk_ends, chunk_ends)
+        # Which delta each chunk came with is known when none was empty; else the
+        # batch's last arrival stands for all of it (the timeline's precision).
+        new_times = self.delta_times[before:]
+        new_chunks = len(self.chunk_ends) - chunks_before
+        if len(new_times) == new_chunks:
+            self.chunk_times.extend(new_times)
+        elif new_chunks and new_times:
+            self.chunk_times.extend([new_times[-1]] * new_chunks)
 
-    def add_span(self, byte_start: int, text: str, step_index: int | None) -> None:
-        """One span event (the reference path and replay)."""
+    def add_span(
+        self, byte_start: int, text: str, step_index: int | None, role: int | None = None
+    ) -> None:
+        """One span event (the reference path and replay); `role` is C2's 8th element."""
         # Spans arrive in order and cover the text contiguously (PROTOCOL.md);
         # should one start further on, the bytes between stay uncolored.
         records = self.span_records
         if byte_start > self.proven_bytes:
             records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
         step = _NO_STEP if step_index is None else step_index
-        records.extend((byte_start + len(text.encode("utf-8")), step | _NO_ROLE << 32))
+        role_code = _NO_ROLE if role is None else role
+        records.extend((byte_start + len(text.encode("utf-8")), step | role_code << 32))
 
     def add_span_runs(self, records: bytes | memoryview) -> None:
         """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
@@ -294,55 +341,93 @@ class StreamState:
         """The SSE text after the proven bytes."""
         return self.sse_utf8[self.proven_bytes :].decode("utf-8", "replace")
 
-    def segments(self, colorize: bool) -> list[Segment]:
-        """The stream's text cut into colored pieces by the coloring rule."""
-        if self.shows_chunks:
-            return [
-                (chunk, PALETTE[i % len(PALETTE)] if colorize else None)
-                for i, chunk in enumerate(self.chunks)
-            ]
-        pieces: list[Segment] = [(text, _color(step, colorize)) for text, step in self.spans]
-        if self.mode == "auto" and self.verdict != "exact":
-            # auto shows the text at once; the unproven tail stays uncolored.
-            tail = self.unproven_tail()
-            if tail:
-                pieces.append((tail, None))
-        return pieces
+    def segments(self, colorize: bool, color_by: str = "step") -> list[Segment]:
+        """The stream's text cut into styled pieces by the coloring rule."""
+        return self.tail_segments(colorize, None, color_by)
 
-    def tail_segments(self, colorize: bool, max_chars: int) -> list[Segment]:
-        """The last pieces of `segments(colorize)` holding at least `max_chars` characters.
-
-        Equal to the tail `styled_text(..., max_chars=...)` keeps, but walks back
-        from the end only: a redraw costs what is visible, not the stream's length.
-        """
+    def tail_segments(
+        self, colorize: bool, max_chars: int | None, color_by: str = "step"
+    ) -> list[Segment]:
+        """The last pieces of the styled text holding at least `max_chars` characters
+        (all of them for None), walking back from the end only: a redraw costs what
+        is visible, not the stream's length."""
+        limit = max_chars if max_chars is not None else -1
         pieces: list[Segment] = []
         total = 0
         if self.shows_chunks:
             chunks = self.chunks
             index = len(chunks) - 1
-            while index >= 0 and total < max_chars:
+            while index >= 0 and (limit < 0 or total < limit):
                 chunk = chunks.text(index)
-                pieces.append((chunk, PALETTE[index % len(PALETTE)] if colorize else None))
+                pieces.append((chunk, CHUNK_KEYS[index % len(CHUNK_KEYS)] if colorize else None))
                 total += len(chunk)
                 index -= 1
             pieces.reverse()
             return pieces
         if self.mode == "auto" and self.verdict != "exact":
+            # auto shows the text at once; the unproven tail stays uncolored (dim).
             tail = self.unproven_tail()
             if tail:
-                pieces.append((tail, None))
+                pieces.append((tail, "unproven" if colorize else None))
                 total = len(tail)
         spans = self.spans
         index = len(spans) - 1
-        while index >= 0 and total < max_chars:
+        by_role = color_by == "role"
+        steps = len(STEP_KEYS)
+        # The hot path of every redraw: the key is computed inline, not by _span_key.
+        while index >= 0 and (limit < 0 or total < limit):
             text = spans.text(index)
-            pieces.append((text, _color(spans.step(index), colorize)))
+            if not colorize:
+                key = None
+            elif by_role:
+                key = _span_key(None, spans.role(index), color_by)
+            else:
+                step = spans.step(index)
+                key = STEP_KEYS[step % steps] if step is not None else "mixed"
+            pieces.append((text, key))
             total += len(text)
             index -= 1
         pieces.reverse()
         return pieces
 
+    def step_marks(self) -> list[tuple[float, int | None, int | None, int]]:
+        """(arrival time, step, role, characters) per proven span, for the timeline:
+        the time is the SSE arrival of the chunk holding the span's first byte."""
+        ends = self.chunk_ends
+        times = self.chunk_times
+        if not ends or len(times) != len(ends):
+            return []
+        spans = self.spans
+        marks = []
+        start = 0
+        for index in range(len(spans)):
+            chunk = min(bisect.bisect_right(ends, start), len(ends) - 1)
+            marks.append(
+                (times[chunk], spans.step(index), spans.role(index), len(spans.text(index)))
+            )
+            start = spans.end(index)
+        return marks
+
+    def chunk_arrivals(self) -> list[float]:
+        """When each non-empty delta arrived (the timeline of an unproven stream)."""
+        return list(self.chunk_times)
+
     # --- numbers ----------------------------------------------------------------
+
+    @property
+    def tokens(self) -> int:
+        """Tokens received: the SSE token ids, else the usage chunk's completion_tokens
+        (servers that send no token ids)."""
+        if self.sse_tokens:
+            return self.sse_tokens
+        completion = self.usage.get("completion_tokens") if self.usage else None
+        return completion if isinstance(completion, int) and completion > 0 else 0
+
+    @property
+    def tokens_source(self) -> str:
+        if self.sse_tokens:
+            return "token_ids"
+        return "usage" if self.tokens else "none"
 
     @property
     def steps(self) -> int | None:
@@ -360,10 +445,28 @@ class StreamState:
         return acceptance_of(self.stats)
 
     @property
+    def acceptance_frozen(self) -> bool:
+        """The reconciler stops counting a stream when it fails: its figures cover
+        only what was proven before the downgrade."""
+        return self.verdict == "failed" and self.acceptance is not None
+
+    @property
     def ttft(self) -> float | None:
         if self.first_token_at is None or self.started_at is None:
             return None
         return self.first_token_at - self.started_at
+
+    @property
+    def last_at(self) -> float | None:
+        return self.delta_times[-1] if self.delta_times else None
+
+    @property
+    def e2e(self) -> float | None:
+        """Request start to the last SSE delta (vllm bench's end-to-end latency)."""
+        last = self.last_at
+        if last is None or self.started_at is None or self.error is not None:
+            return None
+        return last - self.started_at
 
     def inter_step_gaps(self) -> list[float]:
         times = self.delta_times
@@ -396,10 +499,17 @@ class RunModel:
     server_deltas: list[tuple[str, float]] = field(default_factory=list)
     # How precise the SSE arrival times are, when not to the read (the Rust reader).
     arrival_note: str = ""
+    # Where the telemetry comes from and what vouches for it (telemetry.security_line).
+    telemetry: str = ""
     finished: bool = False
     interrupted: bool = False
     # The stream whose failure stopped an exact-mode run (the first to fail).
     first_failure: int | None = None
+    color_by: str = "step"  # step | role (--color)
+    palette: str = "standard"  # style.PALETTES (--palette)
+    model_name: str | None = None
+    server: str | None = None  # host:port shown in the banner
+    replay_of: str | None = None  # the recording being replayed
 
     def __repr__(self) -> str:
         return (
@@ -412,15 +522,27 @@ class RunModel:
         return self.backend.speculative and not self.no_color
 
     @property
-    def banner(self) -> str:
-        parts = []
-        if self.simulated or self.backend.simulated:
-            parts.append("SIMULATED ENGINE")
-        parts.append(f"mode {self.mode}")
-        parts.append(f"backend {self.backend.name} ({self.backend.evidence})")
-        if not self.backend.speculative:
-            parts.append("monochrome: no speculative decoding proven")
-        return " · ".join(parts)
+    def is_simulated(self) -> bool:
+        return self.simulated or self.backend.simulated
+
+    @property
+    def nothing_received(self) -> bool:
+        """Every stream failed the same way before a single byte of text: one line
+        says all there is (no panes, no summary)."""
+        streams = self.streams
+        if not streams or any(s.error is None or len(s.delta_times) for s in streams):
+            return False
+        return len({s.error for s in streams}) == 1
+
+    @property
+    def wall_seconds(self) -> float | None:
+        """First request to the last SSE delta: the generation, not the grace period
+        for late telemetry nor the closing /metrics scrape."""
+        starts = [s.started_at for s in self.streams if s.started_at is not None]
+        ends = [s.last_at for s in self.streams if s.last_at is not None]
+        if not starts or not ends:
+            return None
+        return max(0.0, max(ends) - min(starts))
 
     def count_labels(self) -> dict[str, int]:
         counts: dict[str, int] = {}

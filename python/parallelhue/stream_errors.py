@@ -10,11 +10,34 @@ met it, live or replayed.
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from .sanitize import one_line
-from .shapes import EndKind
+from .shapes import END_KINDS, EndKind
 
-__all__ = ["connect_reason", "end_message", "error_detail"]
+__all__ = [
+    "api_key_message",
+    "connect_reason",
+    "end_message",
+    "error_detail",
+    "telemetry_end_message",
+]
+
+# Where a run's API key comes from (config.py reads both).
+API_KEY_SOURCES = "--api-key or OPENAI_API_KEY"
+
+
+def api_key_message(where: str, given: bool, status: int = 401) -> str:
+    """A 401 (or 403) from the server: the key is missing or wrong."""
+    if given:
+        return (
+            f"the server refused the API key (HTTP {status} from {one_line(where)}): "
+            f"check {API_KEY_SOURCES}"
+        )
+    return (
+        f"the server needs an API key (HTTP {status} from {one_line(where)}): give it with "
+        f"{API_KEY_SOURCES}"
+    )
 
 
 def error_detail(body: str) -> str:
@@ -63,6 +86,8 @@ def end_message(kind: EndKind, status: int, detail: str, *, timeout: float) -> s
     if kind == "bad_sse":
         return "bad SSE data: " + one_line(detail)
     if kind == "http_status":
+        if status == 401:
+            return f"HTTP 401: {error_detail(detail)} (check {API_KEY_SOURCES})"
         return f"HTTP {status}: {error_detail(detail)}"
     if kind == "not_sse":
         shown = one_line(detail.split(";")[0]) or "no content type"
@@ -85,6 +110,33 @@ def end_message(kind: EndKind, status: int, detail: str, *, timeout: float) -> s
     if kind == "internal":
         return "internal error in this stream: " + one_line(detail)
     return "cancelled"
+
+
+def telemetry_end_message(kind: str, status: int, detail: str, *, timeout: float) -> str:
+    """Why the run's HTTP telemetry stream ended (`HttpStreams.telemetry()["end"]`,
+    or the reference reader's): an end kind, or the stream's own `server_end`
+    (status: the end item's code) and `stream` (its framing error)."""
+    if kind == "server_end":
+        return f"telemetry stream: the server ended it (code {status}): {one_line(detail)}"
+    if kind == "stream":
+        return one_line(detail)
+    if kind == "not_sse":
+        shown = one_line(detail.split(";")[0]) or "no content type"
+        return (
+            f"telemetry stream: the server answered {shown} (HTTP {status}), not a "
+            "telemetry stream: is parallelhue-vllm's endpoint plugin enabled (VLLM_PLUGINS)?"
+        )
+    if kind == "http_status" and status == 404:
+        return (
+            "telemetry stream: the server has no telemetry route (HTTP 404): install "
+            "parallelhue-vllm on vLLM >= 0.32 and start it with VLLM_PLUGINS=parallelhue, "
+            "or use --telemetry socket"
+        )
+    if kind in END_KINDS:
+        return "telemetry stream: " + end_message(
+            cast(EndKind, kind), status, detail, timeout=timeout
+        )
+    return f"telemetry stream: {one_line(kind)}: {one_line(detail)}"
 
 
 def connect_reason(error: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 Every stream's request carries the run's request id (`ph1_<run>_<i>`, in the
 body and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the
-usage chunk, and has its own seed. `build_body` and `request_headers` make
+usage chunk, and has its own seed. `request.build_body` and `request_headers` make
 it; `ingest.py` hands it to the Rust HTTP thread (the shipped path, plain
 http and https alike).
 
@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -28,21 +29,23 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import __version__
-from .endpoint import is_chat_endpoint
 from .reference.sse import ChunkInputs, SseError
 from .shapes import EndKind, Usage
 
 __all__ = [
     "ConnectTarget",
+    "ExchangeEnded",
     "StreamRequest",
     "StreamSink",
     "StreamStopped",
     "body_bytes",
-    "build_body",
     "connect_target",
+    "error_body_text",
+    "exchange_end",
     "make_client",
     "read_stream",
     "request_headers",
+    "telemetry_headers",
 ]
 
 # The start of an error body kept for its message.
@@ -89,56 +92,52 @@ class StreamSink(Protocol):
     def on_usage(self, stream: int, usage: Usage) -> None: ...
 
 
-def build_body(
-    endpoint: str,
-    model: str,
-    request: StreamRequest,
-    max_tokens: int,
-    temperature: float | None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model}
-    if is_chat_endpoint(endpoint):
-        body["messages"] = [{"role": "user", "content": request.prompt}]
-    else:
-        body["prompt"] = request.prompt
-    body.update(
-        {
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
-            "seed": request.seed,
-            "request_id": request.request_id,
-        }
-    )
-    if temperature is not None:
-        body["temperature"] = temperature
-    return body
-
-
 def body_bytes(body: dict[str, Any]) -> bytes:
     """The JSON body as sent (compact, UTF-8)."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def request_headers(
-    target: ConnectTarget, api_key: str | None, request_id: str
-) -> list[tuple[str, str]]:
-    """The headers of a stream's request (framing headers are the sender's)."""
+def _host_headers(target: ConnectTarget, accept: str) -> list[tuple[str, str]]:
     default_port = 443 if target.tls else 80
     host = target.host if ":" not in target.host else f"[{target.host}]"
-    headers = [
+    return [
         ("Host", host if target.port == default_port else f"{host}:{target.port}"),
         ("User-Agent", f"parallelhue/{__version__}"),
-        ("Accept", "text/event-stream"),
-        # An SSE body is read as it comes; compressing it only delays it.
+        ("Accept", accept),
+        # A stream is read as it comes; compressing it only delays it.
         ("Accept-Encoding", "identity"),
-        ("Content-Type", "application/json"),
-        ("X-Request-Id", request_id),
     ]
+
+
+def request_headers(
+    target: ConnectTarget,
+    api_key: str | None,
+    request_id: str,
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[tuple[str, str]]:
+    """The headers of a stream's request (framing headers are the sender's); `extra`
+    (--header) comes last and replaces a header of the same name (Authorization)."""
+    headers = _host_headers(target, "text/event-stream")
+    headers += [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
     if api_key:
         headers.append(("Authorization", f"Bearer {api_key}"))
-    return headers
+    replaced = {name.lower() for name, _ in extra}
+    return [h for h in headers if h[0].lower() not in replaced] + list(extra)
+
+
+def telemetry_headers(
+    target: ConnectTarget,
+    api_key: str | None,
+    content_type: str,
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[tuple[str, str]]:
+    """The headers of the run's telemetry stream request (an empty POST body); `extra`
+    (--header) as for the streams: a gateway in front of the server sees it on both."""
+    headers = _host_headers(target, content_type)
+    if api_key:
+        headers.append(("Authorization", f"Bearer {api_key}"))
+    replaced = {name.lower() for name, _ in extra}
+    return [h for h in headers if h[0].lower() not in replaced] + list(extra)
 
 
 def tls_context() -> ssl.SSLContext:
@@ -157,11 +156,18 @@ def tls_context() -> ssl.SSLContext:
     return context
 
 
-def make_client(concurrency: int, timeout: float, api_key: str | None) -> httpx.AsyncClient:
-    """A client with one connection per stream and a read timeout fit for long generations."""
+def make_client(
+    concurrency: int,
+    timeout: float,
+    api_key: str | None,
+    extra_headers: Sequence[tuple[str, str]] = (),
+) -> httpx.AsyncClient:
+    """A client with one connection per stream and a read timeout fit for long generations;
+    `extra_headers` (--header) go on every request and may replace Authorization."""
     headers = {"Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    headers.update(dict(extra_headers))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return httpx.AsyncClient(
         # --timeout bounds the silence between two bytes, not the whole generation.
@@ -177,7 +183,9 @@ class StreamStopped(Exception):
     """Raised by a sink that already reported the stream's failure: stop reading it."""
 
 
-class _StreamEnded(Exception):
+class ExchangeEnded(Exception):
+    """An exchange ended on what the server answered (an HTTP status, another content type)."""
+
     def __init__(self, kind: EndKind, detail: str, status: int = 0) -> None:
         super().__init__(detail)
         self.kind: EndKind = kind
@@ -202,42 +210,49 @@ async def read_stream(
     exception while handling the stream ends that stream only (kind "internal").
     """
     stream = request.index
-    target = connect_target(endpoint)
     try:
         finish_reason = await _exchange(client, endpoint, body, request, sink, yield_each_read)
     except StreamStopped:
         return
-    except _StreamEnded as ended:
-        sink.on_end(stream, ended.kind, ended.status, ended.detail)
-        return
-    except httpx.ConnectError as error:
-        from .stream_errors import connect_reason
-
-        reason = connect_reason(error)
-        if reason.startswith("connection refused"):
-            sink.on_end(stream, "refused", 0, target.shown)
-        else:
-            sink.on_end(stream, "connect_failed", 0, f"{target.shown}: {reason}")
-        return
-    except httpx.ConnectTimeout:
-        sink.on_end(stream, "connect_timeout", 0, "")
-        return
-    except httpx.ReadTimeout:
-        sink.on_end(stream, "read_timeout", 0, "")
-        return
-    except (httpx.RemoteProtocolError, httpx.ReadError):
-        sink.on_end(stream, "closed", 0, "")
-        return
-    except httpx.HTTPError as error:
-        sink.on_end(stream, "io", 0, str(error) or type(error).__name__)
-        return
     except Exception as error:
-        sink.on_end(stream, "internal", 0, f"{type(error).__name__}: {error}")
+        sink.on_end(stream, *exchange_end(error, connect_target(endpoint)))
         return
     if finish_reason is None:
         sink.on_end(stream, "no_finish", 0, "")
         return
     sink.on_finish(stream, finish_reason)
+
+
+def exchange_end(error: Exception, target: ConnectTarget) -> tuple[EndKind, int, str]:
+    """The end kind, status and detail of an httpx exchange that raised `error`."""
+    if isinstance(error, ExchangeEnded):
+        return error.kind, error.status, error.detail
+    if isinstance(error, httpx.ConnectError):
+        from .stream_errors import connect_reason
+
+        reason = connect_reason(error)
+        if reason.startswith("connection refused"):
+            return "refused", 0, target.shown
+        return "connect_failed", 0, f"{target.shown}: {reason}"
+    if isinstance(error, httpx.ConnectTimeout):
+        return "connect_timeout", 0, ""
+    if isinstance(error, httpx.ReadTimeout):
+        return "read_timeout", 0, ""
+    if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError):
+        return "closed", 0, ""
+    if isinstance(error, httpx.HTTPError):
+        return "io", 0, str(error) or type(error).__name__
+    return "internal", 0, f"{type(error).__name__}: {error}"
+
+
+async def error_body_text(response: httpx.Response) -> str:
+    """The start of an error response's body (ERROR_BODY_LIMIT bytes), as text."""
+    raw = b""
+    async for chunk in response.aiter_bytes():
+        raw += chunk
+        if len(raw) >= ERROR_BODY_LIMIT:
+            break
+    return raw[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
 
 
 async def _exchange(
@@ -259,16 +274,11 @@ async def _exchange(
         },
     ) as response:
         if response.status_code >= 400:
-            raw = b""
-            async for chunk in response.aiter_bytes():
-                raw += chunk
-                if len(raw) >= ERROR_BODY_LIMIT:
-                    break
-            text = raw[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
-            raise _StreamEnded("http_status", text, response.status_code)
+            text = await error_body_text(response)
+            raise ExchangeEnded("http_status", text, response.status_code)
         content_type = response.headers.get("content-type", "")
         if "text/event-stream" not in content_type.lower():
-            raise _StreamEnded("not_sse", content_type, response.status_code)
+            raise ExchangeEnded("not_sse", content_type, response.status_code)
         return await _read_events(response, request.index, sink, yield_each_read)
 
 
@@ -314,7 +324,7 @@ def _handle_payload(stream: int, payload: str, sink: StreamSink, extraction: Chu
     try:
         inputs = extraction.extract_payload(payload)
     except SseError as error:
-        raise _StreamEnded("bad_sse", str(error)) from None
+        raise ExchangeEnded("bad_sse", str(error)) from None
     for item in inputs:
         if item[0] == "sse":
             sink.on_delta(stream, item[1], item[2])

@@ -1,24 +1,32 @@
-"""The end-of-run summary: per stream and in total, from the run's own frames.
+"""The end-of-run summary: a table with a row per stream and a total, then notes.
 
-Steps, tokens per step, acceptance and role counts come from the reconciler's
-statistics (confirmed tokens of settled provenance records: this run's
-requests only). Times come from the client's own clock (SSE arrival). The
-server's /metrics deltas are shown in a separate block named server-wide,
-because they count everything the server did during the run.
+The figures come from `results.py` (this run's own frames; the client's clock
+for times). Columns that would only hold dashes are left out (a run without
+telemetry shows no step, acceptance or role columns), and a narrow terminal
+drops the least important columns first (`--json` has every figure). The
+server's /metrics deltas are a separate line named server-wide, because they
+count everything the server did during the run.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Group, RenderableType
 from rich.text import Text
 
-from .state import RunModel, StreamState, acceptance_of
+from .paint import plain_lines, rich_text, theme_for
+from .panes import SHORT_LABELS, Line, cells, fit, word_wrap
+from .results import run_result, stream_result, telemetry_measured
+from .sanitize import sanitize
+from .state import SIMULATED_LABEL, RunModel, label_key
 
-__all__ = ["render_summary", "role_line", "summary_lines", "totals_of"]
+__all__ = ["render_summary", "role_line", "summary_block", "summary_lines"]
+
+_SPARK = "▁▂▃▄▅▆▇█"
+_FROZEN = "*"
+_FROM_USAGE = "†"
 
 
 def role_line(stats: Mapping[str, Any]) -> str:
@@ -39,97 +47,211 @@ def role_line(stats: Mapping[str, Any]) -> str:
     )
 
 
+def _ms(value: float | None) -> str:
+    """A duration: milliseconds below a second, else seconds."""
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _fixed(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f} ms"
-
-
-def _mean_tokens_per_step(stats: Mapping[str, Any]) -> float | None:
-    steps = int(stats.get("steps", 0))
-    return int(stats.get("tokens", 0)) / steps if steps else None
-
-
-def _histogram(stats: Mapping[str, Any]) -> str:
-    hist = stats.get("hist") or {}
+def _spark(hist: Mapping[str, int] | None) -> str:
+    """Steps per tokens-per-step value 1..max as one bar each (▁ few, █ most, · none)."""
     if not hist:
         return "-"
-    return " ".join(f"{int(k)}:{int(v)}" for k, v in sorted(hist.items(), key=lambda kv: kv[0]))
+    counts = {int(k): int(v) for k, v in hist.items()}
+    top = max(counts.values())
+    if top <= 0:
+        return "-"
+    bars = []
+    for tokens in range(1, max(counts) + 1):
+        count = counts.get(tokens, 0)
+        bars.append("·" if count == 0 else _SPARK[min(7, (count * 8 - 1) // top)])
+    return "".join(bars)
 
 
-def _percentile(values: list[float], fraction: float) -> float | None:
+def _itl(spread: Mapping[str, float | None]) -> str:
+    values = [spread.get("p50"), spread.get("p90"), spread.get("p99")]
+    if any(v is None for v in values):
+        return "-"
+    return "/".join(f"{float(v or 0) * 1000:.1f}" for v in values)
+
+
+def _positions(values: list[float | None] | None) -> str:
     if not values:
-        return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
-    return ordered[index]
+        return "-"
+    return " ".join("-" if v is None else f"{v * 100:.0f}" for v in values)
 
 
-def totals_of(model: RunModel) -> dict[str, Any]:
-    """Run totals; the reconciler's when there is one, else zeros (chunk mode)."""
-    return dict(model.totals)
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    priority: int  # the higher, the earlier it is dropped on a narrow screen
+    telemetry: bool  # only when the run has figures from the reconciler
+    value: Callable[[dict[str, Any]], str]
+    right: bool = True
 
 
-def _latency(streams: list[StreamState]) -> dict[str, float | None]:
-    ttfts = [s.ttft for s in streams if s.ttft is not None]
-    gaps = [gap for s in streams for gap in s.inter_step_gaps()]
-    return {
-        "ttft_mean": statistics.fmean(ttfts) if ttfts else None,
-        "ttft_p50": _percentile([t for t in ttfts if t is not None], 0.5),
-        "gap_mean": statistics.fmean(gaps) if gaps else None,
-        "gap_p50": _percentile(gaps, 0.5),
-        "gap_p95": _percentile(gaps, 0.95),
-    }
+def _tokens(row: dict[str, Any]) -> str:
+    return str(row["tokens"]) + (_FROM_USAGE if row.get("tokens_source") == "usage" else "")
 
 
-def summary_lines(model: RunModel) -> list[str]:
-    """The summary as plain lines (also what --measurement and tests read)."""
-    lines: list[str] = []
-    chunk_only = model.mode == "chunk"
-    for stream in model.streams:
-        stats = stream.stats
-        line = f"stream {stream.index}: {stream.label}; SSE tokens={stream.sse_tokens}"
-        if not chunk_only:
-            line += (
-                f"; steps={int(stats.get('steps', 0))}"
-                f"; tokens/step={_fmt(_mean_tokens_per_step(stats))}"
-                f"; acceptance={_percent(acceptance_of(stats))} " + role_line(stats)
+def _acceptance(row: dict[str, Any]) -> str:
+    return _percent(row["acceptance"]) + (_FROZEN if row.get("acceptance_frozen") else "")
+
+
+def _roles(row: dict[str, Any]) -> str:
+    roles = row["roles"]
+    if not roles:
+        return "-"
+    return f"{roles['accepted']}/{roles['target'] + roles['plain']}/{roles['bonus']}"
+
+
+def _columns(positions: int) -> list[_Column]:
+    columns = [
+        _Column("tokens", 0, False, _tokens),
+        _Column("steps", 1, True, lambda r: "-" if r["steps"] is None else str(r["steps"])),
+        _Column("tok/step", 1, True, lambda r: _fixed(r["mean_tokens_per_step"])),
+        _Column("hist", 4, True, lambda r: _spark(r["tokens_per_step_histogram"]), False),
+        _Column("accept", 1, True, _acceptance),
+    ]
+    if positions:
+        columns.append(
+            _Column(
+                f"acc@1..{positions} %", 3, True, lambda r: _positions(r["acceptance_by_position"])
             )
-        line += f"; TTFT={_seconds(stream.ttft)}"
-        gaps = stream.inter_step_gaps()
-        line += f"; inter-step={_seconds(statistics.fmean(gaps) if gaps else None)}"
-        if stream.note:
-            line += f"; {stream.note}"
-        lines.append(line)
-    totals = model.totals
-    latency = _latency(model.streams)
-    sse_tokens = sum(s.sse_tokens for s in model.streams)
-    lines.append(f"total: {len(model.streams)} streams; SSE tokens={sse_tokens}")
-    if chunk_only:
-        lines.append("steps and roles: not measured (chunk mode ignores telemetry)")
-    else:
-        lines.append(
-            f"total: confirmed tokens={int(totals.get('tokens', 0))}; "
-            f"steps={int(totals.get('steps', 0))}; "
-            f"mean tokens/step={_fmt(_mean_tokens_per_step(totals))}; "
-            f"acceptance={_percent(acceptance_of(totals))} "
-            f"(accepted / (drafts scheduled - drafts padded))"
         )
-        lines.append(f"total: {role_line(totals)}")
-        lines.append(f"tokens per step histogram (tokens:steps): {_histogram(totals)}")
-    lines.append(
-        f"latency (client clock, SSE arrival): TTFT mean={_seconds(latency['ttft_mean'])}, "
-        f"p50={_seconds(latency['ttft_p50'])}; inter-step mean={_seconds(latency['gap_mean'])}, "
-        f"p50={_seconds(latency['gap_p50'])}, p95={_seconds(latency['gap_p95'])}"
-        + (f" ({model.arrival_note})" if model.arrival_note else "")
+    columns += [
+        _Column("draft/target/bonus", 5, True, _roles),
+        _Column("TTFT", 2, False, lambda r: _ms(r["ttft"])),
+        _Column("ITL p50/p90/p99 ms", 3, False, lambda r: _itl(r["itl_s"])),
+        _Column("E2E", 3, False, lambda r: _ms(r["e2e"])),
+        _Column("tok/s", 2, False, lambda r: _fixed(r["tokens_per_second"], 1)),
+        _Column("finish", 6, False, lambda r: r["finish"], False),
+    ]
+    return columns
+
+
+def _table(model: RunModel, width: int | None) -> list[Line]:
+    measured = telemetry_measured(model)
+    streams = [stream_result(s) for s in model.streams]
+    total = run_result(model)
+    positions = max(
+        [len(r["acceptance_by_position"] or []) for r in streams]
+        + [len(total["acceptance_by_position"] or [])]
     )
-    if model.ended_at is not None:
-        wall = model.ended_at - model.started_at
-        rate = sse_tokens / wall if wall > 0 else None
-        lines.append(
-            f"wall time {wall:.2f} s; this run's SSE tokens / wall time = {_fmt(rate)} tok/s"
+    columns = [c for c in _columns(positions if measured else 0) if measured or not c.telemetry]
+    rows: list[tuple[str, str, str | None, dict[str, Any]]] = []
+    for state, result in zip(model.streams, streams, strict=True):
+        row = {
+            **result,
+            "ttft": result["ttft_s"],
+            "e2e": result["e2e_s"],
+            "finish": "error" if result["error"] else (result["finish_reason"] or "-"),
+        }
+        short = SHORT_LABELS.get(state.label, state.label)
+        rows.append((f"#{state.index}", short, label_key(state.label), row))
+    total_row = {
+        **total,
+        "tokens_source": None,
+        "acceptance_frozen": False,
+        "ttft": total["ttft_s"]["mean"],
+        "e2e": total["e2e_s"]["mean"],
+        "finish": "",
+    }
+    rows.append(("total", "", None, total_row))
+    texts = [[c.value(row) for c in columns] for _, _, _, row in rows]
+    widths = [max(cells(c.header), *(cells(t[i]) for t in texts)) for i, c in enumerate(columns)]
+    first = max(len("stream"), *(cells(name) for name, _, _, _ in rows))
+    second = max(len("label"), *(cells(short) for _, short, _, _ in rows))
+    keep = list(range(len(columns)))
+    if width is not None:
+        # Drop the least important columns until the table fits.
+        def total_width() -> int:
+            return first + 1 + second + sum(widths[i] + 2 for i in keep)
+
+        for priority in sorted({c.priority for c in columns}, reverse=True):
+            if total_width() <= width or priority == 0:
+                break
+            keep = [i for i in keep if columns[i].priority < priority]
+
+    def cell(text: str, size: int, right: bool) -> str:
+        pad = " " * (size - cells(text))
+        return pad + text if right else text + pad
+
+    header: Line = [(cell("stream", first, False) + " " + cell("label", second, False), "heading")]
+    for i in keep:
+        header.append(("  " + cell(columns[i].header, widths[i], columns[i].right), "heading"))
+    lines = [header]
+    for (name, short, key, _row), values in zip(rows, texts, strict=True):
+        line: Line = [(cell(name, first, False) + " ", "bold" if name == "total" else None)]
+        line.append((cell(short, second, False), key))
+        for i in keep:
+            line.append(("  " + cell(values[i], widths[i], columns[i].right), None))
+        lines.append(line)
+    if width is not None:
+        lines = [fit(line, width) for line in lines]
+    return lines
+
+
+def _notes(model: RunModel) -> list[str]:
+    notes: list[str] = []
+    totals = model.totals
+    measured = telemetry_measured(model)
+    labels = " · ".join(f"{label} {n}" for label, n in sorted(model.count_labels().items()))
+    notes.append(f"labels: {labels}")
+    if model.mode == "chunk":
+        notes.append("steps and roles: not measured (chunk mode ignores telemetry)")
+    elif not measured:
+        notes.append(
+            "steps and roles: not measured (no step of this run was proven by telemetry frames)"
+        )
+    else:
+        notes.append(f"total: {role_line(totals)}")
+        hist = totals.get("hist") or {}
+        shown = " ".join(f"{int(k)}:{int(v)}" for k, v in sorted(hist.items())) or "-"
+        notes.append(f"tokens per step histogram (tokens:steps): {shown}")
+        notes.append(
+            "acceptance = accepted / (drafts scheduled - drafts padded), from this run's frames"
+            + ("; acc@i: the same per draft position i" if _has_positions(model) else "")
+        )
+    for state in model.streams:
+        if state.acceptance_frozen:
+            notes.append(
+                f"stream {state.index}: {_FROZEN} acceptance frozen at the downgrade: it counts "
+                "only the steps proven before it"
+            )
+            break
+    if any(s.tokens_source == "usage" for s in model.streams):
+        notes.append(
+            f"{_FROM_USAGE} tokens from usage.completion_tokens: the server sent no token ids"
+        )
+    for state in model.streams:
+        if state.note:
+            notes.append(f"stream {state.index}: {state.label}; {state.note}")
+    result = run_result(model)
+    ttft, itl, e2e = result["ttft_s"], result["itl_s"], result["e2e_s"]
+    note = model.arrival_note if model.arrival_note and len(model.streams) >= 4 else ""
+    notes.append(
+        f"latency (client clock, SSE arrival{'; ' + note if note else ''}): "
+        f"TTFT mean={_ms(ttft['mean'])} p50={_ms(ttft['p50'])} p99={_ms(ttft['p99'])}; "
+        f"ITL (gaps between SSE deltas) mean={_ms(itl['mean'])} p50={_ms(itl['p50'])} "
+        f"p90={_ms(itl['p90'])} p99={_ms(itl['p99'])}; "
+        f"E2E mean={_ms(e2e['mean'])} p99={_ms(e2e['p99'])}"
+    )
+    wall = result["wall_seconds"]
+    if wall is not None:
+        rate = result["tokens_per_second"]
+        notes.append(
+            f"wall time {wall:.2f} s (first request to last SSE delta); "
+            f"{_fixed(rate, 1)} tok/s over the run"
         )
     if model.server_deltas:
         parts = []
@@ -138,7 +260,7 @@ def summary_lines(model: RunModel) -> list[str]:
                 parts.append(f"{label}={_percent(value)}")
             else:
                 parts.append(f"{label}={value:,.0f}")
-        lines.append(
+        notes.append(
             "server-wide /metrics deltas (all requests on the server during the run, "
             "not only this run): " + "; ".join(parts)
         )
@@ -146,20 +268,45 @@ def summary_lines(model: RunModel) -> list[str]:
     if counters and any(
         counters.get(k, 0) for k in ("rejected_frames", "gaps", "dropped_reported")
     ):
-        lines.append(
+        notes.append(
             "telemetry: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()) if v)
         )
+    return notes
+
+
+def _has_positions(model: RunModel) -> bool:
+    return bool(run_result(model)["acceptance_by_position"])
+
+
+def _title(model: RunModel) -> Line:
+    count = len(model.streams)
+    title: Line = [("Summary", "heading")]
+    if model.is_simulated:
+        title.append((f" ({SIMULATED_LABEL}: simulated numbers)", "heading"))
+    if model.replay_of is not None:
+        title.append((f" (replay of {sanitize(model.replay_of, keep_newlines=False)})", "heading"))
+    if model.interrupted:
+        title.append((" (interrupted: partial figures)", "heading"))
+    title.append((f" · {count} stream{'s' if count != 1 else ''} · mode {model.mode}", None))
+    if model.model_name:
+        title.append((f" · model {sanitize(model.model_name, keep_newlines=False)}", None))
+    return title
+
+
+def summary_block(model: RunModel, width: int | None) -> list[Line]:
+    """Title, table and notes, fitted to `width` cells (None: natural width, unwrapped):
+    the table drops columns, the notes wrap."""
+    lines = [*word_wrap(_title(model), width), *_table(model, width)]
+    for note in _notes(model):
+        lines.extend(word_wrap([(note, None)], width))
     return lines
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def summary_lines(model: RunModel) -> list[str]:
+    """The summary as plain lines (what --measurement keeps and tests read)."""
+    return plain_lines(summary_block(model, None))
 
 
-def render_summary(model: RunModel) -> RenderableType:
-    """The summary as Rich text, one line per stream and the run's totals."""
-    lines = summary_lines(model)
-    title = Text("Summary", "bold")
-    if model.simulated or model.backend.simulated:
-        title.append(" (SIMULATED ENGINE: simulated numbers)", "bold")
-    return Group(title, *(Text(line) for line in lines))
+def render_summary(model: RunModel, width: int | None = None) -> Text:
+    """The summary as Rich text, laid out for a console `width` cells wide."""
+    return rich_text(summary_block(model, width), theme_for(model))

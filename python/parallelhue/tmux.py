@@ -24,16 +24,31 @@ import time
 from types import FrameType
 from typing import Any
 
-from rich.console import Console, Group
-from rich.text import Text
+from rich.console import Console
 
+from .paint import RESET, ansi_line
+from .panes import (
+    GRID_MAX_PANES,
+    Line,
+    PaneData,
+    banner_line,
+    bare_pane,
+    fit,
+    header_pieces,
+    pane_data,
+    wrap,
+)
 from .state import RunModel, StreamState
-from .summary import render_summary, summary_lines
-from .views import GRID_MAX_PANES, banner_text, header_text, styled_text, tail_text
+from .style import Theme
+from .summary import summary_block
+from .views import print_summary
 
 __all__ = ["TmuxError", "TmuxView", "pane_main"]
 
 _POLL_SECONDS = 0.1
+SESSION_PREFIX = "parallelhue-"
+# Set on a session once its run is over: the next --tmux run may remove it.
+_DONE_OPTION = "@parallelhue_done"
 
 
 class TmuxError(Exception):
@@ -68,6 +83,22 @@ def _pane_command(directory: str, name: str) -> str:
     )
 
 
+def remove_finished_sessions() -> list[str]:
+    """Kill the sessions of earlier runs that are over and that no client shows."""
+    listed = _tmux(
+        "list-sessions", "-F", f"#{{session_name}} #{{session_attached}} #{{{_DONE_OPTION}}}"
+    )
+    removed: list[str] = []
+    if listed.returncode != 0:
+        return removed
+    for row in listed.stdout.splitlines():
+        parts = row.split()
+        if len(parts) == 3 and parts[0].startswith(SESSION_PREFIX) and parts[1] == "0":
+            if parts[2] == "1" and _tmux("kill-session", "-t", parts[0]).returncode == 0:
+                removed.append(parts[0])
+    return removed
+
+
 class TmuxView:
     """Writes pane snapshots; tmux panes draw them."""
 
@@ -77,10 +108,11 @@ class TmuxView:
         self.model = model
         self.console = console
         self.attach = attach
-        self.session = f"parallelhue-{secrets.token_hex(4)}"
+        self.session = f"{SESSION_PREFIX}{secrets.token_hex(4)}"
         self.directory = tempfile.mkdtemp(prefix="parallelhue-tmux-")
         self._versions: dict[str, object] = {}
         self._attached: subprocess.Popen[bytes] | None = None
+        self._switched = False
         self.refresh_interval = 0.1  # writes only the snapshots that changed
 
     @property
@@ -88,25 +120,32 @@ class TmuxView:
         return self.model.streams[:GRID_MAX_PANES]
 
     def _stream_snapshot(self, stream: StreamState, done: bool) -> dict[str, Any]:
+        data = pane_data(stream, self.model, None)
         return {
             "kind": "stream",
-            "index": stream.index,
-            "label": stream.label,
-            "header": header_text(stream, narrow=True).plain,
-            "segments": stream.segments(self.model.colorize),
-            "note": stream.note,
+            "index": data.index,
+            "label": data.label,
+            "numbers": data.numbers,
+            "body": [list(piece) for piece in data.body],
+            "note": data.note,
+            "palette": self.model.palette,
             "no_color": self.model.no_color,
             "done": done,
         }
 
     def _summary_snapshot(self, done: bool) -> dict[str, Any]:
         counts = self.model.count_labels()
+        if done:
+            lines = summary_block(self.model, None)
+        else:
+            running = "running: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            lines = [[(running, None)]]
         return {
             "kind": "summary",
-            "banner": banner_text(self.model).plain,
-            "lines": summary_lines(self.model)
-            if done
-            else ["running: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))],
+            "lines": [
+                [list(piece) for piece in line] for line in [banner_line(self.model, None), *lines]
+            ],
+            "palette": self.model.palette,
             "no_color": self.model.no_color,
             "done": done,
         }
@@ -119,6 +158,7 @@ class TmuxView:
                 stream.label,
                 stream.error,
                 stream.steps,
+                stream.tokens,
                 self.model.colorize,
                 done,
             )
@@ -134,6 +174,8 @@ class TmuxView:
             self._versions["summary"] = summary
 
     def start(self) -> None:
+        for old in remove_finished_sessions():
+            print(f"parallelhue: removed the finished tmux session {old}", file=sys.stderr)
         self._write_all(done=False)
         names = [f"stream-{s.index}" for s in self._shown] + ["summary"]
         created = _tmux(
@@ -152,7 +194,14 @@ class TmuxView:
         print(f"parallelhue: tmux session {self.session}", file=sys.stderr)
         if self.attach and sys.stdout.isatty():
             if os.environ.get("TMUX"):
-                _tmux("switch-client", "-t", self.session)
+                switched = _tmux("switch-client", "-t", self.session)
+                self._switched = switched.returncode == 0
+                if self._switched:
+                    print(
+                        f"parallelhue: this tmux client now shows {self.session}; return with "
+                        "`tmux switch-client -l` (prefix + L)",
+                        file=sys.stderr,
+                    )
             else:
                 self._attached = subprocess.Popen(["tmux", "attach-session", "-t", self.session])
         elif self.attach:
@@ -164,44 +213,66 @@ class TmuxView:
     def refresh(self) -> None:
         self._write_all(done=False)
 
-    def final_picture(self, console: Console) -> Group:
-        parts = [banner_text(self.model)]
+    def final_lines(self, width: int) -> list[Line]:
+        lines: list[Line] = [banner_line(self.model, width)]
         for stream in self.model.streams:
-            parts.append(header_text(stream))
-            parts.append(styled_text(stream.segments(self.model.colorize)))
-        return Group(*parts)
+            lines.append(fit(header_pieces(stream), width))
+            data = pane_data(stream, self.model, None)
+            lines.extend(wrap(data.body, width))
+            if data.note:
+                lines.append(fit([(data.note, "note")], width))
+        return lines
+
+    def _finish(self) -> None:
+        self._write_all(done=True)
+        _tmux("set-option", "-t", self.session, _DONE_OPTION, "1")
 
     def abort(self) -> None:
-        self._write_all(done=True)
+        self._finish()
 
     def stop(self) -> None:
-        self._write_all(done=True)
+        self._finish()
         if self._attached is not None:
             with contextlib.suppress(KeyboardInterrupt):
                 self._attached.wait()  # until the user detaches or closes the session
             self._attached = None
-        self.console.print(render_summary(self.model))
+        if self._switched:
+            print(
+                f"parallelhue: the session {self.session} stays for reading; the next --tmux "
+                f"run removes it (now: `tmux kill-session -t {self.session}`)",
+                file=sys.stderr,
+            )
+        if not self.model.nothing_received:
+            print_summary(self.console, self.model)
 
 
 # --- the pane viewer -------------------------------------------------------------
 
 
-def _render_snapshot(data: dict[str, Any], console: Console, width: int, height: int) -> Group:
+def _pieces(raw: object) -> Line:
+    line: Line = []
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+                line.append((item[0], item[1] if isinstance(item[1], str) else None))
+    return line
+
+
+def snapshot_lines(data: dict[str, Any], width: int, height: int) -> list[Line]:
+    """Exactly `height` lines of `width` cells for one snapshot (the pane's size)."""
     if data.get("kind") == "summary":
-        lines: list[Text] = [Text(str(data.get("banner", "")), "bold")]
-        lines += [Text(str(line)) for line in data.get("lines", [])]
-        return Group(*lines)
-    colorize = not data.get("no_color", False)
-    header = Text(str(data.get("header", "")), "bold", no_wrap=True, overflow="ellipsis")
-    segments = [(str(text), color) for text, color in data.get("segments", [])]
-    note = data.get("note")
-    body_height = max(1, height - 2 - (1 if note else 0))
-    text = styled_text(segments, colorize, max_chars=width * body_height * 2)
-    body = tail_text(text, console, width, body_height)
-    parts = [header, body]
-    if note:
-        parts.append(Text(str(note), "red", no_wrap=True, overflow="ellipsis"))
-    return Group(*parts)
+        raw_lines = data.get("lines", [])
+        lines = [fit(_pieces(raw), width, ellipsis=False) for raw in raw_lines[:height]]
+        lines.extend([(" " * width, None)] for _ in range(height - len(lines)))
+        return lines
+    pane = PaneData(
+        index=int(data.get("index", 0)),
+        label=str(data.get("label", "")),
+        numbers=str(data.get("numbers", "")),
+        body=tuple(_pieces(data.get("body", []))),
+        note=str(data["note"]) if data.get("note") else None,
+    )
+    return bare_pane(pane, width, height)
 
 
 def _hangup(_signum: int, _frame: FrameType | None) -> None:
@@ -218,6 +289,8 @@ def pane_main(args: list[str]) -> int:
     signal.signal(signal.SIGHUP, _hangup)
     signal.signal(signal.SIGTERM, _hangup)
     last: tuple[float, int, int] | None = None
+    # Autowrap off and no cursor: the pane shows exactly its rows, never scrolls.
+    sys.stdout.write("\x1b[?7l\x1b[?25l")
     try:
         while os.path.isdir(directory):
             try:
@@ -234,18 +307,17 @@ def pane_main(args: list[str]) -> int:
                         data = json.load(handle)
                 except (OSError, ValueError):
                     continue
-                console = Console(
-                    width=size.columns,
-                    height=size.lines,
-                    force_terminal=True,
-                    color_system=None if data.get("no_color") else "256",
-                    highlight=False,
-                    markup=False,
-                    emoji=False,
+                palette = str(data.get("palette", "standard"))
+                theme = Theme(
+                    palette if palette in ("standard", "colorblind") else "standard",
+                    use_color=not data.get("no_color"),
                 )
-                with console.capture() as capture:
-                    console.print(_render_snapshot(data, console, size.columns, size.lines), end="")
-                sys.stdout.write("\x1b[H\x1b[2J" + capture.get())
+                lines = snapshot_lines(data, size.columns, size.lines)
+                out = [
+                    f"\x1b[{row + 1};1H{ansi_line(line, theme)}{RESET}"
+                    for row, line in enumerate(lines)
+                ]
+                sys.stdout.write("".join(out))
                 sys.stdout.flush()
             time.sleep(_POLL_SECONDS)
     finally:

@@ -1,33 +1,39 @@
-"""Rich views of a run: one stream inline, a live grid of up to 64 panes, or plain text.
+"""The views of a run: one stream inline, a live grid of panes and overview lines, plain text.
 
-All views read a `RunModel`; one task calls `refresh()` at a fixed rate, so
-the screen is redrawn from one place and never per token. Every piece of
-server text is sanitized before it becomes a Rich `Text` (never markup).
+Every view lays its screen out with the pane model (`panes.py`) and paints it:
+the live grid with the ANSI painter (only the rows that changed are written),
+everything printed through Rich with the Rich painter. One task calls
+`refresh()` at a fixed rate, so the screen is redrawn from one place and never
+per token. Live views on a terminal read keys (`keys.py`): focus, zoom,
+pause, step/role colors and quit.
 """
 
 from __future__ import annotations
 
-import math
+import signal
 import sys
+from collections.abc import Callable
 from typing import Protocol
 
-from rich.cells import cell_len
-from rich.console import Console, Group, RenderableType
+from rich.console import Console
 from rich.live import Live
-from rich.style import Style
-from rich.text import Span, Text
 
-from .sanitize import sanitize
-from .state import (
-    LABEL_CHUNK,
-    LABEL_ERROR,
-    LABEL_EXACT,
-    LABEL_NOT_EXACT,
-    RunModel,
-    Segment,
-    StreamState,
+from .config import dumb_terminal
+from .keys import KeyReader
+from .paint import RESET, ansi_line, rich_text, theme_for
+from .panes import (
+    GRID_MAX_PANES,
+    GridUi,
+    Line,
+    PaneCache,
+    final_grid,
+    grid_layout,
+    grid_screen,
+    plain_listing,
+    stream_screen,
 )
-from .summary import render_summary
+from .state import RunModel
+from .summary import summary_block
 
 __all__ = [
     "GRID_MAX_PANES",
@@ -36,31 +42,17 @@ __all__ = [
     "PlainView",
     "StreamView",
     "View",
-    "banner_text",
-    "grid_renderable",
-    "header_text",
+    "grid_layout",
     "make_console",
     "make_view",
-    "pane_ansi",
-    "styled_text",
-    "tail_text",
-    "wrap_cells",
 ]
 
-GRID_MAX_PANES = 64
 REFRESH_HZ = 10.0
-# A 64-pane frame costs tens of milliseconds in Rich; big grids redraw less often.
+# Big grids redraw less often: a 64-pane frame is the most expensive one.
 LARGE_GRID_PANES = 16
 LARGE_GRID_INTERVAL = 0.25
-_MIN_PANE_WIDTH = 36
-_MIN_PANE_HEIGHT = 6
-
-_LABEL_STYLES = {
-    LABEL_EXACT: "bold green",
-    LABEL_CHUNK: "bold yellow",
-    LABEL_NOT_EXACT: "bold red",
-    LABEL_ERROR: "bold red",
-}
+_AUTOWRAP_OFF = "\x1b[?7l"
+_AUTOWRAP_ON = "\x1b[?7h"
 
 
 class View(Protocol):
@@ -78,9 +70,23 @@ class View(Protocol):
         ...
 
 
-def make_console(no_color: bool, *, plain: bool = False, record: bool = False) -> Console:
+class RunConsole(Console):
+    """A Rich console that reports a closed stdout (`| head`) as BrokenPipeError, for the
+    CLI's one line and exit code, instead of Rich's silent exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("stdout was closed")
+
+
+def make_console(
+    no_color: bool, *, plain: bool = False, record: bool = False, stderr: bool = False
+) -> Console:
+    """The console of a run; `stderr` when stdout carries JSON (--json, --measurement -)."""
+    stream = sys.stderr if stderr else sys.stdout
     if plain:
-        return Console(
+        return RunConsole(
+            file=stream,
             color_system=None,
             no_color=True,
             force_terminal=False,
@@ -90,9 +96,11 @@ def make_console(no_color: bool, *, plain: bool = False, record: bool = False) -
             record=record,
             soft_wrap=True,  # pipes get whole lines, not lines cut at 80 columns
         )
-    # xterm-256 on a terminal (the palette is defined there); no ANSI into a pipe.
-    return Console(
-        color_system="256" if sys.stdout.isatty() else None,
+    # xterm-256 on a terminal (the palettes are defined there); no ANSI into a pipe.
+    color = stream.isatty() and not dumb_terminal()
+    return RunConsole(
+        file=stream,
+        color_system="256" if color else None,
         no_color=no_color,
         highlight=False,
         markup=False,
@@ -101,401 +109,131 @@ def make_console(no_color: bool, *, plain: bool = False, record: bool = False) -
     )
 
 
-_COLOR_STYLES = {color: Style(color=f"color({color})") for color in range(256)}
+def print_lines(console: Console, model: RunModel, lines: list[Line]) -> None:
+    text = rich_text(lines, theme_for(model), trim=True)
+    console.print(text, soft_wrap=True)
 
 
-def styled_text(
-    segments: list[Segment], colorize: bool = True, max_chars: int | None = None
-) -> Text:
-    """Sanitized text with one style span per colored segment.
-
-    With `max_chars`, only the last pieces up to about that many characters are
-    built: a pane shows the tail, and long streams must not cost more per frame.
-    """
-    if max_chars is not None:
-        kept: list[Segment] = []
-        total = 0
-        for segment in reversed(segments):
-            kept.append(segment)
-            total += len(segment[0])
-            if total >= max_chars:
-                break
-        kept.reverse()
-        segments = kept
-    plain_parts: list[str] = []
-    spans: list[Span] = []
-    position = 0
-    for piece, color in segments:
-        clean = sanitize(piece)
-        if not clean:
-            continue
-        plain_parts.append(clean)
-        end = position + len(clean)
-        if color is not None and colorize:
-            spans.append(Span(position, end, _COLOR_STYLES[color]))
-        position = end
-    return Text("".join(plain_parts), spans=spans)
+def print_summary(console: Console, model: RunModel) -> None:
+    width = None if console.soft_wrap or not console.is_terminal else console.size.width
+    print_lines(console, model, summary_block(model, width))
 
 
-def _number(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+class _Keys:
+    """The keys every live view shares: q quits (like Ctrl-C), p pauses, c colors."""
 
+    def __init__(self, model: RunModel) -> None:
+        self.model = model
+        self.ui = GridUi()
+        self._reader: KeyReader | None = None
+        self._redraw: Callable[[bool], None] | None = None
 
-def header_text(stream: StreamState, *, narrow: bool = False) -> Text:
-    """stream, label, tokens, steps, tokens/step, acceptance (two lines when narrow)."""
-    header = Text(no_wrap=True, overflow="ellipsis")
-    header.append(f"#{stream.index} ", "bold")
-    header.append(stream.label, _LABEL_STYLES.get(stream.label, "bold"))
-    acceptance = stream.acceptance
-    percent = _number(None if acceptance is None else acceptance * 100, ".0f")
-    percent += "%" if acceptance is not None else ""
-    steps = _number(stream.steps, "d")
-    per_step = _number(stream.tokens_per_step, ".2f")
-    if narrow:  # fits a 36-column pane: "1234 tok 456 st 2.71 t/st acc 45%"
-        header.append(f"\n{stream.sse_tokens} tok {steps} st {per_step} t/st acc {percent}")
-    else:
-        header.append(
-            f" · {stream.sse_tokens} tok · {steps} steps · {per_step} tok/step · acc {percent}"
-        )
-    return header
+    def start(self, console: Console, redraw: Callable[[bool], None]) -> None:
+        if not console.is_terminal or not KeyReader.available():
+            return
+        self.ui.keys = True
+        self._redraw = redraw
+        self._reader = KeyReader(self.on_key)
+        self._reader.start()
 
-
-def banner_text(model: RunModel) -> Text:
-    banner = Text()
-    if model.simulated or model.backend.simulated:
-        banner.append("SIMULATED ENGINE", "bold reverse")
-        banner.append(" · ")
-    rest = model.banner.removeprefix("SIMULATED ENGINE · ")
-    banner.append(sanitize(rest, keep_newlines=False))
-    return banner
-
-
-def _status(model: RunModel, shown: int) -> Text:
-    counts = model.count_labels()
-    labels = "streams " + " · ".join(f"{label}: {n}" for label, n in sorted(counts.items()))
-    total = len(model.streams)
-    hidden = total - shown
-    parts = []
-    if hidden > 0:
-        # First on the line, so a narrow terminal cuts the counts rather than this.
-        if shown < min(total, GRID_MAX_PANES):
-            parts.append(f"{hidden} of {total} streams hidden: enlarge the terminal or use --tmux")
+    def on_key(self, key: str) -> None:
+        ui = self.ui
+        count = len(self.model.streams)
+        if key in ("q", "Q"):
+            # The same path as Ctrl-C: the session cancels every stream and cleans up,
+            # the CLI prints the partial summary.
+            self.model.interrupted = True
+            signal.raise_signal(signal.SIGINT)
+            return
+        if key in ("p", "space"):
+            ui.paused = not ui.paused
+        elif key == "c":
+            self.model.color_by = "role" if self.model.color_by == "step" else "step"
+        elif key in ("z", "enter"):
+            ui.zoomed = not ui.zoomed
+        elif key == "escape":
+            ui.zoomed = False
+        elif key in ("right", "down", "j", "l", "tab"):
+            ui.focus = (ui.focus + 1) % max(1, count)
+        elif key in ("left", "up", "k", "h", "backtab"):
+            ui.focus = (ui.focus - 1) % max(1, count)
+        elif key == "pagedown":
+            ui.focus = min(count - 1, ui.focus + 10)
+        elif key == "pageup":
+            ui.focus = max(0, ui.focus - 10)
+        elif key == "home":
+            ui.focus = 0
+        elif key == "end":
+            ui.focus = max(0, count - 1)
         else:
-            parts.append(f"{hidden} of {total} streams hidden: the grid holds {GRID_MAX_PANES}")
-    parts.append(labels)
-    if model.run_messages:
-        parts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
-    return Text(" · ".join(parts), "dim", no_wrap=True, overflow="ellipsis")
+            return
+        if self._redraw is not None:
+            self._redraw(True)  # at once, paused or not
 
-
-def tail_text(text: Text, console: Console, width: int, height: int) -> Text:
-    """The last `height` wrapped lines of `text` at `width` columns."""
-    if height <= 0:
-        return Text()
-    budget = width * height * 2
-    if len(text) > budget:
-        text = text[-budget:]  # styled_text(max_chars=...) usually trimmed already
-    lines = text.wrap(console, max(1, width))
-    return Text("\n").join(list(lines)[-height:])
-
-
-def _fit(line: Text, width: int) -> Text:
-    """Exactly `width` cells: cropped or padded with spaces."""
-    line = line.copy()
-    line.truncate(width, overflow="crop", pad=True)
-    return line
-
-
-def pane_lines(
-    stream: StreamState, model: RunModel, console: Console, width: int, height: int
-) -> list[Text]:
-    """A boxed pane as exactly `height` lines of exactly `width` cells.
-
-    Drawn by hand rather than with rich.panel.Panel inside a Table: 64 panes
-    per frame made Rich's layout the dominant cost of a redraw.
-    """
-    inner = max(1, width - 2)
-    note = stream.note
-    header = header_text(stream, narrow=True)
-    header_lines = header.split("\n")
-    body_height = max(0, height - 2 - len(header_lines) - (1 if note else 0))
-    budget = inner * max(1, body_height) * 2
-    body = styled_text(stream.tail_segments(model.colorize, budget))
-    content: list[Text] = list(header_lines)
-    if body_height:
-        wrapped = list(body.wrap(console, inner))[-body_height:]
-        content.extend(wrapped)
-        content.extend(Text() for _ in range(body_height - len(wrapped)))
-    if note:
-        content.append(Text(sanitize(note, keep_newlines=False), "red"))
-    content = content[: max(0, height - 2)]
-    edge = Text("│")
-    lines = [Text("┌" + "─" * inner + "┐")]
-    for line in content:
-        lines.append(Text.assemble(edge, _fit(line, inner), edge))
-    lines.append(Text("└" + "─" * inner + "┘"))
-    return lines
-
-
-def grid_layout(count: int, width: int, height: int) -> tuple[int, int, int]:
-    """(columns, pane width, pane height) for `count` panes on a width x height screen."""
-    columns = max(1, min(count, width // _MIN_PANE_WIDTH))
-    rows = math.ceil(count / columns)
-    pane_width = max(_MIN_PANE_WIDTH // 2, width // columns)
-    pane_height = max(_MIN_PANE_HEIGHT, (height - 2) // max(1, rows))
-    return columns, pane_width, pane_height
-
-
-def grid_renderable(model: RunModel, console: Console, width: int, height: int) -> Group:
-    shown = model.streams[:GRID_MAX_PANES]
-    columns, pane_width, pane_height = grid_layout(len(shown), width, height)
-    # Only whole rows that fit below the banner and above the status line.
-    rows_that_fit = max(1, (height - 2) // pane_height)
-    shown = shown[: rows_that_fit * columns]
-    rows: list[Text] = []
-    for row_start in range(0, len(shown), columns):
-        panes = [
-            pane_lines(stream, model, console, pane_width, pane_height)
-            for stream in shown[row_start : row_start + columns]
-        ]
-        for index in range(pane_height):
-            row = Text(no_wrap=True, overflow="crop")
-            for lines in panes:
-                row.append_text(lines[index])
-            rows.append(row)
-    return Group(banner_text(model), *rows, _status(model, len(shown)))
+    def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
 
 
 class GridView:
-    """A live grid of fixed-size panes; the layout follows the terminal size.
-
-    While running, frames are written as ANSI text by `AnsiGrid` (only the rows
-    that changed since the last frame); the final picture is drawn by Rich.
-    """
+    """A live grid of fixed-size panes plus overview lines; the layout follows the
+    terminal size. Frames are written as ANSI text by `AnsiGrid`."""
 
     def __init__(self, model: RunModel, console: Console) -> None:
         self.model = model
         self.console = console
         self._grid: AnsiGrid | None = None
+        self._keys = _Keys(model)
         large = min(len(model.streams), GRID_MAX_PANES) > LARGE_GRID_PANES
         self.refresh_interval = LARGE_GRID_INTERVAL if large else 1.0 / REFRESH_HZ
 
-    def _renderable(self) -> Group:
-        size = self.console.size
-        return grid_renderable(self.model, self.console, size.width, size.height)
-
     def start(self) -> None:
-        # Nothing is drawn live into a pipe (as with Rich Live): only the final picture.
-        if self.console.is_terminal:
-            self._grid = AnsiGrid(self.model, self.console)
+        # Nothing is drawn live into a pipe: only the final picture.
+        if self.console.is_terminal and not dumb_terminal():
+            self._grid = AnsiGrid(self.model, self.console, self._keys.ui)
             self._grid.start()
+            self._keys.start(self.console, self._draw)
             self.refresh()
 
-    def refresh(self) -> None:
+    def _draw(self, force: bool = False) -> None:
         if self._grid is not None:
-            self._grid.draw()
+            self._grid.draw(force=force)
 
-    def final_picture(self, console: Console) -> Group:
-        width = console.size.width
-        count = min(len(self.model.streams), GRID_MAX_PANES)
-        columns, _, _ = grid_layout(count, width, 10**6)
-        rows = math.ceil(count / columns) if count else 1
-        # The final picture keeps every pane, roomier when there are few rows.
-        pane_height = 16 if rows <= 2 else 10
-        return grid_renderable(self.model, console, width, rows * pane_height + 2)
+    def refresh(self) -> None:
+        self._draw()
+
+    def final_lines(self, width: int) -> list[Line]:
+        return final_grid(self.model, width)
 
     def abort(self) -> None:
+        self._keys.stop()
         if self._grid is not None:
             self._grid.stop()
             self._grid = None
 
     def stop(self) -> None:
         self.abort()
-        self.console.print(self.final_picture(self.console))
-        self.console.print(render_summary(self.model))
-
-
-# --- the live grid as ANSI text --------------------------------------------------------
-
-_RESET = "\x1b[0m"
-# Foreground SGR of each xterm-256 color, built once instead of per piece.
-_FG_SGR = tuple(f"\x1b[38;5;{color}m" for color in range(256))
-_AUTOWRAP_OFF = "\x1b[?7l"
-_AUTOWRAP_ON = "\x1b[?7h"
-# Rich's "bold green" etc. as SGR parameters (colors dropped under NO_COLOR).
-_LABEL_SGR = {
-    LABEL_EXACT: ("1", "32"),
-    LABEL_CHUNK: ("1", "33"),
-    LABEL_NOT_EXACT: ("1", "31"),
-    LABEL_ERROR: ("1", "31"),
-}
-
-
-def _sgr(attrs: str, color: str | None, use_color: bool) -> str:
-    params = [attrs] if attrs else []
-    if color is not None and use_color:
-        params.append(color)
-    return f"\x1b[{';'.join(params)}m" if params else ""
-
-
-def _crop(text: str, width: int, ellipsis: bool = True) -> str:
-    """`text` cut or padded to exactly `width` cells."""
-    if text.isascii():
-        cells = len(text)
-    else:
-        cells = cell_len(text)
-    if cells <= width:
-        return text + " " * (width - cells)
-    out: list[str] = []
-    used = 0
-    limit = width - 1 if ellipsis else width
-    for char in text:
-        size = cell_len(char)
-        if used + size > limit:
-            break
-        out.append(char)
-        used += size
-    if ellipsis and width > 0:
-        out.append("…")
-        used += 1
-    return "".join(out) + " " * (width - used)
-
-
-def wrap_cells(pieces: list[tuple[str, str]], width: int, max_lines: int) -> list[str]:
-    """The last `max_lines` lines of `pieces` (text, SGR prefix) hard-wrapped at `width`
-    cells; each line is exactly `width` cells and ends with its attributes reset."""
-    lines: list[str] = []
-    current: list[str] = []
-    used = 0
-    width = max(1, width)
-
-    def flush() -> None:
-        nonlocal current, used
-        lines.append("".join(current) + " " * (width - used))
-        current = []
-        used = 0
-
-    for text, prefix in pieces:
-        if not text:
-            continue
-        if "\n" not in text:
-            # The common case: a piece that fits on the current line, measured once.
-            size = len(text) if text.isascii() else cell_len(text)
-            if used + size <= width:
-                current.append(f"{prefix}{text}{_RESET}" if prefix else text)
-                used += size
-                if used >= width:
-                    flush()
-                continue
-        parts = text.split("\n")
-        for number, part in enumerate(parts):
-            if number:
-                flush()
-            while part:
-                room = width - used
-                if part.isascii():
-                    take = part[:room]
-                    size = len(take)
-                elif (whole := cell_len(part)) <= room:
-                    take, size = part, whole  # most pieces fit: one width call, not one per char
-                else:
-                    size = 0
-                    end = 0
-                    for char in part:
-                        char_size = cell_len(char)
-                        if size + char_size > room:
-                            break
-                        size += char_size
-                        end += 1
-                    if end == 0 and used == 0:
-                        end, size = 1, min(width, cell_len(part[0]))  # wider than the pane
-                    take = part[:end]
-                if take:
-                    current.append(f"{prefix}{take}{_RESET}" if prefix else take)
-                    used += size
-                    part = part[len(take) :]
-                if part or used >= width:
-                    flush()
-    if current:
-        flush()
-    return lines[-max_lines:] if max_lines > 0 else []
-
-
-def pane_ansi(stream: StreamState, model: RunModel, width: int, height: int) -> list[str]:
-    """A boxed pane as exactly `height` ANSI lines of exactly `width` cells (the live grid)."""
-    inner = max(1, width - 2)
-    use_color = not model.no_color
-    colorize = model.colorize
-    label = stream.label
-    attrs, label_color = _LABEL_SGR.get(label, ("1", None))
-    acceptance = stream.acceptance
-    percent = _number(None if acceptance is None else acceptance * 100, ".0f")
-    percent += "%" if acceptance is not None else ""
-    numbers = (
-        f"{stream.sse_tokens} tok {_number(stream.steps, 'd')} st "
-        f"{_number(stream.tokens_per_step, '.2f')} t/st acc {percent}"
-    )
-    title = f"#{stream.index} "
-    head = _crop(title + label, inner)
-    first = (
-        f"\x1b[1m{title}{_RESET}{_sgr(attrs, label_color, use_color)}{head[len(title) :]}{_RESET}"
-        if len(head) > len(title) and head.startswith(title)
-        else f"\x1b[1m{head}{_RESET}"
-    )
-    content = [first, _crop(numbers, inner)]
-    note = stream.note
-    body_height = max(0, height - 4 - (1 if note else 0))
-    if body_height:
-        pieces: list[tuple[str, str]] = []
-        for text, color in stream.tail_segments(colorize, inner * body_height * 2):
-            clean = sanitize(text)
-            if clean:
-                prefix = _FG_SGR[color] if color is not None and use_color else ""
-                pieces.append((clean, prefix))
-        body = wrap_cells(pieces, inner, body_height)
-        content.extend(body)
-        content.extend(" " * inner for _ in range(body_height - len(body)))
-    if note:
-        note_sgr = _sgr("", "31", use_color)
-        cropped = _crop(sanitize(note, keep_newlines=False), inner)
-        content.append(f"{note_sgr}{cropped}{_RESET}" if note_sgr else cropped)
-    content = content[: max(0, height - 2)]
-    lines = ["┌" + "─" * inner + "┐"]
-    lines.extend(f"│{line}│" for line in content)
-    lines.append("└" + "─" * inner + "┘")
-    return lines
-
-
-def _pane_key(stream: StreamState, model: RunModel) -> tuple[object, ...]:
-    """Everything a pane's picture depends on, besides its size."""
-    return (
-        stream.label,
-        stream.note,
-        stream.sse_tokens,
-        len(stream.chunks),
-        len(stream.spans),
-        stream.proven_bytes,
-        stream.stats.get("steps"),
-        stream.stats.get("tokens"),
-        stream.stats.get("accepted"),
-        stream.stats.get("drafts_scheduled"),
-        stream.stats.get("drafts_padded"),
-        model.colorize,
-    )
+        if self.model.nothing_received:
+            return  # the CLI's one line says it all
+        print_lines(self.console, self.model, self.final_lines(self.console.size.width))
+        print_summary(self.console, self.model)
 
 
 class AnsiGrid:
     """Draws the live grid on a terminal without Rich's layout engine.
 
-    A pane is rebuilt only when its content changed, and only the screen rows
-    that differ from the previous frame are written. A 64-pane frame costs
-    a few milliseconds instead of tens (docs/benchmarks/client.md).
+    Panes are rebuilt only when their content changed (`PaneCache`), and only the
+    screen rows that differ from the previous frame are written. Every row is
+    exactly the terminal's width, so nothing is erased after it (an erase after
+    a full-width row would take its last cell).
     """
 
-    def __init__(self, model: RunModel, console: Console) -> None:
+    def __init__(self, model: RunModel, console: Console, ui: GridUi | None = None) -> None:
         self.model = model
         self.console = console
-        self._panes: dict[int, tuple[tuple[object, ...], list[str]]] = {}
+        self.ui = ui or GridUi()
+        self._cache = PaneCache(model)
         self._previous: list[str] = []
         self._size: tuple[int, int] | None = None
 
@@ -518,32 +256,16 @@ class AnsiGrid:
             self.console.file.flush()
 
     def frame(self, width: int, height: int) -> list[str]:
-        """The screen as ANSI lines: banner, whole rows of panes, status line."""
-        model = self.model
-        use_color = not model.no_color
-        shown = model.streams[:GRID_MAX_PANES]
-        columns, pane_width, pane_height = grid_layout(len(shown), width, height)
-        rows_that_fit = max(1, (height - 2) // pane_height)
-        shown = shown[: rows_that_fit * columns]
-        lines = [_banner_ansi(model, width, use_color)]
-        for row_start in range(0, len(shown), columns):
-            panes = []
-            for stream in shown[row_start : row_start + columns]:
-                key = (*_pane_key(stream, model), pane_width, pane_height)
-                cached = self._panes.get(stream.index)
-                if cached is None or cached[0] != key:
-                    cached = (key, pane_ansi(stream, model, pane_width, pane_height))
-                    self._panes[stream.index] = cached
-                panes.append(cached[1])
-            lines.extend("".join(parts) for parts in zip(*panes, strict=True))
-        status = _status(model, len(shown)).plain
-        dim = _sgr("2", None, use_color)
-        lines.append(f"{dim}{_crop(status, width)}{_RESET}")
-        return lines[:height]
+        """The screen as ANSI lines: banner, legend, panes, overview lines, status."""
+        theme = theme_for(self.model)
+        lines = grid_screen(self.model, width, height, self.ui, self._cache)
+        return [ansi_line(line, theme) for line in lines]
 
-    def draw(self) -> None:
+    def draw(self, force: bool = False) -> None:
         size = self.console.size
         width, height = size.width, size.height
+        if self.ui.paused and not force and (width, height) == self._size:
+            return
         lines = self.frame(width, height)
         out: list[str] = []
         if (width, height) != self._size:
@@ -553,23 +275,11 @@ class AnsiGrid:
         previous = self._previous
         for row, line in enumerate(lines):
             if row >= len(previous) or previous[row] != line:
-                out.append(f"\x1b[{row + 1};1H{line}{_RESET}\x1b[K")
-        if len(lines) < len(previous):
-            out.append(f"\x1b[{len(lines) + 1};1H\x1b[J")
+                out.append(f"\x1b[{row + 1};1H{line}{RESET}")
         self._previous = lines
         if out:
             self.console.file.write("".join(out))
             self.console.file.flush()
-
-
-def _banner_ansi(model: RunModel, width: int, use_color: bool) -> str:
-    rest = sanitize(model.banner.removeprefix("SIMULATED ENGINE · "), keep_newlines=False)
-    if model.simulated or model.backend.simulated:
-        flag = "SIMULATED ENGINE"
-        if width <= len(flag):
-            return f"\x1b[1;7m{_crop(flag, width)}{_RESET}"
-        return f"\x1b[1;7m{flag}{_RESET}{_crop(' · ' + rest, width - len(flag))}"
-    return _crop(rest, width)
 
 
 class StreamView:
@@ -579,26 +289,19 @@ class StreamView:
         self.model = model
         self.console = console
         self._live: Live | None = None
+        self._keys = _Keys(model)
         self.refresh_interval = 1.0 / REFRESH_HZ
 
-    def _renderable(self) -> Group:
-        stream = self.model.streams[0]
+    def _renderable(self) -> object:
         size = self.console.size
-        height = max(1, size.height - 4)
-        body = tail_text(
-            styled_text(stream.tail_segments(self.model.colorize, size.width * height * 2)),
-            self.console,
-            size.width,
-            height,
-        )
-        parts: list[RenderableType] = [banner_text(self.model), header_text(stream), body]
-        if stream.note:
-            parts.append(Text(sanitize(stream.note, keep_newlines=False), "red"))
-        return Group(*parts)
+        lines = stream_screen(self.model, size.width, max(3, size.height - 1), self._keys.ui)
+        return rich_text(lines, theme_for(self.model), trim=True)
 
     def start(self) -> None:
+        if not self.console.is_terminal or dumb_terminal():
+            return  # nothing live into a pipe or a dumb terminal
         self._live = Live(
-            self._renderable(),
+            self._renderable(),  # type: ignore[arg-type]
             console=self.console,
             auto_refresh=False,
             transient=True,
@@ -606,31 +309,30 @@ class StreamView:
             redirect_stderr=False,
         )
         self._live.start()
+        self._keys.start(self.console, self._draw)
+
+    def _draw(self, force: bool = False) -> None:
+        if self._live is not None and (force or not self._keys.ui.paused):
+            self._live.update(self._renderable(), refresh=True)  # type: ignore[arg-type]
 
     def refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._renderable(), refresh=True)
+        self._draw()
 
-    def final_picture(self, console: Console) -> Group:
-        stream = self.model.streams[0]
-        parts: list[RenderableType] = [
-            banner_text(self.model),
-            header_text(stream),
-            styled_text(stream.segments(self.model.colorize)),
-        ]
-        if stream.note:
-            parts.append(Text(sanitize(stream.note, keep_newlines=False), "red"))
-        return Group(*parts)
+    def final_lines(self, width: int) -> list[Line]:
+        return stream_screen(self.model, width, None)
 
     def abort(self) -> None:
+        self._keys.stop()
         if self._live is not None:
             self._live.stop()
             self._live = None
 
     def stop(self) -> None:
         self.abort()
-        self.console.print(self.final_picture(self.console))
-        self.console.print(render_summary(self.model))
+        if self.model.nothing_received:
+            return
+        print_lines(self.console, self.model, self.final_lines(self.console.size.width))
+        print_summary(self.console, self.model)
 
 
 class PlainView:
@@ -647,23 +349,21 @@ class PlainView:
     def refresh(self) -> None:
         pass
 
-    def final_picture(self, console: Console) -> Group:
-        # The banner comes last-known: the plugin's hello may arrive mid-run.
-        parts: list[RenderableType] = [banner_text(self.model)]
-        for stream in self.model.streams:
-            parts.append(header_text(stream))
-            parts.append(styled_text(stream.segments(colorize=False), colorize=False))
-            if stream.note:
-                parts.append(Text(sanitize(stream.note, keep_newlines=False)))
-            parts.append(Text(""))
-        return Group(*parts)
+    def final_lines(self, width: int) -> list[Line]:
+        """The picture an export shows: what a terminal would have shown (in colors)."""
+        if len(self.model.streams) == 1:
+            return stream_screen(self.model, width, None)
+        return final_grid(self.model, width)
 
     def abort(self) -> None:
         pass
 
     def stop(self) -> None:
-        self.console.print(self.final_picture(self.console))
-        self.console.print(render_summary(self.model))
+        if self.model.nothing_received:
+            return
+        # The banner comes last-known: the plugin's hello may arrive mid-run.
+        print_lines(self.console, self.model, plain_listing(self.model))
+        print_summary(self.console, self.model)
 
 
 def make_view(kind: str, model: RunModel, console: Console) -> GridView | StreamView | PlainView:

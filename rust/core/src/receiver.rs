@@ -1,7 +1,10 @@
 //! The telemetry socket (Linux): an `AF_UNIX` datagram socket bound at the
 //! run's path with mode 0600 and `SO_PASSCRED`, read by a dedicated thread.
 //! Each datagram's `SCM_CREDENTIALS` are checked: datagrams from another uid
-//! are dropped and counted. Accepted datagrams are pushed, in batches, into
+//! are dropped and counted, unless the user accepted that uid explicitly
+//! (`--accept-uid`, docs/PROTOCOL.md "Security of the telemetry paths"; the
+//! socket is then 0622 so that uid can reach it, and every datagram admitted
+//! that way is counted). Accepted datagrams are pushed, in batches, into
 //! the run's [`Fed`] (tap and reconciler under one lock), with the time of
 //! the read. No Python is involved: the thread never needs the GIL.
 
@@ -18,6 +21,8 @@ use crate::protocol::MAX_FRAME_BYTES;
 
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
+/// `last_rejected_uid` before any datagram was rejected (or one came without credentials).
+const NO_UID: u64 = u64::MAX;
 
 /// Receiver counters.
 #[derive(Debug, Default)]
@@ -28,6 +33,10 @@ pub struct ReceiverCounters {
     pub bytes: AtomicU64,
     /// Datagrams from another uid (or without credentials), dropped.
     pub rejected_uid: AtomicU64,
+    /// The uid of the last datagram rejected for its uid (`NO_UID`: none yet).
+    pub last_rejected_uid: AtomicU64,
+    /// Datagrams admitted because their uid was accepted explicitly.
+    pub accepted_foreign: AtomicU64,
     /// Datagrams larger than `MAX_FRAME_BYTES` (rejected as oversized frames).
     pub oversized: AtomicU64,
     /// Times the reconciler was locked for a batch.
@@ -42,6 +51,9 @@ pub struct ReceiverStats {
     pub received: u64,
     pub bytes: u64,
     pub rejected_uid: u64,
+    /// The uid of the last datagram rejected for its uid (None: none, or no credentials).
+    pub last_rejected_uid: Option<u32>,
+    pub accepted_foreign: u64,
     pub oversized: u64,
     pub batches: u64,
     pub errors: u64,
@@ -118,7 +130,22 @@ impl Receiver {
     /// Bind `path` (which must not exist) and start reading into `sink`.
     /// `rcvbuf` is the requested receive buffer in bytes
     /// (`SO_RCVBUFFORCE` when permitted, else `SO_RCVBUF`, capped by the kernel).
-    pub fn bind(path: &Path, rcvbuf: usize, sink: Arc<Mutex<Fed>>) -> io::Result<Receiver> {
+    /// Datagrams from `accept_uids` are admitted besides this process's own uid.
+    pub fn bind(
+        path: &Path,
+        rcvbuf: usize,
+        sink: Arc<Mutex<Fed>>,
+        accept_uids: &[u32],
+    ) -> io::Result<Receiver> {
+        // SAFETY: geteuid never fails.
+        let me = unsafe { libc::geteuid() };
+        let accept: Vec<u32> = accept_uids.iter().copied().filter(|&u| u != me).collect();
+        // Root reaches any socket; another accepted uid needs write permission.
+        let mode = if accept.iter().any(|&u| u != 0) {
+            0o622
+        } else {
+            0o600
+        };
         let bytes = path.as_os_str().as_bytes();
         // SAFETY: sockaddr_un is plain old data.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -153,11 +180,10 @@ impl Receiver {
         })?);
         // On Linux the socket file takes the socket inode's mode: 0600 from the start.
         // SAFETY: valid fd.
-        cvt(unsafe { libc::fchmod(sock.0, 0o600) })?;
+        cvt(unsafe { libc::fchmod(sock.0, mode) })?;
         set_int_opt(sock.0, libc::SO_PASSCRED, 1)?;
         let want = rcvbuf.min(libc::c_int::MAX as usize) as libc::c_int;
-        // SAFETY: geteuid never fails.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = me == 0;
         if want > 0 && (!root || set_int_opt(sock.0, libc::SO_RCVBUFFORCE, want).is_err()) {
             set_int_opt(sock.0, libc::SO_RCVBUF, want)?;
         }
@@ -165,7 +191,7 @@ impl Receiver {
         // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
         cvt(unsafe { libc::bind(sock.0, (&addr as *const libc::sockaddr_un).cast(), len) })?;
         // Make sure of the mode even where fchmod before bind is not honoured.
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode));
         let rcvbuf = get_int_opt(sock.0, libc::SO_RCVBUF).unwrap_or(0).max(0) as u64;
         let mut pipe = [0 as libc::c_int; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
@@ -176,14 +202,17 @@ impl Receiver {
             return Err(e);
         }
         let (wake_r, wake_w) = (Fd(pipe[0]), Fd(pipe[1]));
-        let counters = Arc::new(ReceiverCounters::default());
+        let counters = Arc::new(ReceiverCounters {
+            last_rejected_uid: AtomicU64::new(NO_UID),
+            ..ReceiverCounters::default()
+        });
         let fd = sock.0;
         let thread_counters = Arc::clone(&counters);
         let spawned = std::thread::Builder::new()
             .name("parallelhue-receiver".into())
             .spawn(move || {
                 let wake_r = wake_r;
-                read_loop(fd, wake_r.0, &sink, &thread_counters);
+                read_loop(fd, wake_r.0, &sink, &thread_counters, &accept);
             });
         let thread = match spawned {
             Ok(t) => t,
@@ -216,6 +245,11 @@ impl Receiver {
             received: c.received.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
             rejected_uid: c.rejected_uid.load(Ordering::Relaxed),
+            last_rejected_uid: match c.last_rejected_uid.load(Ordering::Relaxed) {
+                NO_UID => None,
+                uid => Some(uid as u32),
+            },
+            accepted_foreign: c.accepted_foreign.load(Ordering::Relaxed),
             oversized: c.oversized.load(Ordering::Relaxed),
             batches: c.batches.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
@@ -255,12 +289,23 @@ const CMSG_BUF: usize = 64;
 
 /// One datagram's read outcome.
 enum Got {
-    Frame(usize),
-    Foreign,
+    /// A datagram of `len` bytes from an admitted uid (`accepted`: an
+    /// explicitly accepted one, not this process's own).
+    Frame {
+        len: usize,
+        accepted: bool,
+    },
+    /// From a uid not admitted (None: no credentials).
+    Foreign(Option<u32>),
     Oversized(usize),
 }
 
-fn recv_one(fd: libc::c_int, buf: &mut [u8], cbuf: &mut [u64; CMSG_BUF / 8]) -> io::Result<Got> {
+fn recv_one(
+    fd: libc::c_int,
+    buf: &mut [u8],
+    cbuf: &mut [u64; CMSG_BUF / 8],
+    accept: &[u32],
+) -> io::Result<Got> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -307,16 +352,24 @@ fn recv_one(fd: libc::c_int, buf: &mut [u8], cbuf: &mut [u64; CMSG_BUF / 8]) -> 
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if uid != Some(me) {
-        return Ok(Got::Foreign);
-    }
+    let accepted = match uid {
+        Some(u) if u == me => false,
+        Some(u) if accept.contains(&u) => true,
+        other => return Ok(Got::Foreign(other)),
+    };
     if n > MAX_FRAME_BYTES {
         return Ok(Got::Oversized(n));
     }
-    Ok(Got::Frame(n))
+    Ok(Got::Frame { len: n, accepted })
 }
 
-fn read_loop(fd: libc::c_int, wake: libc::c_int, sink: &Mutex<Fed>, counters: &ReceiverCounters) {
+fn read_loop(
+    fd: libc::c_int,
+    wake: libc::c_int,
+    sink: &Mutex<Fed>,
+    counters: &ReceiverCounters,
+    accept: &[u32],
+) {
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
     let mut lens: Vec<usize> = Vec::with_capacity(BATCH);
     let mut oversized: Vec<usize> = Vec::new();
@@ -352,14 +405,21 @@ fn read_loop(fd: libc::c_int, wake: libc::c_int, sink: &Mutex<Fed>, counters: &R
             let mut again = false;
             while lens.len() < BATCH {
                 let i = lens.len();
-                match recv_one(fd, &mut bufs[i], &mut cbuf) {
-                    Ok(Got::Frame(n)) => lens.push(n),
+                match recv_one(fd, &mut bufs[i], &mut cbuf, accept) {
+                    Ok(Got::Frame { len, accepted }) => {
+                        if accepted {
+                            counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
+                        }
+                        lens.push(len);
+                    }
                     Ok(Got::Oversized(n)) => {
                         counters.oversized.fetch_add(1, Ordering::Relaxed);
                         oversized.push(n);
                     }
-                    Ok(Got::Foreign) => {
+                    Ok(Got::Foreign(uid)) => {
                         counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
+                        let uid = uid.map_or(NO_UID, u64::from);
+                        counters.last_rejected_uid.store(uid, Ordering::Relaxed);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         again = true;
@@ -423,7 +483,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let run = [3u8; 16];
         let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id(run, 2))));
-        let mut rx = Receiver::bind(&path, 1 << 20, Arc::clone(&rec)).unwrap();
+        let mut rx = Receiver::bind(&path, 1 << 20, Arc::clone(&rec), &[]).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let tx = UnixDatagram::unbound().unwrap();
@@ -447,7 +507,7 @@ mod tests {
         let path = tmp_path("exists");
         std::fs::write(&path, b"x").unwrap();
         let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([0; 16], 1))));
-        let e = Receiver::bind(&path, 0, rec).err().unwrap();
+        let e = Receiver::bind(&path, 0, rec, &[]).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
         std::fs::remove_file(&path).unwrap();
     }
@@ -456,7 +516,81 @@ mod tests {
     fn long_path_is_an_error_naming_the_limit() {
         let path = PathBuf::from(format!("/tmp/{}", "x".repeat(120)));
         let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([0; 16], 1))));
-        let e = Receiver::bind(&path, 0, rec).err().unwrap();
+        let e = Receiver::bind(&path, 0, rec, &[]).err().unwrap();
         assert!(e.to_string().contains("107 usable bytes"), "{e}");
+    }
+
+    /// Send `data` to `path` from a forked child running as uid/gid 65534;
+    /// whether the send succeeded.
+    fn send_as_nobody(path: &Path, data: &[u8]) -> bool {
+        let target = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: the child only makes async-signal-safe syscalls, then _exit.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                let ok = libc::setresgid(65534, 65534, 65534) == 0
+                    && libc::setresuid(65534, 65534, 65534) == 0;
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0);
+                let mut addr: libc::sockaddr_un = std::mem::zeroed();
+                addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                for (d, s) in addr.sun_path.iter_mut().zip(target.as_bytes()) {
+                    *d = *s as libc::c_char;
+                }
+                let sent = libc::sendto(
+                    fd,
+                    data.as_ptr().cast(),
+                    data.len(),
+                    0,
+                    (&addr as *const libc::sockaddr_un).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                );
+                libc::_exit(if ok && sent >= 0 { 0 } else { 1 });
+            }
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, 0);
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+        }
+    }
+
+    #[test]
+    fn another_uid_is_admitted_only_when_accepted_and_counted() {
+        // SAFETY: geteuid never fails.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: dropping to uid 65534 needs root");
+            return;
+        }
+        let run = [4u8; 16];
+        let hello = Sender::new(run, 5).hello(&HelloFields::simulated(1, 2));
+        let case = |name: &str, accept: &[u32]| {
+            let path = tmp_path(name);
+            let _ = std::fs::remove_file(&path);
+            std::fs::set_permissions(path.parent().unwrap(), PermissionsExt::from_mode(0o711))
+                .unwrap();
+            let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id(run, 1))));
+            let mut rx = Receiver::bind(&path, 1 << 16, Arc::clone(&rec), accept).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            let sent = send_as_nobody(&path, &hello);
+            rx.close().unwrap();
+            let frames = rec.lock().unwrap().counters().frames;
+            (mode, sent, rx.stats(), frames)
+        };
+        // Default: the socket is 0600, uid 65534 cannot even send.
+        let (mode, sent, st, frames) = case("nobody-default", &[]);
+        assert_eq!((mode, sent, st.received, frames), (0o600, false, 0, 0));
+        // Another uid accepted: 0622, and 65534's datagram is still rejected, by uid.
+        let (mode, sent, st, frames) = case("nobody-other", &[12345]);
+        assert_eq!((mode, sent, frames), (0o622, true, 0));
+        assert_eq!((st.rejected_uid, st.last_rejected_uid), (1, Some(65534)));
+        // 65534 accepted: admitted and counted as such.
+        let (mode, sent, st, frames) = case("nobody-accepted", &[65534]);
+        assert_eq!((mode, sent, frames), (0o622, true, 1));
+        assert_eq!(
+            (st.received, st.accepted_foreign, st.rejected_uid),
+            (1, 1, 0)
+        );
+        // Our own uid in the list changes nothing: 0600, nothing counted as foreign.
+        let (mode, _, st, _) = case("root-accepted", &[0]);
+        assert_eq!((mode, st.accepted_foreign), (0o600, 0));
     }
 }

@@ -14,6 +14,8 @@ pub struct ReceiverStats {
     pub received: u64,
     pub bytes: u64,
     pub rejected_uid: u64,
+    pub last_rejected_uid: Option<u32>,
+    pub accepted_foreign: u64,
     pub oversized: u64,
     pub batches: u64,
     pub errors: u64,
@@ -26,7 +28,12 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    pub fn bind(_path: &Path, _rcvbuf: usize, _sink: Arc<Mutex<Fed>>) -> io::Result<Receiver> {
+    pub fn bind(
+        _path: &Path,
+        _rcvbuf: usize,
+        _sink: Arc<Mutex<Fed>>,
+        _accept_uids: &[u32],
+    ) -> io::Result<Receiver> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "the native receiver needs Linux (SO_PASSCRED / SCM_CREDENTIALS)",

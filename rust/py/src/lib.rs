@@ -53,10 +53,12 @@ const SOURCE_KEYS: [&str; 10] = [
 ];
 
 /// Keys of `Receiver.stats()`.
-const RECEIVER_KEYS: [&str; 7] = [
+const RECEIVER_KEYS: [&str; 9] = [
     "datagrams",
     "bytes",
     "rejected_uid",
+    "last_rejected_uid",
+    "accepted_foreign",
     "oversized",
     "batches",
     "errors",
@@ -91,6 +93,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SSE_READ_INTERVAL", hs::DEFAULT_MIN_INTERVAL.as_secs_f64())?;
         m.add("SSE_COALESCE_STREAMS", hs::COALESCE_STREAMS)?;
         m.add("ERROR_BODY_LIMIT", hs::ERROR_BODY_LIMIT)?;
+        m.add("TELEMETRY_CONTENT_TYPE", hs::TELEMETRY_CONTENT_TYPE)?;
     }
     m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame::sse_inputs, m)?)?;

@@ -9,9 +9,10 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::reconciler::Reconciler;
 
-/// The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600,
-/// SO_PASSCRED) and pushes every datagram from this uid into `reconciler`
-/// from a Rust thread that never takes the GIL.
+/// The telemetry socket: binds `path` (AF_UNIX datagram, mode 0600, or 0622
+/// when another uid than root is accepted; SO_PASSCRED) and pushes every
+/// datagram from this uid or from `accept_uids` into `reconciler` from a Rust
+/// thread that never takes the GIL.
 #[pyclass(module = "parallelhue._native", frozen)]
 pub(crate) struct Receiver {
     inner: Mutex<parallelhue_core::receiver::Receiver>,
@@ -21,10 +22,15 @@ pub(crate) struct Receiver {
 #[pymethods]
 impl Receiver {
     #[new]
-    #[pyo3(signature = (path, reconciler, rcvbuf = 8 << 20))]
-    fn new(path: PathBuf, reconciler: &Bound<'_, Reconciler>, rcvbuf: usize) -> PyResult<Self> {
+    #[pyo3(signature = (path, reconciler, rcvbuf = 8 << 20, accept_uids = Vec::new()))]
+    fn new(
+        path: PathBuf,
+        reconciler: &Bound<'_, Reconciler>,
+        rcvbuf: usize,
+        accept_uids: Vec<u32>,
+    ) -> PyResult<Self> {
         let sink = Arc::clone(&reconciler.get().inner);
-        let rx = parallelhue_core::receiver::Receiver::bind(&path, rcvbuf, sink)?;
+        let rx = parallelhue_core::receiver::Receiver::bind(&path, rcvbuf, sink, &accept_uids)?;
         Ok(Receiver {
             inner: Mutex::new(rx),
             path,
@@ -52,7 +58,8 @@ impl Receiver {
         self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)
     }
 
-    /// Counters: datagrams, bytes, rejected_uid, oversized, batches, errors, rcvbuf.
+    /// Counters: datagrams, bytes, rejected_uid, last_rejected_uid, accepted_foreign,
+    /// oversized, batches, errors, rcvbuf.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let st = self
             .inner
@@ -63,6 +70,8 @@ impl Receiver {
         d.set_item("datagrams", st.received)?;
         d.set_item("bytes", st.bytes)?;
         d.set_item("rejected_uid", st.rejected_uid)?;
+        d.set_item("last_rejected_uid", st.last_rejected_uid)?;
+        d.set_item("accepted_foreign", st.accepted_foreign)?;
         d.set_item("oversized", st.oversized)?;
         d.set_item("batches", st.batches)?;
         d.set_item("errors", st.errors)?;

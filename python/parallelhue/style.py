@@ -1,0 +1,195 @@
+"""Style keys of the pane model, and the palettes that say what each key looks like.
+
+The pane model (`panes.py`) tags every piece of text with a style key such as
+`step.2`, `role.accepted` or `label.exact`, never with a color. A `Theme`
+turns keys into SGR prefixes (the ANSI painter), Rich styles (the Rich
+painter) and CSS colors (the HTML and SVG painters), so one palette choice
+(`--palette`) and one NO_COLOR rule apply to every output alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from rich.color import Color
+from rich.style import Style
+
+__all__ = [
+    "CHUNK_KEYS",
+    "PALETTES",
+    "ROLE_KEYS",
+    "ROLE_NAMES",
+    "STEP_KEYS",
+    "Ink",
+    "Theme",
+    "xterm_rgb",
+]
+
+# Steps (and SSE chunks in chunk mode) cycle through four colors.
+STEP_KEYS = ("step.0", "step.1", "step.2", "step.3")
+CHUNK_KEYS = ("chunk.0", "chunk.1", "chunk.2", "chunk.3")
+# Token role codes of the span events (docs/PROTOCOL.md): 0 plain, 1 accepted, 2 target, 3 bonus.
+ROLE_KEYS = ("role.plain", "role.accepted", "role.target", "role.bonus")
+ROLE_NAMES = ("plain", "accepted draft", "target correction", "bonus")
+
+
+@dataclass(frozen=True)
+class Ink:
+    """What a style key looks like: an xterm-256 foreground and attributes."""
+
+    fg: int | None = None
+    bold: bool = False
+    dim: bool = False
+    underline: bool = False
+    reverse: bool = False
+
+
+def _steps(a: int, b: int, c: int, d: int) -> dict[str, Ink]:
+    colors = (a, b, c, d)
+    inks = {key: Ink(fg=color) for key, color in zip(STEP_KEYS, colors, strict=True)}
+    inks.update({key: Ink(fg=color) for key, color in zip(CHUNK_KEYS, colors, strict=True)})
+    return inks
+
+
+_COMMON = {
+    "bold": Ink(bold=True),
+    "dim": Ink(dim=True),
+    "heading": Ink(bold=True),
+    "border": Ink(),
+    "focus": Ink(bold=True, reverse=True),
+    "simulated": Ink(bold=True, reverse=True),
+    "replay": Ink(bold=True, reverse=True),
+    "label.verifying": Ink(bold=True),
+    "label.cancelled": Ink(bold=True, dim=True),
+    # A character whose bytes came from two steps (or tokens of two roles): proven,
+    # but no single step or role to color it by.
+    "mixed": Ink(underline=True),
+    # auto mode shows text before it is proven; it stays uncolored and dim.
+    "unproven": Ink(dim=True),
+    "role.plain": Ink(),
+}
+
+# standard: the predecessor's xterm-256 green, red, blue, yellow for steps.
+# colorblind: Okabe-Ito (orange, sky blue, yellow, reddish purple; bluish green is
+# left out because next to sky blue it is the pair deuteranopes confuse most).
+PALETTES: dict[str, dict[str, Ink]] = {
+    "standard": {
+        **_COMMON,
+        **_steps(46, 196, 27, 226),
+        "role.accepted": Ink(fg=46),
+        "role.target": Ink(fg=203),
+        "role.bonus": Ink(fg=39),
+        "label.exact": Ink(fg=2, bold=True),
+        "label.chunk": Ink(fg=3, bold=True),
+        "label.failed": Ink(fg=1, bold=True),
+        "label.error": Ink(fg=1, bold=True),
+        "note": Ink(fg=1),
+    },
+    "colorblind": {
+        **_COMMON,
+        **_steps(214, 74, 227, 175),
+        "role.accepted": Ink(fg=74),
+        "role.target": Ink(fg=214),
+        "role.bonus": Ink(fg=175),
+        "label.exact": Ink(fg=74, bold=True),
+        "label.chunk": Ink(fg=227, bold=True),
+        "label.failed": Ink(fg=214, bold=True),
+        "label.error": Ink(fg=214, bold=True),
+        "note": Ink(fg=214),
+    },
+}
+
+# xterm's 16 system colors (its defaults), then the 6x6x6 cube and the gray ramp.
+_SYSTEM = (
+    (0, 0, 0), (205, 0, 0), (0, 205, 0), (205, 205, 0),
+    (0, 0, 238), (205, 0, 205), (0, 205, 205), (229, 229, 229),
+    (127, 127, 127), (255, 0, 0), (0, 255, 0), (255, 255, 0),
+    (92, 92, 255), (255, 0, 255), (0, 255, 255), (255, 255, 255),
+)  # fmt: skip
+_CUBE = (0, 95, 135, 175, 215, 255)
+
+
+def xterm_rgb(index: int) -> tuple[int, int, int]:
+    """The RGB value xterm shows for a 256-color index."""
+    if index < 16:
+        return _SYSTEM[index]
+    if index < 232:
+        index -= 16
+        return (_CUBE[index // 36], _CUBE[(index // 6) % 6], _CUBE[index % 6])
+    level = 8 + 10 * (index - 232)
+    return (level, level, level)
+
+
+class Theme:
+    """One palette under one color rule; every painter asks it about style keys."""
+
+    def __init__(self, palette: str = "standard", *, use_color: bool = True) -> None:
+        self.palette = palette
+        self.use_color = use_color
+        self.inks = PALETTES[palette]
+
+    def ink(self, key: str | None) -> Ink:
+        if key is None:
+            return Ink()
+        ink = self.inks.get(key, Ink())
+        if not self.use_color and ink.fg is not None:
+            ink = Ink(None, ink.bold, ink.dim, ink.underline, ink.reverse)
+        return ink
+
+    @cached_property
+    def prefixes(self) -> dict[str | None, str]:
+        """The SGR escape that starts each style key, built once ("" for none)."""
+        prefixes: dict[str | None, str] = {None: ""}
+        for key in self.inks:
+            prefixes[key] = _sgr_of(self.ink(key))
+        return prefixes
+
+    def sgr(self, key: str | None) -> str:
+        """The SGR escape that starts `key` ("" for unstyled text)."""
+        return self.prefixes.get(key, "")
+
+    @cached_property
+    def _rich(self) -> dict[str, Style]:
+        return {key: _rich_of(self.ink(key)) for key in self.inks}
+
+    def rich(self, key: str | None) -> Style | None:
+        return None if key is None else self._rich.get(key)
+
+    def rgb(self, key: str | None) -> tuple[int, int, int] | None:
+        ink = self.ink(key)
+        return None if ink.fg is None else xterm_rgb(ink.fg)
+
+    def css_color(self, key: str | None) -> str | None:
+        rgb = self.rgb(key)
+        return None if rgb is None else "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def _sgr_of(ink: Ink) -> str:
+    params: list[str] = []
+    if ink.bold:
+        params.append("1")
+    if ink.dim:
+        params.append("2")
+    if ink.underline:
+        params.append("4")
+    if ink.reverse:
+        params.append("7")
+    if ink.fg is not None:
+        if ink.fg < 8:
+            params.append(str(30 + ink.fg))
+        elif ink.fg < 16:
+            params.append(str(90 + ink.fg - 8))
+        else:
+            params.append(f"38;5;{ink.fg}")
+    return f"\x1b[{';'.join(params)}m" if params else ""
+
+
+def _rich_of(ink: Ink) -> Style:
+    return Style(
+        color=Color.from_ansi(ink.fg) if ink.fg is not None else None,
+        bold=ink.bold or None,
+        dim=ink.dim or None,
+        underline=ink.underline or None,
+        reverse=ink.reverse or None,
+    )
