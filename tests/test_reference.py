@@ -765,6 +765,19 @@ def test_finalize_rule_1_gap_with_buffered_frames() -> None:
     assert finalize(run) == ("failed", f"frames lost: gap in source {SCHED:016x} at seq 1")
 
 
+def test_finalize_gap_revokes_an_exact_stream() -> None:
+    # A frame lost behind an exact stream may have been its notice.
+    run = Run(num_streams=1)
+    honest(run)
+    assert run.events()[-1] == ("exact", 0)
+    run.push(run.prov(prov(0, 3, [1], [P], 0), seq=run.seq[SCHED] + 1))
+    assert run.events() == []
+    run.rec.finalize()
+    lost = f"frames lost: gap in source {SCHED:016x} at seq 3"
+    assert run.events() == [("failed", 0, lost)]
+    assert run.rec.verdict(0) == ("failed", lost)
+
+
 def test_finalize_rule_2_no_frames() -> None:
     run = Run(hellos=False)
     run.sse(0, "a", [1], finish=True)

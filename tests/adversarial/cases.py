@@ -647,6 +647,14 @@ def _notice_after_verdict(t: Transcript) -> None:
     t.insert_before(notice, AwaitVerdict(1))
 
 
+def _lost_after_verdict(t: Transcript) -> None:
+    # The late notice of notice.after_verdict is lost on the way (its seq stays unused):
+    # only the gap it leaves tells of it; the scheduler's later frames wait behind it.
+    _notice_after_verdict(t)
+    (notice,) = [f for f in t.frames("sched") if f.kind == wire.KIND_NOTICE]
+    t.remove(notice)
+
+
 def _dropped_after_verdict(t: Transcript) -> None:
     step6 = _step_frame(t, "sched", 6)
     step6.dropped = 1
@@ -981,6 +989,7 @@ PY_OTHER_MESSAGE = I9 + "--reconciler python reports it differently (invalid SSE
 NO_FINISH = "the stream ended without a finish_reason (server closed it early)"
 GAP_FRONT0 = "frames lost: gap in source {front} at seq 0"
 GAP_SCHED2 = "frames lost: gap in source {sched} at seq 2"
+GAP_SCHED6 = "frames lost: gap in source {sched} at seq 6"
 DUP3 = "source {sched}: seq 3 received twice with different content"
 SECOND_HELLO = "source {sched}: a second hello that differs from its first"
 INSIDE_RECORD = "stream 0: an SSE chunk ends at offset 13 (byte 30), inside a text record"
@@ -1318,6 +1327,17 @@ CASES: list[Case] = [
         },
         rule="issue 9 #9: evidence before finalize() revokes a verdict (a lost frame may "
         "have been a notice for any stream)",
+    ),
+    _C(
+        "header.seq.lost_after_verdict",
+        "header.seq",
+        "once stream 1 shows EXACT, a scheduler frame (its late notice) is lost; later "
+        "frames wait behind the gap until finalize()",
+        "sender",
+        _lost_after_verdict,
+        streams=(0, 1),
+        reasons={0: GAP_SCHED6, 1: GAP_SCHED6},
+        rule="a gap still open at finalize() is a frame loss: it revokes exact verdicts too",
     ),
     _C(
         "header.body_len",

@@ -463,10 +463,18 @@ class Reconciler:
             pass
 
     def finalize(self) -> None:
-        """Every pending stream gets its verdict; from now on every verdict is final."""
+        """Every pending stream gets its verdict; from now on every verdict is final. A
+        source still holding frames behind a missing one lost a frame: that fails every
+        stream, an exact one too (as a loss before finalize does)."""
         if self._finalized:
             return
         self._input_start = len(self._events)
+        for source in self._sources.values():
+            if source.buffered:
+                self._frames_lost(
+                    f"frames lost: gap in source {source.source_id:016x} at seq {source.next_seq}"
+                )
+                break
         for state in self._streams:
             if state.verdict == "pending":
                 self._set_failed(state, self._finalize_reason(state))
@@ -1231,11 +1239,6 @@ class Reconciler:
 
     def _finalize_reason(self, state: _Stream) -> str:
         stream = state.index
-        for source in self._sources.values():
-            if source.buffered:
-                return (
-                    f"frames lost: gap in source {source.source_id:016x} at seq {source.next_seq}"
-                )
         if not self._admitted_any:
             return "missing telemetry: no frames received for this run"
         if not state.sse_finished:

@@ -715,6 +715,20 @@ fn finalize_rules_in_order() {
         last_failure(&run.events()),
         "frames lost: gap in source 000000000000aaaa at seq 1"
     );
+    // ... which revokes an exact stream too: the lost frame may have been its notice.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 1);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(0, "a", &[1]);
+    run.finish(0, "stop");
+    assert_eq!(run.events().last(), Some(&Event::Exact { stream: 0 }));
+    run.sched.next_seq += 1;
+    run.prov(0, 1, &[2], &[P], 0, 0);
+    assert_eq!(run.events(), vec![]);
+    run.r.finalize();
+    let lost = "frames lost: gap in source 000000000000aaaa at seq 2";
+    assert_eq!(run.events(), vec![failed(0, lost)]);
+    assert_eq!(run.r.verdict(0), Verdict::Failed(lost.into()));
     // Rule 2: nothing admitted.
     let mut r = Reconciler::new(RUN, 1).unwrap();
     r.push_sse_id(0, &chunk_id(0));

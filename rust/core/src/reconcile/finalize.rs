@@ -4,7 +4,9 @@ use super::*;
 
 impl Reconciler {
     /// The client gives up waiting: every open stream gets its verdict, and
-    /// every verdict is final.
+    /// every verdict is final. A source still holding frames behind a missing
+    /// one lost a frame: that fails every stream, an exact one too (as a loss
+    /// before finalize does: the lost frame may have been a notice for it).
     pub fn finalize(&mut self) {
         if self.finalized {
             return;
@@ -14,21 +16,23 @@ impl Reconciler {
             let src = &self.sources[id];
             (src.seq.buffered_len() > 0).then(|| (*id, src.seq.next_expected()))
         });
+        if let Some((id, seq)) = gap {
+            self.frames_lost(&format!(
+                "frames lost: gap in source {id:016x} at seq {seq}"
+            ));
+        }
         for s in 0..self.streams.len() {
             if !self.streams[s].open() {
                 continue;
             }
-            let reason = self.final_reason(s, gap);
+            let reason = self.final_reason(s);
             self.fail(s, reason);
         }
         self.finalized = true;
     }
 
-    pub(super) fn final_reason(&self, s: usize, gap: Option<(u64, u64)>) -> String {
+    pub(super) fn final_reason(&self, s: usize) -> String {
         let st = &self.streams[s];
-        if let Some((id, seq)) = gap {
-            return format!("frames lost: gap in source {id:016x} at seq {seq}");
-        }
         if !self.admitted {
             return "missing telemetry: no frames received for this run".to_owned();
         }
