@@ -1,9 +1,7 @@
 """Role colors and per-position acceptance end to end, with the simulated engine.
 
-Both need contract C2 from the reconcilers: span events with an 8th element (the
-token role) and per-draft-position counts in the stats. Until both reconcilers
-report them these tests are strict xfails: the day they land they fail as XPASS,
-and the marks go.
+Both rest on contract C2 from the reconcilers: span events with an 8th element
+(the token role) and per-draft-position counts in the stats.
 """
 
 from __future__ import annotations
@@ -18,9 +16,6 @@ import pytest
 from parallelhue import cli
 from test_cli import _CLEARED
 
-_C2 = pytest.mark.xfail(
-    strict=True, reason="contract C2: span roles and per-position counts are not on main yet"
-)
 # xterm-256 46, 203, 39: accepted draft, target correction, bonus (style.PALETTES["standard"]).
 ROLE_FILLS = {"#00ff00", "#ff5f5f", "#00afff"}
 # 27 and 226: only step colors use them.
@@ -35,7 +30,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("kind", ["python", "rust"])
-@_C2
 def test_role_colors_come_from_the_reconciled_roles(
     kind: str, tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -56,7 +50,6 @@ def test_role_colors_come_from_the_reconciled_roles(
 
 
 @pytest.mark.parametrize("kind", ["python", "rust"])
-@_C2
 def test_acceptance_per_draft_position_from_the_runs_frames(
     kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1844,9 +1844,11 @@ CASES: list[Case] = [
             0: (
                 "stream 0: provenance beyond the end of the request at offset 6",
                 "stream 0: SSE text extends beyond the HTTP text at byte 12",
+                "stream 0: SSE token at offset 6 after the detokenizer finished at offset 6",
             )
         },
-        rule="per stream: provenance beyond the end / SSE beyond HTTP (whichever arrives first)",
+        rule="per stream: provenance beyond the end / SSE beyond HTTP or T's end (whichever "
+        "arrives first)",
     ),
     _C(
         "text.flags.text_truncated.eos",
