@@ -267,6 +267,9 @@ class Receiver:
     def path(self) -> str: ...
     @property
     def closed(self) -> bool: ...
+    def pending(self) -> bool:
+        """Whether datagrams that arrived before this call may not have reached the
+        reconciler yet (queued in the kernel, or read and not yet pushed)."""
     def close(self) -> None:
         """Stop the thread (after it pushed what was queued), close, unlink. Idempotent."""
     def stats(self) -> ReceiverStats: ...
