@@ -96,8 +96,12 @@ class Feed:
         for event in events:
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step, _first, _count, role = cast(SpanEvent, event)
-                self.model.roles_reported = True  # C2: every span says its role (or None)
+                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)[:7]
+                # C2: an 8th element carries the span's token role (None: mixed or unknown).
+                extra = tuple(event)[7:]
+                role = cast(int | None, extra[0]) if extra else None
+                if extra:
+                    self.model.roles_reported = True
                 streams[stream].add_span(byte_start, text, step, role)
             elif kind == "exact":
                 streams[cast(ExactEvent, event)[1]].verdict = "exact"
