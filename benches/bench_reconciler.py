@@ -185,7 +185,10 @@ class _Noop:
     def push_sse(self, stream: int, text: str, ids: list[int]) -> None:
         pass
 
-    def finish_sse(self, stream: int) -> None:
+    def push_sse_id(self, stream: int, chunk_id: str) -> None:
+        pass
+
+    def finish_sse(self, stream: int, finish_reason: str | None) -> None:
         pass
 
 

@@ -153,9 +153,17 @@ class FakeServer:
         self.requests.append(request)
         messages = request.get("messages")
         prompt = messages[0]["content"] if messages else request.get("prompt", "")
-        await self._complete(prompt, writer)
+        await self._complete(prompt, writer, headers.get("x-request-id", "x"))
 
-    async def _complete(self, prompt: str, writer: asyncio.StreamWriter) -> None:
+    async def _complete(
+        self, prompt: str, writer: asyncio.StreamWriter, request_id: str = "x"
+    ) -> None:
+        # Chunk ids carry the request id, as vLLM's do (chatcmpl-<X-Request-Id>).
+        def sse(payload: Any) -> bytes:
+            if isinstance(payload, dict) and "id" in payload:
+                payload = {**payload, "id": f"chatcmpl-{request_id}"}
+            return _sse(payload)
+
         if prompt == "error500":
             error = {"error": {"message": "boom\x1b[31m red\nsecond line", "code": 500}}
             self._respond(writer, 500, "application/json", json.dumps(error).encode())
@@ -180,20 +188,20 @@ class FakeServer:
             b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
         )
         if prompt == "disconnect":
-            writer.write(_sse(_delta("partial ", [7])))
+            writer.write(sse(_delta("partial ", [7])))
             await writer.drain()
             return  # closing without the final chunk: a broken body
         if prompt == "stall":
-            writer.write(_sse(_delta("slow ", [7])))
+            writer.write(sse(_delta("slow ", [7])))
             await writer.drain()
             await asyncio.sleep(3.0)  # longer than the test's --timeout
             return
         if prompt == "badchunk":
-            writer.write(_sse(_delta("ok ", [7])) + b"zz\r\n")
+            writer.write(sse(_delta("ok ", [7])) + b"zz\r\n")
             await writer.drain()
             return
         if prompt == "nofinish":
-            writer.write(_sse(_delta("half", [7])) + _sse("[DONE]") + _chunk(b""))
+            writer.write(sse(_delta("half", [7])) + _sse("[DONE]") + _chunk(b""))
             await writer.drain()
             return
         if prompt == "surrogate":
@@ -201,11 +209,11 @@ class FakeServer:
         text = EVIL_TEXT if prompt == "evil" else "Hello"
         ids: list[list[int]] = [[], [], []] if prompt == "noids" else [[1, 2], [3], [4]]
         parts = [
-            _sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
-            _sse(_delta(text, ids[0])),
-            _sse(_delta(" world", ids[1])),
-            _sse(_delta("!", ids[2], "stop")),
-            _sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}),
+            sse({"id": "", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
+            sse(_delta(text, ids[0])),
+            sse(_delta(" world", ids[1])),
+            sse(_delta("!", ids[2], "stop")),
+            sse({"id": "", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}),
             _sse("[DONE]"),
             _chunk(b""),
         ]

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from parallelhue.reference.sse import ChunkInputs
 from parallelhue_vllm import telemetry_stream as ts
 
 RUNS_PATH = "/v1/parallelhue/runs"
@@ -263,6 +264,10 @@ class StreamOut:
     token_ids: list[int] = field(default_factory=list)
     status: int = 0
     error: str = ""
+    # The C2 SSE inputs of this stream (with its index), in order, and
+    # choice 0's finish_reason: what a second reconciler is fed to replay it.
+    inputs: list[tuple[Any, ...]] = field(default_factory=list)
+    finish_reason: str | None = None
 
 
 def run_streams(
@@ -287,21 +292,23 @@ def run_streams(
             if response.status_code != 200:
                 out.error = (await response.aread()).decode(errors="replace")
                 return
+            extraction = ChunkInputs()
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                for choice in json.loads(line[6:]).get("choices", ()):
-                    text = (
-                        (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                    ) or ""
-                    ids = choice.get("token_ids") or []
-                    if text or ids:
-                        out.text += text
-                        out.token_ids += ids
-                        for reconciler in reconcilers:
-                            reconciler.push_sse(index, text, list(ids))
+                items = [
+                    (kind, index, *rest) for kind, *rest in extraction.extract_payload(line[6:])
+                ]
+                for item in items:
+                    if item[0] == "sse":
+                        out.text += item[2]
+                        out.token_ids += item[3]
+                out.inputs += items
+                for reconciler in reconcilers:
+                    reconciler.push_inputs(items)
+            out.finish_reason = extraction.finish_reason
         for reconciler in reconcilers:
-            reconciler.finish_sse(index)
+            reconciler.finish_sse(index, out.finish_reason)
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=len(bodies) + 2)

@@ -41,16 +41,29 @@ CLASSES: list[Any] = [ReferenceReconciler] + ([NativeReconciler] if NativeReconc
 # Items that no single call accepts, each with a stand-in for the stream count.
 BAD_SHAPES = [
     lambda n: ("sse", n, "x", [1]),  # stream out of range
-    lambda n: ("finish", n + 7),
+    lambda n: ("finish", n + 7, "stop"),
+    lambda n: ("sse_id", n, "chatcmpl-x"),
+    lambda n: ("sse_choice", n, 1),
+    lambda n: ("sse_usage", n, 1, None, None),
     lambda n: ("sse", 0, "x", [1, 2**32]),  # token id out of range
     lambda n: ("sse", 0, "", [-1]),
+    lambda n: ("sse_choice", 0, -1),  # index out of range
+    lambda n: ("sse_choice", 0, 2**32),
+    lambda n: ("sse_usage", 0, -1, None, None),  # completion_tokens out of range
+    lambda n: ("sse_usage", 0, 2**64, None, None),
+    lambda n: ("sse_usage", 0, 3, [1, 2**32], None),  # per-step count out of range
+    lambda n: ("sse_usage", 0, None, None, [-1]),
     lambda n: ("frame",),  # wrong arity
-    lambda n: ("finish", 0, 1),
+    lambda n: ("finish", 0),  # the version-1 shape
+    lambda n: ("sse_usage", 0, 1, None),
+    lambda n: ("sse_id", 0),
     lambda n: ("text", 0),  # unknown kind
     lambda n: [],
-    lambda n: ["finish", 0],  # not a tuple
+    lambda n: ["finish", 0, None],  # not a tuple
     lambda n: (1, 0),
 ]
+# The arity of each kind: an item of this shape raises the single call's error.
+ARITY = {"sse": 4, "sse_id": 3, "sse_choice": 3, "sse_usage": 5, "finish": 3}
 
 
 def _state(rec: Any, streams: int) -> dict[str, Any]:
@@ -136,7 +149,7 @@ def _check_bad(cls: Any, workload: workloads.Workload, where: float, shape: int)
     batched = cls(workload.run_id, workload.num_streams)
     message = _error(lambda: batched.push_inputs([*inputs[:cut], bad, *inputs[cut:]]))
     expected = _one_by_one(cls, workload, inputs[:cut])
-    if isinstance(bad, tuple) and bad[:1] in (("sse",), ("finish",)) and len(bad) in (2, 4):
+    if isinstance(bad, tuple) and bad and ARITY.get(bad[0]) == len(bad):
         # The single call raises the same message.
         assert message == _error(lambda: workloads.feed(expected, [bad]))
     else:
@@ -173,3 +186,22 @@ def test_push_inputs_accepts_an_empty_batch_and_bytes_likes(cls: Any) -> None:
     rec.push_inputs(inputs)
     expected = _one_by_one(cls, workload, workload.inputs)
     assert _state(rec, 2) == _state(expected, 2)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("finish", 0, 1),  # a finish reason that is not a string
+        ("sse_id", 0, 5),  # a chunk id that is not a string
+        ("sse_choice", 0, "0"),
+        ("sse_usage", 0, "3", None, None),
+        ("sse_usage", 0, None, [1, "2"], None),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_type_error(cls: Any, bad: tuple[Any, ...]) -> None:
+    rec = cls("0" * 32, 1)
+    with pytest.raises(TypeError):
+        rec.push_inputs([bad])
+    rec.finalize()
+    assert rec.verdict(0) == ("failed", "missing telemetry: no frames received for this run")

@@ -340,9 +340,10 @@ def test_token_ids_outside_u32_end_the_stream(
         )
     _out, err = capsys.readouterr()
     assert code == 1
+    # The same reason as the Rust readers give (reference/sse.py mirrors their extraction).
     assert err == (
-        "parallelhue: 1 of 1 streams failed; stream 0: invalid SSE data: "
-        "token id 1099511627776 out of range 0..=4294967295\n"
+        "parallelhue: 1 of 1 streams failed; stream 0: bad SSE data: invalid SSE chunk: "
+        "choices[0].token_ids[0] must be an integer in 0..=4294967295\n"
     )
 
 

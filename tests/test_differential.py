@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import test_reference
 import workloads
 from parallelhue.reference import FrameError, decode_to_dict
 from parallelhue.reference import Reconciler as ReferenceReconciler
@@ -75,37 +76,49 @@ def _snapshot(rec: Any, streams: int) -> dict[str, Any]:
 
 
 def run_both(workload: workloads.Workload, batch: bool = False) -> tuple[Any, Any]:
-    """Feed both reconcilers; compare events after every input (or at the end when batching)."""
+    """Feed both reconcilers; compare events after every input (or at the end when batching).
+    The reference's events are kept in `run_both.events` for the caller."""
     reference = ReferenceReconciler(workload.run_id, workload.num_streams)
     native = NativeReconciler(workload.run_id, workload.num_streams)
     label = f"(seed {workload.seed}, mutation {workload.mutation})"
+    events: list[Any] = []
     if batch:
         workloads.feed(reference, workload.inputs)
         workloads.feed(native, workload.inputs, batch_frames=True)
-        _assert_same("events", reference.drain(), native.drain(), f"after all inputs {label}")
+        events += reference.drain()
+        _assert_same("events", events, native.drain(), f"after all inputs {label}")
     else:
         for position, item in enumerate(workload.inputs):
             workloads.feed(reference, [item])
             workloads.feed(native, [item])
+            drained = reference.drain()
+            events += drained
             _assert_same(
                 "events",
-                reference.drain(),
+                drained,
                 native.drain(),
                 f"after input {position} {label}: {_describe(item)}",
             )
     reference.finalize()
     native.finalize()
-    _assert_same("events", reference.drain(), native.drain(), f"after finalize {label}")
+    drained = reference.drain()
+    events += drained
+    _assert_same("events", drained, native.drain(), f"after finalize {label}")
+    LAST_EVENTS[:] = events
     for key, ref_value in _snapshot(reference, workload.num_streams).items():
         nat_value = _snapshot(native, workload.num_streams)[key]
         _assert_same(key, ref_value, nat_value, label)
     return reference, native
 
 
+LAST_EVENTS: list[Any] = []  # the reference's events of the last run_both
+
+
 @PROPERTY
 @given(workload=workloads.workloads(**SMALL), batch=st.booleans())
 def test_unmutated_workloads_agree_and_are_exact(workload: workloads.Workload, batch: bool) -> None:
     reference, _ = run_both(workload, batch)
+    assert workloads.attribution_errors(workload, LAST_EVENTS) == []
     verdicts = [reference.verdict(i) for i in range(workload.num_streams)]
     assert verdicts == [("exact", None)] * workload.num_streams
     totals = reference.totals()
@@ -152,6 +165,21 @@ def test_corrupted_frames_agree(seed: int, flips: list[tuple[int, int]], cut: in
                                 workload.truth, "corrupt"))  # fmt: skip
 
 
+@pytest.mark.parametrize("kind", workloads.HARMFUL_MUTATIONS)
+def test_each_harmful_mutation_agrees_and_fails_its_streams(kind: str) -> None:
+    # Every lie of the catalog at least once, deterministically (the property above
+    # picks them at random).
+    applied = 0
+    for seed in range(40):
+        workload = workloads.mutate(workloads.generate(seed, **SMALL), seed, kind)
+        if workload.mutation != kind:
+            continue
+        applied += 1
+        reference, _ = run_both(workload)
+        assert all(reference.verdict(i)[0] == "failed" for i in workload.affected), seed
+    assert applied or kind == "reorder_beyond"  # that one needs long streams (below)
+
+
 @pytest.mark.parametrize("start", [0, 100, 200])
 def test_reorder_beyond_the_window_agrees_and_fails_affected_streams(start: int) -> None:
     # Needs more than 64 later frames from one source: long streams, few tokens per step.
@@ -193,7 +221,8 @@ def _script(rng: random.Random) -> list[wire.TextToken]:
             tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0))
             count += 1
             continue
-        tokens.append(wire.TextToken(rng.randint(1, 6), pending, count))
+        lead = len(pending) - len(piece) if count else 0
+        tokens.append(wire.TextToken(rng.randint(1, 6), pending, count, lead))
         pending, count = b"", 0
     return tokens
 
@@ -223,6 +252,9 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
     sse_queue: list[list[tuple[str, list[int]]]] = [[] for _ in range(streams)]
     sources = {0x51: 1, 0x52: 1, 0xF1: 2, 0xF2: 2}  # id -> hello role
     seqs = dict.fromkeys(sources, 0)
+    steps = dict.fromkeys(sources, 0)
+    ids_sent: set[int] = set()
+    sse_done: set[int] = set()
     inputs: list[tuple[Any, ...]] = []
     sent: list[bytes] = []
 
@@ -232,15 +264,24 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
     def header(source: int) -> wire.Header:
         seq = seqs[source]
         seqs[source] += 2 if faulty() else 1
-        return wire.Header(run_bytes, source, seq, 0, 0, 1 if faulty() else 0)
+        # Each frame the next step of its source; a fault repeats one or goes back.
+        steps[source] += rng.choice((0, -1)) if faulty() else 1
+        step = max(steps[source], 0)
+        return wire.Header(run_bytes, source, seq, step, 0, 1 if faulty() else 0)
+
+    def chunk_id(stream: int) -> tuple[str, int, str]:
+        ids_sent.add(stream)
+        return ("sse_id", stream, f"chatcmpl-ph1_{run_id}_{stream}" + ("x" if faulty() else ""))
 
     for source, role in sources.items():
         if faulty():
             seqs[source] += 1  # its hello is never sent
             continue
-        k = rng.choice((0, 3))
+        # A scheduler announces K 4 (records draft at most 4), K 0 only as a fault;
+        # a frontend announces no drafts.
+        k = (0 if faulty() else 4) if role == 1 else 0
         hello = wire.Hello(3 - role if faulty() else role, 2, 1 if k else 0, False, k,
-                           "p", "e", "ngram" if k else "")  # fmt: skip
+                           "p", "e", "ngram" if k else "", 1 if k else 0)  # fmt: skip
         inputs.append(("frame", wire.encode_hello(header(source), hello)))
 
     for _ in range(rng.randint(1, 40)):
@@ -263,8 +304,11 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                 roles, drafts, trimmed = _roles(rng, count)
                 if faulty():
                     offset += 1
-                records.append(wire.ProvenanceRecord(stream, offset, ids, roles, drafts,
-                                                     0, False, 0, trimmed))  # fmt: skip
+                # The scheduler finishes the request with its last token (stop), mostly.
+                done = offset + count >= len(script) and (rng.random() < 0.8) != faulty()
+                record = wire.ProvenanceRecord(stream, offset, ids, roles, drafts, 0, done,
+                                               1 if done else 0, trimmed)  # fmt: skip
+                records.append(record)
                 p_pos[stream] = offset + count
             if faulty():
                 records.append(wire.ProvenanceRecord(streams, 0, [1], [0], 0))  # foreign
@@ -279,7 +323,7 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                     continue
                 script = scripts[stream]
                 offset = t_pos[stream]
-                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back)
+                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back, t.lead_len)
                           for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
                 if faulty() and tokens and tokens[-1].fragment:
                     tokens[-1].span_back += 1
@@ -310,8 +354,13 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
             stream = rng.randrange(streams)
             queue = sse_queue[stream]
             if not queue:
-                if t_done[stream] or faulty():
-                    inputs.append(("finish", stream))
+                if (t_done[stream] and stream not in sse_done) or faulty():
+                    if stream not in ids_sent:
+                        inputs.append(chunk_id(stream))
+                    sse_done.add(stream)
+                    inputs.append(("finish", stream, "stop"))
+                continue
+            if stream in sse_done and not faulty():
                 continue
             merged = [queue.pop(0) for _ in range(rng.randint(1, len(queue)))]
             text = "".join(part[0] for part in merged)
@@ -320,17 +369,32 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                 text += rng.choice(PARTS)
             if faulty() and ids:
                 ids[-1] ^= 8
+            if stream not in ids_sent or faulty():
+                inputs.append(chunk_id(stream))
+            if faulty():
+                inputs.append(
+                    rng.choice(
+                        (
+                            ("sse_choice", stream, 1),
+                            ("sse_usage", stream, rng.randint(0, 9), None, None),
+                        )
+                    )
+                )
             inputs.append(("sse", stream, text, ids))
             continue
         sent.append(data)
         inputs.append(("frame", data))
     for stream in range(streams):  # the rest of the SSE, usually
+        if stream in sse_done and not faulty():
+            continue
+        if stream not in ids_sent:
+            inputs.append(chunk_id(stream))
         if sse_queue[stream] and not faulty():
             text = "".join(part[0] for part in sse_queue[stream])
             ids = [i for part in sse_queue[stream] for i in part[1]]
             inputs.append(("sse", stream, text, ids))
         if not faulty():
-            inputs.append(("finish", stream))
+            inputs.append(("finish", stream, "stop"))
     return run_id, streams, inputs
 
 
@@ -382,3 +446,34 @@ def test_decoders_agree_on_frames(pick: int, flips: list[tuple[int, int]], cut: 
     except ValueError as error:
         actual = ("error", str(error))
     _assert_same("decoded frames", expected, actual, f"for {bytes(corrupted).hex()}")
+
+
+def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
+    # The chaos must keep producing exact streams (not only failures) and hit the rules.
+    exact = 0
+    reasons: set[str] = set()
+    for seed in range(400):
+        run_id, streams, inputs = chaotic_inputs(seed)
+        rec = ReferenceReconciler(run_id, streams)
+        workloads.feed(rec, inputs)
+        rec.finalize()
+        for index in range(streams):
+            verdict, reason = rec.verdict(index)
+            exact += verdict == "exact"
+            if reason:
+                reasons.add(reason.split(": ", 1)[-1].split(" ")[0])
+    assert exact >= 40
+    assert {"two", "SSE", "provenance", "text", "no"} <= reasons, reasons
+
+
+@pytest.mark.parametrize("case", range(len(test_reference.LIES)), ids=lambda i: f"lie{i}")
+def test_the_lie_table_gives_the_same_events_in_both_reconcilers(case: int) -> None:
+    name, lie, reason = test_reference.LIES[case]
+    runs = []
+    for cls in (ReferenceReconciler, NativeReconciler):
+        run = test_reference.Run(num_streams=2, cls=cls)
+        lie(run)
+        run.rec.finalize()
+        runs.append((run.events(), _snapshot(run.rec, 2)))
+    assert runs[0] == runs[1], name
+    assert reason in [event[2] for event in runs[0][0] if event[0] == "failed"]

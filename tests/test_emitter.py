@@ -118,7 +118,7 @@ def test_hello_first_then_consecutive_sequence(sock_dir: Path) -> None:
     hello = frames[0].hello
     assert hello == wire.Hello(
         wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_DRAFT_IDS, False, 3,
-        "0.1.0", "0.32.0+cpu", "ngram",
+        "0.1.0", "0.32.0+cpu", "ngram", wire.VERIFICATION_UNKNOWN,
     )  # fmt: skip
     assert [frame.records[0].offset for frame in frames[1:]] == list(range(5))
     assert emitter.stats()["sent"] == 6
@@ -253,7 +253,13 @@ def test_socket_with_wrong_mode_is_refused(
 
 def test_oversized_step_is_split_with_same_step(sock_dir: Path) -> None:
     receiver = Receiver(sock_dir)
-    emitter = make_emitter(sock_dir, role=wire.SOURCE_FRONTEND)
+    emitter = make_emitter(
+        sock_dir,
+        role=wire.SOURCE_FRONTEND,
+        spec_method="",
+        num_speculative_tokens=0,
+        role_derivation=wire.DERIVATION_NONE,
+    )
     records: list[wire.Record] = [
         wire.TextRecord(stream, 0, [wire.TextToken(5, b"x")], b"y" * 20000) for stream in range(7)
     ]

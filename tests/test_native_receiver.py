@@ -46,9 +46,14 @@ NOBODY = 65534
 
 
 def hello(source_id: int, role: int) -> bytes:
+    if role == 2:  # a frontend announces no speculative fields
+        return encode_hello(
+            Header(RUN, source_id, 0, 0, 1),
+            Hello(role, ENGINE_SIMULATED, 0, False, 0, "0.2.0", "sim-1", "", 0),
+        )
     return encode_hello(
         Header(RUN, source_id, 0, 0, 1),
-        Hello(role, ENGINE_SIMULATED, DERIVATION_DRAFT_IDS, False, 3, "0.1.0", "sim-1", "ngram"),
+        Hello(role, ENGINE_SIMULATED, DERIVATION_DRAFT_IDS, False, 3, "0.2.0", "sim-1", "ngram", 1),
     )
 
 
@@ -109,12 +114,17 @@ def test_frames_reach_the_reconciler(sock_dir: Path) -> None:
     )
     send(path, hello(11, SOURCE_SCHEDULER), hello(22, SOURCE_FRONTEND), prov, text, b"junk")
     wait_for(lambda: rec.counters()["frames"] == 5)
+    rec.push_sse_id(0, f"chatcmpl-ph1_{RUN_ID}_0")
     rec.push_sse(0, "hé", [7, 8])
-    rec.finish_sse(0)
+    rec.finish_sse(0, "stop")
     events = rec.drain()
     assert events[0] == ("run", "rejected frame: truncated frame: 4 bytes, header needs 64")
-    # Both fragments come from one step and are proven by one push_sse: one span.
-    assert events[1:] == [("span", 0, 0, "hé", 0, 0, 2), ("exact", 0)]
+    # One step, one push_sse; an accepted draft then the target's correction: two spans.
+    assert events[1:] == [
+        ("span", 0, 0, "h", 0, 0, 1, ROLE_ACCEPTED),
+        ("span", 0, 1, "é", 0, 1, 1, ROLE_TARGET),
+        ("exact", 0),
+    ]
     assert [s["role"] for s in rec.sources()] == ["scheduler", "frontend"]
     st = rx.stats()
     assert st["datagrams"] == 5 and st["rejected_uid"] == 0

@@ -22,6 +22,7 @@ from parallelhue_vllm.wire import (
     DERIVATION_DRAFT_IDS,
     ENGINE_SIMULATED,
     SOURCE_SCHEDULER,
+    VERIFICATION_STANDARD,
     Header,
     Hello,
     encode_hello,
@@ -46,7 +47,17 @@ def test_the_key_lists_are_one_definition() -> None:
 def _hello() -> bytes:
     return encode_hello(
         Header(bytes.fromhex(RUN_ID), 7, 0, 0, 1),
-        Hello(SOURCE_SCHEDULER, ENGINE_SIMULATED, DERIVATION_DRAFT_IDS, False, 3, "0.1", "s", "x"),
+        Hello(
+            SOURCE_SCHEDULER,
+            ENGINE_SIMULATED,
+            DERIVATION_DRAFT_IDS,
+            False,
+            3,
+            "0.1",
+            "s",
+            "x",
+            VERIFICATION_STANDARD,
+        ),
     )
 
 

@@ -212,7 +212,7 @@ def test_provenance_roles_offsets_and_trim(receiver: socket.socket) -> None:
     assert frames[0].kind == wire.KIND_HELLO
     assert frames[0].hello == wire.Hello(
         wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_DRAFT_IDS, False, 3,
-        "0.1.0", "0.32.0", "ngram",
+        "0.2.0", "0.32.0", "ngram", wire.VERIFICATION_STANDARD,
     )  # fmt: skip
     records = [[(r.stream, r.offset, r.token_ids, r.roles) for r in f.records] for f in frames[1:]]
     assert records == [

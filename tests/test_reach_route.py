@@ -192,8 +192,8 @@ def test_http_frames_equal_the_socket_frames_and_reconcile_exactly(
     for frame in over_socket:
         socket_rec.push_frame(frame)
     for i, out in enumerate(outs):
-        socket_rec.push_sse(i, out.text, out.token_ids)
-        socket_rec.finish_sse(i)
+        socket_rec.push_inputs(out.inputs)
+        socket_rec.finish_sse(i, out.finish_reason)
     socket_rec.finalize()
     assert [socket_rec.verdict(i) for i in range(4)] == [("exact", None)] * 4
     assert sorted(sub.frames) == sorted(over_socket)
@@ -407,8 +407,8 @@ def test_a_slow_subscriber_costs_its_cap_and_sees_exactly_what_it_lost(
         for frame in sub.frames:
             http_rec.push_frame(frame)
         for i, out in enumerate(outs):
-            http_rec.push_sse(i, out.text, out.token_ids)
-            http_rec.finish_sse(i)
+            http_rec.push_inputs(out.inputs)
+            http_rec.finish_sse(i, out.finish_reason)
         http_rec.finalize()
         verdicts = [http_rec.verdict(i) for i in range(16)]
         # Lost frames are never papered over: no stream is exact from the HTTP frames.

@@ -112,14 +112,14 @@ def test_recording_is_compact_and_holds_no_secrets(
     capsys.readouterr()
     assert code == 0
     with gzip.open(record, "rb") as handle:
-        assert handle.read(6) == b"PHREC\x02"  # recording format 2
+        assert handle.read(6) == b"PHREC\x03"  # recording format 3
     recording = read_recording(record)
     header, footer, events = recording.header, recording.footer, recording.events
     assert footer is not None
     assert header["num_streams"] == 2 and header["simulated"] is True
     assert "api_key" not in header and "endpoint" not in header
     kinds = {event[1] for event in events}
-    assert kinds == {"start", "sse", "finish", "frame", "finalize"}
+    assert kinds == {"start", "sse", "sse_id", "sse_usage", "finish", "frame", "finalize"}
     assert sum(len(event[4]) for event in events if event[1] == "sse") == 60
     assert footer["verdicts"] == [["exact", None], ["exact", None]]
     times = [event[0] for event in events]
@@ -189,7 +189,7 @@ def test_a_version_1_recording_is_refused_in_one_line(
     assert code == 2
     assert err == (
         f"parallelhue: error: replay: {path} has recording format 1 (JSON lines), "
-        "this build reads 2: record the run again\n"
+        "this build reads 3: record the run again\n"
     )
 
 

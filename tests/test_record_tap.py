@@ -25,6 +25,9 @@ from parallelhue.sim import SimConfig, SimServer
 
 native = pytest.importorskip("parallelhue._native")
 
+# Recorded items that are reconciler inputs, as push_inputs takes them (without the time).
+INPUT_KINDS = ("frame", "sse", "sse_id", "sse_choice", "sse_usage", "finish")
+
 
 @pytest.fixture
 def socket_dir() -> Iterator[str]:
@@ -75,12 +78,8 @@ def test_refeeding_the_recording_in_order_gives_the_live_spans(
     again = native.Reconciler(recording.header["run_id"], 8)
     for event in recording.events:
         kind = event[1]
-        if kind == "sse":
-            again.push_sse(event[2], event[3], event[4])
-        elif kind == "finish":
-            again.finish_sse(event[2])
-        elif kind == "frame":
-            again.push_frame(event[2])
+        if kind in INPUT_KINDS:
+            again.push_inputs([tuple(event[1:])])
         elif kind == "finalize":
             again.finalize()
     spans: list[list[tuple[str, int | None]]] = [[] for _ in range(8)]
@@ -103,12 +102,8 @@ def _events_after(recording_path: Path, run_id: str, n: int, order: Any = None) 
     again = native.Reconciler(run_id, n)
     for event in events:
         kind = event[1]
-        if kind == "sse":
-            again.push_sse(event[2], event[3], event[4])
-        elif kind == "finish":
-            again.finish_sse(event[2])
-        elif kind == "frame":
-            again.push_frame(event[2])
+        if kind in INPUT_KINDS:
+            again.push_inputs([tuple(event[1:])])
         elif kind == "finalize":
             again.finalize()
     return again.drain()
@@ -151,10 +146,7 @@ def test_inputs_from_two_threads_are_recorded_in_the_applied_order(tmp_path: Pat
             turn.notify_all()
 
     def push_one_sse(item: Any) -> None:
-        if item[0] == "sse":
-            live.push_sse(item[1], item[2], item[3])
-        else:
-            live.finish_sse(item[1])
+        live.push_inputs([item])
 
     def push_frames() -> None:
         take_turns(True, frames, lambda frame: live.push_frames([frame]), 3)
@@ -195,7 +187,7 @@ def test_push_recorded_applies_a_recording_like_the_single_calls(
     live = recorded_run(socket_dir, record)
     with gzip.open(record, "rb") as handle:
         data = handle.read()
-    assert data[:6] == b"PHREC\x02"
+    assert data[:6] == b"PHREC\x03"
     packed = native.Reconciler(live.run_id, 8)
     packed.push_recorded(data[6:])
     assert [packed.verdict(i) for i in range(8)] == live.verdicts

@@ -233,13 +233,15 @@ class CountingServer(FakeServer):
         self.max_open = 0
         self.arrived: list[float] = []
 
-    async def _complete(self, prompt: str, writer: asyncio.StreamWriter) -> None:
+    async def _complete(
+        self, prompt: str, writer: asyncio.StreamWriter, request_id: str = "x"
+    ) -> None:
         self.open += 1
         self.max_open = max(self.max_open, self.open)
         self.arrived.append(time.monotonic())
         try:
             await asyncio.sleep(self.hold)
-            await super()._complete("ok", writer)
+            await super()._complete("ok", writer, request_id)
         finally:
             self.open -= 1
 

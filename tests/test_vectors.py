@@ -106,7 +106,7 @@ ERROR_TABLE = {
     "fewer than 64 bytes": r"truncated frame: \d+ bytes, header needs 64",
     "more than 65536 bytes": r"oversized frame: \d+ bytes, limit 65536",
     "wrong magic": r"bad magic: expected 50485545, got [0-9a-f]{8}",
-    "version": r"unsupported protocol version \d+ \(this build speaks 1\)",
+    "version": r"unsupported protocol version \d+ \(this build speaks 2\)",
     "unknown kind": r"unknown frame kind \d+",
     "flags": r"reserved header flags set: \d+",
     "source id 0": r"source id 0 is reserved",
@@ -127,6 +127,15 @@ ERROR_TABLE = {
     "unknown role": r"record for stream \d+: unknown role \d+ at token \d+",
     "bad role sequence": r"record for stream \d+: invalid role sequence [PATB]+",
     "padded > scheduled": r"record for stream \d+: \d+ padded drafts exceed \d+ scheduled",
+    "accepted > scheduled - padded": r"record for stream \d+: \d+ accepted drafts exceed \d+ "
+    r"scheduled minus \d+ padded",
+    "stop-string flags": r"record for stream \d+: stop-string flags \d+ with finish reason \d+",
+    "lead_len without span_back": r"record for stream \d+: lead_len \d+ without span_back "
+    r"at token \d+",
+    "lead_len > frag_len": r"record for stream \d+: lead_len \d+ exceeds the \d+-byte "
+    r"fragment at token \d+",
+    "lead_len < span_back": r"record for stream \d+: lead_len \d+ below span_back \d+ "
+    r"at token \d+",
     "bad flags": r"record for stream \d+: invalid flags \d+",
     "finish/flags mismatch": r"record for stream \d+: finish reason \d+ with finished=[01]",
     "span_back": r"record for stream \d+: span_back \d+ on empty fragment at token \d+",
@@ -136,8 +145,13 @@ ERROR_TABLE = {
     "hello role": r"hello: unknown role \d+",
     "hello engine": r"hello: unknown engine \d+",
     "hello derivation": r"hello: unknown role derivation \d+",
+    "hello async flag": r"hello: invalid async_scheduling \d+",
+    "hello verification": r"hello: unknown verification \d+",
     "hello consistency": r"hello: inconsistent speculative fields \(method '.*', K \d+, "
-    r"derivation \d+\)",
+    r"derivation \d+, verification \d+\)",
+    "hello derivation vs async": r"hello: role derivation [12] with async_scheduling [01]",
+    "hello frontend": r"hello: frontend hello with speculative fields \(method '.*', K \d+, "
+    r"derivation \d+, async_scheduling [01], verification \d+\)",
     "hello UTF-8 plugin_version": r"hello: invalid UTF-8 in plugin_version",
     "hello UTF-8 engine_version": r"hello: invalid UTF-8 in engine_version",
     "hello UTF-8 spec_method": r"hello: invalid UTF-8 in spec_method",
@@ -152,14 +166,66 @@ def test_every_error_table_row_has_a_vector(row: str) -> None:
     assert any(pattern.fullmatch(vector["error"]) for _, vector in INVALID), row
 
 
-def test_every_invalid_vector_matches_a_table_row_or_a_noted_extension() -> None:
-    # Two hello checks have no row in the table (async_scheduling and reserved must be 0/1
-    # and 0 per the layout); everything else must be a table message.
-    extensions = [r"hello: invalid async_scheduling \d+", r"hello: reserved field set: \d+"]
-    patterns = [re.compile(p) for p in [*ERROR_TABLE.values(), *extensions]]
+def test_every_invalid_vector_matches_a_table_row() -> None:
+    patterns = [re.compile(p) for p in ERROR_TABLE.values()]
     unmatched = [
         vector["error"]
         for _, vector in INVALID
         if not any(p.fullmatch(vector["error"]) for p in patterns)
     ]
     assert unmatched == []
+
+
+# --------------------------------------------------------- an old (0.1) sender
+
+V1_MESSAGE = "rejected frame: unsupported protocol version 1 (this build speaks 2)"
+
+
+def _version_1_frames() -> list[bytes]:
+    """A parallelhue-vllm 0.1 scheduler's hello and first provenance frame (version byte 1)."""
+    generator = _generator()
+    hello = generator.raw_frame(
+        wire.KIND_HELLO, generator.hello_body(verification=0), seq=0, version=1
+    )
+    record = generator.records_body(generator.prov_record(ids=[7], roles=[0], scheduled=0))
+    return [hello, generator.raw_frame(wire.KIND_PROVENANCE, record, seq=1, version=1)]
+
+
+def _reconciler_classes() -> list[Any]:
+    from parallelhue.reference import Reconciler
+
+    classes = [Reconciler]
+    try:
+        from parallelhue import _native  # type: ignore[attr-defined]
+    except ImportError:
+        return classes
+    return [*classes, _native.Reconciler]
+
+
+@pytest.mark.parametrize("cls", _reconciler_classes(), ids=lambda c: c.__module__)
+def test_a_version_1_sender_gets_one_exact_error_per_frame(cls: Any) -> None:
+    generator = _generator()
+    rec = cls(generator.RUN_ID.hex(), 1)
+    rec.push_frames(_version_1_frames())
+    assert rec.drain() == [("run", V1_MESSAGE), ("run", V1_MESSAGE)]
+    assert rec.counters()["rejected_frames"] == 2
+    rec.finalize()
+    assert rec.verdict(0) == ("failed", "missing telemetry: no frames received for this run")
+
+
+def test_the_client_names_the_plugin_version_to_install_once() -> None:
+    from parallelhue.backend import detect_backend
+    from parallelhue.feed import Feed
+    from parallelhue.reference import Reconciler
+    from parallelhue.session import RunDriver
+    from parallelhue.state import RunModel, StreamState
+
+    generator = _generator()
+    model = RunModel([StreamState(0, "exact")], "exact", detect_backend("auto", [], None), True)
+    driver = RunDriver(model, Feed(model, timeout=1.0), Reconciler(generator.RUN_ID.hex(), 1))
+    driver.frames(_version_1_frames())
+    driver.apply_events()
+    assert model.run_messages == [
+        f"{V1_MESSAGE}: the server's parallelhue-vllm plugin is too old; "
+        "run pip install 'parallelhue-vllm>=0.2' in the server's vLLM environment"
+    ]

@@ -18,7 +18,7 @@ HEADER = wire.Header(RUN, 0xABCDEF, 5, 9, 123456789, 2)
 def test_header_layout_matches_protocol_offsets() -> None:
     frame = wire.encode_records(wire.KIND_NOTICE, HEADER, [wire.NoticeRecord(1, 5, "hi")])
     assert frame[0:4] == b"PHUE"
-    assert frame[4] == 1
+    assert frame[4] == 2
     assert frame[5] == wire.KIND_NOTICE
     assert frame[6:8] == b"\x00\x00"
     assert frame[8:24] == RUN
@@ -39,7 +39,7 @@ def test_provenance_round_trip() -> None:
             7, 0, [2**32 - 1], [0], 0, finished=True, finish_reason=wire.FINISH_LENGTH
         ),
         wire.ProvenanceRecord(
-            9, 4, [5, 6], [1, 1], 3, drafts_padded=3, finished=True, finish_reason=1, trimmed=True
+            9, 4, [5, 6], [1, 1], 3, drafts_padded=1, finished=True, finish_reason=1, trimmed=True
         ),
     ]
     frame = decode_frame(wire.encode_records(wire.KIND_PROVENANCE, HEADER, records))
@@ -52,7 +52,7 @@ def test_text_round_trip() -> None:
     ni = "日".encode()
     records = [
         wire.TextRecord(
-            3, 0, [wire.TextToken(1, b""), wire.TextToken(2, ni, 1)], ni, finished=False
+            3, 0, [wire.TextToken(1, b""), wire.TextToken(2, ni, 1, 2)], ni, finished=False
         ),
         wire.TextRecord(
             4,
@@ -73,11 +73,20 @@ def test_text_round_trip() -> None:
 
 def test_hello_round_trip() -> None:
     hello = wire.Hello(
-        wire.SOURCE_FRONTEND, wire.ENGINE_SIMULATED, wire.DERIVATION_COUNTS, True, 4,
-        "0.1.0", "sim-1", "draft_model",
+        wire.SOURCE_SCHEDULER, wire.ENGINE_SIMULATED, wire.DERIVATION_COUNTS, True, 4,
+        "0.2.0", "sim-1", "draft_model", wire.VERIFICATION_FLY,
     )  # fmt: skip
     frame = decode_frame(wire.encode_hello(HEADER, hello))
     assert frame.hello == hello
+
+
+def test_hello_and_text_token_layout_matches_protocol_offsets() -> None:
+    hello = wire.Hello(1, 1, 1, False, 0x0203, "p", "e", "m", wire.VERIFICATION_SYNTHETIC)
+    body = wire.encode_hello(HEADER, hello)[64:]
+    assert body[:8] == bytes([1, 1, 1, 0, 3, 2, 2, 0])  # ..., K, verification (u16 LE)
+    record = wire.TextRecord(5, 0, [wire.TextToken(0x01020304, b"xy", 1, 0x0102)], b"xy")
+    entry = wire.encode_records(wire.KIND_TEXT, HEADER, [record])[64 + 2 + 16 :][:9]
+    assert entry == bytes([4, 3, 2, 1, 2, 0, 1, 2, 1])  # id, frag_len, span_back, lead_len
 
 
 def test_notice_message_is_cut_at_a_character_boundary() -> None:
@@ -141,7 +150,7 @@ def test_unrepresentable_frames_are_refused() -> None:
             wire.KIND_TEXT, HEADER, [wire.TextRecord(0, 0, [], b"x" * 70000, True, 1)]
         )
     with pytest.raises(ValueError, match=r"^hello spec_method is 256 bytes, limit 255$"):
-        wire.encode_hello(HEADER, wire.Hello(1, 1, 1, False, 1, "p", "e", "m" * 256))
+        wire.encode_hello(HEADER, wire.Hello(1, 1, 1, False, 1, "p", "e", "m" * 256, 1))
     with pytest.raises(ValueError, match=r"^run id must be 16 raw bytes, got 32$"):
         wire.encode_records(
             wire.KIND_NOTICE,
@@ -175,7 +184,7 @@ def test_split_fills_a_frame_exactly() -> None:
     # Two records whose frame is exactly MAX_FRAME_BYTES stay together.
     budget = wire.MAX_FRAME_BYTES - 64 - 2
     first = _text_record(0, 30000)
-    second_size = budget - wire.record_size(wire.KIND_TEXT, first) - 16 - 7
+    second_size = budget - wire.record_size(wire.KIND_TEXT, first) - 16 - 9
     second = wire.TextRecord(1, 0, [wire.TextToken(1, b"")], b"b" * second_size)
     chunks = wire.split_for_frames(wire.KIND_TEXT, [first, second])
     assert chunks == [[first, second]]
@@ -188,7 +197,7 @@ def test_split_fills_a_frame_exactly() -> None:
 
 
 def test_split_refuses_a_record_that_fits_no_frame() -> None:
-    with pytest.raises(ValueError, match=r"^record for stream 4 is 70023 bytes"):
+    with pytest.raises(ValueError, match=r"^record for stream 4 is 70025 bytes"):
         wire.split_for_frames(wire.KIND_TEXT, [_text_record(4, 35000)])
 
 

@@ -8,8 +8,8 @@ several streams of one client run, as the vLLM plugin would report it:
   pieces cut anywhere, so multi-byte characters are split across tokens and
   across steps;
 - per stream, steps of 1..K+1 tokens (accepted drafts then a target correction
-  or a bonus, per-stream acceptance rate), steps without drafts (plain), async
-  scheduling (all drafts padded) for some runs;
+  or a bonus, per-stream acceptance rate), steps without drafts (plain), padded
+  draft slots (never accepted) in some steps, async scheduling for some runs;
 - endings: max_tokens (the step is cut, `trimmed`), a stop token (EOS, never
   detokenized, later tokens of its step cut), a stop string in vLLM 0.26 style
   (text truncated, ids kept) or 0.33 style (surplus tokens trimmed) with extra
@@ -28,8 +28,10 @@ several streams of one client run, as the vLLM plugin would report it:
 `mutate(workload, seed, kind)` applies one fault and says which streams it
 affects and whether it is benign (the reconciler must still end all-exact).
 
-Inputs are tuples ready to feed a reconciler:
-("frame", bytes) | ("sse", stream, text, token_ids) | ("finish", stream).
+Inputs are tuples ready to feed a reconciler (C2):
+("frame", bytes) | ("sse", stream, text, token_ids) | ("sse_id", stream, id) |
+("sse_choice", stream, index) | ("sse_usage", stream, n, accepted, drafted) |
+("finish", stream, finish_reason).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ for _extra in (_ROOT / "plugin", _ROOT / "python"):
     if str(_extra) not in sys.path:
         sys.path.append(str(_extra))
 
-from parallelhue.reference.decode import FrameError, decode_frame  # noqa: E402
+from parallelhue.reference.decode import Frame, FrameError, decode_frame  # noqa: E402
 from parallelhue_vllm import wire  # noqa: E402
 
 Input = tuple[Any, ...]
@@ -82,7 +84,11 @@ class StreamTruth:
     roles: list[int] = field(default_factory=list)  # scheduler role of each of them
     text: str = ""  # the text the client received
     steps: int = 0  # provenance records with at least one confirmed token
-    mixed_spans: int = 0  # fragments whose tokens come from two or more steps
+    # Per character of `text`: the step ordinal and the token role it must be shown
+    # with (None where the tokens its bytes may come from, at the granularity
+    # lead_len gives, have two steps or two roles).
+    char_steps: list[int | None] = field(default_factory=list)
+    char_roles: list[int | None] = field(default_factory=list)
     ending: str = "length"
     coalesced_chunks: int = 0
 
@@ -113,16 +119,34 @@ class Workload:
     def expected_totals(self) -> dict[str, int]:
         """Run totals that do not depend on input timing (surplus steps may arrive late)."""
         totals = dict.fromkeys(("tokens", "steps", "plain", "accepted", "target", "bonus"), 0)
-        totals["mixed_spans"] = 0
         totals["bytes"] = 0
         for truth in self.truth:
             totals["tokens"] += truth.tokens
             totals["steps"] += truth.steps
             for name, count in truth.role_counts().items():
                 totals[name] += count
-            totals["mixed_spans"] += truth.mixed_spans
             totals["bytes"] += len(truth.text.encode("utf-8"))
         return totals
+
+
+def span_characters(events: list[tuple[Any, ...]], stream: int) -> list[tuple[Any, Any]]:
+    """(step, role) of every character the span events of `stream` show, in order."""
+    shown: list[tuple[Any, Any]] = []
+    for event in events:
+        if event[0] == "span" and event[1] == stream:
+            shown.extend([(event[4], event[7])] * len(event[3]))
+    return shown
+
+
+def attribution_errors(workload: Workload, events: list[tuple[Any, ...]]) -> list[str]:
+    """Streams whose spans do not show each character with its true step and role."""
+    errors = []
+    for index, truth in enumerate(workload.truth):
+        expected = list(zip(truth.char_steps, truth.char_roles, strict=True))
+        shown = span_characters(events, index)
+        if shown != expected:
+            errors.append(f"stream {index}: shown {shown}, expected {expected}")
+    return errors
 
 
 def feed(reconciler: Any, inputs: list[Input], batch_frames: bool = False) -> None:
@@ -141,8 +165,14 @@ def feed(reconciler: Any, inputs: list[Input], batch_frames: bool = False) -> No
             pending = []
         if kind == "sse":
             reconciler.push_sse(item[1], item[2], item[3])
+        elif kind == "sse_id":
+            reconciler.push_sse_id(item[1], item[2])
+        elif kind == "sse_choice":
+            reconciler.push_sse_choice(item[1], item[2])
+        elif kind == "sse_usage":
+            reconciler.push_sse_usage(item[1], item[2], item[3], item[4])
         else:
-            reconciler.finish_sse(item[1])
+            reconciler.finish_sse(item[1], item[2])
     if pending:
         reconciler.push_frames(pending)
 
@@ -244,6 +274,8 @@ class _StreamSim:
         self.total_chars = 0  # characters decoded
         self.text_offset = 0
         self.final_chars: int | None = None  # text length once finished (stop string cut)
+        self.finish_reason: str | None = None  # the SSE finish_reason, once finished
+        self.spec_metrics: list[tuple[int, int]] = []  # (accepted, drafted) per drafted step
 
     @property
     def done(self) -> bool:
@@ -259,23 +291,26 @@ class _StreamSim:
         self.first_step = False
         if drafts == 0:
             return [wire.ROLE_PLAIN], 0, 0
+        # Padded slots (-1 placeholders that held no draft) cannot be accepted.
+        padded = self.rng.randint(1, drafts) if self.rng.random() < 0.1 else 0
         accepted = 0
-        while accepted < drafts and self.rng.random() < self.acceptance:
+        while accepted < drafts - padded and self.rng.random() < self.acceptance:
             accepted += 1
         last = wire.ROLE_BONUS if accepted == drafts else wire.ROLE_TARGET
-        padded = drafts if self.async_scheduling else 0
         return [wire.ROLE_ACCEPTED] * accepted + [last], drafts, padded
 
     def _decode(self, token_id: int, piece: bytes) -> wire.TextToken:
         if token_id == EOS_ID:
             return wire.TextToken(token_id, b"", 0)  # never passed to decode_next
+        lead = len(self.pending_bytes)
         self.pending_bytes += piece
         try:
             text = self.pending_bytes.decode("utf-8")
         except UnicodeDecodeError:
             self.pending_tokens += 1
             return wire.TextToken(token_id, b"", 0)
-        token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens)
+        # lead_len: the fragment's first bytes are the pending tokens' own.
+        token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens, lead)
         self.unreleased += text
         self.total_chars += len(text)
         self.pending_bytes = b""
@@ -298,6 +333,8 @@ class _StreamSim:
         if self.scheduler_done:
             return out
         roles, drafts, padded = self._roles()
+        if drafts:  # what vLLM's per-request metrics list: accepted before any cut
+            self.spec_metrics.append((roles.count(wire.ROLE_ACCEPTED), drafts - padded))
         start = self.position
         count = len(roles)
         finished = trimmed = False
@@ -364,6 +401,7 @@ class _StreamSim:
             delta = self._release(max(self.released, self.total_chars - self.holdback))
             record.http_delta = delta.encode("utf-8")
             self.text_offset += len(record.tokens)
+            self.finish_reason = wire.FINISH_NAMES[reason]
             self.late_finish_pending = wire.TextRecord(
                 self.index, 0, [], b"", finished=True, finish_reason=reason
             )
@@ -373,6 +411,7 @@ class _StreamSim:
             delta = self._release(self.final_chars)
             self.unreleased = ""
             record.finished = True
+            self.finish_reason = wire.FINISH_NAMES[reason]
             record.finish_reason = reason
             self.frontend_done = True
         else:
@@ -455,11 +494,17 @@ def generate(
     )
 
     def hello(source: int, role: int) -> bytes:
+        if role == wire.SOURCE_FRONTEND:  # the frontend announces no speculative fields
+            fields = (wire.DERIVATION_NONE, False, 0, "", wire.VERIFICATION_NONE)
+        else:
+            verification = wire.VERIFICATION_STANDARD if spec_k else wire.VERIFICATION_NONE
+            fields = (derivation, async_scheduling, spec_k, method, verification)
+        derived, is_async, k_announced, spec_method, verification = fields
         return wire.encode_hello(
             wire.Header(run_bytes, source, 0, 0, 1),
             wire.Hello(
-                role, wire.ENGINE_SIMULATED, derivation, async_scheduling, spec_k,
-                "0.1.0", "sim-1", method,
+                role, wire.ENGINE_SIMULATED, derived, is_async, k_announced,
+                "0.2.0", "sim-1", spec_method, verification,
             ),
         )  # fmt: skip
 
@@ -472,6 +517,7 @@ def generate(
     provenance_log: list[list[wire.ProvenanceRecord]] = [[] for _ in sims]
     text_log: list[list[wire.TextRecord]] = [[] for _ in sims]
     chunk: list[tuple[str, list[int]] | None] = [None for _ in sims]
+    sse_tokens = [0 for _ in sims]
 
     def emit(kind: int, source: int, step: int, records: list[Any], channel: list[Any]) -> None:
         for part in wire.split_for_frames(kind, records):
@@ -503,12 +549,20 @@ def generate(
                     merged = out.sse
                 if out.sse_final or rng.random() >= coalesce_p:
                     time = step + rng.uniform(0, jitter)
+                    if not sse[sim.index]:  # the first chunk: its id carries the request id
+                        chunk_id = f"chatcmpl-{wire.request_id(run_id, sim.index)}"
+                        sse[sim.index].append((time, ("sse_id", sim.index, chunk_id)))
                     sse[sim.index].append((time, ("sse", sim.index, merged[0], merged[1])))
+                    sse_tokens[sim.index] += len(merged[1])
                     chunk[sim.index] = None
                 else:
                     chunk[sim.index] = merged
                 if out.sse_final:
-                    sse[sim.index].append((time + 0.01, ("finish", sim.index)))
+                    usage = _usage_input(sim, sse_tokens[sim.index], rng)
+                    if usage is not None:
+                        sse[sim.index].append((time + 0.005, usage))
+                    reason = sim.finish_reason
+                    sse[sim.index].append((time + 0.01, ("finish", sim.index, reason)))
         if provenance:
             emit(wire.KIND_PROVENANCE, scheduler_id, step, provenance, scheduler)
         if texts:
@@ -521,19 +575,31 @@ def generate(
     return Workload(seed, run_id, streams, inputs, truth)
 
 
+def _usage_input(sim: _StreamSim, tokens: int, rng: random.Random) -> Input | None:
+    """The final usage chunk, sometimes: completion_tokens and, when the engine itself
+    finished the request (no stop string), vLLM's per-request metrics."""
+    choice = rng.random()
+    if choice < 0.3:
+        return None
+    lists: tuple[list[int] | None, list[int] | None] = (None, None)
+    if choice < 0.8 and sim.ending in ("length", "eos") and sim.k:
+        lists = ([a for a, _ in sim.spec_metrics], [d for _, d in sim.spec_metrics])
+    return ("sse_usage", sim.index, tokens, *lists)
+
+
 def _fill_truth(
     truth: StreamTruth,
     provenance: list[wire.ProvenanceRecord],
     texts: list[wire.TextRecord],
 ) -> None:
     token_ids: list[int] = []
-    fragments: list[tuple[int, int, int]] = []  # (offset, span_back, byte start)
+    fragments: list[tuple[int, wire.TextToken, int]] = []  # (offset, token, byte start)
     http = b""
     fragment_end = 0
     for record in texts:
         for token in record.tokens:
             if token.fragment:
-                fragments.append((len(token_ids), token.span_back, fragment_end))
+                fragments.append((len(token_ids), token, fragment_end))
                 fragment_end += len(token.fragment)
             token_ids.append(token.token_id)
         http += record.http_delta
@@ -547,9 +613,26 @@ def _fill_truth(
                 ordinals.append(ordinal)
         if record.offset < len(token_ids):
             truth.steps += 1
-    for offset, span_back, start in fragments:
-        if start < len(http) and len(set(ordinals[offset - span_back : offset + 1])) > 1:
-            truth.mixed_spans += 1
+    for offset, token, start in fragments:
+        # Each character, by which tokens gave its bytes: the span_back predecessors
+        # gave the first lead_len bytes of the fragment, the token itself the rest.
+        position = 0
+        for character in token.fragment.decode("utf-8"):
+            end = position + len(character.encode("utf-8"))
+            if start + position >= len(http):
+                break  # cut off by the stop string
+            group = list(range(offset - token.span_back, offset + 1))
+            tokens = group
+            if token.span_back and token.lead_len != wire.LEAD_UNKNOWN:
+                if end <= token.lead_len:
+                    tokens = group[:-1]
+                elif position >= token.lead_len:
+                    tokens = group[-1:]
+            steps = {ordinals[t] for t in tokens}
+            roles = {truth.roles[t] for t in tokens}
+            truth.char_steps.append(steps.pop() if len(steps) == 1 else None)
+            truth.char_roles.append(roles.pop() if len(roles) == 1 else None)
+            position = end
 
 
 def _interleave(channels: list[list[tuple[float, Input]]]) -> list[Input]:
@@ -576,6 +659,22 @@ HARMFUL_MUTATIONS = (
     "change_frame_id",
     "change_sse_id",
     "notice",
+    # The rules of a lying witness (issue 9): each one contradiction.
+    "step_repeat",
+    "step_back",
+    "sse_finish_reason",
+    "scheduler_finish_reason",
+    "sse_choice",
+    "chunk_id",
+    "usage_count",
+    "duplicate_differs",
+    "late_notice",
+    "truncated_flag",
+    "drafts_beyond_k",
+    "metrics_mismatch",
+    "sse_split",
+    "hello_differs",
+    "loss_after_verdict",
 )
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
@@ -849,7 +948,335 @@ def _notice(workload: Workload, rng: random.Random) -> Workload | None:
     return _with(workload, "notice", inputs, {stream}, False)
 
 
+def _record_frames(workload: Workload) -> list[tuple[int, Frame]]:
+    """(input index, decoded frame) of every provenance and text frame, in input order."""
+    found = []
+    for index, item in enumerate(workload.inputs):
+        if item[0] == "frame":
+            frame = decode_frame(item[1])
+            if frame.kind in (wire.KIND_PROVENANCE, wire.KIND_TEXT):
+                found.append((index, frame))
+    return found
+
+
+def _set_step(frame_bytes: bytes, step: int) -> bytes:
+    data = bytearray(frame_bytes)
+    struct.pack_into("<Q", data, 40, step)
+    return bytes(data)
+
+
+def _step_pairs(workload: Workload) -> list[tuple[int, int, frozenset[int]]]:
+    """(input index, previous frame's step, streams in both) for consecutive frames of
+    one source that share a stream."""
+    pairs = []
+    previous: dict[int, Frame] = {}
+    for index, frame in _record_frames(workload):
+        source = frame.header.source_id
+        before = previous.get(source)
+        previous[source] = frame
+        if before is None:
+            continue
+        shared = {r.stream for r in frame.records} & {r.stream for r in before.records}
+        if shared:
+            pairs.append((index, before.header.step, frozenset(shared)))
+    return pairs
+
+
+def _step_repeat(workload: Workload, rng: random.Random) -> Workload | None:
+    # A second record of a stream in one engine step.
+    pairs = _step_pairs(workload)
+    if not pairs:
+        return None
+    index, step, streams = rng.choice(pairs)
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _set_step(inputs[index][1], step))
+    return _with(workload, "step_repeat", inputs, streams, False)
+
+
+def _step_back(workload: Workload, rng: random.Random) -> Workload | None:
+    pairs = [p for p in _step_pairs(workload) if p[1] > 0]
+    if not pairs:
+        return None
+    index, step, streams = rng.choice(pairs)
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _set_step(inputs[index][1], step - 1))
+    return _with(workload, "step_back", inputs, streams, False)
+
+
+def _sse_finish_reason(workload: Workload, rng: random.Random) -> Workload | None:
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "finish"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    _, stream, reason = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index] = ("finish", stream, "length" if reason == "stop" else "stop")
+    return _with(workload, "sse_finish_reason", inputs, {stream}, False)
+
+
+def _scheduler_finish_reason(workload: Workload, rng: random.Random) -> Workload | None:
+    # The scheduler's final record says another finish reason than the detokenizer.
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            ending = workload.truth[record.stream].ending
+            if (
+                isinstance(record, wire.ProvenanceRecord)
+                and record.finished
+                and ending
+                in (
+                    "length",
+                    "eos",
+                )
+            ):
+                options.append((index, position, record.stream))
+    if not options:
+        return None
+    index, position, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        record = records[position]
+        record.finish_reason = (
+            wire.FINISH_LENGTH if record.finish_reason == wire.FINISH_STOP else wire.FINISH_STOP
+        )
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "scheduler_finish_reason", inputs, {stream}, False)
+
+
+def _before_finish(workload: Workload, rng: random.Random, make: Any, name: str):
+    """Insert make(stream) just before a stream's ("finish", ...) input."""
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "finish"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    stream = workload.inputs[index][1]
+    inputs = list(workload.inputs)
+    inputs.insert(index, make(stream))
+    return _with(workload, name, inputs, {stream}, False)
+
+
+def _sse_choice(workload: Workload, rng: random.Random) -> Workload | None:
+    return _before_finish(workload, rng, lambda s: ("sse_choice", s, 1), "sse_choice")
+
+
+def _usage_count(workload: Workload, rng: random.Random) -> Workload | None:
+    return _before_finish(
+        workload,
+        rng,
+        lambda s: ("sse_usage", s, workload.truth[s].tokens + 1, None, None),
+        "usage_count",
+    )
+
+
+def _chunk_id(workload: Workload, rng: random.Random) -> Workload | None:
+    # The chunk id of another stream (or of no stream of ours).
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse_id"]
+    if not options:
+        return None
+    index = rng.choice(options)
+    _, stream, chunk_id = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index] = ("sse_id", stream, f"{chunk_id}0")
+    return _with(workload, "chunk_id", inputs, {stream}, False)
+
+
+def _duplicate_differs(workload: Workload, rng: random.Random) -> Workload | None:
+    # The same source and seq again, one byte of the timestamp changed: the run fails.
+    target = _pick(rng, _frames(workload), need_streams=False)
+    if target is None:
+        return None
+    inputs = list(workload.inputs)
+    data = bytearray(inputs[target.index][1])
+    data[48] ^= 0x01
+    inputs.insert(rng.randint(target.index + 1, len(inputs)), ("frame", bytes(data)))
+    return _with(workload, "duplicate_differs", inputs, range(workload.num_streams), False)
+
+
+def _late_notice(workload: Workload, rng: random.Random) -> Workload | None:
+    # A notice after everything else (the stream may be exact already): it revokes.
+    frames = [f for f in _frames(workload) if f.kind == wire.KIND_TEXT]
+    if not frames:
+        return None
+    last = max(frames, key=lambda f: f.seq)
+    stream = rng.randrange(workload.num_streams)
+    header = decode_frame(workload.inputs[last.index][1]).header
+    notice = wire.encode_records(
+        wire.KIND_NOTICE,
+        replace(header, seq=last.seq + 1),
+        [wire.NoticeRecord(stream, wire.NOTICE_HOOK_ERROR, "late hook failure")],
+    )
+    return _with(workload, "late_notice", [*workload.inputs, ("frame", notice)], {stream}, False)
+
+
+def _truncated_flag(workload: Workload, rng: random.Random) -> Workload | None:
+    # text_truncated on a finish that kept the whole text (or with a reason other
+    # than stop, which the decoders refuse: then every stream of that frame suffers).
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            if (
+                isinstance(record, wire.TextRecord)
+                and record.finished
+                and not record.text_truncated
+            ):
+                options.append((index, position, frame))
+    if not options:
+        return None
+    index, position, frame = rng.choice(options)
+    record = frame.records[position]
+    affected = {record.stream}
+    if record.finish_reason != wire.FINISH_STOP:
+        affected = {r.stream for r in frame.records}
+
+    def edit(records: list[Any]) -> None:
+        records[position].text_truncated = True
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "truncated_flag", inputs, affected, False)
+
+
+def _drafts_beyond_k(workload: Workload, rng: random.Random) -> Workload | None:
+    # More drafts scheduled than the hello's K (a record ending on a target stays valid).
+    hello = next(
+        decode_frame(item[1]).hello
+        for item in workload.inputs
+        if item[0] == "frame" and decode_frame(item[1]).kind == wire.KIND_HELLO
+        and decode_frame(item[1]).hello.role == wire.SOURCE_SCHEDULER  # type: ignore[union-attr]
+    )  # fmt: skip
+    assert hello is not None
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            if isinstance(record, wire.ProvenanceRecord) and record.roles[-1] == wire.ROLE_TARGET:
+                options.append((index, position, record.stream))
+    if not options:
+        return None
+    index, position, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        records[position].drafts_scheduled = hello.num_speculative_tokens + 1
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "drafts_beyond_k", inputs, {stream}, False)
+
+
+def _metrics_mismatch(workload: Workload, rng: random.Random) -> Workload | None:
+    # vLLM's per-request metrics say one step drafted one more token than the scheduler.
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse_usage" and item[4]]
+    if not options:
+        return None
+    index = rng.choice(options)
+    kind, stream, tokens, accepted, drafted = workload.inputs[index]
+    drafted = list(drafted)
+    drafted[rng.randrange(len(drafted))] += 1
+    inputs = list(workload.inputs)
+    inputs[index] = (kind, stream, tokens, accepted, drafted)
+    return _with(workload, "metrics_mismatch", inputs, {stream}, False)
+
+
+def _record_ends(workload: Workload) -> list[set[tuple[int, int]]]:
+    """Per stream, (token end, HTTP byte end) of each of its text records."""
+    ends: list[set[tuple[int, int]]] = [set() for _ in range(workload.num_streams)]
+    http = [0] * workload.num_streams
+    for _, frame in _record_frames(workload):
+        for record in frame.records:
+            if isinstance(record, wire.TextRecord):
+                http[record.stream] += len(record.http_delta)
+                ends[record.stream].add((record.offset + len(record.tokens), http[record.stream]))
+    return ends
+
+
+def _sse_split(workload: Workload, rng: random.Random) -> Workload | None:
+    # One SSE chunk split in two where no text record ends (ids and bytes unchanged):
+    # a chunk that does not carry whole steps.
+    ends = _record_ends(workload)
+    done = [(0, 0)] * workload.num_streams
+    options = []
+    for index, item in enumerate(workload.inputs):
+        if item[0] != "sse":
+            continue
+        _, stream, text, ids = item
+        tokens, size = done[stream]
+        end = size + len(text.encode())
+        options.extend(
+            (index, k) for k in range(1, len(ids)) if (tokens + k, end) not in ends[stream]
+        )
+        done[stream] = (tokens + len(ids), end)
+    if not options:
+        return None
+    index, k = rng.choice(options)
+    _, stream, text, ids = workload.inputs[index]
+    inputs = list(workload.inputs)
+    inputs[index : index + 1] = [("sse", stream, text, ids[:k]), ("sse", stream, "", ids[k:])]
+    return _with(workload, "sse_split", inputs, {stream}, False)
+
+
+def _hello_differs(workload: Workload, rng: random.Random) -> Workload | None:
+    # A second hello from the scheduler announcing another K, as its next frame.
+    hellos = [
+        (position, decode_frame(item[1]))
+        for position, item in enumerate(workload.inputs)
+        if item[0] == "frame" and decode_frame(item[1]).kind == wire.KIND_HELLO
+    ]
+    found = [(p, f) for p, f in hellos if f.hello.role == wire.SOURCE_SCHEDULER]  # type: ignore[union-attr]
+    if not found:
+        return None
+    position, frame = found[0]
+    source = frame.header.source_id
+    inputs = list(workload.inputs)
+    for other in _frames(workload):
+        if other.source == source and other.seq >= 1:
+            inputs[other.index] = ("frame", _set_header(inputs[other.index][1], seq=other.seq + 1))
+    hello = replace(frame.hello, num_speculative_tokens=frame.hello.num_speculative_tokens + 1)  # type: ignore[type-var]
+    if not hello.spec_method:  # speculative fields go together (protocol 2)
+        hello = replace(
+            hello,
+            spec_method="ngram",
+            role_derivation=wire.DERIVATION_DRAFT_IDS,
+            async_scheduling=False,
+            verification=wire.VERIFICATION_STANDARD,
+        )
+    data = wire.encode_hello(replace(frame.header, seq=1), hello)
+    inputs.insert(position + 1 + rng.randint(0, 3), ("frame", data))
+    return _with(workload, "hello_differs", inputs, range(workload.num_streams), False)
+
+
+def _loss_after_verdict(workload: Workload, rng: random.Random) -> Workload | None:
+    # After everything else, a frame of the frontend reports one frame it dropped: every
+    # stream fails, the exact ones included (the lost frame may have been a notice).
+    frames = [f for f in _frames(workload) if f.kind == wire.KIND_TEXT]
+    if not frames:
+        return None
+    last = max(frames, key=lambda f: f.seq)
+    header = decode_frame(workload.inputs[last.index][1]).header
+    foreign = wire.NoticeRecord(workload.num_streams, wire.NOTICE_OTHER, "for no stream of ours")
+    frame = wire.encode_records(
+        wire.KIND_NOTICE, replace(header, seq=last.seq + 1, dropped=1), [foreign]
+    )
+    inputs = [*workload.inputs, ("frame", frame)]
+    return _with(workload, "loss_after_verdict", inputs, range(workload.num_streams), False)
+
+
 _MUTATORS = {
+    "sse_split": _sse_split,
+    "hello_differs": _hello_differs,
+    "loss_after_verdict": _loss_after_verdict,
+    "metrics_mismatch": _metrics_mismatch,
+    "step_repeat": _step_repeat,
+    "step_back": _step_back,
+    "sse_finish_reason": _sse_finish_reason,
+    "scheduler_finish_reason": _scheduler_finish_reason,
+    "sse_choice": _sse_choice,
+    "chunk_id": _chunk_id,
+    "usage_count": _usage_count,
+    "duplicate_differs": _duplicate_differs,
+    "late_notice": _late_notice,
+    "truncated_flag": _truncated_flag,
+    "drafts_beyond_k": _drafts_beyond_k,
     "drop": _drop,
     "truncate": _truncate,
     "queue_drop": _queue_drop,

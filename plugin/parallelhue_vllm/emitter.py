@@ -84,6 +84,7 @@ class Emitter:
         num_speculative_tokens: int,
         role_derivation: int,
         async_scheduling: bool,
+        verification: int | None = None,
         socket_dir: str | None = None,
         queue_size: int = 8192,
         send_timeout: float = 2.0,
@@ -98,6 +99,12 @@ class Emitter:
             plugin_version=plugin_version,
             engine_version=engine_version,
             spec_method=spec_method,
+            # Unknown unless told; none without speculative decoding (protocol 2).
+            verification=(
+                verification
+                if verification is not None
+                else (wire.VERIFICATION_UNKNOWN if spec_method else wire.VERIFICATION_NONE)
+            ),
         )
         self._queue_size = queue_size
         self._send_timeout = send_timeout

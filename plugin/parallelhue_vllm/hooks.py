@@ -49,6 +49,13 @@ PRUNE_EVERY = 256
 MAX_SPAN_BACK = 255
 # Failed requests remembered so they are not admitted again (bounded).
 MAX_DISABLED = 8192
+# vLLM's `rejection_sample_method` -> the hello's verification ("block" and
+# anything newer are not classified: unknown).
+_VERIFICATION = {
+    "standard": wire.VERIFICATION_STANDARD,
+    "synthetic": wire.VERIFICATION_SYNTHETIC,
+    "fly": wire.VERIFICATION_FLY,
+}
 
 _CHILD_ID = re.compile(r"[0-9]+_")
 _FINISH_CODES = {
@@ -140,7 +147,14 @@ class _Base:
         self.disabled: set[str] = set()  # failed or refused: never admitted again
         self.warned: set[str] = set()
 
-    def _make_emitter(self, method: str, tokens: int, derivation: int, is_async: bool) -> Emitter:
+    def _make_emitter(
+        self,
+        method: str,
+        tokens: int,
+        derivation: int,
+        is_async: bool,
+        verification: int | None = None,
+    ) -> Emitter:
         return Emitter(
             role=self.role,
             engine=wire.ENGINE_VLLM,
@@ -150,6 +164,7 @@ class _Base:
             num_speculative_tokens=tokens,
             role_derivation=derivation,
             async_scheduling=is_async,
+            verification=verification,
         )
 
     def warn_once(self, key: str, message: str) -> None:
@@ -279,13 +294,19 @@ class SchedulerTelemetry(_Base):
             self.is_async = bool(getattr(scheduler_config, "async_scheduling", False)) or (
                 type(scheduler).__name__ == "AsyncScheduler"
             )
+            verification = _VERIFICATION.get(
+                str(getattr(spec, "rejection_sample_method", "standard")), wire.VERIFICATION_UNKNOWN
+            )
             if not method or tokens == 0:
                 method, tokens, derivation = "", 0, wire.DERIVATION_NONE
+                verification = wire.VERIFICATION_NONE
             elif self.is_async:
                 derivation = wire.DERIVATION_COUNTS
             else:
                 derivation = wire.DERIVATION_DRAFT_IDS
-            self.emitter = self._make_emitter(method, tokens, derivation, self.is_async)
+            self.emitter = self._make_emitter(
+                method, tokens, derivation, self.is_async, verification
+            )
         return self.emitter
 
     def before(

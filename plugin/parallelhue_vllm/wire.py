@@ -1,4 +1,4 @@
-"""Frame encoder for the ParallelHue telemetry protocol, version 1 (docs/PROTOCOL.md).
+"""Frame encoder for the ParallelHue telemetry protocol, version 2 (docs/PROTOCOL.md).
 
 Shared by the vLLM plugin and the embedded simulated engine. Pure standard
 library and cheap: it runs inside vLLM's scheduler and output-processor loops.
@@ -25,6 +25,7 @@ __all__ = [
     "FINISH_ABORT",
     "FINISH_ERROR",
     "FINISH_LENGTH",
+    "FINISH_NAMES",
     "FINISH_NONE",
     "FINISH_STOP",
     "HEADER_SIZE",
@@ -32,15 +33,18 @@ __all__ = [
     "KIND_NOTICE",
     "KIND_PROVENANCE",
     "KIND_TEXT",
+    "LEAD_UNKNOWN",
     "MAGIC",
     "MAX_FRAME_BYTES",
     "MAX_NOTICE_BYTES",
     "MAX_RECORDS",
     "MAX_STR8",
     "MAX_TOKENS_PER_RECORD",
+    "NOTICE_HOOK_BYPASSED",
     "NOTICE_HOOK_ERROR",
     "NOTICE_N",
     "NOTICE_OTHER",
+    "NOTICE_ROLES_UNVERIFIABLE",
     "NOTICE_STREAM_INTERVAL",
     "NOTICE_UNSUPPORTED",
     "PROTOCOL_VERSION",
@@ -51,6 +55,11 @@ __all__ = [
     "ROLE_TARGET",
     "SOURCE_FRONTEND",
     "SOURCE_SCHEDULER",
+    "VERIFICATION_FLY",
+    "VERIFICATION_NONE",
+    "VERIFICATION_STANDARD",
+    "VERIFICATION_SYNTHETIC",
+    "VERIFICATION_UNKNOWN",
     "Header",
     "Hello",
     "NoticeRecord",
@@ -66,12 +75,15 @@ __all__ = [
     "split_for_frames",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = b"PHUE"
 
 KIND_HELLO, KIND_PROVENANCE, KIND_TEXT, KIND_NOTICE = 1, 2, 3, 4
 ROLE_PLAIN, ROLE_ACCEPTED, ROLE_TARGET, ROLE_BONUS = 0, 1, 2, 3
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR = 0, 1, 2, 3, 4
+# The OpenAI `finish_reason` of each code (what the SSE stream says for it).
+FINISH_NAMES = {FINISH_STOP: "stop", FINISH_LENGTH: "length", FINISH_ABORT: "abort",
+                FINISH_ERROR: "error"}  # fmt: skip
 SOURCE_SCHEDULER, SOURCE_FRONTEND = 1, 2
 ENGINE_VLLM, ENGINE_SIMULATED = 1, 2
 DERIVATION_NONE, DERIVATION_DRAFT_IDS, DERIVATION_COUNTS = 0, 1, 2
@@ -82,7 +94,17 @@ NOTICE_STREAM_INTERVAL, NOTICE_N, NOTICE_HOOK_ERROR, NOTICE_UNSUPPORTED, NOTICE_
     4,
     5,
 )
+# The engine cannot tell which drafts were verified (e.g. dspark adaptive verification).
+NOTICE_ROLES_UNVERIFIABLE = 6
+# An output reached the client without passing the hooks (e.g. vLLM 0.33's
+# StreamingInputOutputCollector, or a request finished by an engine error).
+NOTICE_HOOK_BYPASSED = 7
 ALL_STREAMS = 0xFFFF
+# Hello `verification`: how the engine verifies drafts.
+VERIFICATION_NONE, VERIFICATION_STANDARD, VERIFICATION_SYNTHETIC = 0, 1, 2
+VERIFICATION_FLY, VERIFICATION_UNKNOWN = 3, 4
+# Text token `lead_len` when the sender does not know the byte split.
+LEAD_UNKNOWN = 0xFFFF
 
 MAX_FRAME_BYTES = 65536
 MAX_RECORDS = 1024
@@ -100,11 +122,11 @@ _COUNT = struct.Struct("<H")
 _PROVENANCE = struct.Struct("<HBBIHHH")
 # stream, flags, finish_reason, offset, n_tokens, trimmed_tokens, http_len
 _TEXT = struct.Struct("<HBBIHHI")
-# token_id, frag_len, span_back
-_TEXT_TOKEN = struct.Struct("<IHB")
+# token_id, frag_len, span_back, lead_len
+_TEXT_TOKEN = struct.Struct("<IHBH")
 # stream, code, msg_len
 _NOTICE = struct.Struct("<HHH")
-# role, engine, role_derivation, async_scheduling, num_speculative_tokens, reserved
+# role, engine, role_derivation, async_scheduling, num_speculative_tokens, verification
 _HELLO = struct.Struct("<BBBBHH")
 
 assert _HEADER.size == HEADER_SIZE
@@ -147,6 +169,7 @@ class Hello:
     plugin_version: str
     engine_version: str
     spec_method: str
+    verification: int  # VERIFICATION_*; VERIFICATION_NONE without speculative decoding
 
 
 @dataclass(slots=True)
@@ -167,6 +190,9 @@ class TextToken:
     token_id: int
     fragment: bytes
     span_back: int = 0
+    # Bytes at the start of `fragment` that came from the span_back predecessors:
+    # 0 when span_back is 0, LEAD_UNKNOWN when the sender cannot tell.
+    lead_len: int = 0
 
 
 @dataclass(slots=True)
@@ -249,7 +275,7 @@ def encode_hello(header: Header, hello: Hello) -> bytes:
                 hello.role_derivation,
                 1 if hello.async_scheduling else 0,
                 hello.num_speculative_tokens,
-                0,
+                hello.verification,
             ),
             _str8(hello.plugin_version, "plugin_version"),
             _str8(hello.engine_version, "engine_version"),
@@ -310,7 +336,7 @@ def _encode_text(record: TextRecord, parts: list[bytes]) -> None:
         )
     )
     pack_token = _TEXT_TOKEN.pack
-    parts.extend([pack_token(t.token_id, len(t.fragment), t.span_back) for t in tokens])
+    parts.extend([pack_token(t.token_id, len(t.fragment), t.span_back, t.lead_len) for t in tokens])
     parts.extend([t.fragment for t in tokens])
     parts.append(record.http_delta)
 
@@ -504,7 +530,9 @@ def encode_text_step(step: TextStep) -> list[bytes]:
         for position in range(count):
             piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
             back = backs[position] if backs is not None else 0
-            tokens.append(TextToken(ids[first_id + position], piece, back))
+            # The byte split inside a fragment with span_back is not computed here: unknown.
+            lead = LEAD_UNKNOWN if back else 0
+            tokens.append(TextToken(ids[first_id + position], piece, back, lead))
         first_id += count
         first_fragment += fed
         text_record = TextRecord(

@@ -45,6 +45,7 @@ __all__ = [
     "decode_recording",
     "encode_recording",
     "pack_inputs",
+    "sse_inputs",
 ]
 
 PROTOCOL_VERSION: int
@@ -88,21 +89,39 @@ class Reconciler:
         """Several datagrams, in order; the GIL is released meanwhile."""
     def push_inputs(self, inputs: list[tuple[Any, ...]]) -> None:
         """Several inputs, in order, exactly as the single calls: ("frame", bytes),
-        ("sse", stream, text, token_ids) or ("finish", stream). Converted while
+        ("sse", stream, text, token_ids), ("sse_id", stream, id), ("sse_choice",
+        stream, index), ("sse_usage", stream, completion_tokens, per_step_accepted,
+        per_step_drafted) or ("finish", stream, finish_reason). Converted while
         holding the GIL, pushed with it released; a bad item raises the single
-        call's ValueError (or "invalid input ...") after the items before it."""
+        call's error (or ValueError "invalid input ...") after the items before it."""
     def push_sse(self, stream: int, text: str, token_ids: list[int]) -> None:
-        """One SSE delta of one stream: the choice's text and its token_ids."""
+        """One SSE delta of one stream: choice 0's text and its token_ids."""
+    def push_sse_id(self, stream: int, chunk_id: str) -> None:
+        """The SSE chunk `id`: pushed for the first chunk and whenever it changes."""
+    def push_sse_choice(self, stream: int, index: int) -> None:
+        """Pushed once: a chunk carried a choice other than one choice with index 0."""
+    def push_sse_usage(
+        self,
+        stream: int,
+        completion_tokens: int | None,
+        per_step_accepted: list[int] | None,
+        per_step_drafted: list[int] | None,
+    ) -> None:
+        """The usage chunk: `usage.completion_tokens` and vLLM's per-request metrics
+        (`metrics.speculative_decoding.per_step_accepted` / `per_step_drafted`)."""
     def push_lost(self, frames: int | None) -> None:
         """Telemetry lost on the way: `frames` the server's hub dropped, None an
         unknown number (its stream ended before the run). Every stream without
-        a verdict fails (docs/PROTOCOL.md, "Lost telemetry")."""
-    def finish_sse(self, stream: int) -> None:
-        """The stream's SSE ended normally."""
+        a final verdict fails, an exact one too (docs/PROTOCOL.md, "Lost telemetry")."""
+    def finish_sse(self, stream: int, finish_reason: str | None) -> None:
+        """The stream's SSE ended normally; `finish_reason` is the last non-null
+        finish_reason of its choice 0."""
     def finalize(self) -> None:
-        """Every stream that is neither exact nor failed gets its verdict."""
+        """Every stream that is neither exact nor failed gets its verdict; from now
+        on every verdict is final and frames are only counted (late_frames)."""
     def drain(self) -> list[Event]:
-        """The events since the previous call."""
+        """The events since the previous call (spans carry the role, shapes.SpanEvent;
+        an exact verdict can be revoked by a later failed event before finalize())."""
     def stream_stats(self, stream: int) -> StreamStats: ...
     def totals(self) -> StreamStats:
         """`stream_stats` summed over the streams."""
@@ -110,7 +129,8 @@ class Reconciler:
     def sources(self) -> list[SourceInfo]:
         """One per hello seen."""
     def verdict(self, stream: int) -> tuple[str, str | None]:
-        """("pending" | "exact" | "failed", the failure reason or None)."""
+        """("pending" | "exact" | "failed", the failure reason or None); final once
+        finalize() ran."""
     # display.rs
     def take(self) -> tuple[list[_Text], _SpanRuns, list[Event], list[_Ended]]:
         """Since the last call, for the screen: new SSE text per stream (from
@@ -135,15 +155,23 @@ def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
 def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | None]:
     """(header JSON, items, footer JSON or None) of a decompressed recording;
     items are (time, kind, ...): ("start", s), ("sse", s, text, ids),
-    ("finish", s, reason), ("end", s, kind, status, detail), ("frame", bytes),
-    ("reject", reason), ("lost", frames or None), ("finalize",). ValueError names
-    what is wrong."""
+    ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s,
+    completion_tokens, per_step_accepted, per_step_drafted), ("finish", s, reason),
+    ("end", s, kind, status, detail), ("frame", bytes), ("reject", reason),
+    ("lost", frames or None), ("finalize",). ValueError names what is wrong."""
 
 def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
 
 def pack_inputs(inputs: Any) -> bytes:
     """push_inputs' items as one push_recorded buffer."""
+
+def sse_inputs(payloads: list[bytes]) -> list[tuple[Any, ...]]:
+    """The Rust extraction of one stream's SSE events (each an event's data, as
+    the reader's event-stream parser dispatches it): per event, (inputs, choice
+    0's finish_reason so far), the inputs C2 tuples without the stream (as
+    `parallelhue.reference.sse.ChunkInputs` gives them), or ("error", message);
+    None for `[DONE]` or an event with its own type. For tests."""
 
 @final
 class RecordWriter:
@@ -153,6 +181,15 @@ class RecordWriter:
     def __new__(cls, path: str | os.PathLike[str], header: str) -> RecordWriter: ...
     def start(self, stream: int) -> None: ...
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def sse_id(self, stream: int, id: str) -> None: ...
+    def sse_choice(self, stream: int, index: int) -> None: ...
+    def sse_usage(
+        self,
+        stream: int,
+        completion_tokens: int | None,
+        per_step_accepted: list[int] | None,
+        per_step_drafted: list[int] | None,
+    ) -> None: ...
     def finish(self, stream: int, reason: str | None = None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...

@@ -9,6 +9,7 @@ verdict. `on_failure` is told of every stream that fails, HTTP or verdict.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -21,7 +22,23 @@ from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
 from .state import RunModel
 from .stream_errors import end_message
 
-__all__ = ["Feed"]
+__all__ = ["Feed", "reconciler_line"]
+
+_PROTOCOL_VERSION = re.compile(r"unsupported protocol version (\d+) \(this build speaks (\d+)\)")
+
+
+def reconciler_line(message: str) -> str:
+    """A run message as one line; a protocol version mismatch names the fix."""
+    line = one_line(message)
+    found = _PROTOCOL_VERSION.search(line)
+    if found is None:
+        return line
+    if int(found.group(1)) < int(found.group(2)):
+        return (
+            f"{line}: the server's parallelhue-vllm plugin is too old; "
+            "run pip install 'parallelhue-vllm>=0.2' in the server's vLLM environment"
+        )
+    return f"{line}: the server's parallelhue-vllm plugin is newer than this client; upgrade it"
 
 
 class Feed:
@@ -99,8 +116,11 @@ class Feed:
 
     def run_message(self, message: str) -> None:
         """A line about the whole run (the reconciler's, or the client's own about
-        its telemetry stream)."""
-        self.model.run_messages.append(one_line(message))
+        its telemetry stream); repeated lines are shown once."""
+        line = reconciler_line(message)
+        messages = self.model.run_messages
+        if not messages or messages[-1] != line:  # e.g. every frame of an old plugin
+            messages.append(line)
 
     def stats(self, reconciler: ReconcilerLike) -> None:
         """The reconciler's statistics, counters and sources, stored once."""

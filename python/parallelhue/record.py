@@ -1,6 +1,6 @@
 """`--record` files: the ordered inputs a run's reconciler applied, and reading them back.
 
-One format for both paths (version 2, rust/core/src/record.rs): a gzip'd
+One format for both paths (version 3, rust/core/src/record.rs): a gzip'd
 stream of binary items — header, each stream's start, every SSE delta, SSE
 finish, telemetry frame, rejected datagram and telemetry loss in the order the reconciler
 applied them, each stream's abnormal end, finalize — with times in seconds
@@ -31,7 +31,7 @@ __all__ = [
     "write_recording",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # The key of a version-1 recording's JSON header line.
 _V1_MAGIC_KEY = "parallelhue_recording"
 
@@ -45,6 +45,7 @@ class RecordWriterLike(Protocol):
 
     def start(self, stream: int) -> None: ...
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    def sse_input(self, item: tuple[Any, ...]) -> None: ...
     def finish(self, stream: int, reason: str | None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
@@ -65,6 +66,11 @@ class _Recorder:
 
     def sse(self, stream: int, text: str, token_ids: list[int]) -> None:
         self._writer.sse(stream, text, token_ids)
+
+    def sse_input(self, item: tuple[Any, ...]) -> None:
+        """An SSE input other than a delta: the C2 tuple (kind, stream, ...)."""
+        kind, *fields = item
+        getattr(self._writer, kind)(*fields)
 
     def finish(self, stream: int, reason: str | None) -> None:
         self._writer.finish(stream, reason)
@@ -106,7 +112,8 @@ def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
 @dataclass
 class Recording:
     header: dict[str, Any]
-    # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("finish", s, reason)
+    # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("sse_id", s, id)
+    # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted) ("finish", s, reason)
     # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason)
     # ("lost", frames | None) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)

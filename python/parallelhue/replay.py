@@ -106,6 +106,12 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
             pass  # failed as in the live run; its reason is on the model
         except Exception as error:  # as the live run's reader did: this stream only
             driver.on_end(stream, "internal", 0, f"{type(error).__name__}: {error}")
+    elif kind in ("sse_id", "sse_choice", "sse_usage"):
+        stream = int(event[2])
+        try:
+            driver.on_sse_input(stream, tuple(event[1:]))
+        except StreamStopped:
+            pass  # failed as in the live run; its reason is on the model
     elif kind == "finish":
         driver.on_finish(int(event[2]), event[3])
     elif kind == "end":

@@ -138,11 +138,22 @@ class RunDriver:
                 self.feed.stream_error(stream, f"invalid SSE data: {one_line(str(error))}")
                 raise StreamStopped from None
 
+    def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None:
+        """An SSE input other than a delta (C2: sse_id, sse_choice, sse_usage)."""
+        if self.recorder is not None:
+            self.recorder.sse_input(item)
+        if self.reconciler is not None:
+            try:
+                self.reconciler.push_inputs([item])
+            except (TypeError, ValueError) as error:  # e.g. a count outside u32
+                self.feed.stream_error(stream, f"invalid SSE data: {one_line(str(error))}")
+                raise StreamStopped from None
+
     def on_finish(self, stream: int, finish_reason: str | None) -> None:
         if self.recorder is not None:
             self.recorder.finish(stream, finish_reason)
         if self.reconciler is not None:
-            self.reconciler.finish_sse(stream)
+            self.reconciler.finish_sse(stream, finish_reason)
         self.feed.end(stream, None, 0, "", finish_reason)
 
     def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None:

@@ -51,6 +51,9 @@ class StreamStats(TypedDict):
     surplus_plain: int
     mixed_spans: int
     bytes: int
+    drafts_by_pos: list[int]  # settled drafts per draft position 0..K-1
+    accepted_by_pos: list[int]  # of them, accepted
+    metrics_steps: int  # steps cross-checked with vLLM's per-request metrics
 
 
 class Counters(TypedDict):
@@ -60,6 +63,7 @@ class Counters(TypedDict):
     foreign_records: int
     dropped_reported: int
     gaps: int
+    late_frames: int  # frames after finalize(): counted, not used
 
 
 class SourceInfo(TypedDict):
@@ -74,6 +78,7 @@ class SourceInfo(TypedDict):
     plugin_version: str
     engine_version: str
     spec_method: str
+    verification: Literal["none", "standard", "synthetic", "fly", "unknown"]
 
 
 class ReceiverStats(TypedDict):
@@ -116,8 +121,9 @@ class Usage(TypedDict):
 
 
 # drain() events, in the order they happened.
-# ("span", stream, byte_start, text, step index or None (mixed), first_offset, n_tokens)
-SpanEvent: TypeAlias = tuple[Literal["span"], int, int, str, int | None, int, int]
+# ("span", stream, byte_start, text, step index or None (mixed), first_offset, n_tokens,
+#  role or None: 0 plain, 1 accepted, 2 target, 3 bonus, when the characters share one)
+SpanEvent: TypeAlias = tuple[Literal["span"], int, int, str, int | None, int, int, int | None]
 ExactEvent: TypeAlias = tuple[Literal["exact"], int]
 FailedEvent: TypeAlias = tuple[Literal["failed"], int, str]
 RunEvent: TypeAlias = tuple[Literal["run"], str]

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import __version__
+from .reference.sse import ChunkInputs, SseError
 from .shapes import EndKind, Usage
 
 __all__ = [
@@ -83,6 +84,9 @@ def connect_target(endpoint: str) -> ConnectTarget:
 
 class StreamSink(Protocol):
     def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None: ...
+    # The other SSE inputs of docs/PROTOCOL.md (C2 tuples with the stream):
+    # ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s, n, accepted, drafted).
+    def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None: ...
     def on_finish(self, stream: int, finish_reason: str) -> None: ...
     def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None: ...
     def on_usage(self, stream: int, usage: Usage) -> None: ...
@@ -281,88 +285,58 @@ async def _exchange(
 async def _read_events(
     response: httpx.Response, stream: int, sink: StreamSink, yield_each_read: bool
 ) -> str | None:
-    """httpx's line splitting, then each event's JSON, in Python."""
-    finish_reason: str | None = None
+    """httpx's line splitting, then each event's JSON and the reference extraction of
+    the reconciler's SSE inputs (`reference/sse.py`), in Python. An event with its
+    own `event:` type is not a completion chunk (as in the Rust reader)."""
+    extraction = ChunkInputs()
     data_lines: list[str] = []
+    event_type = ""
     async for line in response.aiter_lines():
         if line.startswith("data:"):
             data_lines.append(line[5:].removeprefix(" "))
             continue
-        if line.strip() or not data_lines:
-            continue  # comments, event names, keep-alives
-        payload = "\n".join(data_lines)
-        data_lines = []
-        if payload.strip() == "[DONE]":
-            return finish_reason
-        finish_reason = _handle_payload(stream, payload, sink) or finish_reason
+        if line.startswith("event:"):
+            event_type = line[6:].removeprefix(" ")
+            continue
+        if line.strip():
+            continue  # comments, id and retry fields
+        if not data_lines:
+            event_type = ""
+            continue
+        payload, typed = "\n".join(data_lines), event_type not in ("", "message")
+        data_lines, event_type = [], ""
+        if payload.strip() == "[DONE]" and not typed:
+            return extraction.finish_reason
+        if not typed:
+            _handle_payload(stream, payload, sink, extraction)
         if yield_each_read:
             await asyncio.sleep(0)
-    if data_lines:
+    if data_lines and event_type in ("", "message"):
         payload = "\n".join(data_lines)
         if payload.strip() != "[DONE]":
-            finish_reason = _handle_payload(stream, payload, sink) or finish_reason
-    return finish_reason
+            _handle_payload(stream, payload, sink, extraction)
+    return extraction.finish_reason
 
 
-def _token_ids(choice: dict[str, Any]) -> list[int]:
-    ids = choice.get("token_ids")
-    path = "token_ids"
-    if ids is None and isinstance(choice.get("delta"), dict):
-        ids = choice["delta"].get("token_ids")
-        path = "delta.token_ids"
-    if ids is None:
-        return []
-    if not isinstance(ids, list):
-        raise ExchangeEnded(
-            "bad_sse", f"invalid SSE chunk: choices[0].{path} must be an array of integers or null"
-        )
-    for j, value in enumerate(ids):
-        # bool is an int to Python, not to JSON: true is not a token id. (The
-        # range is the reconciler's to check: push_sse names the bad id.)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ExchangeEnded(
-                "bad_sse",
-                f"invalid SSE chunk: choices[0].{path}[{j}] must be an integer in 0..=4294967295",
-            )
-    return ids
-
-
-def _handle_payload(stream: int, payload: str, sink: StreamSink) -> str | None:
-    """Feed one SSE event to the sink; return its finish_reason if it has one."""
+def _handle_payload(stream: int, payload: str, sink: StreamSink, extraction: ChunkInputs) -> None:
+    """Feed one SSE event's inputs to the sink, in order; a chunk the extraction
+    refuses ends the stream with the Rust reader's reason."""
     try:
-        data = json.loads(payload)
-    except ValueError:
-        raise ExchangeEnded("bad_sse", f"not JSON: {payload[:80]}") from None
-    if not isinstance(data, dict):
-        raise ExchangeEnded("bad_sse", f"not an object: {payload[:80]}")
-    if "error" in data:
-        from .stream_errors import error_detail
-
-        raise ExchangeEnded("bad_sse", "server error in SSE stream: " + error_detail(payload))
-    choices = data.get("choices")
-    if not choices:
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            sink.on_usage(
-                stream,
-                Usage(
-                    prompt_tokens=usage.get("prompt_tokens"),
-                    completion_tokens=usage.get("completion_tokens"),
-                    total_tokens=usage.get("total_tokens"),
-                ),
-            )
-        return None
-    choice = choices[0] if isinstance(choices, list) else None
-    if not isinstance(choice, dict):
-        return None
-    text = ""
-    delta = choice.get("delta")
-    if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-        text = delta["content"]
-    elif isinstance(choice.get("text"), str):
-        text = choice["text"]
-    token_ids = _token_ids(choice)
-    if text or token_ids:
-        sink.on_delta(stream, text, token_ids)
-    finish = choice.get("finish_reason")
-    return finish if isinstance(finish, str) else None
+        inputs = extraction.extract_payload(payload)
+    except SseError as error:
+        raise ExchangeEnded("bad_sse", str(error)) from None
+    for item in inputs:
+        if item[0] == "sse":
+            sink.on_delta(stream, item[1], item[2])
+        else:
+            sink.on_sse_input(stream, (item[0], stream, *item[1:]))
+    usage = extraction.usage
+    if usage is not None and any(item[0] == "sse_usage" for item in inputs):
+        sink.on_usage(
+            stream,
+            Usage(
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+                total_tokens=usage.get("total_tokens"),
+            ),
+        )

@@ -39,13 +39,22 @@ sse = [
 for s in sse:
     write("sse_chunks", b"\x03" + s)
 
-# Reconciler: op 0 = frame (u16 length), op 1 = SSE delta, op 2 = finish SSE.
+sse.append(
+    b'data: {"id":"chatcmpl-a","choices":[],"usage":{"completion_tokens":2},'
+    b'"metrics":{"speculative_decoding":{"per_step_accepted":[1],"per_step_drafted":[3]}}}\n\n'
+)
+write("sse_chunks", b"\x03" + sse[-1])
+
+# Reconciler: op 0 = frame (u16 length), 1 = SSE delta (stream, n ids, ids, text
+# length, text), 2 = finish SSE (stream, reason), 3 = chunk id (stream, right or
+# wrong), 4 = another choice, 5 = usage (stream, flags, list length, counts).
 ops = b""
 for f in frames[:40]:
     if len(f) < 600:
         ops += b"\x00" + struct.pack("<H", len(f)) + f
 write("reconciler", ops)
-write("reconciler", ops + b"\x01\x00\x02\x07\x07\x02hi\x02\x00")
+write("reconciler", ops + b"\x03\x00\x00\x01\x00\x02\x07\x07\x02hi\x02\x00\x00")
+write("reconciler", ops + b"\x03\x01\x00\x05\x01\x0b\x01\x01\x02\x01\x00")
 
 # The HTTP telemetry stream: every vector, whole (first byte 0x00: split in
 # 1-byte pieces, no preamble added) and with its preamble cut off (0x80 adds one).

@@ -254,7 +254,11 @@ def _header_body_len(t: Transcript) -> None:
 
 
 def _hello_role_frontend(t: Transcript) -> None:
-    t.hello("sched").role = wire.SOURCE_FRONTEND
+    hello = t.hello("sched")
+    hello.role = wire.SOURCE_FRONTEND
+    # A frontend hello carries no speculative fields (protocol 2): drop them too.
+    hello.num_speculative_tokens, hello.spec_method = 0, ""
+    hello.role_derivation, hello.verification = wire.DERIVATION_NONE, wire.VERIFICATION_NONE
 
 
 def _hello_front_role_scheduler(t: Transcript) -> None:
@@ -275,8 +279,10 @@ def _hello_engine_unknown(t: Transcript) -> None:
 
 
 def _hello_derivation_counts(t: Transcript) -> None:
-    for name in ("sched", "front"):
-        t.hello(name).role_derivation = wire.DERIVATION_COUNTS
+    # Only the scheduler's hello has speculative fields (protocol 2); counts goes
+    # with async scheduling.
+    hello = t.hello("sched")
+    hello.role_derivation, hello.async_scheduling = wire.DERIVATION_COUNTS, True
 
 
 def _hello_derivation_none(t: Transcript) -> None:
@@ -284,8 +290,9 @@ def _hello_derivation_none(t: Transcript) -> None:
 
 
 def _hello_async(t: Transcript) -> None:
-    for name in ("sched", "front"):
-        t.hello(name).async_scheduling = True
+    # Async scheduling goes with roles derived from counts (protocol 2).
+    hello = t.hello("sched")
+    hello.async_scheduling, hello.role_derivation = True, wire.DERIVATION_COUNTS
 
 
 def _hello_async_invalid(t: Transcript) -> None:
@@ -293,21 +300,20 @@ def _hello_async_invalid(t: Transcript) -> None:
 
 
 def _hello_k_smaller(t: Transcript) -> None:
-    for name in ("sched", "front"):
-        t.hello(name).num_speculative_tokens = 2
+    t.hello("sched").num_speculative_tokens = 2
 
 
 def _hello_no_spec(t: Transcript) -> None:
     # A consistent "no speculative decoding" hello beside records with drafts and roles.
-    for name in ("sched", "front"):
-        hello = t.hello(name)
-        hello.num_speculative_tokens = 0
-        hello.spec_method = ""
-        hello.role_derivation = wire.DERIVATION_NONE
+    hello = t.hello("sched")
+    hello.num_speculative_tokens = 0
+    hello.spec_method = ""
+    hello.role_derivation = wire.DERIVATION_NONE
+    hello.verification = wire.VERIFICATION_NONE
 
 
-def _hello_reserved(t: Transcript) -> None:
-    _edit(t.hello_frame("sched"), Offsets.HELLO_RESERVED, 2, 1)
+def _hello_verification_unknown(t: Transcript) -> None:
+    _edit(t.hello_frame("sched"), Offsets.HELLO_VERIFICATION, 2, 9)
 
 
 def _hello_plugin_version(t: Transcript) -> None:
@@ -321,8 +327,7 @@ def _hello_engine_version(t: Transcript) -> None:
 
 
 def _hello_method(t: Transcript) -> None:
-    for name in ("sched", "front"):
-        t.hello(name).spec_method = "eagle3"
+    t.hello("sched").spec_method = "eagle3"
 
 
 def _hello_method_empty(t: Transcript) -> None:
@@ -332,7 +337,7 @@ def _hello_method_empty(t: Transcript) -> None:
 def _hello_bad_utf8(t: Transcript) -> None:
     hello = t.hello("sched")
     hello.engine_version = "0.32.0+cpu"
-    offset = Offsets.HELLO_RESERVED + 2 + 1 + len(hello.plugin_version.encode()) + 1
+    offset = Offsets.HELLO_VERIFICATION + 2 + 1 + len(hello.plugin_version.encode()) + 1
     _replace_bytes(t.hello_frame("sched"), offset, b"\xff")
 
 
@@ -354,6 +359,7 @@ def _hello_repeated(t: Transcript) -> None:
         hello.plugin_version,
         hello.engine_version,
         "eagle3",
+        hello.verification,
     )
     frame = Frame("sched", wire.KIND_HELLO, 0, 3, 1_000_000_000_000, hello=again)
     t.insert_frame(frame, before=_step_frame(t, "sched", 3))
@@ -559,7 +565,8 @@ def _text_span_back_more(t: Transcript) -> None:
 
 
 def _text_span_back_less(t: Transcript) -> None:
-    t.text(0, 4).tokens[0].span_back = 0  # 🙂's first bytes (step 4) now unclaimed
+    token = t.text(0, 4).tokens[0]
+    token.span_back, token.lead_len = 0, 0  # 🙂's first bytes (step 4) now unclaimed
 
 
 def _text_span_back_empty(t: Transcript) -> None:
@@ -638,6 +645,14 @@ def _notice_after_verdict(t: Transcript) -> None:
     notice = _notice(t, "sched", 1, wire.NOTICE_HOOK_ERROR, "late: hook failed for stream 1")
     t.insert_frame(notice, before=step6)
     t.insert_before(notice, AwaitVerdict(1))
+
+
+def _lost_after_verdict(t: Transcript) -> None:
+    # The late notice of notice.after_verdict is lost on the way (its seq stays unused):
+    # only the gap it leaves tells of it; the scheduler's later frames wait behind it.
+    _notice_after_verdict(t)
+    (notice,) = [f for f in t.frames("sched") if f.kind == wire.KIND_NOTICE]
+    t.remove(notice)
 
 
 def _dropped_after_verdict(t: Transcript) -> None:
@@ -755,6 +770,73 @@ def _sse_usage_absent(t: Transcript) -> None:
             t.remove(event)
 
 
+def _honest_metrics(t: Transcript) -> dict[int, dict[str, list[int]]]:
+    """What vLLM's per-request metrics (`--per-request-spec-decode-metrics detailed`)
+    say for each stream of the transcript as it is now: one entry per verify step (a
+    record with scheduled drafts), accepted drafts and real (unpadded) drafts."""
+    lists = {}
+    for stream in range(t.streams):
+        records = [
+            r
+            for f in t.frames(kind=wire.KIND_PROVENANCE)
+            for r in f.records
+            if isinstance(r, wire.ProvenanceRecord) and r.stream == stream and r.drafts_scheduled
+        ]
+        lists[stream] = {
+            "per_step_accepted": [r.roles.count(wire.ROLE_ACCEPTED) for r in records],
+            "per_step_drafted": [r.drafts_scheduled - r.drafts_padded for r in records],
+        }
+    return lists
+
+
+def _put_metrics(t: Transcript, lists: dict[int, dict[str, list[int]]]) -> None:
+    for stream, spec in lists.items():
+        t.usage_chunk(stream)["metrics"] = {"speculative_decoding": spec}
+
+
+def _sse_metrics(t: Transcript) -> None:
+    _put_metrics(t, _honest_metrics(t))
+
+
+def _sse_metrics_edit(edit: Callable[[dict[str, list[int]]], None]) -> Mutation:
+    def mutate(t: Transcript) -> None:
+        lists = _honest_metrics(t)
+        edit(lists[0])
+        _put_metrics(t, lists)
+
+    return mutate
+
+
+def _one_more_drafted(spec: dict[str, list[int]]) -> None:
+    spec["per_step_drafted"][0] += 1
+
+
+def _one_fewer_accepted(spec: dict[str, list[int]]) -> None:
+    spec["per_step_accepted"][1] -= 1
+
+
+def _last_step_missing(spec: dict[str, list[int]]) -> None:
+    spec["per_step_accepted"].pop()
+    spec["per_step_drafted"].pop()
+
+
+def _drafted_missing(spec: dict[str, list[int]]) -> None:
+    del spec["per_step_drafted"]
+
+
+def _relabelled_beside_metrics(t: Transcript) -> None:
+    # vLLM's own counters, taken before the scheduler's frames lie about roles.
+    lists = _honest_metrics(t)
+    _prov_roles_relabelled(t)
+    _put_metrics(t, lists)
+
+
+def _metrics_consistent(t: Transcript) -> None:
+    # The same relabelling, with vLLM's counters forged to match.
+    _prov_roles_relabelled(t)
+    _put_metrics(t, _honest_metrics(t))
+
+
 def _sse_done_early(t: Transcript) -> None:
     done = t.done(0)
     t.remove(done)
@@ -857,6 +939,7 @@ def _boundary_shift_frontend(t: Transcript) -> None:
     five.http_delta = "🙂".encode()
     six.tokens[0].fragment = b" ok. Bye"
     six.tokens[0].span_back = 2
+    six.tokens[0].lead_len = 4  # " ok." from the two tokens before it
     six.http_delta = b" ok. Bye"
 
 
@@ -878,6 +961,7 @@ def _second_scheduler(t: Transcript) -> None:
         hello.plugin_version,
         hello.engine_version,
         hello.spec_method,
+        hello.verification,
     )
     first = _step_frame(t, "sched", 3)
     t.insert_before(first, Frame("sched2", wire.KIND_HELLO, 0, 0, 1, hello=copy))
@@ -903,6 +987,49 @@ NOT_INT = "an id that is not an integer is bad SSE data (both SSE paths)"
 OUT_OF_RANGE = "an id outside u32 is bad SSE data (both SSE paths)"
 PY_OTHER_MESSAGE = I9 + "--reconciler python reports it differently (invalid SSE data: token id …)"
 NO_FINISH = "the stream ended without a finish_reason (server closed it early)"
+GAP_FRONT0 = "frames lost: gap in source {front} at seq 0"
+GAP_SCHED2 = "frames lost: gap in source {sched} at seq 2"
+GAP_SCHED6 = "frames lost: gap in source {sched} at seq 6"
+DUP3 = "source {sched}: seq 3 received twice with different content"
+SECOND_HELLO = "source {sched}: a second hello that differs from its first"
+INSIDE_RECORD = "stream 0: an SSE chunk ends at offset 13 (byte 30), inside a text record"
+OTHER_CHOICE = "stream 0: SSE chunk with a choice other than the single choice 0 (index 1)"
+NO_REQUEST_ID = "stream 0: SSE chunk id does not carry the request id ph1_…"
+
+
+def after_last(witness: str, offset: int) -> str:
+    return (
+        f"stream 0: {witness} token at offset {offset} after the scheduler's last step "
+        f"ended at offset {offset}"
+    )
+
+
+def above_k(stream: int, scheduled: int, offset: int, k: int) -> str:
+    return (
+        f"stream {stream}: {scheduled} drafts scheduled at offset {offset}, "
+        f"the scheduler's hello says K {k}"
+    )
+
+
+def finish_pair(scheduler: str, detokenizer: str) -> str:
+    return (
+        f"stream 0: the scheduler finished the request with '{scheduler}', "
+        f"the detokenizer with '{detokenizer}'"
+    )
+
+
+def metrics_disagree(step: int, vllm: str, offset: int, scheduler: str) -> str:
+    return (
+        f"stream 0: vLLM's per-request metrics disagree at verify step {step}: {vllm} "
+        f"drafted, the scheduler's step at offset {offset} says {scheduler}"
+    )
+
+
+def metrics_steps(listed: int, sent: int) -> str:
+    return (
+        f"stream 0: vLLM's per-request metrics list {listed} verify steps, the scheduler "
+        f"sent {sent} steps with drafts"
+    )
 
 
 def bad_id(position: int) -> str:
@@ -955,6 +1082,14 @@ CASES: list[Case] = [
         "no usage chunk (it is optional)",
         "none",
         _sse_usage_absent,
+        expect="exact",
+    ),
+    _C(
+        "honest.sse_metrics",
+        "sse.metrics.per_step_accepted",
+        "vLLM's per-request metrics in both usage chunks, matching the scheduler's records",
+        "none",
+        _sse_metrics,
         expect="exact",
     ),
     _C(
@@ -1082,8 +1217,8 @@ CASES: list[Case] = [
         "scheduler",
         _header_seq_duplicate_differs,
         streams=(0, 1),
+        reasons={0: DUP3, 1: DUP3},
         rule="issue 9 #3: a duplicate must be byte-identical, or the run fails",
-        xfail=I9 + "a duplicate (same source, same seq) with different content is discarded",
     ),
     _C(
         "header.seq.gap",
@@ -1115,8 +1250,11 @@ CASES: list[Case] = [
         "scheduler",
         _header_step_backwards,
         streams=(0, 1),
+        reasons={
+            0: "stream 0: provenance step 2 before step 3",
+            1: "stream 1: provenance step 2 before step 3",
+        },
         rule="issue 9 #1: steps strictly increase per stream and source",
-        xfail=I9 + "the header step is never read (steps may go backwards)",
     ),
     _C(
         "header.step.repeats",
@@ -1125,8 +1263,11 @@ CASES: list[Case] = [
         "scheduler",
         _header_step_repeats,
         streams=(0, 1),
+        reasons={
+            0: "stream 0: two provenance records in step 3",
+            1: "stream 1: two provenance records in step 3",
+        },
         rule="issue 9 #1: steps strictly increase per stream and source",
-        xfail=I9 + "the header step is never read (steps may repeat)",
     ),
     _C(
         "header.step.split",
@@ -1135,8 +1276,8 @@ CASES: list[Case] = [
         "scheduler",
         _header_step_split,
         streams=(0,),
+        reasons={0: (after_last("SSE", 3), after_last("text", 3))},
         rule="issue 9 #1: step identity is the engine's step number",
-        xfail=I9 + "one engine step split into two records shows as two steps",
     ),
     _C(
         "header.step.text_backwards",
@@ -1145,8 +1286,11 @@ CASES: list[Case] = [
         "frontend",
         _header_text_step_backwards,
         streams=(0, 1),
+        reasons={
+            0: "stream 0: text step 1 before step 3",
+            1: "stream 1: text step 1 before step 3",
+        },
         rule="issue 9 #1 (frontend side): output-processor steps increase per source",
-        xfail=I9 + "the header step of text frames is never read",
     ),
     _C(
         "header.timestamp_ns",
@@ -1177,9 +1321,23 @@ CASES: list[Case] = [
         "scheduler",
         _dropped_after_verdict,
         streams=(0, 1),
+        reasons={
+            0: "frames lost: source {sched} dropped 1 frames before seq 6",
+            1: "frames lost: source {sched} dropped 1 frames before seq 6",
+        },
         rule="issue 9 #9: evidence before finalize() revokes a verdict (a lost frame may "
         "have been a notice for any stream)",
-        xfail=I9 + "frames lost after a stream's verdict do not touch it",
+    ),
+    _C(
+        "header.seq.lost_after_verdict",
+        "header.seq",
+        "once stream 1 shows EXACT, a scheduler frame (its late notice) is lost; later "
+        "frames wait behind the gap until finalize()",
+        "sender",
+        _lost_after_verdict,
+        streams=(0, 1),
+        reasons={0: GAP_SCHED6, 1: GAP_SCHED6},
+        rule="a gap still open at finalize() is a frame loss: it revokes exact verdicts too",
     ),
     _C(
         "header.body_len",
@@ -1306,8 +1464,8 @@ CASES: list[Case] = [
         "scheduler+frontend",
         _hello_k_smaller,
         streams=(0, 1),
+        reasons={0: above_k(0, 3, 1, 2), 1: above_k(1, 3, 1, 2)},
         rule="issue 9 #4: drafts_scheduled <= the hello's K",
-        xfail=I9 + "drafts_scheduled above the hello's K passes",
     ),
     _C(
         "hello.num_speculative_tokens.zero",
@@ -1316,21 +1474,21 @@ CASES: list[Case] = [
         "scheduler+frontend",
         _hello_no_spec,
         streams=(0, 1),
+        reasons={0: above_k(0, 3, 1, 0), 1: above_k(1, 3, 1, 0)},
         rule="issue 9 #4: roles other than plain need a speculative hello",
-        xfail=I9 + "a K=0 hello beside accepted/bonus roles gives EXACT with an acceptance",
     ),
     _C(
-        "hello.reserved",
-        "hello.reserved",
-        "the scheduler's hello sets the reserved u16",
+        "hello.verification",
+        "hello.verification",
+        "the scheduler's hello has verification 9",
         "scheduler",
-        _hello_reserved,
+        _hello_verification_unknown,
         streams=(0, 1),
         reasons={
             0: "frames lost: gap in source {sched} at seq 0",
             1: "frames lost: gap in source {sched} at seq 0",
         },
-        rule="decoder: reserved field set -> rejected",
+        rule="decoder: unknown verification -> rejected",
     ),
     _C(
         "hello.plugin_version",
@@ -1395,8 +1553,8 @@ CASES: list[Case] = [
         "frontend",
         _hello_frontend_disagrees,
         streams=(0, 1),
+        reasons={0: GAP_FRONT0, 1: GAP_FRONT0},
         rule="the hellos of one engine agree on method and K",
-        xfail=I9 + "the two sources' hellos are never compared",
     ),
     _C(
         "hello.repeated_differs",
@@ -1405,8 +1563,8 @@ CASES: list[Case] = [
         "scheduler",
         _hello_repeated,
         streams=(0, 1),
+        reasons={0: SECOND_HELLO, 1: SECOND_HELLO},
         rule="a source that contradicts its own hello cannot be trusted",
-        xfail=I9 + "a second, different hello is only a rejected frame",
     ),
     # ---------------------------------------------------------------- provenance
     _C(
@@ -1450,8 +1608,14 @@ CASES: list[Case] = [
         "stream 0's record of step 3 says finished (length); records follow",
         "scheduler",
         _prov_finished_early,
+        reasons={
+            0: (
+                after_last("SSE", 6),
+                after_last("text", 6),
+                "stream 0: provenance at offset 6 after the scheduler finished the request",
+            )
+        },
         rule="issue 9 #2: no provenance after a finished record",
-        xfail=I9 + "provenance finished is unused: records after a finished one pass",
     ),
     _C(
         "provenance.flags.never_finished",
@@ -1459,8 +1623,8 @@ CASES: list[Case] = [
         "stream 0's last record is not finished (finish_reason 0); the text finishes",
         "scheduler",
         _prov_never_finished,
+        reasons={0: "missing telemetry: the scheduler did not finish the request at offset 15"},
         rule="issue 9 #2: the scheduler's finish agrees with the text's",
-        xfail=I9 + "provenance finished is unused",
     ),
     _C(
         "provenance.flags.trimmed_middle",
@@ -1468,8 +1632,14 @@ CASES: list[Case] = [
         "stream 0's record of step 3 (AT, not the last) says trimmed",
         "scheduler",
         _prov_trimmed_middle,
+        reasons={
+            0: (
+                after_last("SSE", 6),
+                after_last("text", 6),
+                "stream 0: provenance at offset 6 after a trimmed step",
+            )
+        },
         rule="issue 9 #2: trimmed only on the record that ends the request",
-        xfail=I9 + "provenance trimmed is unused",
     ),
     _C(
         "provenance.flags.trimmed_missing",
@@ -1499,8 +1669,8 @@ CASES: list[Case] = [
         "stream 0's scheduler says length; text and SSE say stop",
         "scheduler",
         _prov_finish_length,
+        reasons={0: finish_pair("length", "stop")},
         rule="issue 9 #2: finish reasons agree across provenance, text and SSE",
-        xfail=I9 + "provenance finish_reason is never compared",
     ),
     _C(
         "provenance.finish_reason.abort",
@@ -1508,8 +1678,8 @@ CASES: list[Case] = [
         "stream 0's scheduler says abort",
         "scheduler",
         _prov_finish_abort,
+        reasons={0: finish_pair("abort", "stop")},
         rule="issue 9 #2: finish reasons agree",
-        xfail=I9 + "provenance finish_reason is never compared",
     ),
     _C(
         "provenance.finish_reason.error",
@@ -1517,8 +1687,8 @@ CASES: list[Case] = [
         "stream 0's scheduler says error",
         "scheduler",
         _prov_finish_error,
+        reasons={0: finish_pair("error", "stop")},
         rule="issue 9 #2: finish reasons agree (an errored request is never exact)",
-        xfail=I9 + "provenance finish_reason is never compared",
     ),
     _C(
         "provenance.finish_reason.unknown",
@@ -1566,8 +1736,8 @@ CASES: list[Case] = [
         "stream 0's record of step 3 schedules 4 drafts (K=3)",
         "scheduler",
         _prov_drafts_above_k,
+        reasons={0: above_k(0, 4, 4, 3)},
         rule="issue 9 #4: drafts_scheduled <= K",
-        xfail=I9 + "drafts_scheduled above the hello's K passes",
     ),
     _C(
         "provenance.drafts_scheduled.lowered",
@@ -1584,8 +1754,9 @@ CASES: list[Case] = [
         "stream 0's record of step 2: 3 of 3 drafts padded, yet 2 accepted",
         "scheduler",
         _prov_padded_all,
+        streams=(0, 1),
+        reasons={0: GAP_SCHED2, 1: GAP_SCHED2},
         rule="issue 9 #7: accepted <= drafts_scheduled - drafts_padded",
-        xfail=I9 + "impossible statistics are displayed (accepted > real drafts)",
     ),
     _C(
         "provenance.drafts_padded.above",
@@ -1673,9 +1844,11 @@ CASES: list[Case] = [
             0: (
                 "stream 0: provenance beyond the end of the request at offset 6",
                 "stream 0: SSE text extends beyond the HTTP text at byte 12",
+                "stream 0: SSE token at offset 6 after the detokenizer finished at offset 6",
             )
         },
-        rule="per stream: provenance beyond the end / SSE beyond HTTP (whichever arrives first)",
+        rule="per stream: provenance beyond the end / SSE beyond HTTP or T's end (whichever "
+        "arrives first)",
     ),
     _C(
         "text.flags.text_truncated.eos",
@@ -1683,9 +1856,9 @@ CASES: list[Case] = [
         "EOS finish with text_truncated, whole HTTP text, and one surplus scheduler token",
         "scheduler+frontend",
         _text_truncated_without_stop,
+        reasons={0: "stream 0: provenance at offset 15 after the scheduler finished the request"},
         rule="issue 9 #5: text_truncated needs a stop finish and HTTP text shorter than "
         "the fragments",
-        xfail=I9 + "the flag alone excuses provenance the SSE never delivered",
     ),
     _C(
         "text.flags.text_truncated.length",
@@ -1693,9 +1866,14 @@ CASES: list[Case] = [
         "max_tokens finish (stream 1) with text_truncated and one surplus token",
         "scheduler+frontend",
         _text_truncated_length,
-        streams=(1,),
+        # The decoder refuses the text frame (stop-string flags beside finish length):
+        # stream 0's open record of that frame is lost with it.
+        streams=(1, 0),
+        reasons={
+            1: "stream 1: provenance at offset 9 after the scheduler finished the request",
+            0: "frames lost: gap in source {front} at seq 5",
+        },
         rule="issue 9 #5: text_truncated needs a stop finish",
-        xfail=I9 + "the flag alone excuses provenance the SSE never delivered",
     ),
     _C(
         "text.trimmed_tokens.more",
@@ -1704,8 +1882,11 @@ CASES: list[Case] = [
         "frontend",
         _text_trimmed_more,
         base="stop_string",
+        reasons={
+            0: "stream 0: the text ends at offset 6 with 3 trimmed tokens, the scheduler's "
+            "step holding offset 5 ends at offset 7"
+        },
         rule="trimmed tokens are the scheduler's tokens after the text's end in that step",
-        xfail=I9 + "trimmed_tokens is never compared with the provenance",
     ),
     _C(
         "text.flags.tokens_trimmed_missing",
@@ -1734,8 +1915,8 @@ CASES: list[Case] = [
         "stream 0's text says length; scheduler and SSE say stop",
         "frontend",
         _text_finish_length,
+        reasons={0: finish_pair("stop", "length")},
         rule="issue 9 #2: finish reasons agree",
-        xfail=I9 + "text finish_reason is never compared",
     ),
     _C(
         "text.finish_reason.stop_string_length",
@@ -1744,8 +1925,9 @@ CASES: list[Case] = [
         "frontend",
         _text_stop_finish_length,
         base="stop_string",
+        streams=(0, 1),
+        reasons={0: GAP_FRONT3, 1: GAP_FRONT3},
         rule="issue 9 #2/#5: finish reasons agree; text_truncated needs stop",
-        xfail=I9 + "text finish_reason is never compared",
     ),
     _C(
         "text.offset",
@@ -1884,8 +2066,11 @@ CASES: list[Case] = [
         "the last fragment ' Bye' never reaches HTTP nor SSE; nothing was truncated",
         "frontend+sse",
         _text_http_short,
+        reasons={
+            0: "stream 0: the HTTP text is shorter than the fragments (30 of 34 bytes) "
+            "without text_truncated"
+        },
         rule="without text_truncated the finished HTTP text equals the fragments",
-        xfail=I9 + "HTTP text shorter than the fragments passes without text_truncated",
     ),
     _C(
         "text.http_delta.long",
@@ -1967,8 +2152,8 @@ CASES: list[Case] = [
         "scheduler",
         _notice_after_verdict,
         streams=(1,),
+        reasons={1: "not exact: late: hook failed for stream 1 (notice 3 from source {sched})"},
         rule="issue 9 #9: a notice before finalize() revokes the verdict",
-        xfail=I9 + "a notice after a stream's verdict is ignored",
     ),
     # ---------------------------------------------------------------- SSE
     _C(
@@ -1977,8 +2162,8 @@ CASES: list[Case] = [
         "one chunk of stream 0 carries another run's request id",
         "sse",
         _sse_id_changed,
+        reasons={0: NO_REQUEST_ID},
         rule="issue 9 #10: the chunk id carries this stream's request id",
-        xfail=I9 + "the chunk id is never checked",
     ),
     _C(
         "sse.id.other_stream",
@@ -1986,8 +2171,8 @@ CASES: list[Case] = [
         "every chunk of stream 0 names stream 1's request",
         "sse",
         _sse_id_other_stream,
+        reasons={0: NO_REQUEST_ID},
         rule="issue 9 #10: the chunk id carries this stream's request id",
-        xfail=I9 + "the chunk id is never checked",
     ),
     _C(
         "sse.choices.index",
@@ -1995,8 +2180,8 @@ CASES: list[Case] = [
         "every choice of stream 0 has index 1",
         "sse",
         _sse_index_one,
+        reasons={0: (NO_FINISH, OTHER_CHOICE)},
         rule="issue 9 #6: only choice 0 is this stream's text",
-        xfail=I9 + "choices[].index is ignored",
     ),
     _C(
         "sse.choices.second",
@@ -2004,8 +2189,8 @@ CASES: list[Case] = [
         "every content chunk of stream 0 carries a second choice (index 1)",
         "sse",
         _sse_second_choice,
+        reasons={0: OTHER_CHOICE},
         rule="issue 9 #6: a second choice means n > 1: not exact",
-        xfail=I9 + "a second choice is ignored",
     ),
     _C(
         "sse.choices.second_chunks",
@@ -2013,6 +2198,7 @@ CASES: list[Case] = [
         "after each chunk of choice 0, a chunk of choice 1 with text 'zz'",
         "sse",
         _sse_second_choice_chunks,
+        reasons={0: OTHER_CHOICE},
         rule="issue 9 #6: choice 1's text never mixes into stream 0",
     ),
     _C(
@@ -2060,9 +2246,6 @@ CASES: list[Case] = [
         _sse_lone_surrogate,
         reasons={0: "bad SSE data: …"},
         rule="issue 9 fault: a stream's bad input fails that stream, the others go on",
-        xfail=I9 + "--reconciler python: the UnicodeEncodeError escapes the stream task, "
-        "no error line",
-        xfail_in=PY,
     ),
     *[
         _C(
@@ -2090,8 +2273,8 @@ CASES: list[Case] = [
                 "JSON true is not an integer (Python's bool is one)",
                 None,
             ),
-            ("negative", 3, "[102,220,-5]", 2, OUT_OF_RANGE, PY_OTHER_MESSAGE),
-            ("huge", 3, "[102,220,4294967296]", 2, OUT_OF_RANGE, PY_OTHER_MESSAGE),
+            ("negative", 3, "[102,220,-5]", 2, OUT_OF_RANGE, None),
+            ("huge", 3, "[102,220,4294967296]", 2, OUT_OF_RANGE, None),
             (
                 "string_digits",
                 3,
@@ -2108,7 +2291,13 @@ CASES: list[Case] = [
         "stream 0's chunk of step 3 has no token_ids",
         "sse",
         _sse_ids_missing,
-        reasons={0: "token mismatch at offset 4: detokenizer 102, SSE 221"},
+        reasons={
+            0: (
+                "token mismatch at offset 4: detokenizer 102, SSE 221",
+                # The usage chunk can come before step 3's text frame.
+                "stream 0: usage.completion_tokens 15, but the SSE carried 13 tokens",
+            )
+        },
         rule="per stream: detokenizer and SSE ids agree (offsets counted in arrival order)",
     ),
     _C(
@@ -2117,9 +2306,9 @@ CASES: list[Case] = [
         "step 3's first id moves into step 2's chunk (bytes stay)",
         "sse",
         _sse_ids_shifted,
+        reasons={0: "stream 0: an SSE chunk ends at offset 5 (byte 9), inside a text record"},
         rule="each SSE chunk carries whole steps: its ids and bytes end on one text "
         "record boundary",
-        xfail=I9 + "SSE chunk boundaries are not held against the text records",
     ),
     _C(
         "sse.finish_reason.length",
@@ -2127,8 +2316,8 @@ CASES: list[Case] = [
         "stream 0's SSE says length; scheduler and text say stop",
         "sse",
         _sse_finish("length"),
+        reasons={0: "stream 0: SSE finish_reason 'length', the detokenizer finished with 'stop'"},
         rule="issue 9 #2: finish reasons agree across provenance, text and SSE",
-        xfail=I9 + "the SSE finish_reason is never compared",
     ),
     _C(
         "sse.finish_reason.bogus",
@@ -2136,8 +2325,10 @@ CASES: list[Case] = [
         "stream 0's SSE finish_reason is 'content_filter'",
         "sse",
         _sse_finish("content_filter"),
+        reasons={
+            0: "stream 0: SSE finish_reason 'content_filter', the detokenizer finished with 'stop'"
+        },
         rule="issue 9 #2: finish reasons agree",
-        xfail=I9 + "the SSE finish_reason is never compared",
     ),
     _C(
         "sse.finish_reason.missing",
@@ -2154,8 +2345,10 @@ CASES: list[Case] = [
         "stream 0's chunk of step 3 already says stop; content follows",
         "sse",
         _sse_finish_early,
+        reasons={
+            0: "bad SSE data: invalid SSE chunk: choice 0 has content after its finish_reason"
+        },
         rule="no content after a choice's finish_reason",
-        xfail=I9 + "content after a finish_reason is taken",
     ),
     _C(
         "sse.usage.completion_tokens",
@@ -2163,8 +2356,8 @@ CASES: list[Case] = [
         "stream 0's usage says 16 completion tokens (15 were sent)",
         "sse",
         _sse_usage_more,
+        reasons={0: "stream 0: usage.completion_tokens 16, but the SSE carried 15 tokens"},
         rule="issue 9 #10: usage.completion_tokens equals the confirmed tokens",
-        xfail=I9 + "usage.completion_tokens is never compared",
     ),
     _C(
         "sse.usage.completion_tokens.string",
@@ -2177,8 +2370,6 @@ CASES: list[Case] = [
             "non-negative integer"
         },
         rule="a malformed usage is bad SSE data (both SSE paths)",
-        xfail=I9 + "--reconciler python ignores a malformed usage (Rust rejects it)",
-        xfail_in=PY,
     ),
     _C(
         "sse.usage.total_tokens",
@@ -2188,6 +2379,45 @@ CASES: list[Case] = [
         _sse_usage_total,
         expect="claim",
         rule="carries no evidence about this stream's tokens",
+    ),
+    _C(
+        "sse.metrics.drafted",
+        "sse.metrics.per_step_drafted",
+        "stream 0's per-request metrics say one draft more at the first verify step",
+        "sse",
+        _sse_metrics_edit(_one_more_drafted),
+        reasons={0: metrics_disagree(0, "2 accepted of 4", 1, "2 of 3")},
+        rule="the fourth witness: vLLM's drafted count per verify step = scheduled - padded",
+    ),
+    _C(
+        "sse.metrics.accepted",
+        "sse.metrics.per_step_accepted",
+        "stream 0's per-request metrics say one accepted draft fewer at the second verify step",
+        "sse",
+        _sse_metrics_edit(_one_fewer_accepted),
+        reasons={0: metrics_disagree(1, "0 accepted of 3", 4, "1 of 3")},
+        rule="the fourth witness: vLLM's accepted count per verify step = the accepted roles",
+    ),
+    _C(
+        "sse.metrics.steps",
+        "sse.metrics.per_step_accepted",
+        "stream 0's per-request metrics leave out the last verify step",
+        "sse",
+        _sse_metrics_edit(_last_step_missing),
+        reasons={0: metrics_steps(4, 5)},
+        rule="the fourth witness: one entry per scheduler step with drafts",
+    ),
+    _C(
+        "sse.metrics.one_list",
+        "sse.metrics.per_step_drafted",
+        "stream 0's per-request metrics have per_step_accepted only",
+        "sse",
+        _sse_metrics_edit(_drafted_missing),
+        reasons={
+            0: "stream 0: vLLM's per-request metrics carry per_step_accepted without "
+            "per_step_drafted"
+        },
+        rule="the fourth witness: both lists or neither",
     ),
     _C(
         "sse.done.early",
@@ -2214,9 +2444,13 @@ CASES: list[Case] = [
         "stream 0's chunk of step 3 is sent as `event: delta`",
         "sse",
         _sse_typed_event,
+        reasons={
+            0: (
+                "token mismatch at offset 4: detokenizer 102, SSE 221",
+                "stream 0: usage.completion_tokens 15, but the SSE carried 13 tokens",
+            )
+        },
         rule="an event with its own type is not a completion chunk: its text is missing",
-        xfail=I9 + "the Python SSE reader takes a typed event's data as a chunk",
-        xfail_in=PY,
     ),
     # ---------------------------------------------------------------- whole streams
     _C(
@@ -2225,8 +2459,8 @@ CASES: list[Case] = [
         "stream 0 has no tokens anywhere and no scheduler record",
         "scheduler+frontend+sse",
         _vacuous,
+        reasons={0: "missing telemetry: the scheduler did not finish the request at offset 0"},
         rule="issue 9 #8: a stream with no tokens and no scheduler source is not exact",
-        xfail=I9 + "vacuous EXACT",
     ),
     _C(
         "stream.blame",
@@ -2272,8 +2506,16 @@ CASES: list[Case] = [
         "detokenizer and SSE (and usage) add a token the scheduler never made",
         "frontend+sse",
         _frontend_sse_extra_token,
-        reasons={0: "missing telemetry: no provenance for offset 15"},
-        rule="finalize 4: every token needs provenance",
+        reasons={
+            0: (
+                "stream 0: text token at offset 15 after the scheduler's last step ended "
+                "at offset 15",
+                "stream 0: SSE token at offset 15 after the scheduler's last step ended "
+                "at offset 15",
+                "missing telemetry: no provenance for offset 15",
+            )
+        },
+        rule="per stream: no text token beyond the scheduler's finished last step",
     ),
     _C(
         "combined.boundary_shift",
@@ -2281,9 +2523,9 @@ CASES: list[Case] = [
         "' ok.' moved from step 5's text record into step 6's; SSE chunks unchanged",
         "frontend",
         _boundary_shift_frontend,
+        reasons={0: INSIDE_RECORD},
         rule="each SSE chunk carries whole steps: its ids and bytes end on one text "
         "record boundary",
-        xfail=I9 + "SSE chunk boundaries are not held against the text records",
     ),
     _C(
         "combined.boundary_shift_sse",
@@ -2293,6 +2535,25 @@ CASES: list[Case] = [
         _boundary_shift_all,
         expect="limit",
         rule="which token produced which bytes is the detokenizer's statement",
+    ),
+    _C(
+        "combined.roles_beside_metrics",
+        "provenance.roles",
+        "the relabelled prefill token (provenance.roles.relabelled) beside vLLM's own "
+        "per-request metrics",
+        "scheduler",
+        _relabelled_beside_metrics,
+        reasons={0: metrics_steps(5, 6)},
+        rule="the fourth witness contradicts the roles: one entry per step with drafts",
+    ),
+    _C(
+        "combined.roles_and_metrics",
+        "provenance.roles",
+        "the relabelled prefill token, and per-request metrics forged to match it",
+        "scheduler+sse",
+        _metrics_consistent,
+        expect="limit",
+        rule="roles and vLLM's counters come from one engine: a consistent lie of both",
     ),
     _C(
         "combined.second_scheduler",

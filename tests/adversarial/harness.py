@@ -96,8 +96,10 @@ def run_transcript(
     mode: str,
     reconciler: str,
     socket_dir: str,
+    record: str | None = None,
 ) -> Outcome:
-    """Build the run's transcript for a fresh run id, play it, return what the client did."""
+    """Build the run's transcript for a fresh run id, play it, return what the client
+    did (with `record`, the run is also recorded there, as `--record` does)."""
     run_id = secrets.token_hex(16)
     transcript = build(run_id)
     verdicts = server.register(run_id, transcript, socket_dir)
@@ -122,6 +124,7 @@ def run_transcript(
         "20",
         "--view",
         "plain",
+        *(["--record", record] if record is not None else []),
     ]
     config = parse_run(argv, env={}, stdout_tty=False)
     console = make_console(True, plain=True)

@@ -267,6 +267,7 @@ class _Frontend:
             if not raw:  # a skipped special token
                 tokens.append(wire.TextToken(token_id, b"", 0))
                 continue
+            lead = len(self.pending)  # bytes from the pending predecessors (C1's lead_len)
             self.pending += raw
             try:
                 text = self.pending.decode("utf-8")
@@ -274,7 +275,7 @@ class _Frontend:
                 self.pending_tokens += 1
                 tokens.append(wire.TextToken(token_id, b"", 0))
                 continue
-            tokens.append(wire.TextToken(token_id, self.pending, self.pending_tokens))
+            tokens.append(wire.TextToken(token_id, self.pending, self.pending_tokens, lead))
             self.pending, self.pending_tokens = b"", 0
             self.output += text
             if self.stop and self.stop in self.output:
@@ -322,16 +323,18 @@ def _provenance(stream: int, offset: int, step: Step, draft_len: int) -> wire.Pr
 
 
 def _hello(base: Base, role: int) -> wire.Hello:
-    speculative = base.draft_len > 0
+    # Only the scheduler announces speculative decoding (protocol 2).
+    speculative = base.draft_len > 0 and role == wire.SOURCE_SCHEDULER
     return wire.Hello(
         role=role,
         engine=wire.ENGINE_VLLM,
         role_derivation=wire.DERIVATION_DRAFT_IDS if speculative else wire.DERIVATION_NONE,
         async_scheduling=False,
-        num_speculative_tokens=base.draft_len,
+        num_speculative_tokens=base.draft_len if speculative else 0,
         plugin_version=parallelhue_vllm.__version__,
         engine_version="0.32.0+cpu",
         spec_method="ngram" if speculative else "",
+        verification=wire.VERIFICATION_STANDARD if speculative else wire.VERIFICATION_NONE,
     )
 
 

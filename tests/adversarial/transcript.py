@@ -199,14 +199,18 @@ class Transcript:
     def sse_events(self, stream: int) -> list[Sse]:
         return [a for a in self.actions if isinstance(a, Sse) and a.stream == stream]
 
-    def usage(self, stream: int) -> dict[str, Any]:
+    def usage_chunk(self, stream: int) -> dict[str, Any]:
+        """The stream's final usage chunk (no choices), as JSON data."""
         (event,) = [
             a
             for a in self.sse_events(stream)
             if isinstance(a.data, dict) and "usage" in a.data and not a.data["choices"]
         ]
         assert isinstance(event.data, dict)
-        usage: dict[str, Any] = event.data["usage"]
+        return event.data
+
+    def usage(self, stream: int) -> dict[str, Any]:
+        usage: dict[str, Any] = self.usage_chunk(stream)["usage"]
         return usage
 
     def done(self, stream: int) -> Sse:
@@ -285,9 +289,9 @@ class Offsets:
     RUN_ID, SOURCE_ID, SEQ, STEP, TIMESTAMP, DROPPED, BODY_LEN = 8, 24, 32, 40, 48, 56, 60
     BODY = wire.HEADER_SIZE
     RECORD = BODY + 2  # after the record count
-    # hello body: role, engine, role_derivation, async_scheduling, K, reserved, str8s
+    # hello body: role, engine, role_derivation, async_scheduling, K, verification, str8s
     HELLO_ROLE, HELLO_ENGINE, HELLO_DERIVATION, HELLO_ASYNC = BODY, BODY + 1, BODY + 2, BODY + 3
-    HELLO_K, HELLO_RESERVED = BODY + 4, BODY + 6
+    HELLO_K, HELLO_VERIFICATION = BODY + 4, BODY + 6
     # record fields (provenance and text share the first four)
     REC_STREAM, REC_FLAGS, REC_FINISH, REC_OFFSET, REC_COUNT = (
         RECORD,

@@ -50,7 +50,7 @@ def raw_frame(
     body: bytes,
     *,
     magic: bytes = b"PHUE",
-    version: int = 1,
+    version: int = 2,
     flags: int = 0,
     source: int = SCHEDULER,
     seq: int = 1,
@@ -84,12 +84,12 @@ def hello_body(
     derivation: int = 1,
     async_scheduling: int = 0,
     k: int = 3,
-    reserved: int = 0,
-    plugin_version: bytes = b"0.1.0",
+    verification: int = 1,
+    plugin_version: bytes = b"0.2.0",
     engine_version: bytes = b"0.32.0+cpu",
     spec_method: bytes = b"ngram",
 ) -> bytes:
-    parts = [struct.pack("<BBBBHH", role, engine, derivation, async_scheduling, k, reserved)]
+    parts = [struct.pack("<BBBBHH", role, engine, derivation, async_scheduling, k, verification)]
     for value in (plugin_version, engine_version, spec_method):
         parts.append(bytes((len(value),)) + value)
     return b"".join(parts)
@@ -121,20 +121,26 @@ def text_record(
     flags: int = 0,
     reason: int = 0,
     offset: int = 0,
-    tokens: list[tuple[int, bytes, int]] | None = None,
+    tokens: list[tuple[int, ...]] | None = None,
     http: bytes | None = None,
     trimmed: int = 0,
     n_tokens: int | None = None,
     http_len: int | None = None,
 ) -> bytes:
+    """Tokens are (id, fragment, span_back[, lead_len]); lead_len defaults to 0
+    without span_back and to unknown (0xFFFF) with it."""
     tokens = [(201, b"Hi", 0), (202, b" there", 0)] if tokens is None else tokens
-    http = b"".join(fragment for _, fragment, _ in tokens) if http is None else http
-    count = len(tokens) if n_tokens is None else n_tokens
+    entries = [
+        (t[0], t[1], t[2], t[3] if len(t) > 3 else (0 if t[2] == 0 else wire.LEAD_UNKNOWN))
+        for t in tokens
+    ]
+    http = b"".join(entry[1] for entry in entries) if http is None else http
+    count = len(entries) if n_tokens is None else n_tokens
     length = len(http) if http_len is None else http_len
     return b"".join(
         [struct.pack("<HBBIHHI", stream, flags, reason, offset, count, trimmed, length)]
-        + [struct.pack("<IHB", tid, len(fragment), back) for tid, fragment, back in tokens]
-        + [fragment for _, fragment, _ in tokens]
+        + [struct.pack("<IHBH", tid, len(frag), back, lead) for tid, frag, back, lead in entries]
+        + [entry[1] for entry in entries]
         + [http]
     )
 
@@ -209,12 +215,22 @@ def header_vectors() -> dict[str, list[Vector]]:
         invalid(
             "version 0",
             raw_frame(NOTICE, body, version=0),
-            "unsupported protocol version 0 (this build speaks 1)",
+            "unsupported protocol version 0 (this build speaks 2)",
         ),
         invalid(
-            "version 2 wins over kind",
-            raw_frame(9, body, version=2),
-            "unsupported protocol version 2 (this build speaks 1)",
+            "version 1 (a parallelhue-vllm 0.1 sender)",
+            raw_frame(NOTICE, body, version=1),
+            "unsupported protocol version 1 (this build speaks 2)",
+        ),
+        invalid(
+            "version 1 wins over kind",
+            raw_frame(9, body, version=1),
+            "unsupported protocol version 1 (this build speaks 2)",
+        ),
+        invalid(
+            "version 3",
+            raw_frame(NOTICE, body, version=3),
+            "unsupported protocol version 3 (this build speaks 2)",
         ),
         invalid("kind 0", raw_frame(0, body), "unknown frame kind 0"),
         invalid("kind 5", raw_frame(5, body), "unknown frame kind 5"),
@@ -256,6 +272,15 @@ def hello_vectors() -> dict[str, list[Vector]]:
     def hello_frame(**fields: Any) -> bytes:
         return raw_frame(HELLO, hello_body(**fields), seq=0, step=0)
 
+    def encode_hello_fields(
+        derivation: int, is_async: bool, k: int, method: str, verification: int
+    ) -> bytes:
+        return wire.encode_hello(
+            header(seq=0, step=3),
+            wire.Hello(wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, derivation, is_async, k,
+                       "0.2.0", "0.32.0+cpu", method, verification),
+        )  # fmt: skip
+
     good = [
         valid(
             "scheduler, vLLM, ngram K=3",
@@ -267,9 +292,10 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_DRAFT_IDS,
                     False,
                     3,
-                    "0.1.0",
+                    "0.2.0",
                     "0.32.0+cpu",
                     "ngram",
+                    wire.VERIFICATION_STANDARD,
                 ),
             ),
         ),
@@ -283,9 +309,10 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_NONE,
                     False,
                     0,
-                    "0.1.0",
+                    "0.2.0",
                     "0.26.0",
                     "",
+                    wire.VERIFICATION_NONE,
                 ),
             ),
         ),
@@ -299,10 +326,21 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_COUNTS,
                     True,
                     7,
-                    "0.1.0",
+                    "0.2.0",
                     "0.33.0",
                     "eagle3",
+                    wire.VERIFICATION_UNKNOWN,
                 ),
+            ),
+        ),
+        valid(
+            "scheduler without speculative decoding under async scheduling",
+            encode_hello_fields(wire.DERIVATION_NONE, True, 0, "", wire.VERIFICATION_NONE),
+        ),
+        valid(
+            "synthetic verification",
+            encode_hello_fields(
+                wire.DERIVATION_DRAFT_IDS, False, 2, "draft_model", wire.VERIFICATION_SYNTHETIC
             ),
         ),
         valid(
@@ -315,9 +353,10 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_DRAFT_IDS,
                     False,
                     65535,
-                    "0.1.0-β",
+                    "0.2.0-β",
                     "sim-1",
                     "m" * 255,
+                    wire.VERIFICATION_FLY,
                 ),
             ),
         ),
@@ -335,7 +374,12 @@ def hello_vectors() -> dict[str, list[Vector]]:
             hello_frame(async_scheduling=2),
             "hello: invalid async_scheduling 2",
         ),
-        invalid("reserved set", hello_frame(reserved=1), "hello: reserved field set: 1"),
+        invalid("verification 5", hello_frame(verification=5), "hello: unknown verification 5"),
+        invalid(
+            "unknown verification wins over invalid UTF-8",
+            hello_frame(verification=300, plugin_version=b"\xff"),
+            "hello: unknown verification 300",
+        ),
         invalid(
             "body cut inside the fixed fields",
             raw_frame(HELLO, hello_body()[:5], seq=0),
@@ -374,27 +418,76 @@ def hello_vectors() -> dict[str, list[Vector]]:
         invalid(
             "method without K",
             hello_frame(k=0),
-            "hello: inconsistent speculative fields (method 'ngram', K 0, derivation 1)",
+            "hello: inconsistent speculative fields (method 'ngram', K 0, derivation 1, "
+            "verification 1)",
         ),
         invalid(
             "K without method",
-            hello_frame(spec_method=b"", derivation=0),
-            "hello: inconsistent speculative fields (method '', K 3, derivation 0)",
+            hello_frame(spec_method=b"", derivation=0, verification=0),
+            "hello: inconsistent speculative fields (method '', K 3, derivation 0, verification 0)",
         ),
         invalid(
             "derivation none with method and K",
             hello_frame(derivation=0),
-            "hello: inconsistent speculative fields (method 'ngram', K 3, derivation 0)",
+            "hello: inconsistent speculative fields (method 'ngram', K 3, derivation 0, "
+            "verification 1)",
         ),
         invalid(
             "derivation without method and K",
-            hello_frame(derivation=2, k=0, spec_method=b""),
-            "hello: inconsistent speculative fields (method '', K 0, derivation 2)",
+            hello_frame(derivation=2, k=0, spec_method=b"", verification=0),
+            "hello: inconsistent speculative fields (method '', K 0, derivation 2, verification 0)",
+        ),
+        invalid(
+            "method without verification",
+            hello_frame(verification=0),
+            "hello: inconsistent speculative fields (method 'ngram', K 3, derivation 1, "
+            "verification 0)",
+        ),
+        invalid(
+            "verification without speculative decoding",
+            hello_frame(derivation=0, k=0, spec_method=b"", verification=4),
+            "hello: inconsistent speculative fields (method '', K 0, derivation 0, verification 4)",
         ),
         invalid(
             "inconsistency wins over trailing bytes",
             raw_frame(HELLO, hello_body(k=0) + b"\x00", seq=0),
-            "hello: inconsistent speculative fields (method 'ngram', K 0, derivation 1)",
+            "hello: inconsistent speculative fields (method 'ngram', K 0, derivation 1, "
+            "verification 1)",
+        ),
+        invalid(
+            "draft ids under async scheduling",
+            hello_frame(derivation=1, async_scheduling=1),
+            "hello: role derivation 1 with async_scheduling 1",
+        ),
+        invalid(
+            "counts without async scheduling",
+            hello_frame(derivation=2, async_scheduling=0),
+            "hello: role derivation 2 with async_scheduling 0",
+        ),
+        invalid(
+            "inconsistency wins over derivation/async",
+            hello_frame(derivation=2, async_scheduling=0, k=0),
+            "hello: inconsistent speculative fields (method 'ngram', K 0, derivation 2, "
+            "verification 1)",
+        ),
+        invalid(
+            "frontend with speculative fields",
+            hello_frame(role=2),
+            "hello: frontend hello with speculative fields (method 'ngram', K 3, "
+            "derivation 1, async_scheduling 0, verification 1)",
+        ),
+        invalid(
+            "frontend under async scheduling",
+            hello_frame(
+                role=2, derivation=0, k=0, spec_method=b"", verification=0, async_scheduling=1
+            ),
+            "hello: frontend hello with speculative fields (method '', K 0, "
+            "derivation 0, async_scheduling 1, verification 0)",
+        ),
+        invalid(
+            "derivation/async wins over frontend",
+            hello_frame(role=2, derivation=2, async_scheduling=0),
+            "hello: role derivation 2 with async_scheduling 0",
         ),
         invalid(
             "trailing byte",
@@ -436,8 +529,12 @@ def provenance_vectors() -> dict[str, list[Vector]]:
             encode(record(1, 9, [1, 2], [A, T], drafts_scheduled=4, drafts_padded=2)),
         ),
         valid(
-            "all drafts padded (async scheduling)",
-            encode(record(1, 9, [1, 2, 3], [A, A, B], drafts_scheduled=2, drafts_padded=2)),
+            "all drafts padded, only the target's token",
+            encode(record(1, 9, [3], [T], drafts_scheduled=2, drafts_padded=2)),
+        ),
+        valid(
+            "accepted up to the unpadded drafts",
+            encode(record(1, 9, [1, 2, 3], [A, A, T], drafts_scheduled=3, drafts_padded=1)),
         ),
         valid(
             "stop token trims the step, finished",
@@ -573,6 +670,26 @@ def provenance_vectors() -> dict[str, list[Vector]]:
             "record for stream 6: offset 4294967293 + 4 tokens overflows u32",
         ),
         invalid(
+            "accepted a padded draft",
+            prov(prov_record(stream=6, ids=[1, 2], roles=[A, T], scheduled=3, padded=3)),
+            "record for stream 6: 1 accepted drafts exceed 3 scheduled minus 3 padded",
+        ),
+        invalid(
+            "bonus with a padded draft",
+            prov(prov_record(stream=6, ids=[1, 2, 3], roles=[A, A, B], scheduled=2, padded=1)),
+            "record for stream 6: 2 accepted drafts exceed 2 scheduled minus 1 padded",
+        ),
+        invalid(
+            "trimmed step accepted more than the unpadded drafts",
+            prov(prov_record(stream=6, ids=[1, 2], roles=[A, A], scheduled=3, padded=2, flags=2)),
+            "record for stream 6: 2 accepted drafts exceed 3 scheduled minus 2 padded",
+        ),
+        invalid(
+            "role sequence wins over padding",
+            prov(prov_record(stream=6, ids=[1, 2], roles=[A, P], scheduled=3, padded=3)),
+            "record for stream 6: invalid role sequence AP",
+        ),
+        invalid(
             "padded exceed scheduled",
             prov(prov_record(stream=6, scheduled=2, padded=3, ids=[1, 2, 3], roles=[A, A, B])),
             "record for stream 6: 3 padded drafts exceed 2 scheduled",
@@ -695,7 +812,9 @@ def text_vectors() -> dict[str, list[Vector]]:
         valid(
             "CJK character split over two tokens",
             encode(
-                wire.TextRecord(1, 12, [tok(300, b""), tok(301, ni, 1), tok(302, b"!")], ni + b"!")
+                wire.TextRecord(
+                    1, 12, [tok(300, b""), tok(301, ni, 1, 2), tok(302, b"!")], ni + b"!"
+                )
             ),
         ),
         valid(
@@ -704,10 +823,26 @@ def text_vectors() -> dict[str, list[Vector]]:
                 wire.TextRecord(
                     1,
                     3,
-                    [tok(1, b""), tok(2, b""), tok(3, b""), tok(4, smile, 3)],
+                    [tok(1, b""), tok(2, b""), tok(3, b""), tok(4, smile, 3, 3)],
                     smile,
                 )
             ),
+        ),
+        valid(
+            "lead_len: 'a' and half a character from the predecessor, 'b' from the carrier",
+            encode(
+                wire.TextRecord(
+                    1, 0, [tok(300, b""), tok(301, b"a" + ni + b"b", 1, 2)], b"a" + ni + b"b"
+                )
+            ),
+        ),
+        valid(
+            "lead_len unknown",
+            encode(wire.TextRecord(1, 0, [tok(1, b""), tok(2, ni, 1, wire.LEAD_UNKNOWN)], ni)),
+        ),
+        valid(
+            "lead_len equal to the fragment",
+            encode(wire.TextRecord(1, 0, [tok(1, b""), tok(2, b""), tok(3, ni, 2, 3)], ni)),
         ),
         valid(
             "token ends inside a character: empty fragment, empty http delta",
@@ -818,6 +953,21 @@ def text_vectors() -> dict[str, list[Vector]]:
             "record for stream 1: finish reason 0 with finished=1",
         ),
         invalid(
+            "text_truncated with finish reason length",
+            text(text_record(stream=1, flags=3, reason=2)),
+            "record for stream 1: stop-string flags 3 with finish reason 2",
+        ),
+        invalid(
+            "tokens_trimmed with finish reason abort",
+            text(text_record(stream=1, flags=5, reason=3)),
+            "record for stream 1: stop-string flags 5 with finish reason 3",
+        ),
+        invalid(
+            "finish mismatch wins over stop-string flags",
+            text(text_record(stream=1, flags=3, reason=0)),
+            "record for stream 1: finish reason 0 with finished=1",
+        ),
+        invalid(
             "reason without finished",
             text(text_record(stream=1, reason=3)),
             "record for stream 1: finish reason 3 with finished=0",
@@ -848,6 +998,45 @@ def text_vectors() -> dict[str, list[Vector]]:
             "record for stream 1: span_back 1 on empty fragment at token 1",
         ),
         invalid(
+            "lead_len without span_back",
+            text(text_record(stream=1, tokens=[(1, b"ab", 0, 1)], http=b"ab")),
+            "record for stream 1: lead_len 1 without span_back at token 0",
+        ),
+        invalid(
+            "lead_len unknown without span_back",
+            text(text_record(stream=1, tokens=[(1, b"ab", 0, 0xFFFF)], http=b"ab")),
+            "record for stream 1: lead_len 65535 without span_back at token 0",
+        ),
+        invalid(
+            "lead_len on an empty fragment",
+            text(text_record(stream=1, tokens=[(1, b"", 0, 2)], http=b"")),
+            "record for stream 1: lead_len 2 without span_back at token 0",
+        ),
+        invalid(
+            "lead_len exceeds the fragment",
+            text(text_record(stream=1, tokens=[(1, b"", 0), (2, b"ab", 1, 3)], http=b"ab")),
+            "record for stream 1: lead_len 3 exceeds the 2-byte fragment at token 1",
+        ),
+        invalid(
+            "lead_len below span_back",
+            text(
+                text_record(
+                    stream=1, tokens=[(1, b"", 0), (2, b"", 0), (3, b"abc", 2, 1)], http=b"abc"
+                )
+            ),
+            "record for stream 1: lead_len 1 below span_back 2 at token 2",
+        ),
+        invalid(
+            "span_back on empty fragment wins over lead_len",
+            text(text_record(stream=1, tokens=[(1, b"", 1, 9)], http=b"")),
+            "record for stream 1: span_back 1 on empty fragment at token 0",
+        ),
+        invalid(
+            "token entry error wins over invalid UTF-8",
+            text(text_record(stream=1, tokens=[(1, b"\xff", 0, 1)], http=b"")),
+            "record for stream 1: lead_len 1 without span_back at token 0",
+        ),
+        invalid(
             "invalid UTF-8 fragment: half a character",
             text(text_record(stream=1, tokens=[(1, b"a", 0), (2, ni[:2], 0)], http=b"a")),
             "record for stream 1: invalid UTF-8 in fragment of token 1",
@@ -874,18 +1063,18 @@ def text_vectors() -> dict[str, list[Vector]]:
         ),
         invalid(
             "cut inside the fragments",
-            text(text_record(stream=1))[: 64 + 2 + 16 + 14 + 3],
-            "truncated text body at byte 96",
+            text(text_record(stream=1))[: 64 + 2 + 16 + 18 + 3],
+            "truncated text body at byte 100",
         ),
         invalid(
             "cut inside the http delta",
             text(text_record(stream=1))[:-1],
-            "truncated text body at byte 104",
+            "truncated text body at byte 108",
         ),
         invalid(
             "http_len beyond the body",
             text(text_record(stream=1, http_len=100)),
-            "truncated text body at byte 104",
+            "truncated text body at byte 108",
         ),
         invalid(
             "trailing bytes",

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from parallelhue.reference.sse import ChunkInputs
 from parallelhue_vllm import paths
 
 SPEC_METRICS = {
@@ -56,6 +57,7 @@ class StreamResult:
     finish_reason: str | None = None
     chunks: int = 0
     error: str | None = None
+    usage_chunk: dict[str, Any] | None = None  # the last chunk carrying `usage`
 
 
 @dataclass
@@ -167,6 +169,7 @@ async def _stream(
         if response.status_code != 200:
             result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
             return
+        extraction = ChunkInputs()  # the client's reference extraction of SSE inputs
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -174,22 +177,18 @@ async def _stream(
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
-            for choice in chunk.get("choices", ()):
-                if shape.endpoint == "chat":
-                    text = (choice.get("delta") or {}).get("content") or ""
-                else:
-                    text = choice.get("text") or ""
-                token_ids = choice.get("token_ids") or []
-                if text or token_ids:
+            if chunk.get("usage") is not None:
+                result.usage_chunk = chunk
+            for item in extraction.extract_payload(data):
+                if item[0] == "sse":
                     result.chunks += 1
-                    result.text += text
-                    result.token_ids.extend(token_ids)
-                    with lock:
-                        reconciler.push_sse(index, text, list(token_ids))
-                if choice.get("finish_reason"):
-                    result.finish_reason = choice["finish_reason"]
+                    result.text += item[1]
+                    result.token_ids.extend(item[2])
+                with lock:
+                    reconciler.push_inputs([(item[0], index, *item[1:])])
+            result.finish_reason = extraction.finish_reason
     with lock:
-        reconciler.finish_sse(index)
+        reconciler.finish_sse(index, result.finish_reason)
 
 
 def run(

@@ -6,7 +6,7 @@ reported, with exactly the protocol's error messages.
 
 Reading granularity (which matters for `truncated {kind} body at byte {pos}`):
 every row of a layout table is one read, arrays included (the 4·n token ids,
-the n roles, the 7·n token entries, all fragments together, the HTTP delta, a
+the n roles, the 9·n token entries, all fragments together, the HTTP delta, a
 str8's length byte and then its bytes). `pos` is the datagram offset at which
 the read that could not be completed starts.
 """
@@ -24,6 +24,7 @@ from parallelhue_vllm.wire import (
     KIND_NOTICE,
     KIND_PROVENANCE,
     KIND_TEXT,
+    LEAD_UNKNOWN,
     MAGIC,
     MAX_FRAME_BYTES,
     MAX_NOTICE_BYTES,
@@ -34,6 +35,8 @@ from parallelhue_vllm.wire import (
     ROLE_BONUS,
     ROLE_PLAIN,
     ROLE_TARGET,
+    SOURCE_FRONTEND,
+    VERIFICATION_UNKNOWN,
     Header,
     Hello,
     NoticeRecord,
@@ -56,7 +59,7 @@ _HEADER = struct.Struct("<4sBBH16sQQQQII")
 
 
 class FrameError(ValueError):
-    """A datagram that is not a valid protocol-1 frame; str() is the protocol's message."""
+    """A datagram that is not a valid protocol-2 frame; str() is the protocol's message."""
 
 
 @dataclass(slots=True)
@@ -122,7 +125,9 @@ def _decode_header(data: bytes) -> tuple[int, Header]:
     if magic != MAGIC:
         raise FrameError(f"bad magic: expected 50485545, got {magic.hex()}")
     if version != PROTOCOL_VERSION:
-        raise FrameError(f"unsupported protocol version {version} (this build speaks 1)")
+        raise FrameError(
+            f"unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})"
+        )
     if kind not in KIND_NAMES:
         raise FrameError(f"unknown frame kind {kind}")
     if flags != 0:
@@ -159,18 +164,33 @@ def _decode_hello(reader: _Reader) -> Hello:
     if async_scheduling not in (0, 1):
         raise FrameError(f"hello: invalid async_scheduling {async_scheduling}")
     num_speculative_tokens = reader.u16()
-    reserved = reader.u16()
-    # Not in the protocol's error table; the layout says "reserved 0".
-    if reserved != 0:
-        raise FrameError(f"hello: reserved field set: {reserved}")
+    verification = reader.u16()
+    if verification > VERIFICATION_UNKNOWN:
+        raise FrameError(f"hello: unknown verification {verification}")
     plugin_version = _str8(reader, "plugin_version")
     engine_version = _str8(reader, "engine_version")
     spec_method = _str8(reader, "spec_method")
     no_method = spec_method == ""
-    if (derivation == 0) != no_method or (num_speculative_tokens == 0) != no_method:
+    if (
+        (derivation == 0) != no_method
+        or (num_speculative_tokens == 0) != no_method
+        or (verification == 0) != no_method
+    ):
         raise FrameError(
             f"hello: inconsistent speculative fields (method '{spec_method}', "
-            f"K {num_speculative_tokens}, derivation {derivation})"
+            f"K {num_speculative_tokens}, derivation {derivation}, verification {verification})"
+        )
+    # Draft ids are only seen without async scheduling; under it only counts.
+    if (derivation == 1 and async_scheduling == 1) or (derivation == 2 and async_scheduling == 0):
+        raise FrameError(
+            f"hello: role derivation {derivation} with async_scheduling {async_scheduling}"
+        )
+    # The frontend does not schedule: it has no speculative fields to announce.
+    if role == SOURCE_FRONTEND and (derivation != 0 or async_scheduling != 0):
+        raise FrameError(
+            f"hello: frontend hello with speculative fields (method '{spec_method}', "
+            f"K {num_speculative_tokens}, derivation {derivation}, "
+            f"async_scheduling {async_scheduling}, verification {verification})"
         )
     reader.finish()
     return Hello(
@@ -182,6 +202,7 @@ def _decode_hello(reader: _Reader) -> Hello:
         plugin_version,
         engine_version,
         spec_method,
+        verification,
     )
 
 
@@ -264,6 +285,13 @@ def _decode_provenance(reader: _Reader, frame: Frame) -> None:
         roles = reader.take(count)
         trimmed = bool(flags & 2)
         _check_roles(stream, roles, drafts_scheduled, trimmed)
+        accepted = roles.count(ROLE_ACCEPTED)
+        # A padded draft slot held no draft: it cannot have been accepted.
+        if accepted > drafts_scheduled - drafts_padded:
+            raise FrameError(
+                f"record for stream {stream}: {accepted} accepted drafts exceed "
+                f"{drafts_scheduled} scheduled minus {drafts_padded} padded"
+            )
         frame.records.append(
             ProvenanceRecord(
                 stream,
@@ -300,6 +328,12 @@ def _decode_text(reader: _Reader, frame: Frame) -> None:
             raise FrameError(f"record for stream {stream}: invalid flags {flags}")
         finish_reason = reader.u8()
         _check_finish(stream, finished, finish_reason)
+        # text_truncated and tokens_trimmed both say a stop string ended the request.
+        if flags & 0b110 and finish_reason != 1:
+            raise FrameError(
+                f"record for stream {stream}: stop-string flags {flags} "
+                f"with finish reason {finish_reason}"
+            )
         offset = reader.u32()
         count = reader.u16()
         _check_token_range(stream, offset, count, 0 if finished else 1)
@@ -310,24 +344,20 @@ def _decode_text(reader: _Reader, frame: Frame) -> None:
                 "without tokens_trimmed flag"
             )
         http_len = reader.u32()
-        entries = list(struct.iter_unpack("<IHB", reader.take(7 * count)))
-        for index, (_, frag_len, span_back) in enumerate(entries):
-            if frag_len == 0 and span_back != 0:
-                raise FrameError(
-                    f"record for stream {stream}: span_back {span_back} "
-                    f"on empty fragment at token {index}"
-                )
+        entries = list(struct.iter_unpack("<IHBH", reader.take(9 * count)))
+        for index, (_, frag_len, span_back, lead_len) in enumerate(entries):
+            _check_token_entry(stream, index, frag_len, span_back, lead_len)
         fragments_blob = reader.take(sum(entry[1] for entry in entries))
         tokens: list[TextToken] = []
         start = 0
-        for index, (token_id, frag_len, span_back) in enumerate(entries):
+        for index, (token_id, frag_len, span_back, lead_len) in enumerate(entries):
             fragment = fragments_blob[start : start + frag_len]
             start += frag_len
             if not _utf8_ok(fragment):
                 raise FrameError(
                     f"record for stream {stream}: invalid UTF-8 in fragment of token {index}"
                 )
-            tokens.append(TextToken(token_id, fragment, span_back))
+            tokens.append(TextToken(token_id, fragment, span_back, lead_len))
         http_delta = reader.take(http_len)
         if not _utf8_ok(http_delta):
             raise FrameError(f"record for stream {stream}: invalid UTF-8 in http delta")
@@ -346,6 +376,30 @@ def _decode_text(reader: _Reader, frame: Frame) -> None:
         )
         frame.record_flags.append(flags)
     reader.finish()
+
+
+def _check_token_entry(
+    stream: int, index: int, frag_len: int, span_back: int, lead_len: int
+) -> None:
+    if frag_len == 0 and span_back != 0:
+        raise FrameError(
+            f"record for stream {stream}: span_back {span_back} on empty fragment at token {index}"
+        )
+    if span_back == 0 and lead_len != 0:
+        raise FrameError(
+            f"record for stream {stream}: lead_len {lead_len} without span_back at token {index}"
+        )
+    if lead_len != LEAD_UNKNOWN and lead_len > frag_len:
+        raise FrameError(
+            f"record for stream {stream}: lead_len {lead_len} exceeds the {frag_len}-byte "
+            f"fragment at token {index}"
+        )
+    # Each predecessor it names gave at least one byte (it ended inside a character).
+    if lead_len != LEAD_UNKNOWN and lead_len < span_back:
+        raise FrameError(
+            f"record for stream {stream}: lead_len {lead_len} below span_back {span_back} "
+            f"at token {index}"
+        )
 
 
 def _decode_notice(reader: _Reader, frame: Frame) -> None:
@@ -405,6 +459,7 @@ def frame_meaning(frame: Frame) -> dict[str, Any]:
             "plugin_version": hello.plugin_version,
             "engine_version": hello.engine_version,
             "spec_method": hello.spec_method,
+            "verification": hello.verification,
         }
         return meaning
     records: list[dict[str, Any]] = []
@@ -431,7 +486,7 @@ def frame_meaning(frame: Frame) -> dict[str, Any]:
                     "offset": record.offset,
                     "trimmed_tokens": record.trimmed_tokens,
                     "tokens": [
-                        [token.token_id, token.fragment.hex(), token.span_back]
+                        [token.token_id, token.fragment.hex(), token.span_back, token.lead_len]
                         for token in record.tokens
                     ],
                     "http_delta_hex": record.http_delta.hex(),

@@ -265,11 +265,12 @@ class Engine:
         self._texts = list(vocab.cycle_texts + vocab.cycle_texts[:extra])
         self._fragments = list(vocab.cycle_fragments + vocab.cycle_fragments[:extra])
         self._text_tokens = [
-            wire.TextToken(token_id, fragment, span_back)
-            for token_id, fragment, span_back in zip(
+            wire.TextToken(token_id, fragment, span_back, lead_len)
+            for token_id, fragment, span_back, lead_len in zip(
                 self._ids,
                 self._fragments,
                 list(vocab.cycle_span_back + vocab.cycle_span_back[:extra]),
+                list(vocab.cycle_lead_len + vocab.cycle_lead_len[:extra]),
                 strict=True,
             )
         ]

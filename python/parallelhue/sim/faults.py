@@ -93,9 +93,7 @@ class ContentFaults(ContentFaultHook):
                     continue
                 self._fire("fragment_byte")
                 tokens = list(record.tokens)
-                tokens[index] = wire.TextToken(
-                    token.token_id, changed.encode("utf-8"), token.span_back
-                )
+                tokens[index] = replace(token, fragment=changed.encode("utf-8"))
                 return replace(record, tokens=tokens)
         return record
 

@@ -196,7 +196,8 @@ class SimServer:
         )
 
     def _emitter(self, role: int, socket_dir: str | None, destination: Destination) -> Emitter:
-        draft_len = self.config.draft_len
+        # Only the scheduler announces speculative decoding (protocol 2).
+        draft_len = self.config.draft_len if role == wire.SOURCE_SCHEDULER else 0
         return Emitter(
             role=role,
             engine=wire.ENGINE_SIMULATED,
@@ -206,6 +207,7 @@ class SimServer:
             num_speculative_tokens=draft_len,
             role_derivation=wire.DERIVATION_DRAFT_IDS if draft_len else wire.DERIVATION_NONE,
             async_scheduling=False,
+            verification=wire.VERIFICATION_STANDARD if draft_len else wire.VERIFICATION_NONE,
             socket_dir=socket_dir,
             queue_size=self.config.emitter_queue_size,
             # The sender thread may wait for a busy receiver: the queue absorbs
@@ -587,6 +589,7 @@ class SimServer:
             "x",
             "x",
             "",
+            wire.VERIFICATION_NONE,
         )
         record = wire.ProvenanceRecord(0, 0, [1], [wire.ROLE_PLAIN], 0)
         data_header = wire.Header(header.run_id, header.source_id, 1, 1, header.timestamp_ns)

@@ -57,9 +57,10 @@ class Vocabulary:
 
     `cycle_*[p]` describe the token at cycle position p: its id, its bytes,
     the bytes an incremental detokenizer returns when fed that token (empty
-    when the token ends inside a character), that fragment as str, and
+    when the token ends inside a character), that fragment as str,
     `span_back`, the number of immediately preceding tokens whose bytes the
-    fragment also holds. `starts` lists positions that begin a character.
+    fragment also holds, and `lead_len`, how many of the fragment's first
+    bytes are theirs. `starts` lists positions that begin a character.
     """
 
     token_bytes: tuple[bytes, ...]
@@ -67,6 +68,7 @@ class Vocabulary:
     cycle_fragments: tuple[bytes, ...]
     cycle_texts: tuple[str, ...]
     cycle_span_back: tuple[int, ...]
+    cycle_lead_len: tuple[int, ...]
     starts: tuple[int, ...]
 
     @property
@@ -127,6 +129,7 @@ def build_vocabulary(corpus: str = CORPUS) -> Vocabulary:
     # token that completed them.
     fragments: list[bytes] = []
     span_back: list[int] = []
+    lead_len: list[int] = []
     starts: list[int] = []
     pending = b""
     pending_tokens = 0
@@ -135,16 +138,19 @@ def build_vocabulary(corpus: str = CORPUS) -> Vocabulary:
         # Streams start on a character boundary that also begins a word or sentence.
         if not pending and (previous in _WORD_ENDS or piece[:1] in _WORD_STARTS):
             starts.append(position)
+        lead = len(pending)
         pending += piece
         previous = piece[-1:]
         if _complete_utf8(pending):
             fragments.append(pending)
             span_back.append(pending_tokens)
+            lead_len.append(lead)
             pending = b""
             pending_tokens = 0
         else:
             fragments.append(b"")
             span_back.append(0)
+            lead_len.append(0)
             pending_tokens += 1
     if pending:  # pragma: no cover - the corpus is valid UTF-8 and ends on a boundary
         raise AssertionError("corpus must end on a character boundary")
@@ -154,5 +160,6 @@ def build_vocabulary(corpus: str = CORPUS) -> Vocabulary:
         cycle_fragments=tuple(fragments),
         cycle_texts=tuple(fragment.decode("utf-8") for fragment in fragments),
         cycle_span_back=tuple(span_back),
+        cycle_lead_len=tuple(lead_len),
         starts=tuple(starts),
     )

@@ -1,6 +1,7 @@
 //! CPU per SSE chunk of the reader's body pipeline (framing, SSE, JSON, fold).
 //! `cargo run --release -p parallelhue-core --example sse_body_cost`
 use parallelhue_core::http::Framing;
+use parallelhue_core::sse_inputs::SseInput;
 use parallelhue_core::sse_stream::StreamBody;
 use std::time::Instant;
 
@@ -12,7 +13,9 @@ fn main() {
     let mut deltas = 0usize;
     let start = Instant::now();
     for _ in 0..n {
-        body.feed(chunk.as_bytes(), &mut |_t: &str, _ids: &[u32]| deltas += 1);
+        body.feed(chunk.as_bytes(), &mut |i: SseInput| {
+            deltas += usize::from(matches!(i, SseInput::Delta { .. }))
+        });
     }
     let per = start.elapsed().as_secs_f64() / n as f64;
     println!(

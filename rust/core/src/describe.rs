@@ -35,6 +35,7 @@ pub fn frame_meaning(f: &Frame<'_>) -> Value {
                     "role_derivation": x.role_derivation,
                     "async_scheduling": x.async_scheduling,
                     "num_speculative_tokens": x.num_speculative_tokens,
+                    "verification": x.verification,
                     "plugin_version": x.plugin_version,
                     "engine_version": x.engine_version,
                     "spec_method": x.spec_method,
@@ -66,7 +67,7 @@ pub fn frame_meaning(f: &Frame<'_>) -> Value {
                     let tokens: Vec<Value> = r
                         .tokens()
                         .zip(r.fragment_slices())
-                        .map(|(t, frag)| json!([t.token_id, hex(frag), t.span_back]))
+                        .map(|(t, frag)| json!([t.token_id, hex(frag), t.span_back, t.lead_len]))
                         .collect();
                     json!({
                         "stream": r.stream,

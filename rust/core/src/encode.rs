@@ -3,7 +3,8 @@
 //! layout of docs/PROTOCOL.md and checks nothing: tests use it to build
 //! invalid frames too.
 
-use crate::protocol::{Hello, Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+pub use crate::protocol::HelloFields;
+use crate::protocol::{Kind, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
 
 /// A provenance record to encode.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -18,12 +19,14 @@ pub struct ProvRec {
     pub roles: Vec<u8>,
 }
 
-/// One token of a text record to encode: id, fragment bytes, span_back.
+/// One token of a text record to encode: id, fragment bytes, span_back,
+/// lead_len (0 without span_back; [`crate::protocol::LEAD_UNKNOWN`] when unknown).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TextTok {
     pub token_id: u32,
     pub fragment: Vec<u8>,
     pub span_back: u8,
+    pub lead_len: u16,
 }
 
 /// A text record to encode.
@@ -36,54 +39,6 @@ pub struct TextRec {
     pub trimmed_tokens: u16,
     pub tokens: Vec<TextTok>,
     pub http: Vec<u8>,
-}
-
-/// A hello's fields, owned: what a sender encodes and what a reconciler keeps.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HelloFields {
-    pub role: u8,
-    pub engine: u8,
-    pub role_derivation: u8,
-    pub async_scheduling: bool,
-    pub num_speculative_tokens: u16,
-    pub plugin_version: String,
-    pub engine_version: String,
-    pub spec_method: String,
-}
-
-impl From<&Hello<'_>> for HelloFields {
-    fn from(h: &Hello<'_>) -> Self {
-        HelloFields {
-            role: h.role,
-            engine: h.engine,
-            role_derivation: h.role_derivation,
-            async_scheduling: h.async_scheduling,
-            num_speculative_tokens: h.num_speculative_tokens,
-            plugin_version: h.plugin_version.to_owned(),
-            engine_version: h.engine_version.to_owned(),
-            spec_method: h.spec_method.to_owned(),
-        }
-    }
-}
-
-impl HelloFields {
-    /// A simulated engine's hello for `role` with K speculative tokens (0: none).
-    pub fn simulated(role: u8, k: u16) -> Self {
-        HelloFields {
-            role,
-            engine: 2,
-            role_derivation: if k == 0 { 0 } else { 1 },
-            async_scheduling: false,
-            num_speculative_tokens: k,
-            plugin_version: "0.1.0".into(),
-            engine_version: "sim-1".into(),
-            spec_method: if k == 0 {
-                String::new()
-            } else {
-                "ngram".into()
-            },
-        }
-    }
 }
 
 /// A sending source: numbers its frames 0, 1, 2, ...
@@ -163,7 +118,7 @@ pub fn hello_body(h: &HelloFields) -> Vec<u8> {
         u8::from(h.async_scheduling),
     ];
     v.extend_from_slice(&h.num_speculative_tokens.to_le_bytes());
-    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&h.verification.to_le_bytes());
     str8(&mut v, &h.plugin_version);
     str8(&mut v, &h.engine_version);
     str8(&mut v, &h.spec_method);
@@ -204,6 +159,7 @@ pub fn text_body(recs: &[TextRec]) -> Vec<u8> {
             v.extend_from_slice(&t.token_id.to_le_bytes());
             v.extend_from_slice(&(t.fragment.len() as u16).to_le_bytes());
             v.push(t.span_back);
+            v.extend_from_slice(&t.lead_len.to_le_bytes());
         }
         for t in &r.tokens {
             v.extend_from_slice(&t.fragment);

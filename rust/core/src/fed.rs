@@ -19,8 +19,9 @@ use std::ops::Deref;
 
 use crate::outcome::Outcome;
 use crate::reconcile::{Event, Reconciler};
-use crate::record::Item;
+use crate::record::{u32_bytes, Item};
 use crate::sse::Usage;
+use crate::sse_inputs::SseInput;
 use crate::tap::Tap;
 
 /// New SSE text of one stream since the last [`Fed::take`].
@@ -235,14 +236,80 @@ impl Fed {
         self.rec.push_sse(stream, text, token_ids);
     }
 
-    pub fn finish_sse(&mut self, stream: u16) {
-        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
-        self.finish_at(stream, None, at);
+    /// A chunk id (the first chunk's, and whenever it changes).
+    pub fn push_sse_id(&mut self, stream: u16, id: &str) {
+        let at = self.now();
+        self.sse_id_at(stream, id, at);
+    }
+
+    fn sse_id_at(&mut self, stream: u16, id: &str, at: f64) {
+        self.tap_item(at, &Item::SseId { stream, id });
+        self.rec.push_sse_id(stream, id);
+    }
+
+    /// A choice other than the single choice 0.
+    pub fn push_sse_choice(&mut self, stream: u16, index: u32) {
+        let at = self.now();
+        self.sse_choice_at(stream, index, at);
+    }
+
+    fn sse_choice_at(&mut self, stream: u16, index: u32, at: f64) {
+        self.tap_item(at, &Item::SseChoice { stream, index });
+        self.rec.push_sse_choice(stream, index);
+    }
+
+    /// The usage: `completion_tokens` and vLLM's per-step lists.
+    pub fn push_sse_usage(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<&[u32]>,
+        drafted: Option<&[u32]>,
+    ) {
+        let at = self.now();
+        self.sse_usage_at(stream, completion_tokens, accepted, drafted, at);
+    }
+
+    fn sse_usage_at(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<&[u32]>,
+        drafted: Option<&[u32]>,
+        at: f64,
+    ) {
+        if let Some(tap) = &mut self.tap {
+            let (a, d) = (accepted.map(u32_bytes), drafted.map(u32_bytes));
+            let item = Item::SseUsage {
+                stream,
+                completion_tokens,
+                accepted: a.as_deref(),
+                drafted: d.as_deref(),
+            };
+            tap.item(at, &item);
+        }
+        self.rec
+            .push_sse_usage(stream, completion_tokens, accepted, drafted);
+    }
+
+    /// The stream's SSE ended normally with choice 0's last finish_reason.
+    pub fn finish_sse(&mut self, stream: u16, reason: Option<&str>) {
+        let at = self.now();
+        self.finish_at(stream, reason, at);
     }
 
     fn finish_at(&mut self, stream: u16, reason: Option<&str>, at: f64) {
         self.tap_item(at, &Item::Finish { stream, reason });
-        self.rec.finish_sse(stream);
+        self.rec.finish_sse(stream, reason);
+    }
+
+    /// The time of an input pushed now (only read while recording).
+    fn now(&self) -> f64 {
+        if self.tap.is_some() {
+            monotonic()
+        } else {
+            0.0
+        }
     }
 
     pub fn finalize(&mut self) {
@@ -292,6 +359,27 @@ impl Fed {
         }
     }
 
+    /// One SSE input read by the HTTP thread: a delta goes to the screen as
+    /// well ([`Fed::sse_delta`]); the others are recorded and reconciled.
+    pub fn sse_input(&mut self, stream: u16, input: &SseInput, at: f64) {
+        match input {
+            SseInput::Delta { text, token_ids } => self.sse_delta(stream, text, token_ids, at),
+            SseInput::Id(id) => self.sse_id_at(stream, id, at),
+            SseInput::Choice(index) => self.sse_choice_at(stream, *index, at),
+            SseInput::Usage {
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
+            } => self.sse_usage_at(
+                stream,
+                *completion_tokens,
+                per_step_accepted.as_deref(),
+                per_step_drafted.as_deref(),
+                at,
+            ),
+        }
+    }
+
     /// A stream's exchange is over: a normal end finishes its SSE in the
     /// reconciler (with the finish reason), any other end is recorded as such.
     pub fn stream_ended(&mut self, ended: Ended) {
@@ -330,6 +418,7 @@ impl Fed {
                 byte_start,
                 text,
                 step,
+                role,
                 ..
             } = event
             else {
@@ -347,7 +436,7 @@ impl Fed {
                 shown.span_count[s] += 1;
             }
             let end = byte_start + text.len() as u64;
-            spans.push((stream, end, span_word(step, None)));
+            spans.push((stream, end, span_word(step, role)));
             shown.span_count[s] += 1;
             shown.span_end[s] = shown.span_end[s].max(end);
         }

@@ -41,6 +41,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::fed::{monotonic, Ended, Fed};
 use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD_BYTES};
 use crate::outcome::{EndKind, Outcome};
+use crate::sse_inputs::SseInput;
 use crate::sse_stream::{StreamBody, StreamEnd};
 use crate::telemetry_stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
 
@@ -136,9 +137,9 @@ struct Shared {
     commands: Vec<Command>,
 }
 
+/// One SSE input of a stream read in this round, with its arrival time.
 struct Delta {
-    text: String,
-    ids: Vec<u32>,
+    input: SseInput,
     time: f64,
 }
 
@@ -442,13 +443,7 @@ impl Exchange {
     fn push_body(&mut self, data: Option<&[u8]>, time: f64) {
         let Some(body) = &mut self.body else { return };
         let deltas = &mut self.deltas;
-        let mut on_delta = |text: &str, ids: &[u32]| {
-            deltas.push(Delta {
-                text: text.to_owned(),
-                ids: ids.to_vec(),
-                time,
-            })
-        };
+        let mut on_delta = |input: SseInput| deltas.push(Delta { input, time });
         match data {
             Some(d) => body.feed(d, &mut on_delta),
             None => body.finish(&mut on_delta),
@@ -1080,7 +1075,7 @@ impl Thread<'_> {
                 }
             }
             for d in ex.deltas.drain(..) {
-                fed.sse_delta(ex.stream, &d.text, &d.ids, d.time);
+                fed.sse_input(ex.stream, &d.input, d.time);
             }
             if let Some(outcome) = ex.end.take() {
                 ex.sock = None;
@@ -1348,10 +1343,11 @@ mod tests {
         assert!(before <= times[0] && times[2] <= after && times.windows(2).all(|w| w[0] <= w[1]));
         // The reconciler holds what a twin fed the same deltas holds.
         let mut twin = Reconciler::with_run_id([1; 16], 2);
+        twin.push_sse_id(1, ""); // the chunks have no id
         twin.push_sse(1, "h\u{e9}", &[5, 6]);
         twin.push_sse(1, "", &[7]);
         twin.push_sse(1, "\u{4e16}!", &[8]);
-        twin.finish_sse(1);
+        twin.finish_sse(1, Some("stop"));
         assert_eq!(r.fed.lock().unwrap().retained(), twin.retained());
         let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
         assert_eq!(

@@ -7,6 +7,10 @@
 //! contract and docs/ARCHITECTURE.md for the picture.
 
 pub mod describe;
+pub mod digest;
+/// Test kit: a frame encoder (tests, benches, fuzzing; the production
+/// encoder is the Python `parallelhue_vllm.wire`).
+#[cfg(any(test, feature = "testkit"))]
 pub mod encode;
 pub mod fed;
 pub mod http;
@@ -23,6 +27,7 @@ pub mod reconcile;
 pub mod record;
 pub mod sequence;
 pub mod sse;
+pub mod sse_inputs;
 pub mod sse_stream;
 pub mod stats;
 pub mod tap;
@@ -30,6 +35,8 @@ pub mod telemetry_stream;
 pub mod text;
 pub mod tls;
 pub mod window;
+/// Test kit: a deterministic synthetic workload (tests and benchmarks).
+#[cfg(any(test, feature = "testkit"))]
 pub mod workload;
 
 pub use protocol::{decode, DecodeError, Frame};

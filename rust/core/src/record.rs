@@ -1,4 +1,4 @@
-//! The recording format (version 2): the ordered inputs a reconciler applied,
+//! The recording format (version 3): the ordered inputs a reconciler applied,
 //! with their times, between a header and a footer.
 //!
 //! A recording is a gzip stream of items. Each item is
@@ -16,7 +16,7 @@ use std::fmt;
 
 /// `PHREC` then the format version.
 pub const MAGIC: &[u8; 5] = b"PHREC";
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 /// Bytes of the item head: kind, payload length, time.
 pub const ITEM_HEAD: usize = 1 + 4 + 8;
 
@@ -31,11 +31,14 @@ pub mod kind {
     pub const REJECT: u8 = 7;
     pub const FINALIZE: u8 = 8;
     pub const FOOTER: u8 = 9;
-    pub const LOST: u8 = 10;
+    pub const SSE_ID: u8 = 10;
+    pub const SSE_CHOICE: u8 = 11;
+    pub const SSE_USAGE: u8 = 12;
+    pub const LOST: u8 = 13;
 }
 
-/// One recorded item. Reconciler inputs are `Sse`, `Finish`, `Frame`,
-/// `Reject`, `Lost` and `Finalize`; `Start` and `End` say when a stream's request
+/// One recorded item. Reconciler inputs are `Sse`, `SseId`, `SseChoice`,
+/// `SseUsage`, `Finish`, `Frame`, `Reject`, `Lost` and `Finalize`; `Start` and `End` say when a stream's request
 /// began and how it ended when not normally (for the screen and the summary).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item<'a> {
@@ -48,6 +51,23 @@ pub enum Item<'a> {
         text: &'a str,
         /// Little-endian u32 token ids.
         ids: &'a [u8],
+    },
+    /// A chunk id (`push_sse_id`).
+    SseId {
+        stream: u16,
+        id: &'a str,
+    },
+    /// A choice other than the single choice 0 (`push_sse_choice`).
+    SseChoice {
+        stream: u16,
+        index: u32,
+    },
+    /// The usage (`push_sse_usage`); the per-step lists as little-endian u32s.
+    SseUsage {
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<&'a [u8]>,
+        drafted: Option<&'a [u8]>,
     },
     Finish {
         stream: u16,
@@ -119,6 +139,39 @@ pub fn encode_item(out: &mut Vec<u8>, at: f64, item: &Item<'_>) {
             out.extend_from_slice(ids);
             out.extend_from_slice(text.as_bytes());
         }
+        Item::SseId { stream, id } => {
+            head(out, kind::SSE_ID, 2 + id.len(), at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            out.extend_from_slice(id.as_bytes());
+        }
+        Item::SseChoice { stream, index } => {
+            head(out, kind::SSE_CHOICE, 6, at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            out.extend_from_slice(&index.to_le_bytes());
+        }
+        Item::SseUsage {
+            stream,
+            completion_tokens,
+            accepted,
+            drafted,
+        } => {
+            // stream, presence bits (completion_tokens, accepted, drafted),
+            // completion_tokens u64, then each list as u32 count + u32s.
+            let list_len = |l: &Option<&[u8]>| l.map_or(0, |b| b.len());
+            let len = 2 + 1 + 8 + 4 + list_len(accepted) + 4 + list_len(drafted);
+            head(out, kind::SSE_USAGE, len, at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            let bits = u8::from(completion_tokens.is_some())
+                | u8::from(accepted.is_some()) << 1
+                | u8::from(drafted.is_some()) << 2;
+            out.push(bits);
+            out.extend_from_slice(&completion_tokens.unwrap_or(0).to_le_bytes());
+            for list in [accepted, drafted] {
+                let b = list.unwrap_or(&[]);
+                out.extend_from_slice(&((b.len() / 4) as u32).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+        }
         Item::Finish { stream, reason } => {
             let r = reason.unwrap_or("");
             head(out, kind::FINISH, 3 + r.len(), at);
@@ -164,6 +217,11 @@ pub fn encode_sse(out: &mut Vec<u8>, at: f64, stream: u16, text: &str, ids: &[u3
         out.extend_from_slice(&id.to_le_bytes());
     }
     out.extend_from_slice(text.as_bytes());
+}
+
+/// Little-endian u32s, as the items store token ids and per-step counts.
+pub fn u32_bytes(values: &[u32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// A recording (or a buffer of items) that cannot be read.
@@ -266,6 +324,55 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
                 text: text(&p[ids_end..], offset, kind)?,
             }
         }
+        kind::SSE_ID => {
+            need(2)?;
+            Item::SseId {
+                stream: u16_at(p, 0),
+                id: text(&p[2..], offset, kind)?,
+            }
+        }
+        kind::SSE_CHOICE => {
+            need(6)?;
+            Item::SseChoice {
+                stream: u16_at(p, 0),
+                index: u32::from_le_bytes([p[2], p[3], p[4], p[5]]),
+            }
+        }
+        kind::SSE_USAGE => {
+            need(15)?;
+            let bits = p[2];
+            if bits > 7 {
+                return Err(bad("unknown usage bits"));
+            }
+            let mut n8 = [0u8; 8];
+            n8.copy_from_slice(&p[3..11]);
+            let mut at = 11;
+            let mut lists = [None, None];
+            for (i, list) in lists.iter_mut().enumerate() {
+                need(at + 4)?;
+                let n = u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]) as usize;
+                let end = n
+                    .checked_mul(4)
+                    .and_then(|b| b.checked_add(at + 4))
+                    .ok_or_else(|| bad("too many counts"))?;
+                need(end)?;
+                if bits & (2 << i) != 0 {
+                    *list = Some(&p[at + 4..end]);
+                } else if n != 0 {
+                    return Err(bad("counts of an absent list"));
+                }
+                at = end;
+            }
+            if at != p.len() {
+                return Err(bad("payload too long"));
+            }
+            Item::SseUsage {
+                stream: u16_at(p, 0),
+                completion_tokens: (bits & 1 != 0).then_some(u64::from_le_bytes(n8)),
+                accepted: lists[0],
+                drafted: lists[1],
+            }
+        }
         kind::FINISH => {
             need(3)?;
             let reason = text(&p[3..], offset, kind)?;
@@ -342,6 +449,26 @@ mod tests {
                 stream: 3,
                 text: "h\u{e9}",
                 ids: &ids,
+            },
+            Item::SseId {
+                stream: 3,
+                id: "chatcmpl-ph1_x_3",
+            },
+            Item::SseChoice {
+                stream: 3,
+                index: 70000,
+            },
+            Item::SseUsage {
+                stream: 3,
+                completion_tokens: Some(9),
+                accepted: Some(&ids),
+                drafted: None,
+            },
+            Item::SseUsage {
+                stream: 3,
+                completion_tokens: None,
+                accepted: None,
+                drafted: Some(&ids[..4]),
             },
             Item::Finish {
                 stream: 3,
@@ -433,11 +560,11 @@ mod tests {
         short.extend_from_slice(&[1, 2, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             decode_items(&short, |_, _| {}).unwrap_err().to_string(),
-            "invalid item of kind 10 at byte 0: payload too short"
+            "invalid item of kind 13 at byte 0: payload too short"
         );
         assert_eq!(
-            check_preamble(b"PHREC\x01rest"),
-            Err(RecordError::Version(1))
+            check_preamble(b"PHREC\x02rest"),
+            Err(RecordError::Version(2))
         );
         assert_eq!(check_preamble(b"{\"x\""), Err(RecordError::NotARecording));
         assert_eq!(check_preamble(&preamble()).unwrap(), b"");

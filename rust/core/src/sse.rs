@@ -37,6 +37,8 @@ pub enum SseError {
     },
     /// The server reported an error inside the stream.
     Server { message: String },
+    /// Choice 0 has text or token ids after a chunk gave its finish_reason.
+    ContentAfterFinish,
 }
 
 impl fmt::Display for SseError {
@@ -58,6 +60,9 @@ impl fmt::Display for SseError {
                 write!(f, "invalid SSE chunk: {path} must be {expected}")
             }
             SseError::Server { message } => write!(f, "server error in SSE stream: {message}"),
+            SseError::ContentAfterFinish => {
+                f.write_str("invalid SSE chunk: choice 0 has content after its finish_reason")
+            }
         }
     }
 }
@@ -255,12 +260,23 @@ pub struct Usage {
     pub total_tokens: Option<u64>,
 }
 
+/// vLLM's per-request speculative-decoding metrics of the final usage chunk
+/// (`metrics.speculative_decoding`, `--per-request-spec-decode-metrics
+/// detailed`): accepted and drafted counts per verify step, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecSteps {
+    pub per_step_accepted: Option<Vec<u32>>,
+    pub per_step_drafted: Option<Vec<u32>>,
+}
+
 /// A chat/completions streaming chunk.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chunk {
     pub id: Option<String>,
     pub choices: Vec<Choice>,
     pub usage: Option<Usage>,
+    /// Present when the chunk has `metrics.speculative_decoding`.
+    pub spec_steps: Option<SpecSteps>,
 }
 
 /// A parsed event of an OpenAI stream.
@@ -300,6 +316,49 @@ fn opt_u64(v: Option<&Value>, path: impl FnOnce() -> String) -> Result<Option<u6
             .ok_or_else(|| shape(path(), "a non-negative integer")),
         Some(_) => Err(shape(path(), "a non-negative integer")),
     }
+}
+
+/// An optional array of u32 counts at `path`.
+fn opt_u32_list(v: Option<&Value>, path: &str) -> Result<Option<Vec<u32>>, SseError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => {
+            let mut out = Vec::with_capacity(a.len());
+            for (j, x) in a.iter().enumerate() {
+                let n = x
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| shape(format!("{path}[{j}]"), "an integer in 0..=4294967295"))?;
+                out.push(n);
+            }
+            Ok(Some(out))
+        }
+        Some(_) => Err(shape(path, "an array of integers or null")),
+    }
+}
+
+/// `metrics.speculative_decoding`, if the chunk has it.
+fn spec_steps(metrics: Option<&Value>) -> Result<Option<SpecSteps>, SseError> {
+    let metrics = match metrics {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(shape("metrics", "an object or null")),
+    };
+    let spec = match metrics.get("speculative_decoding") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(shape("metrics.speculative_decoding", "an object or null")),
+    };
+    Ok(Some(SpecSteps {
+        per_step_accepted: opt_u32_list(
+            spec.get("per_step_accepted"),
+            "metrics.speculative_decoding.per_step_accepted",
+        )?,
+        per_step_drafted: opt_u32_list(
+            spec.get("per_step_drafted"),
+            "metrics.speculative_decoding.per_step_drafted",
+        )?,
+    }))
 }
 
 /// An error object's `message`, else the whole object as JSON.
@@ -346,10 +405,12 @@ pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
         }),
         Some(_) => return Err(shape("usage", "an object or null")),
     };
+    let spec_steps = spec_steps(obj.get("metrics"))?;
     Ok(Chunk {
         id,
         choices: out,
         usage,
+        spec_steps,
     })
 }
 
@@ -516,7 +577,8 @@ mod tests {
             vec![Ok(SseEvent::Chunk(Chunk {
                 id: None,
                 choices: vec![],
-                usage: None
+                usage: None,
+                spec_steps: None,
             }))]
         );
     }

@@ -1,13 +1,15 @@
-//! One stream's response body, from network reads to completion deltas:
-//! HTTP framing ([`crate::http`]), then SSE events and chunk JSON
-//! ([`crate::sse`]), then what the client keeps of each chunk — the first
-//! choice's text and token ids, its finish reason, the usage, `[DONE]`.
+//! One stream's response body, from network reads to the reconciler's SSE
+//! inputs: HTTP framing ([`crate::http`]), then SSE events and chunk JSON
+//! ([`crate::sse`]), then what each chunk says ([`crate::sse_inputs`]):
+//! choice 0's text and token ids, the chunk id, other choices, the usage,
+//! choice 0's finish reason, `[DONE]`.
 //!
 //! This is the fold the client's Python reader applied event by event; done
 //! here, a network read holding many events costs one call.
 
 use crate::http::{BodyDecoder, BodyError, Framing};
 use crate::sse::{SseError, SseEvent, SseParser, Usage};
+use crate::sse_inputs::{ChunkInputs, SseInput};
 
 /// Why a stream's body ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,9 +30,10 @@ pub struct StreamBody {
     body: BodyDecoder,
     sse: SseParser,
     decoded: Vec<u8>,
-    /// The last finish_reason of the first choice.
+    inputs: ChunkInputs,
+    /// The last non-null finish_reason of choice 0.
     pub finish_reason: Option<String>,
-    /// The usage of a chunk without choices.
+    /// The usage of the last chunk that had one.
     pub usage: Option<Usage>,
     /// Set once; after it, input is ignored.
     pub end: Option<StreamEnd>,
@@ -42,49 +45,50 @@ impl StreamBody {
             body: BodyDecoder::new(framing),
             sse: SseParser::new(),
             decoded: Vec::new(),
+            inputs: ChunkInputs::new(),
             finish_reason: None,
             usage: None,
             end: None,
         }
     }
 
-    /// Bytes from the connection. `on_delta(text, token_ids)` is called for
-    /// every chunk whose first choice has text or token ids, in order.
-    pub fn feed(&mut self, input: &[u8], on_delta: &mut impl FnMut(&str, &[u32])) {
+    /// Bytes from the connection. `on_input` gets every SSE input the
+    /// chunks hold, in order.
+    pub fn feed(&mut self, input: &[u8], on_input: &mut impl FnMut(SseInput)) {
         if self.end.is_some() {
             return;
         }
         self.decoded.clear();
         let framing = self.body.feed(input, &mut self.decoded);
         let events = self.sse.feed(&self.decoded);
-        self.apply(events, on_delta);
+        self.apply(events, on_input);
         if self.end.is_some() {
             return;
         }
         match framing {
             Err(e) => self.end = Some(StreamEnd::Framing(e)),
-            Ok(()) if self.body.is_complete() => self.finish_events(on_delta),
+            Ok(()) if self.body.is_complete() => self.finish_events(on_input),
             Ok(()) => {}
         }
     }
 
     /// The connection closed.
-    pub fn finish(&mut self, on_delta: &mut impl FnMut(&str, &[u32])) {
+    pub fn finish(&mut self, on_input: &mut impl FnMut(SseInput)) {
         if self.end.is_some() {
             return;
         }
         match self.body.finish() {
             Err(e) => self.end = Some(StreamEnd::Framing(e)),
-            Ok(()) => self.finish_events(on_delta),
+            Ok(()) => self.finish_events(on_input),
         }
     }
 
     /// A last event without its blank line still counts, as in the reference
     /// reader; an event cut off inside its data is an error.
-    fn finish_events(&mut self, on_delta: &mut impl FnMut(&str, &[u32])) {
+    fn finish_events(&mut self, on_input: &mut impl FnMut(SseInput)) {
         let mut events = self.sse.feed(b"\n\n");
         events.extend(self.sse.finish());
-        self.apply(events, on_delta);
+        self.apply(events, on_input);
         if self.end.is_none() {
             self.end = Some(StreamEnd::BodyEnded);
         }
@@ -93,26 +97,20 @@ impl StreamBody {
     fn apply(
         &mut self,
         events: Vec<Result<SseEvent, SseError>>,
-        on_delta: &mut impl FnMut(&str, &[u32]),
+        on_input: &mut impl FnMut(SseInput),
     ) {
         for event in events {
             match event {
-                Ok(SseEvent::Chunk(chunk)) => match chunk.choices.first() {
-                    Some(choice) => {
-                        let ids = choice.token_ids.as_deref().unwrap_or(&[]);
-                        if !choice.text.is_empty() || !ids.is_empty() {
-                            on_delta(&choice.text, ids);
-                        }
-                        if let Some(reason) = &choice.finish_reason {
-                            self.finish_reason = Some(reason.clone());
-                        }
+                Ok(SseEvent::Chunk(chunk)) => {
+                    if chunk.usage.is_some() {
+                        self.usage.clone_from(&chunk.usage);
                     }
-                    None => {
-                        if chunk.usage.is_some() {
-                            self.usage = chunk.usage;
-                        }
+                    if let Err(e) = self.inputs.extract(chunk, on_input) {
+                        self.end = Some(StreamEnd::BadEvent(e.to_string()));
+                        return;
                     }
-                },
+                    self.finish_reason.clone_from(&self.inputs.finish_reason);
+                }
                 Ok(SseEvent::Done) => {
                     self.end = Some(StreamEnd::Done);
                     return;
@@ -144,12 +142,16 @@ mod tests {
     fn read_all(framing: Framing, parts: &[&[u8]], close: bool) -> (StreamBody, Vec<String>) {
         let mut body = StreamBody::new(framing);
         let mut seen = Vec::new();
-        let mut on_delta = |t: &str, ids: &[u32]| seen.push(format!("{t}{ids:?}"));
+        let mut on_input = |i: SseInput| {
+            if let SseInput::Delta { text, token_ids } = i {
+                seen.push(format!("{text}{token_ids:?}"));
+            }
+        };
         for p in parts {
-            body.feed(p, &mut on_delta);
+            body.feed(p, &mut on_input);
         }
         if close {
-            body.finish(&mut on_delta);
+            body.finish(&mut on_input);
         }
         (body, seen)
     }

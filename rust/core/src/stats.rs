@@ -26,10 +26,19 @@ pub struct Stats {
     pub mixed_spans: u64,
     /// Bytes in span events.
     pub bytes: u64,
+    /// `drafts_by_pos[i]`: settled records with more than `i` unpadded draft
+    /// slots (grown on demand, so its length is the largest
+    /// `drafts_scheduled - drafts_padded` seen).
+    pub drafts_by_pos: Vec<u64>,
+    /// `accepted_by_pos[i]`: settled records whose draft `i` was accepted and
+    /// confirmed (same length as `drafts_by_pos`).
+    pub accepted_by_pos: Vec<u64>,
+    /// Steps cross-checked with vLLM's per-request speculative metrics.
+    pub metrics_steps: u64,
 }
 
 /// The keys of a stats dict, in the protocol's order.
-pub const STAT_KEYS: [&str; 16] = [
+pub const STAT_KEYS: [&str; 19] = [
     "tokens",
     "steps",
     "hist",
@@ -46,7 +55,20 @@ pub const STAT_KEYS: [&str; 16] = [
     "surplus_plain",
     "mixed_spans",
     "bytes",
+    "drafts_by_pos",
+    "accepted_by_pos",
+    "metrics_steps",
 ];
+
+/// Element-wise `a += b`, growing `a` to `b`'s length.
+fn add_lists(a: &mut Vec<u64>, b: &[u64]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += *y;
+    }
+}
 
 impl Stats {
     /// Account one settled provenance record: `roles[..confirmed]` are its
@@ -62,11 +84,25 @@ impl Stats {
         self.drafts_scheduled += u64::from(ds);
         self.drafts_padded += u64::from(dp);
         self.tokens += confirmed as u64;
+        let drafts = usize::from(ds - dp);
+        if self.drafts_by_pos.len() < drafts {
+            self.drafts_by_pos.resize(drafts, 0);
+            self.accepted_by_pos.resize(drafts, 0);
+        }
+        for d in &mut self.drafts_by_pos[..drafts] {
+            *d += 1;
+        }
+        // Accepted drafts come first: position i is the i-th accepted token.
+        let mut position = 0usize;
         for (i, role) in roles.enumerate() {
             if i < confirmed {
                 match role {
                     ROLE_PLAIN => self.plain += 1,
-                    ROLE_ACCEPTED => self.accepted += 1,
+                    ROLE_ACCEPTED => {
+                        self.accepted += 1;
+                        self.accepted_by_pos[position] += 1;
+                        position += 1;
+                    }
                     ROLE_TARGET => self.target += 1,
                     ROLE_BONUS => self.bonus += 1,
                     _ => {}
@@ -88,12 +124,7 @@ impl Stats {
     pub fn add(&mut self, o: &Stats) {
         self.tokens += o.tokens;
         self.steps += o.steps;
-        if self.hist.len() < o.hist.len() {
-            self.hist.resize(o.hist.len(), 0);
-        }
-        for (a, b) in self.hist.iter_mut().zip(&o.hist) {
-            *a += *b;
-        }
+        add_lists(&mut self.hist, &o.hist);
         self.drafts_scheduled += o.drafts_scheduled;
         self.drafts_padded += o.drafts_padded;
         self.plain += o.plain;
@@ -107,6 +138,9 @@ impl Stats {
         self.surplus_plain += o.surplus_plain;
         self.mixed_spans += o.mixed_spans;
         self.bytes += o.bytes;
+        add_lists(&mut self.drafts_by_pos, &o.drafts_by_pos);
+        add_lists(&mut self.accepted_by_pos, &o.accepted_by_pos);
+        self.metrics_steps += o.metrics_steps;
     }
 
     /// `(tokens per record, records)` for every non-zero histogram bin.
@@ -128,17 +162,19 @@ impl Stats {
 /// Run counters (docs/PROTOCOL.md "Statistics").
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Every datagram pushed, rejected ones included.
+    /// Every datagram pushed, rejected and late ones included.
     pub frames: u64,
     pub rejected_frames: u64,
     pub duplicate_frames: u64,
     pub foreign_records: u64,
     pub dropped_reported: u64,
     pub gaps: u64,
+    /// Datagrams pushed after `finalize()` (not used).
+    pub late_frames: u64,
 }
 
 impl Counters {
-    pub fn items(&self) -> [(&'static str, u64); 6] {
+    pub fn items(&self) -> [(&'static str, u64); 7] {
         [
             ("frames", self.frames),
             ("rejected_frames", self.rejected_frames),
@@ -146,6 +182,7 @@ impl Counters {
             ("foreign_records", self.foreign_records),
             ("dropped_reported", self.dropped_reported),
             ("gaps", self.gaps),
+            ("late_frames", self.late_frames),
         ]
     }
 }

@@ -42,11 +42,32 @@ impl SpanText {
         self.len() == 0
     }
 
+    /// `self` followed by `tail` (inline when it fits: no allocation).
+    pub fn concat(&self, tail: &str) -> Self {
+        let head = self.as_str();
+        let n = head.len() + tail.len();
+        if n <= INLINE {
+            let mut buf = [0u8; INLINE];
+            buf[..head.len()].copy_from_slice(head.as_bytes());
+            buf[head.len()..n].copy_from_slice(tail.as_bytes());
+            SpanText(Repr::Inline { len: n as u8, buf })
+        } else {
+            let mut joined = String::with_capacity(n);
+            joined.push_str(head);
+            joined.push_str(tail);
+            SpanText(Repr::Heap(joined.into_boxed_str()))
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Inline { len, buf } => {
-                // Built from a &str in `new`, whole.
-                std::str::from_utf8(&buf[..*len as usize]).unwrap_or_default()
+                let b = &buf[..*len as usize];
+                debug_assert!(std::str::from_utf8(b).is_ok());
+                // SAFETY: an inline buffer is only written by `new` and
+                // `concat`, from whole `&str`s: its first `len` bytes are
+                // valid UTF-8.
+                unsafe { std::str::from_utf8_unchecked(b) }
             }
             Repr::Heap(s) => s,
         }
@@ -101,6 +122,9 @@ mod tests {
         ] {
             let t = SpanText::new(s);
             assert_eq!(&*t, s);
+            for tail in ["", "b", "\u{e9}", &"z".repeat(29)] {
+                assert_eq!(&*t.concat(tail), format!("{s}{tail}"));
+            }
             assert_eq!(t, SpanText::from(s));
             assert_eq!(format!("{t}"), s);
         }

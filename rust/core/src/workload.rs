@@ -41,7 +41,15 @@ pub enum Input {
         text: String,
         token_ids: Vec<u32>,
     },
-    FinishSse(u16),
+    /// The stream's SSE chunk id (pushed once: it never changes).
+    SseId {
+        stream: u16,
+        id: String,
+    },
+    FinishSse {
+        stream: u16,
+        reason: Option<String>,
+    },
 }
 
 /// The generated inputs plus what the reconciler should conclude.
@@ -88,7 +96,9 @@ const PIECES: [&str; 12] = [
     "\n",
 ];
 
-/// A detokenizer that releases only complete UTF-8 characters.
+/// A detokenizer as vLLM's incremental one: while the text so far ends
+/// inside a character it returns nothing; the token that completes it
+/// returns every pending byte.
 #[derive(Default)]
 struct Detok {
     pending: Vec<u8>,
@@ -96,20 +106,17 @@ struct Detok {
 }
 
 impl Detok {
-    /// Feed a token's bytes: its fragment and span_back.
-    fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, u8) {
+    /// Feed a token's bytes: its fragment, span_back and lead_len.
+    fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, u8, u16) {
+        let lead = self.pending.len() as u16;
         self.pending.extend_from_slice(bytes);
-        let complete = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) => e.valid_up_to(),
-        };
-        if complete == 0 {
+        if std::str::from_utf8(&self.pending).is_err() {
             self.empties = self.empties.saturating_add(1);
-            return (Vec::new(), 0);
+            return (Vec::new(), 0, 0);
         }
-        let frag: Vec<u8> = self.pending.drain(..complete).collect();
+        let frag = std::mem::take(&mut self.pending);
         let back = std::mem::take(&mut self.empties);
-        (frag, back)
+        (frag, back, if back == 0 { 0 } else { lead })
     }
 }
 
@@ -180,6 +187,7 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
     let mut detoks: Vec<Detok> = (0..n).map(|_| Detok::default()).collect();
     let mut sse_text: Vec<String> = vec![String::new(); n];
     let mut sse_ids: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut chunk_sent = vec![false; n];
     let mut texts = vec![String::new(); n];
     let mut step = 0u64;
     loop {
@@ -219,12 +227,13 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
             let mut ttoks = Vec::with_capacity(toks.len());
             let mut http = Vec::new();
             for (id, b) in toks {
-                let (frag, back) = detoks[s].feed(b);
+                let (frag, back, lead) = detoks[s].feed(b);
                 http.extend_from_slice(&frag);
                 ttoks.push(TextTok {
                     token_id: *id,
                     fragment: frag,
                     span_back: back,
+                    lead_len: lead,
                 });
             }
             let delta = String::from_utf8(http.clone()).expect("complete characters");
@@ -252,13 +261,23 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
         for s in 0..n {
             let done = step_idx[s] == gens[s].steps.len();
             if (flush || done) && !sse_ids[s].is_empty() {
+                if !chunk_sent[s] {
+                    chunk_sent[s] = true;
+                    inputs.push(Input::SseId {
+                        stream: s as u16,
+                        id: format!("chatcmpl-ph1_{}_{s}", crate::reconcile::run_id_hex(&run_id)),
+                    });
+                }
                 inputs.push(Input::Sse {
                     stream: s as u16,
                     text: std::mem::take(&mut sse_text[s]),
                     token_ids: std::mem::take(&mut sse_ids[s]),
                 });
                 if done {
-                    inputs.push(Input::FinishSse(s as u16));
+                    inputs.push(Input::FinishSse {
+                        stream: s as u16,
+                        reason: Some("length".to_owned()),
+                    });
                 }
             }
         }
@@ -301,7 +320,8 @@ pub fn feed_inputs(inputs: &[Input], r: &mut crate::reconcile::Reconciler) {
                     text,
                     token_ids,
                 } => r.push_sse(*stream, text, token_ids),
-                Input::FinishSse(s) => r.finish_sse(*s),
+                Input::SseId { stream, id } => r.push_sse_id(*stream, id),
+                Input::FinishSse { stream, reason } => r.finish_sse(*stream, reason.as_deref()),
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Reconciler behaviour (docs/PROTOCOL.md "Reconciliation"), edge cases first.
 
 use parallelhue_core::encode::{HelloFields, ProvRec, Sender, TextRec, TextTok};
+use parallelhue_core::protocol::LEAD_UNKNOWN;
 use parallelhue_core::reconcile::{Event, Reconciler, Verdict, ROLE_FRONTEND, ROLE_SCHEDULER};
 use parallelhue_core::workload::{feed_inputs, generate, WorkloadConfig};
 
@@ -10,11 +11,21 @@ const T: u8 = 2; // target
 const B: u8 = 3; // bonus
 const P: u8 = 0; // plain
 
+/// Builds the frames of one run and feeds them. Each frame gets the next
+/// step of its sender (one record per stream and step); the first SSE delta
+/// of a stream is preceded by its chunk id, as the SSE readers push it.
 struct Run {
     r: Reconciler,
     sched: Sender,
     front: Sender,
     step: u64,
+    t_step: u64,
+    ids_sent: Vec<bool>,
+}
+
+/// The SSE chunk id vLLM gives stream `s` of the run.
+fn chunk_id(s: u16) -> String {
+    format!("chatcmpl-ph1_{RUN}_{s}")
 }
 
 fn run_id() -> [u8; 16] {
@@ -28,6 +39,8 @@ impl Run {
             sched: Sender::new(run_id(), 0xaaaa),
             front: Sender::new(run_id(), 0xbbbb),
             step: 1,
+            t_step: 1,
+            ids_sent: vec![false; streams as usize],
         };
         let h = run.sched.hello(&HelloFields::simulated(ROLE_SCHEDULER, 3));
         run.r.push_frame(&h);
@@ -79,16 +92,28 @@ impl Run {
                     token_id: *id,
                     fragment: frag.as_bytes().to_vec(),
                     span_back: *back,
+                    lead_len: if *back == 0 { 0 } else { LEAD_UNKNOWN },
                 })
                 .collect(),
             http: http.to_vec(),
         };
-        let f = self.front.text(self.step, &[rec]);
+        let f = self.front.text(self.t_step, &[rec]);
+        self.t_step += 1;
         self.r.push_frame(&f);
     }
 
     fn sse(&mut self, stream: u16, text: &str, ids: &[u32]) {
+        if !std::mem::replace(&mut self.ids_sent[stream as usize], true) {
+            self.r.push_sse_id(stream, &chunk_id(stream));
+        }
         self.r.push_sse(stream, text, ids);
+    }
+
+    fn finish(&mut self, stream: u16, reason: &str) {
+        if !std::mem::replace(&mut self.ids_sent[stream as usize], true) {
+            self.r.push_sse_id(stream, &chunk_id(stream));
+        }
+        self.r.finish_sse(stream, Some(reason));
     }
 
     fn events(&mut self) -> Vec<Event> {
@@ -96,7 +121,15 @@ impl Run {
     }
 }
 
-fn span(stream: u16, start: u64, text: &str, step: Option<u32>, first: u64, n: u32) -> Event {
+fn span(
+    stream: u16,
+    start: u64,
+    text: &str,
+    step: Option<u32>,
+    first: u64,
+    n: u32,
+    role: Option<u8>,
+) -> Event {
     Event::Span {
         stream,
         byte_start: start,
@@ -104,6 +137,7 @@ fn span(stream: u16, start: u64, text: &str, step: Option<u32>, first: u64, n: u
         step,
         first_offset: first,
         n_tokens: n,
+        role,
     }
 }
 
@@ -159,13 +193,14 @@ fn multibyte_char_split_across_tokens_of_one_step() {
     );
     run.sse(0, "a", &[10]);
     run.sse(0, "\u{e9}b", &[11, 12, 13]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "a", Some(0), 0, 1),
-            // One step, proven by one input: one span.
-            span(0, 1, "\u{e9}b", Some(1), 1, 3),
+            span(0, 0, "a", Some(0), 0, 1, Some(P)),
+            // One step, proven by one input: one span per role.
+            span(0, 1, "\u{e9}", Some(1), 1, 2, Some(A)),
+            span(0, 3, "b", Some(1), 3, 1, Some(T)),
             Event::Exact { stream: 0 },
         ]
     );
@@ -194,12 +229,12 @@ fn char_split_across_steps_is_a_mixed_span_and_sse_releases_it_later() {
         "nothing proven before SSE has the bytes"
     );
     run.sse(0, "\u{6f22}!", &[21, 22]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "\u{6f22}", None, 0, 2),
-            span(0, 3, "!", Some(1), 2, 1),
+            span(0, 0, "\u{6f22}", None, 0, 2, None),
+            span(0, 3, "!", Some(1), 2, 1, Some(B)),
             Event::Exact { stream: 0 },
         ]
     );
@@ -208,20 +243,27 @@ fn char_split_across_steps_is_a_mixed_span_and_sse_releases_it_later() {
 }
 
 #[test]
-fn sse_may_lag_by_bytes_within_a_character() {
-    // SSE text arrives in pieces that do not align with tokens.
+fn an_sse_chunk_ending_inside_a_text_record_fails_once_that_record_is_proven() {
+    // SSE text in pieces that do not align with the step: its bytes are proven
+    // as they come, then the first chunk's end is a contradiction.
     let mut run = Run::new(1);
     run.prov(0, 0, &[1, 2], &[A, T], 2, 1);
     run.text(0, 0, &[(1, "ab", 0), (2, "cd", 0)], "abcd", 1);
     run.sse(0, "a", &[1]);
     assert_eq!(run.events(), vec![]);
     run.sse(0, "bc", &[2]);
-    assert_eq!(run.events(), vec![span(0, 0, "ab", Some(0), 0, 1)]);
+    assert_eq!(run.events(), vec![span(0, 0, "ab", Some(0), 0, 1, Some(A))]);
     run.sse(0, "d", &[]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
-        vec![span(0, 2, "cd", Some(0), 1, 1), Event::Exact { stream: 0 }]
+        vec![
+            span(0, 2, "cd", Some(0), 1, 1, Some(T)),
+            failed(
+                0,
+                "stream 0: an SSE chunk ends at offset 1 (byte 1), inside a text record"
+            )
+        ]
     );
 }
 
@@ -243,17 +285,21 @@ fn stop_trim_0_26_keeps_ids_truncates_text() {
         1 | 2,
     );
     run.sse(0, "abc", &[1, 2, 3]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "abc", Some(0), 0, 2), Event::Exact { stream: 0 },]
+        vec![
+            span(0, 0, "abc", Some(0), 0, 2, Some(A)),
+            Event::Exact { stream: 0 },
+        ]
     );
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.surplus_tokens, st.bytes), (3, 0, 3));
-    // The scheduler ran one more step before the abort: ignored after exact.
+    // The scheduler ran one more step before the abort: surplus, even after exact.
     run.prov(0, 3, &[4], &[T], 1, 1);
     assert_eq!(run.events(), vec![]);
     assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.stream_stats(0).surplus_target, 1);
 }
 
 #[test]
@@ -265,10 +311,13 @@ fn stop_trim_0_33_deletes_surplus_tokens() {
     run.prov(0, 4, &[5], &[T], 2, 0);
     run.text_raw(0, 0, &[(1, "ab", 0), (2, "cS", 0)], b"abc", 1 | 2 | 4, 2);
     run.sse(0, "abc", &[1, 2]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "abc", Some(0), 0, 2), Event::Exact { stream: 0 },]
+        vec![
+            span(0, 0, "abc", Some(0), 0, 2, Some(A)),
+            Event::Exact { stream: 0 },
+        ]
     );
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.steps), (2, 1));
@@ -284,16 +333,16 @@ fn stop_trim_0_33_deletes_surplus_tokens() {
 #[test]
 fn surplus_arriving_after_the_truncated_finish_settles() {
     let mut run = Run::new(1);
-    run.text_raw(0, 0, &[(1, "ab", 0)], b"ab", 1 | 2 | 4, 1);
+    run.text_raw(0, 0, &[(1, "ab", 0)], b"a", 1 | 2 | 4, 1);
     run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
     run.prov(0, 2, &[3], &[T], 3, 0);
     let st = run.r.stream_stats(0);
     assert_eq!(st.tokens, 0, "not settled: SSE has not confirmed token 0");
-    run.sse(0, "ab", &[1]);
+    run.sse(0, "a", &[1]);
     let st = run.r.stream_stats(0);
     assert_eq!((st.tokens, st.surplus_tokens, st.steps), (1, 2, 1));
     assert_eq!(st.hist, vec![1, 1]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(run.r.verdict(0), Verdict::Exact);
 }
 
@@ -362,7 +411,7 @@ fn byte_mismatches() {
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "ab", Some(0), 0, 1),
+            span(0, 0, "ab", Some(0), 0, 1, Some(A)),
             failed(
                 0,
                 "byte mismatch at offset 1 (byte 2): detokenizer fragment vs HTTP delta"
@@ -375,7 +424,7 @@ fn byte_mismatches() {
     assert_eq!(
         run.events(),
         vec![
-            span(1, 0, "ab", Some(0), 0, 1),
+            span(1, 0, "ab", Some(0), 0, 1, Some(A)),
             failed(1, "byte mismatch at offset 1 (byte 3): HTTP delta vs SSE")
         ]
     );
@@ -568,24 +617,30 @@ fn notices() {
 }
 
 #[test]
-fn dropped_counter_fails_pending_streams() {
+fn dropped_counter_fails_every_stream_without_a_final_verdict() {
     let mut run = Run::new(2);
     run.prov(0, 0, &[1], &[P], 0, 1);
     run.text(0, 0, &[(1, "a", 0)], "a", 1);
     run.sse(0, "a", &[1]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(run.r.verdict(0), Verdict::Exact);
     run.events();
     run.sched.dropped = 3;
     run.prov(1, 0, &[1], &[P], 0, 0);
-    assert_eq!(
-        run.events(),
-        vec![failed(
-            1,
-            "frames lost: source 000000000000aaaa dropped 3 frames before seq 2"
-        )]
-    );
+    // The exact stream is revoked too: a lost frame may have been a notice for it.
+    let m = "frames lost: source 000000000000aaaa dropped 3 frames before seq 2";
+    assert_eq!(run.events(), vec![failed(0, m), failed(1, m)]);
     assert_eq!(run.r.counters().dropped_reported, 3);
+    // After finalize() a loss changes nothing.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 1);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(0, "a", &[1]);
+    run.finish(0, "stop");
+    run.r.finalize();
+    run.sched.dropped = 3;
+    run.prov(0, 1, &[2], &[P], 0, 0);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
 }
 
 #[test]
@@ -660,10 +715,25 @@ fn finalize_rules_in_order() {
         last_failure(&run.events()),
         "frames lost: gap in source 000000000000aaaa at seq 1"
     );
+    // ... which revokes an exact stream too: the lost frame may have been its notice.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 1);
+    run.text(0, 0, &[(1, "a", 0)], "a", 1);
+    run.sse(0, "a", &[1]);
+    run.finish(0, "stop");
+    assert_eq!(run.events().last(), Some(&Event::Exact { stream: 0 }));
+    run.sched.next_seq += 1;
+    run.prov(0, 1, &[2], &[P], 0, 0);
+    assert_eq!(run.events(), vec![]);
+    run.r.finalize();
+    let lost = "frames lost: gap in source 000000000000aaaa at seq 2";
+    assert_eq!(run.events(), vec![failed(0, lost)]);
+    assert_eq!(run.r.verdict(0), Verdict::Failed(lost.into()));
     // Rule 2: nothing admitted.
     let mut r = Reconciler::new(RUN, 1).unwrap();
+    r.push_sse_id(0, &chunk_id(0));
     r.push_sse(0, "a", &[1]);
-    r.finish_sse(0);
+    r.finish_sse(0, Some("stop"));
     r.finalize();
     assert_eq!(
         last_failure(&r.drain()),
@@ -676,7 +746,7 @@ fn finalize_rules_in_order() {
             Box::new(|run| {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "a", 0), (2, "b", 0)], "ab", 0);
-                run.r.finish_sse(0);
+                run.finish(0, "stop");
             }),
         ),
         (
@@ -685,7 +755,7 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
                 run.text(0, 0, &[(1, "a", 0)], "a", 0);
                 run.sse(0, "ab", &[1, 2]);
-                run.r.finish_sse(0);
+                run.finish(0, "stop");
             }),
         ),
         (
@@ -694,35 +764,34 @@ fn finalize_rules_in_order() {
                 run.prov(0, 0, &[1], &[P], 0, 0);
                 run.text(0, 0, &[(1, "a", 0)], "a", 0);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.finish(0, "stop");
+            }),
+        ),
+        (
+            "missing telemetry: the scheduler did not finish the request at offset 1",
+            Box::new(|run| {
+                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.text(0, 0, &[(1, "a", 0)], "a", 1);
+                run.sse(0, "a", &[1]);
+                run.finish(0, "stop");
             }),
         ),
         (
             "stream 0: SSE text shorter than the HTTP text (1 of 2 bytes)",
             Box::new(|run| {
-                run.prov(0, 0, &[1], &[P], 0, 0);
+                run.prov(0, 0, &[1], &[P], 0, 1);
                 run.text(0, 0, &[(1, "ab", 0)], "ab", 1);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.finish(0, "stop");
             }),
         ),
         (
             "stream 0: 1 SSE tokens, 2 detokenized tokens",
             Box::new(|run| {
-                run.prov(0, 0, &[1, 2], &[A, T], 3, 0);
+                run.prov(0, 0, &[1, 2], &[A, T], 3, 1);
                 run.text(0, 0, &[(1, "a", 0), (2, "", 0)], "a", 1);
                 run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
-            }),
-        ),
-        (
-            "stream 0: unproven bytes from byte 0",
-            Box::new(|run| {
-                // H stops inside the fragment without text_truncated: never proven.
-                run.prov(0, 0, &[1], &[P], 0, 0);
-                run.text(0, 0, &[(1, "ab", 0)], "a", 1);
-                run.sse(0, "a", &[1]);
-                run.r.finish_sse(0);
+                run.finish(0, "stop");
             }),
         ),
     ];
@@ -742,20 +811,30 @@ fn special_tokens_with_empty_fragments_are_never_claimed() {
     run.prov(0, 0, &[1, 2, 3], &[A, A, B], 2, 1);
     run.text(0, 0, &[(1, "", 0), (2, "x", 0), (3, "y", 0)], "xy", 1);
     run.sse(0, "xy", &[1, 2, 3]);
-    run.r.finish_sse(0);
+    run.finish(0, "stop");
     assert_eq!(
         run.events(),
-        vec![span(0, 0, "xy", Some(0), 1, 2), Event::Exact { stream: 0 }]
+        vec![
+            span(0, 0, "x", Some(0), 1, 1, Some(A)),
+            span(0, 1, "y", Some(0), 2, 1, Some(B)),
+            Event::Exact { stream: 0 }
+        ]
     );
     assert_eq!(run.r.stream_stats(0).tokens, 3);
 }
 
 #[test]
-fn empty_response_is_exact() {
+fn an_empty_response_is_never_exact() {
+    // No token, no scheduler record: nothing was proven, so nothing is exact.
     let mut run = Run::new(1);
     run.text(0, 0, &[], "", 1);
-    run.r.finish_sse(0);
-    assert_eq!(run.events(), vec![Event::Exact { stream: 0 }]);
+    run.finish(0, "stop");
+    assert_eq!(run.events(), vec![]);
+    run.r.finalize();
+    assert_eq!(
+        last_failure(&run.events()),
+        "missing telemetry: the scheduler did not finish the request at offset 0"
+    );
 }
 
 fn check_workload(cfg: WorkloadConfig) {
@@ -838,19 +917,623 @@ fn memory_stays_bounded_while_streaming() {
 
 #[test]
 fn fragments_of_one_step_proven_by_different_inputs_stay_separate_spans() {
+    // The HTTP text of step 1 holds back "zw": those fragments are proven by
+    // step 2's chunk, "y" by step 1's.
     let mut run = Run::new(1);
-    run.prov(0, 0, &[1, 2], &[A, B], 1, 1);
-    run.text(0, 0, &[(1, "y", 0), (2, "z", 0)], "yz", 1);
-    run.sse(0, "y", &[1]);
-    run.sse(0, "z", &[2]);
-    run.r.finish_sse(0);
+    run.prov(0, 0, &[1, 2, 3], &[A, A, B], 2, 0);
+    run.text(0, 0, &[(1, "y", 0), (2, "z", 0), (3, "w", 0)], "y", 0);
+    run.sse(0, "y", &[1, 2, 3]);
+    run.prov(0, 3, &[4], &[P], 0, 1);
+    run.text(0, 3, &[(4, "!", 0)], "zw!", 1);
+    run.sse(0, "zw!", &[4]);
+    run.finish(0, "stop");
     // Merging never spans two inputs, so it cannot depend on when events are drained.
     assert_eq!(
         run.events(),
         vec![
-            span(0, 0, "y", Some(0), 0, 1),
-            span(0, 1, "z", Some(0), 1, 1),
+            span(0, 0, "y", Some(0), 0, 1, Some(A)),
+            span(0, 1, "z", Some(0), 1, 1, Some(A)),
+            span(0, 2, "w", Some(0), 2, 1, Some(B)),
+            span(0, 3, "!", Some(1), 3, 1, Some(P)),
             Event::Exact { stream: 0 }
         ]
+    );
+}
+
+// ------------------------------------------ lying senders (issue 9): one lie each
+
+/// Knobs of the honest run of [`honest`]: each lie changes one.
+#[derive(Clone)]
+struct Honest {
+    p_flags: u8,
+    p_reason: u8,
+    t_reason: u8,
+    second_p_step: Option<u64>,
+    second_t_step: Option<u64>,
+    sse_reason: Option<&'static str>,
+    sse_ids: Vec<u32>,
+}
+
+impl Default for Honest {
+    fn default() -> Self {
+        Honest {
+            p_flags: 1,
+            p_reason: 1,
+            t_reason: 1,
+            second_p_step: None,
+            second_t_step: None,
+            sse_reason: Some("stop"),
+            sse_ids: vec![11, 12],
+        }
+    }
+}
+
+fn prov_rec(stream: u16, offset: u32, ids: &[u32], roles: &[u8], ds: u16) -> ProvRec {
+    ProvRec {
+        stream,
+        offset,
+        drafts_scheduled: ds,
+        token_ids: ids.to_vec(),
+        roles: roles.to_vec(),
+        ..ProvRec::default()
+    }
+}
+
+fn text_rec(stream: u16, offset: u32, toks: &[(u32, &str)], http: &str) -> TextRec {
+    TextRec {
+        stream,
+        offset,
+        tokens: toks
+            .iter()
+            .map(|(id, frag)| TextTok {
+                token_id: *id,
+                fragment: frag.as_bytes().to_vec(),
+                ..TextTok::default()
+            })
+            .collect(),
+        http: http.as_bytes().to_vec(),
+        ..TextRec::default()
+    }
+}
+
+/// Stream 0: "Hi" (plain), then " a" "b" (accepted, bonus), finished with stop.
+fn honest(run: &mut Run, h: Honest) {
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.text(0, 0, &[(10, "Hi", 0)], "Hi", 0);
+    run.sse(0, "Hi", &[10]);
+    let mut p = prov_rec(0, 1, &[11, 12], &[A, B], 1);
+    (p.flags, p.finish_reason) = (h.p_flags, h.p_reason);
+    let step = h.second_p_step.unwrap_or(run.step);
+    run.step += 1;
+    let f = run.sched.provenance(step, &[p]);
+    run.r.push_frame(&f);
+    let mut t = text_rec(0, 1, &[(11, " a"), (12, "b")], " ab");
+    (t.flags, t.finish_reason) = (1, h.t_reason);
+    let step = h.second_t_step.unwrap_or(run.t_step);
+    run.t_step += 1;
+    let f = run.front.text(step, &[t]);
+    run.r.push_frame(&f);
+    run.sse(0, " ab", &h.sse_ids);
+    run.ids_sent[0] = true;
+    run.r.finish_sse(0, h.sse_reason);
+}
+
+fn hello_with(role: u8, k: u16, engine_version: &str) -> HelloFields {
+    let mut h = HelloFields::simulated(role, k);
+    h.engine_version = engine_version.into();
+    h
+}
+
+type Lie = Box<dyn Fn(&mut Run)>;
+
+fn lies() -> Vec<(&'static str, Lie, String)> {
+    let s0 = "stream 0: ";
+    vec![
+        (
+            "a second record of a stream in one step",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    second_p_step: Some(1),
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}two provenance records in step 1"),
+        ),
+        (
+            "provenance steps going back",
+            Box::new(|run: &mut Run| {
+                run.step = 5;
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                let f = run
+                    .sched
+                    .provenance(2, &[prov_rec(0, 1, &[11, 12], &[A, B], 1)]);
+                run.r.push_frame(&f);
+            }),
+            format!("{s0}provenance step 2 before step 5"),
+        ),
+        (
+            "a second text record in one step",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    second_t_step: Some(1),
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}two text records in step 1"),
+        ),
+        (
+            "text steps going back",
+            Box::new(|run: &mut Run| {
+                run.t_step = 5;
+                run.text(0, 0, &[(10, "Hi", 0)], "Hi", 0);
+                let f = run.front.text(1, &[text_rec(0, 1, &[(11, " a")], " a")]);
+                run.r.push_frame(&f);
+            }),
+            format!("{s0}text step 1 before step 5"),
+        ),
+        (
+            "provenance after a finished record",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 1);
+                run.prov(0, 1, &[11], &[P], 0, 0);
+            }),
+            format!("{s0}provenance at offset 1 after the scheduler finished the request"),
+        ),
+        (
+            "provenance after a trimmed record",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[A], 1, 2);
+                run.prov(0, 1, &[11], &[P], 0, 0);
+            }),
+            format!("{s0}provenance at offset 1 after a trimmed step"),
+        ),
+        (
+            "text beyond the scheduler's finish",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 1);
+                run.text(0, 0, &[(10, "H", 0), (11, "i", 0)], "Hi", 1);
+            }),
+            format!("{s0}text token at offset 1 after the scheduler's last step ended at offset 1"),
+        ),
+        (
+            "SSE beyond the scheduler's finish",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 1);
+                run.sse(0, "Hi", &[10, 11]);
+            }),
+            format!("{s0}SSE token at offset 1 after the scheduler's last step ended at offset 1"),
+        ),
+        (
+            "scheduler and detokenizer finish reasons differ",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    p_reason: 2,
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!(
+                "{s0}the scheduler finished the request with 'length', the detokenizer with 'stop'"
+            ),
+        ),
+        (
+            "an aborted request",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    t_reason: 3,
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}the detokenizer finished the request with 'abort'"),
+        ),
+        (
+            "the SSE finish_reason differs",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    sse_reason: Some("length"),
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}SSE finish_reason 'length', the detokenizer finished with 'stop'"),
+        ),
+        (
+            "no SSE finish_reason",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    sse_reason: None,
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}SSE finish_reason null, the detokenizer finished with 'stop'"),
+        ),
+        (
+            "SSE tokens beyond the requests's end",
+            Box::new(|run: &mut Run| {
+                let h = Honest {
+                    sse_ids: vec![11, 12, 13],
+                    ..Honest::default()
+                };
+                honest(run, h)
+            }),
+            format!("{s0}SSE token at offset 3 after the scheduler's last step ended at offset 3"),
+        ),
+        (
+            "a duplicate with other content",
+            Box::new(|run: &mut Run| {
+                let seq = run.sched.next_seq;
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.sched.next_seq = seq;
+                run.prov(0, 0, &[11], &[P], 0, 0);
+            }),
+            "source 000000000000aaaa: seq 1 received twice with different content".into(),
+        ),
+        (
+            "drafts beyond the hello's K",
+            Box::new(|run: &mut Run| run.prov(1, 0, &[1, 2], &[A, T], 4, 0)),
+            "stream 1: 4 drafts scheduled at offset 0, the scheduler's hello says K 3".into(),
+        ),
+        (
+            "speculative roles under a hello without speculative decoding",
+            Box::new(|run: &mut Run| {
+                *run = Run::with_hellos(2, &hello_with(ROLE_SCHEDULER, 0, "sim-1"), "sim-1");
+                honest(run, Honest::default())
+            }),
+            format!("{s0}1 drafts scheduled at offset 1, the scheduler's hello says K 0"),
+        ),
+        (
+            "the two hellos name different engine versions",
+            Box::new(|run: &mut Run| {
+                *run = Run::with_hellos(2, &hello_with(ROLE_SCHEDULER, 3, "sim-1"), "sim-2");
+                honest(run, Honest::default())
+            }),
+            format!(
+                "{s0}the scheduler's and the frontend's hellos disagree on engine_version \
+                 ('sim-1' vs 'sim-2')"
+            ),
+        ),
+        (
+            "text_truncated but the HTTP text is whole",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.text(0, 0, &[(10, "Hi", 0)], "Hi", 1 | 2);
+            }),
+            format!(
+                "{s0}text_truncated, but the HTTP text is not shorter than the fragments (2 of 2 bytes)"
+            ),
+        ),
+        (
+            "a stop-string finish without a token",
+            Box::new(|run: &mut Run| run.text_raw(0, 0, &[], b"", 1 | 4, 0)),
+            format!("{s0}a stop-string finish without any token"),
+        ),
+        (
+            "trimmed tokens not matching the scheduler's step",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10, 11, 12], &[A, A, B], 2, 0);
+                run.text(0, 0, &[(10, "Hi<", 0)], "Hi", 1 | 2);
+            }),
+            format!(
+                "{s0}the text ends at offset 1 with 0 trimmed tokens, the scheduler's step \
+                 holding offset 0 ends at offset 3"
+            ),
+        ),
+        (
+            "a second choice",
+            Box::new(|run: &mut Run| {
+                run.sse(0, "Hi", &[10]);
+                run.r.push_sse_choice(0, 1);
+            }),
+            format!("{s0}SSE chunk with a choice other than the single choice 0 (index 1)"),
+        ),
+        (
+            "usage.completion_tokens",
+            Box::new(|run: &mut Run| {
+                run.sse(0, "", &[]);
+                run.r.push_sse_usage(0, Some(5), None, None);
+                honest(run, Honest::default())
+            }),
+            format!("{s0}usage.completion_tokens 5, but the SSE carried 3 tokens"),
+        ),
+        (
+            "a chunk id of another stream",
+            Box::new(|run: &mut Run| {
+                run.ids_sent[0] = true;
+                run.r.push_sse_id(0, &format!("chatcmpl-ph1_{RUN}_01"));
+            }),
+            format!("{s0}SSE chunk id does not carry the request id ph1_{RUN}_0"),
+        ),
+        (
+            "a chunk id that changes",
+            Box::new(|run: &mut Run| {
+                run.sse(0, "Hi", &[10]);
+                run.r.push_sse_id(0, &format!("{}-other", chunk_id(0)));
+            }),
+            format!("{s0}SSE chunk id changed mid-stream"),
+        ),
+        (
+            "no chunk id",
+            Box::new(|run: &mut Run| {
+                run.ids_sent[0] = true;
+                honest(run, Honest::default())
+            }),
+            format!("{s0}no SSE chunk id"),
+        ),
+        (
+            "SSE data after the end",
+            Box::new(|run: &mut Run| {
+                honest(run, Honest::default());
+                run.r.push_sse(0, "!", &[]);
+            }),
+            format!("{s0}SSE data after the stream finished"),
+        ),
+        (
+            "an SSE chunk ending inside a step",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.text(0, 0, &[(10, "Hi", 0)], "Hi", 0);
+                // " a" moved from step 2's chunk into step 1's (ids stay).
+                run.sse(0, "Hi a", &[10]);
+                let p = prov_rec(0, 1, &[11, 12], &[A, B], 1);
+                let (mut p, mut t) = (p, text_rec(0, 1, &[(11, " a"), (12, "b")], " ab"));
+                (p.flags, p.finish_reason, t.flags, t.finish_reason) = (1, 1, 1, 1);
+                let f = run.sched.provenance(run.step, &[p]);
+                run.r.push_frame(&f);
+                let f = run.front.text(run.t_step, &[t]);
+                run.r.push_frame(&f);
+                run.sse(0, "b", &[11, 12]);
+                run.finish(0, "stop");
+            }),
+            format!("{s0}an SSE chunk ends at offset 1 (byte 4), inside a text record"),
+        ),
+        (
+            "a second hello that differs",
+            Box::new(|run: &mut Run| {
+                let f = run.sched.hello(&HelloFields::simulated(ROLE_SCHEDULER, 7));
+                run.r.push_frame(&f);
+                honest(run, Honest::default())
+            }),
+            "source 000000000000aaaa: a second hello that differs from its first".into(),
+        ),
+        (
+            "a loss after the verdict",
+            Box::new(|run: &mut Run| {
+                honest(run, Honest::default());
+                run.sched.dropped = 1;
+                run.prov(1, 0, &[1], &[P], 0, 0);
+            }),
+            "frames lost: source 000000000000aaaa dropped 1 frames before seq 3".into(),
+        ),
+        (
+            "vLLM's metrics: another drafted count",
+            metrics(Some(&[1]), Some(&[2])),
+            format!(
+                "{s0}vLLM's per-request metrics disagree at verify step 0: 1 accepted of 2 \
+                 drafted, the scheduler's step at offset 1 says 1 of 1"
+            ),
+        ),
+        (
+            "vLLM's metrics: another accepted count",
+            metrics(Some(&[0]), Some(&[1])),
+            format!(
+                "{s0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 \
+                 drafted, the scheduler's step at offset 1 says 1 of 1"
+            ),
+        ),
+        (
+            "vLLM's metrics: another number of steps",
+            metrics(Some(&[1, 0]), Some(&[1, 1])),
+            format!(
+                "{s0}vLLM's per-request metrics list 2 verify steps, the scheduler sent 1 \
+                 steps with drafts"
+            ),
+        ),
+        (
+            "vLLM's metrics: lists of two lengths",
+            metrics(Some(&[1]), Some(&[1, 1])),
+            format!("{s0}vLLM's per-request metrics list 1 accepted and 2 drafted steps"),
+        ),
+        (
+            "vLLM's metrics: one list",
+            metrics(None, Some(&[1])),
+            format!(
+                "{s0}vLLM's per-request metrics carry per_step_drafted without per_step_accepted"
+            ),
+        ),
+        (
+            "vLLM's metrics without the scheduler's finish",
+            Box::new(|run: &mut Run| {
+                run.prov(0, 0, &[10], &[P], 0, 0);
+                run.text(0, 0, &[(10, "Hi<", 0)], "Hi", 1 | 2);
+                run.sse(0, "Hi", &[10]);
+                run.r.push_sse_usage(0, Some(1), Some(&[]), Some(&[]));
+                run.finish(0, "stop");
+            }),
+            "missing telemetry: the scheduler did not finish the request at offset 1".into(),
+        ),
+    ]
+}
+
+fn metrics(accepted: Option<&'static [u32]>, drafted: Option<&'static [u32]>) -> Lie {
+    Box::new(move |run: &mut Run| {
+        run.r.push_sse_usage(0, Some(3), accepted, drafted);
+        honest(run, Honest::default())
+    })
+}
+
+#[test]
+fn vllm_metrics_that_agree_are_counted_including_a_trimmed_steps_precut_acceptance() {
+    let mut run = Run::new(2);
+    metrics(Some(&[1]), Some(&[1]))(&mut run);
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.stream_stats(0).metrics_steps, 1);
+    // max_tokens cut a step of 3 accepted drafts after 1: vLLM counts 3, the record 1.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.text(0, 0, &[(10, "H", 0)], "H", 0);
+    let mut p = prov_rec(0, 1, &[11], &[A], 3);
+    (p.flags, p.finish_reason) = (1 | 2, 2);
+    let f = run.sched.provenance(9, &[p]);
+    run.r.push_frame(&f);
+    let mut t = text_rec(0, 1, &[(11, "i")], "i");
+    (t.flags, t.finish_reason) = (1, 2);
+    let f = run.front.text(9, &[t]);
+    run.r.push_frame(&f);
+    run.sse(0, "Hi", &[10, 11]);
+    run.r.push_sse_usage(0, Some(2), Some(&[3]), Some(&[3]));
+    run.finish(0, "length");
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.totals().metrics_steps, 1);
+}
+
+impl Run {
+    /// A run of `streams` with the given scheduler hello and a frontend hello
+    /// naming `front_version`.
+    fn with_hellos(streams: u32, sched: &HelloFields, front_version: &str) -> Run {
+        let mut run = Run {
+            r: Reconciler::new(RUN, streams).unwrap(),
+            sched: Sender::new(run_id(), 0xaaaa),
+            front: Sender::new(run_id(), 0xbbbb),
+            step: 1,
+            t_step: 1,
+            ids_sent: vec![false; streams as usize],
+        };
+        let h = run.sched.hello(sched);
+        run.r.push_frame(&h);
+        let h = run
+            .front
+            .hello(&hello_with(ROLE_FRONTEND, 0, front_version));
+        run.r.push_frame(&h);
+        run
+    }
+}
+
+#[test]
+fn the_honest_run_of_the_lie_table_is_exact() {
+    let mut run = Run::new(2);
+    honest(&mut run, Honest::default());
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+}
+
+#[test]
+fn a_lying_sender_fails_the_stream_with_its_reason_and_never_exact() {
+    for (name, lie, reason) in lies() {
+        let mut run = Run::new(2);
+        lie(&mut run);
+        run.r.finalize();
+        let events = run.events();
+        let stream = u16::from(reason.starts_with("stream 1:"));
+        assert!(
+            events.contains(&failed(stream, &reason)),
+            "{name}: {reason:?} not in {events:?}"
+        );
+        assert_eq!(
+            run.r.verdict(stream),
+            Verdict::Failed(reason.clone()),
+            "{name}"
+        );
+        if !["SSE data after the end", "a loss after the verdict"].contains(&name) {
+            assert!(!events.contains(&Event::Exact { stream }), "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_late_notice_revokes_and_finality_counts_late_frames() {
+    let mut run = Run::new(1);
+    honest(&mut run, Honest::default());
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    run.events();
+    let f = run.front.notice(9, &[(0, 3, "late hook failure")]);
+    run.r.push_frame(&f);
+    let reason = "not exact: late hook failure (notice 3 from source 000000000000bbbb)";
+    assert_eq!(run.events(), vec![failed(0, reason)]);
+    run.r.finalize();
+    let f = run.front.notice(10, &[(0, 3, "after the end")]);
+    run.r.push_frame(&f);
+    run.r.push_frame(&f);
+    assert_eq!(
+        run.events(),
+        vec![Event::Run {
+            message: parallelhue_core::reconcile::LATE_MESSAGE.into()
+        }]
+    );
+    assert_eq!(run.r.counters().late_frames, 2);
+    assert_eq!(run.r.verdict(0), Verdict::Failed(reason.into()));
+}
+
+#[test]
+fn an_impossible_acceptance_is_a_rejected_frame_not_a_figure() {
+    let mut run = Run::new(1);
+    let mut p = prov_rec(0, 0, &[10, 11], &[A, T], 2);
+    p.drafts_padded = 2;
+    let f = run.sched.provenance(1, &[p]);
+    run.r.push_frame(&f);
+    assert_eq!(
+        run.events(),
+        vec![Event::Run {
+            message:
+                "rejected frame: record for stream 0: 1 accepted drafts exceed 2 scheduled minus 2 padded"
+                    .into()
+        }]
+    );
+    assert_eq!(run.r.stream_stats(0).accepted, 0);
+}
+
+#[test]
+fn per_character_attribution_from_lead_len() {
+    // "a" + first byte of 日 from token 1 (step 0, plain), the rest of 日 and "b"
+    // from token 2 (step 1, accepted): 'a' takes step 0, 日 is mixed, 'b' step 1.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 0);
+    run.prov(0, 1, &[2, 3], &[A, T], 2, 1);
+    let toks = vec![
+        TextTok {
+            token_id: 1,
+            ..TextTok::default()
+        },
+        TextTok {
+            token_id: 2,
+            fragment: "a\u{65e5}b".as_bytes().to_vec(),
+            span_back: 1,
+            lead_len: 2,
+        },
+        TextTok {
+            token_id: 3,
+            fragment: b"c".to_vec(),
+            ..TextTok::default()
+        },
+    ];
+    let rec = TextRec {
+        stream: 0,
+        flags: 1,
+        finish_reason: 1,
+        tokens: toks,
+        http: "a\u{65e5}bc".as_bytes().to_vec(),
+        ..TextRec::default()
+    };
+    let f = run.front.text(1, &[rec]);
+    run.r.push_frame(&f);
+    run.sse(0, "a\u{65e5}bc", &[1, 2, 3]);
+    run.finish(0, "stop");
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "a", Some(0), 0, 1, Some(P)),
+            span(0, 1, "\u{65e5}", None, 0, 2, None),
+            span(0, 4, "b", Some(1), 1, 1, Some(A)),
+            span(0, 5, "c", Some(1), 2, 1, Some(T)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    let st = run.r.stream_stats(0);
+    assert_eq!((st.mixed_spans, st.bytes), (1, 6));
+    assert_eq!(
+        (st.drafts_by_pos.clone(), st.accepted_by_pos.clone()),
+        (vec![1, 1], vec![1, 0])
     );
 }

@@ -4,20 +4,18 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use parallelhue_core::http::Framing;
+use parallelhue_core::sse_inputs::SseInput;
 use parallelhue_core::sse_stream::StreamBody;
 
-fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<(String, Vec<u32>)>, String) {
+fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<SseInput>, String) {
     let mut body = StreamBody::new(framing);
     let mut deltas = Vec::new();
-    let mut on_delta = |t: &str, ids: &[u32]| deltas.push((t.to_owned(), ids.to_vec()));
+    let mut on_delta = |i: SseInput| deltas.push(i);
     for part in parts {
         body.feed(part, &mut on_delta);
     }
     body.finish(&mut on_delta);
-    let end = format!(
-        "{:?} {:?} {:?}",
-        body.end, body.finish_reason, body.usage
-    );
+    let end = format!("{:?} {:?} {:?}", body.end, body.finish_reason, body.usage);
     (deltas, end)
 }
 
@@ -34,5 +32,8 @@ fuzz_target!(|data: &[u8]| {
     let whole = read(framing, &[raw]);
     let parts: Vec<&[u8]> = raw.chunks(step).collect();
     let split = read(framing, &parts);
-    assert_eq!(whole, split, "the result depends on how the bytes were split");
+    assert_eq!(
+        whole, split,
+        "the result depends on how the bytes were split"
+    );
 });

@@ -92,3 +92,36 @@ pub(crate) fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py,
         }
     })
 }
+
+/// `completion_tokens`: None or an int in 0..=u64::MAX.
+pub(crate) fn completion_tokens(value: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    match value.extract::<u64>() {
+        Ok(v) => Ok(Some(v)),
+        Err(_) => {
+            value.cast::<PyInt>()?;
+            Err(value_error(ArgError::CompletionTokens(repr_str(value))))
+        }
+    }
+}
+
+/// A per-step count list: None or an iterable of ints in 0..=u32::MAX.
+pub(crate) fn step_counts(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u32>>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for item in value.try_iter()? {
+        let item = item?;
+        match item.extract::<u32>() {
+            Ok(v) => out.push(v),
+            Err(_) => {
+                item.cast::<PyInt>()?;
+                return Err(value_error(ArgError::StepCount(repr_str(&item))));
+            }
+        }
+    }
+    Ok(Some(out))
+}

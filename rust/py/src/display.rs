@@ -107,7 +107,22 @@ impl Reconciler {
                     ids.extend(Item::token_ids(raw));
                     fed.push_sse(stream, text, &ids);
                 }
-                Item::Finish { stream, .. } if stream < n => fed.finish_sse(stream),
+                Item::SseId { stream, id } if stream < n => fed.push_sse_id(stream, id),
+                Item::SseChoice { stream, index } if stream < n => {
+                    fed.push_sse_choice(stream, index)
+                }
+                Item::SseUsage {
+                    stream,
+                    completion_tokens,
+                    accepted,
+                    drafted,
+                } if stream < n => {
+                    let list = |raw: Option<&[u8]>| raw.map(|b| Item::token_ids(b).collect());
+                    let (a, d): (Option<Vec<u32>>, Option<Vec<u32>>) =
+                        (list(accepted), list(drafted));
+                    fed.push_sse_usage(stream, completion_tokens, a.as_deref(), d.as_deref());
+                }
+                Item::Finish { stream, reason } if stream < n => fed.finish_sse(stream, reason),
                 Item::Frame(frame) => fed.push_frame(frame),
                 Item::Reject(reason) => fed.reject(reason.to_owned()),
                 Item::Lost { frames } => fed.push_lost(frames),
@@ -123,7 +138,7 @@ impl Reconciler {
         }
     }
 
-    /// Start recording every input to `path` (gzip'd recording format 2)
+    /// Start recording every input to `path` (gzip'd recording format 3)
     /// after `header` (a JSON object). OSError if the file cannot be created.
     fn record(&self, path: PathBuf, header: &str) -> PyResult<()> {
         let tap = Tap::create(&path, header, monotonic())?;

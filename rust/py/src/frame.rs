@@ -1,9 +1,13 @@
-//! `decode_frame`: one datagram as the vectors' decoded-meaning dict.
+//! `decode_frame`: one datagram as the vectors' decoded-meaning dict;
+//! `sse_inputs`: SSE events as the Rust reader's reconciler inputs. Both let
+//! the Python tests hold the Rust decoder and extraction to their references.
 
 use parallelhue_core::describe::frame_meaning;
 use parallelhue_core::protocol;
+use parallelhue_core::sse::{SseEvent, SseParser};
+use parallelhue_core::sse_inputs::{ChunkInputs, SseInput};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 
 use crate::convert::{json_to_py, value_error};
 
@@ -31,4 +35,63 @@ pub(crate) fn decode_frame<'py>(
         Ok(f) => json_to_py(py, &frame_meaning(&f)),
         Err(e) => Err(value_error(e)),
     }
+}
+
+/// One SSE input as its C2 tuple without the stream: ("sse", text, ids),
+/// ("sse_id", id), ("sse_choice", index) or ("sse_usage", n, accepted, drafted).
+fn input_tuple<'py>(py: Python<'py>, input: SseInput) -> PyResult<Bound<'py, PyTuple>> {
+    match input {
+        SseInput::Delta { text, token_ids } => ("sse", text, token_ids).into_pyobject(py),
+        SseInput::Id(id) => ("sse_id", id).into_pyobject(py),
+        SseInput::Choice(index) => ("sse_choice", index).into_pyobject(py),
+        SseInput::Usage {
+            completion_tokens,
+            per_step_accepted,
+            per_step_drafted,
+        } => (
+            "sse_usage",
+            completion_tokens,
+            per_step_accepted,
+            per_step_drafted,
+        )
+            .into_pyobject(py),
+    }
+}
+
+/// One stream's SSE events (each the data of one event) through the Rust
+/// reader's event-stream parser and extraction: per event, `(inputs,
+/// finish_reason so far)`, `("error", message)`, or None (`[DONE]`, an event
+/// of its own type).
+#[pyfunction]
+pub(crate) fn sse_inputs<'py>(
+    py: Python<'py>,
+    payloads: Vec<Vec<u8>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let mut parser = SseParser::new();
+    let mut extraction = ChunkInputs::new();
+    let out = PyList::empty(py);
+    for payload in payloads {
+        let mut data = b"data: ".to_vec();
+        data.extend_from_slice(&payload);
+        data.extend_from_slice(b"\n\n");
+        for event in parser.feed(&data) {
+            match event {
+                Err(e) => out.append(("error", e.to_string()))?,
+                Ok(SseEvent::Chunk(chunk)) => {
+                    let mut inputs = Vec::new();
+                    if let Err(e) = extraction.extract(chunk, &mut |i| inputs.push(i)) {
+                        out.append(("error", e.to_string()))?;
+                        continue;
+                    }
+                    let tuples = inputs
+                        .into_iter()
+                        .map(|i| input_tuple(py, i))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    out.append((PyList::new(py, tuples)?, extraction.finish_reason.clone()))?;
+                }
+                Ok(_) => out.append(py.None())?,
+            }
+        }
+    }
+    Ok(out)
 }

@@ -28,17 +28,18 @@ use recording::RecordWriter;
 use streams::HttpStreams;
 
 /// Keys of `Reconciler.counters()`.
-const COUNTER_KEYS: [&str; 6] = [
+const COUNTER_KEYS: [&str; 7] = [
     "frames",
     "rejected_frames",
     "duplicate_frames",
     "foreign_records",
     "dropped_reported",
     "gaps",
+    "late_frames",
 ];
 
 /// Keys of each dict of `Reconciler.sources()`.
-const SOURCE_KEYS: [&str; 9] = [
+const SOURCE_KEYS: [&str; 10] = [
     "source_id",
     "role",
     "engine",
@@ -48,6 +49,7 @@ const SOURCE_KEYS: [&str; 9] = [
     "plugin_version",
     "engine_version",
     "spec_method",
+    "verification",
 ];
 
 /// Keys of `Receiver.stats()`.
@@ -94,6 +96,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("TELEMETRY_CONTENT_TYPE", hs::TELEMETRY_CONTENT_TYPE)?;
     }
     m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::sse_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;

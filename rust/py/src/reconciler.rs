@@ -13,7 +13,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::convert::{frame_bytes, repr_str, token_ids_into, value_error};
+use crate::convert::{
+    completion_tokens, frame_bytes, repr_str, step_counts, token_ids_into, value_error,
+};
 
 /// The three-witness reconciler of one run (docs/PROTOCOL.md "Reconciliation").
 #[pyclass(module = "parallelhue._native", frozen)]
@@ -94,9 +96,56 @@ impl Reconciler {
                     ids: ids_start..out.ids.len(),
                 });
             }
-            ("finish", 2) => {
+            ("sse_id", 3) => {
                 let stream = self.stream(&tuple.get_item(1)?)?;
-                out.items.push(Input::Finish(stream));
+                let id = tuple.get_item(2)?;
+                let id = id.cast::<PyString>()?.to_str()?;
+                let start = out.text.len();
+                out.text.push_str(id);
+                out.items.push(Input::SseId {
+                    stream,
+                    id: start..out.text.len(),
+                });
+            }
+            ("sse_choice", 3) => {
+                let stream = self.stream(&tuple.get_item(1)?)?;
+                let index = choice_index(&tuple.get_item(2)?)?;
+                out.items.push(Input::SseChoice { stream, index });
+            }
+            ("sse_usage", 5) => {
+                let stream = self.stream(&tuple.get_item(1)?)?;
+                let n = completion_tokens(&tuple.get_item(2)?)?;
+                let mut list = |i: usize| -> PyResult<Option<Range<usize>>> {
+                    let value = tuple.get_item(i)?;
+                    let start = out.ids.len();
+                    match step_counts(&value)? {
+                        None => Ok(None),
+                        Some(counts) => {
+                            out.ids.extend(counts);
+                            Ok(Some(start..out.ids.len()))
+                        }
+                    }
+                };
+                let accepted = list(3)?;
+                let drafted = list(4)?;
+                out.items.push(Input::SseUsage {
+                    stream,
+                    completion_tokens: n,
+                    accepted,
+                    drafted,
+                });
+            }
+            ("finish", 3) => {
+                let stream = self.stream(&tuple.get_item(1)?)?;
+                let reason = tuple.get_item(2)?;
+                let reason = if reason.is_none() {
+                    None
+                } else {
+                    let start = out.text.len();
+                    out.text.push_str(reason.cast::<PyString>()?.to_str()?);
+                    Some(start..out.text.len())
+                };
+                out.items.push(Input::Finish { stream, reason });
             }
             _ => return Err(bad_input(item)),
         }
@@ -113,7 +162,50 @@ enum Input {
         text: Range<usize>,
         ids: Range<usize>,
     },
-    Finish(u16),
+    SseId {
+        stream: u16,
+        id: Range<usize>,
+    },
+    SseChoice {
+        stream: u16,
+        index: u32,
+    },
+    SseUsage {
+        stream: u16,
+        completion_tokens: Option<u64>,
+        accepted: Option<Range<usize>>,
+        drafted: Option<Range<usize>>,
+    },
+    Finish {
+        stream: u16,
+        reason: Option<Range<usize>>,
+    },
+}
+
+impl Inputs {
+    /// Push every converted item into the core reconciler, in order.
+    fn apply(&self, r: &mut Fed) {
+        let ids = |range: &Option<Range<usize>>| range.clone().map(|x| &self.ids[x]);
+        for item in &self.items {
+            match item {
+                Input::Frame(range) => r.push_frame(&self.frames[range.clone()]),
+                Input::Sse { stream, text, ids } => {
+                    r.push_sse(*stream, &self.text[text.clone()], &self.ids[ids.clone()])
+                }
+                Input::SseId { stream, id } => r.push_sse_id(*stream, &self.text[id.clone()]),
+                Input::SseChoice { stream, index } => r.push_sse_choice(*stream, *index),
+                Input::SseUsage {
+                    stream,
+                    completion_tokens,
+                    accepted,
+                    drafted,
+                } => r.push_sse_usage(*stream, *completion_tokens, ids(accepted), ids(drafted)),
+                Input::Finish { stream, reason } => {
+                    r.finish_sse(*stream, reason.clone().map(|x| &self.text[x]))
+                }
+            }
+        }
+    }
 }
 
 /// A `push_inputs` batch as owned Rust values (no Python object inside).
@@ -125,15 +217,34 @@ struct Inputs {
     ids: Vec<u32>,
 }
 
+/// The item shapes `push_inputs` (and `pack_inputs`) take, as its error names them.
+pub(crate) const INPUT_SHAPES: &str = "(\"frame\", bytes), \
+     (\"sse\", stream, text, token_ids), (\"sse_id\", stream, id), \
+     (\"sse_choice\", stream, index), (\"sse_usage\", stream, completion_tokens, \
+     per_step_accepted, per_step_drafted) or (\"finish\", stream, finish_reason)";
+
 fn bad_input(item: &Bound<'_, PyAny>) -> PyErr {
     let shown = item
         .repr()
         .map(|s| s.to_string())
         .unwrap_or_else(|_| "?".into());
-    value_error(format!(
-        "invalid input {shown}: expected (\"frame\", bytes), \
-         (\"sse\", stream, text, token_ids) or (\"finish\", stream)"
-    ))
+    value_error(format!("invalid input {shown}: expected {INPUT_SHAPES}"))
+}
+
+/// A choice index: an int in 0..=u32::MAX (ValueError otherwise, TypeError
+/// for another type).
+fn choice_index(index: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match index.extract::<u32>() {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            index.cast::<pyo3::types::PyInt>()?;
+            Err(value_error(ArgError::ChoiceIndex(repr_str(index))))
+        }
+    }
+}
+
+fn list_u64<'py>(py: Python<'py>, values: &[u64]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, values)
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
@@ -159,12 +270,16 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
         s.surplus_plain,
         s.mixed_spans,
         s.bytes,
+        0,
+        0,
+        s.metrics_steps,
     ];
     for (key, v) in STAT_KEYS.iter().zip(values) {
-        if *key == "hist" {
-            d.set_item(key, &hist)?;
-        } else {
-            d.set_item(key, v)?;
+        match *key {
+            "hist" => d.set_item(key, &hist)?,
+            "drafts_by_pos" => d.set_item(key, list_u64(py, &s.drafts_by_pos)?)?,
+            "accepted_by_pos" => d.set_item(key, list_u64(py, &s.accepted_by_pos)?)?,
+            _ => d.set_item(key, v)?,
         }
     }
     Ok(d)
@@ -180,6 +295,7 @@ pub(crate) fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py,
             step,
             first_offset,
             n_tokens,
+            role,
         } => (
             intern!(py, "span"),
             stream,
@@ -188,6 +304,7 @@ pub(crate) fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py,
             step,
             first_offset,
             n_tokens,
+            role,
         )
             .into_pyobject(py)?
             .into_any(),
@@ -258,11 +375,13 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Several inputs, in order: `("frame", bytes)`, `("sse", stream, text,
-    /// token_ids)` or `("finish", stream)`, exactly as the single calls. The
-    /// list is converted while holding the GIL, then pushed with the GIL
-    /// released; a bad item raises the single call's error after the items
-    /// before it were applied.
+    /// Several inputs, in order, exactly as the single calls: `("frame",
+    /// bytes)`, `("sse", stream, text, token_ids)`, `("sse_id", stream, id)`,
+    /// `("sse_choice", stream, index)`, `("sse_usage", stream,
+    /// completion_tokens, per_step_accepted, per_step_drafted)` or `("finish",
+    /// stream, finish_reason)`. The list is converted while holding the GIL,
+    /// then pushed with the GIL released; a bad item raises the single call's
+    /// error after the items before it were applied.
     fn push_inputs(&self, py: Python<'_>, inputs: &Bound<'_, PyAny>) -> PyResult<()> {
         let mut batch = Inputs::default();
         let error = self.convert_inputs(inputs, &mut batch).err();
@@ -271,17 +390,7 @@ impl Reconciler {
             let batch = &batch;
             py.detach(|| match inner.lock() {
                 Ok(mut r) => {
-                    for item in &batch.items {
-                        match item {
-                            Input::Frame(range) => r.push_frame(&batch.frames[range.clone()]),
-                            Input::Sse { stream, text, ids } => r.push_sse(
-                                *stream,
-                                &batch.text[text.clone()],
-                                &batch.ids[ids.clone()],
-                            ),
-                            Input::Finish(stream) => r.finish_sse(*stream),
-                        }
-                    }
+                    batch.apply(&mut r);
                     Ok(())
                 }
                 Err(_) => Err("reconciler poisoned by a panic"),
@@ -296,7 +405,7 @@ impl Reconciler {
 
     /// Telemetry lost between the server and this client: `frames` the
     /// server's hub discarded, None an unknown number (the telemetry stream
-    /// ended before the run). Every stream without a verdict fails.
+    /// ended before the run). Every stream without a final verdict fails.
     #[pyo3(signature = (frames))]
     fn push_lost(&self, frames: &Bound<'_, PyAny>) -> PyResult<()> {
         let count = if frames.is_none() {
@@ -316,10 +425,45 @@ impl Reconciler {
         Ok(())
     }
 
-    /// The stream's SSE ended normally.
-    fn finish_sse(&self, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// The SSE chunk `id` of a stream (its first chunk's, and every one that
+    /// differs from the previous chunk's).
+    fn push_sse_id(&self, stream: &Bound<'_, PyAny>, chunk_id: &str) -> PyResult<()> {
         let s = self.stream(stream)?;
-        self.lock()?.finish_sse(s);
+        self.lock()?.push_sse_id(s, chunk_id);
+        Ok(())
+    }
+
+    /// The stream's chunks carried a choice other than the single choice 0.
+    fn push_sse_choice(&self, stream: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        let index = choice_index(index)?;
+        self.lock()?.push_sse_choice(s, index);
+        Ok(())
+    }
+
+    /// The usage chunk: `usage.completion_tokens` and vLLM's per-request
+    /// speculative metrics (`per_step_accepted`, `per_step_drafted`).
+    fn push_sse_usage(
+        &self,
+        stream: &Bound<'_, PyAny>,
+        completion_tokens: &Bound<'_, PyAny>,
+        per_step_accepted: &Bound<'_, PyAny>,
+        per_step_drafted: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        let n = crate::convert::completion_tokens(completion_tokens)?;
+        let accepted = step_counts(per_step_accepted)?;
+        let drafted = step_counts(per_step_drafted)?;
+        self.lock()?
+            .push_sse_usage(s, n, accepted.as_deref(), drafted.as_deref());
+        Ok(())
+    }
+
+    /// The stream's SSE ended normally; `finish_reason` is the last non-null
+    /// `finish_reason` of its choice 0.
+    fn finish_sse(&self, stream: &Bound<'_, PyAny>, finish_reason: Option<&str>) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        self.lock()?.finish_sse(s, finish_reason);
         Ok(())
     }
 
@@ -377,6 +521,7 @@ impl Reconciler {
             d.set_item("plugin_version", &s.hello.plugin_version)?;
             d.set_item("engine_version", &s.hello.engine_version)?;
             d.set_item("spec_method", &s.hello.spec_method)?;
+            d.set_item("verification", s.verification_name())?;
             list.append(d)?;
         }
         Ok(list)

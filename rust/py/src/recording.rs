@@ -20,6 +20,28 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
             let ids: Vec<u32> = Item::token_ids(ids).collect();
             (t, "sse", stream, text, ids).into_pyobject(py)?.into_any()
         }
+        Item::SseId { stream, id } => (t, "sse_id", stream, id).into_pyobject(py)?.into_any(),
+        Item::SseChoice { stream, index } => (t, "sse_choice", stream, index)
+            .into_pyobject(py)?
+            .into_any(),
+        Item::SseUsage {
+            stream,
+            completion_tokens,
+            accepted,
+            drafted,
+        } => {
+            let list = |raw: Option<&[u8]>| raw.map(|b| Item::token_ids(b).collect::<Vec<u32>>());
+            (
+                t,
+                "sse_usage",
+                stream,
+                completion_tokens,
+                list(accepted),
+                list(drafted),
+            )
+                .into_pyobject(py)?
+                .into_any()
+        }
         Item::Finish { stream, reason } => {
             (t, "finish", stream, reason).into_pyobject(py)?.into_any()
         }
@@ -90,42 +112,83 @@ pub(crate) fn decode_recording<'py>(
     Ok((header, items, footer))
 }
 
-/// Reconciler inputs (`("frame", bytes)`, `("sse", stream, text, ids)`,
-/// `("finish", stream)`, as `push_inputs` takes them) as one
-/// `push_recorded` buffer, all at time 0.
+/// Optional per-step counts as little-endian u32s (None stays None).
+fn counts_bytes(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let mut ids = Vec::new();
+    token_ids_into(value, &mut ids)?;
+    Ok(Some(record::u32_bytes(&ids)))
+}
+
+/// One reconciler input item (as `push_inputs` and `encode_recording` take
+/// them, without the time) appended as a recording item at time `t`; false
+/// for another kind or shape.
+fn encode_input(out: &mut Vec<u8>, t: f64, kind: &str, f: &[Bound<'_, PyAny>]) -> PyResult<bool> {
+    match (kind, f.len()) {
+        ("frame", 1) => {
+            let data = frame_bytes(&f[0])?;
+            record::encode_item(out, t, &Item::Frame(data.as_bytes()));
+        }
+        ("sse", 3) => {
+            let mut ids = Vec::new();
+            token_ids_into(&f[2], &mut ids)?;
+            let text: String = f[1].extract()?;
+            record::encode_sse(out, t, f[0].extract()?, &text, &ids);
+        }
+        ("sse_id", 2) => {
+            let id: String = f[1].extract()?;
+            let stream = f[0].extract()?;
+            record::encode_item(out, t, &Item::SseId { stream, id: &id });
+        }
+        ("sse_choice", 2) => {
+            let (stream, index) = (f[0].extract()?, f[1].extract()?);
+            record::encode_item(out, t, &Item::SseChoice { stream, index });
+        }
+        ("sse_usage", 4) => {
+            let (accepted, drafted) = (counts_bytes(&f[2])?, counts_bytes(&f[3])?);
+            let item = Item::SseUsage {
+                stream: f[0].extract()?,
+                completion_tokens: f[1].extract()?,
+                accepted: accepted.as_deref(),
+                drafted: drafted.as_deref(),
+            };
+            record::encode_item(out, t, &item);
+        }
+        ("finish", 2) => {
+            let reason: Option<String> = f[1].extract()?;
+            let stream = f[0].extract()?;
+            let item = Item::Finish {
+                stream,
+                reason: reason.as_deref(),
+            };
+            record::encode_item(out, t, &item);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Reconciler inputs (the items of `push_inputs`) as one `push_recorded`
+/// buffer, all at time 0.
 #[pyfunction]
 pub(crate) fn pack_inputs<'py>(
     py: Python<'py>,
     inputs: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let mut out = Vec::new();
-    let mut ids = Vec::new();
     for item in inputs.try_iter()? {
         let item = item?;
         let tuple = item.cast::<PyTuple>()?;
         let kind: String = tuple.get_item(0)?.extract()?;
-        match (kind.as_str(), tuple.len()) {
-            ("frame", 2) => {
-                let data = frame_bytes(&tuple.get_item(1)?)?;
-                record::encode_item(&mut out, 0.0, &Item::Frame(data.as_bytes()));
-            }
-            ("sse", 4) => {
-                let stream: u16 = tuple.get_item(1)?.extract()?;
-                let text: String = tuple.get_item(2)?.extract()?;
-                ids.clear();
-                token_ids_into(&tuple.get_item(3)?, &mut ids)?;
-                record::encode_sse(&mut out, 0.0, stream, &text, &ids);
-            }
-            ("finish", 2) => {
-                let stream: u16 = tuple.get_item(1)?.extract()?;
-                record::encode_item(&mut out, 0.0, &Item::Finish { stream, reason: None });
-            }
-            _ => {
-                return Err(value_error(format!(
-                    "invalid input {}: expected (\"frame\", bytes), (\"sse\", stream, text, token_ids) or (\"finish\", stream)",
-                    item.repr()?
-                )))
-            }
+        let fields: Vec<Bound<'_, PyAny>> = tuple.iter().skip(1).collect();
+        if !encode_input(&mut out, 0.0, &kind, &fields)? {
+            return Err(value_error(format!(
+                "invalid input {}: expected {}",
+                item.repr()?,
+                crate::reconciler::INPUT_SHAPES
+            )));
         }
     }
     Ok(PyBytes::new(py, &out))
@@ -179,6 +242,32 @@ impl RecordWriter {
         token_ids_into(token_ids, &mut ids)?;
         self.tap()?.sse(monotonic(), stream, text, &ids);
         Ok(())
+    }
+
+    fn sse_id(&mut self, stream: u16, id: &str) -> PyResult<()> {
+        self.put(&Item::SseId { stream, id })
+    }
+
+    fn sse_choice(&mut self, stream: u16, index: u32) -> PyResult<()> {
+        self.put(&Item::SseChoice { stream, index })
+    }
+
+    #[pyo3(signature = (stream, completion_tokens, per_step_accepted, per_step_drafted))]
+    fn sse_usage(
+        &mut self,
+        stream: u16,
+        completion_tokens: Option<u64>,
+        per_step_accepted: &Bound<'_, PyAny>,
+        per_step_drafted: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let accepted = counts_bytes(per_step_accepted)?;
+        let drafted = counts_bytes(per_step_drafted)?;
+        self.put(&Item::SseUsage {
+            stream,
+            completion_tokens,
+            accepted: accepted.as_deref(),
+            drafted: drafted.as_deref(),
+        })
     }
 
     #[pyo3(signature = (stream, reason = None))]
@@ -244,7 +333,6 @@ pub(crate) fn encode_recording<'py>(
     let mut out = record::preamble().to_vec();
     record::encode_item(&mut out, 0.0, &Item::Header(header));
     let mut last = 0.0;
-    let mut ids = Vec::new();
     for item in items.try_iter()? {
         let item = item?;
         let tuple = item.cast::<PyTuple>()?;
@@ -260,22 +348,14 @@ pub(crate) fn encode_recording<'py>(
                     stream: field(2)?.extract()?,
                 },
             ),
-            "sse" => {
-                ids.clear();
-                token_ids_into(&field(4)?, &mut ids)?;
-                let text: String = field(3)?.extract()?;
-                record::encode_sse(&mut out, t, field(2)?.extract()?, &text, &ids);
-            }
-            "finish" => {
-                let reason: Option<String> = field(3)?.extract()?;
-                record::encode_item(
-                    &mut out,
-                    t,
-                    &Item::Finish {
-                        stream: field(2)?.extract()?,
-                        reason: reason.as_deref(),
-                    },
-                );
+            "sse" | "sse_id" | "sse_choice" | "sse_usage" | "finish" => {
+                let fields: Vec<Bound<'_, PyAny>> = tuple.iter().skip(2).collect();
+                if !encode_input(&mut out, t, &kind, &fields)? {
+                    return Err(value_error(format!(
+                        "invalid recording item {}",
+                        item.repr()?
+                    )));
+                }
             }
             "end" => {
                 let name: String = field(3)?.extract()?;

@@ -1,0 +1,324 @@
+//! Frame decoding, exactly per docs/PROTOCOL.md ("ParallelHue telemetry
+//! protocol, version 2"). Decoding never panics: every malformed input yields a
+//! [`DecodeError`] whose `Display` is the message from the protocol's error
+//! table. Checks run in the table's order for the header, then field by field
+//! in layout order, so that the first violation found is the one reported.
+//!
+//! A decoded [`Frame`] borrows its byte strings (fragments, HTTP delta, hello
+//! strings, notice messages) from the datagram.
+
+use std::fmt;
+
+mod error;
+mod hello;
+mod reader;
+mod records;
+
+pub use error::DecodeError;
+pub use hello::{Hello, HelloFields};
+pub use records::{NoticeRecord, ProvRecord, TextRecord, TextToken};
+
+use hello::decode_hello;
+use reader::{le_u32, le_u64, Reader};
+use records::{decode_notice, decode_provenance, decode_text};
+
+/// `"PHUE"`.
+pub const MAGIC: [u8; 4] = *b"PHUE";
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u8 = 2;
+/// Bytes in the common header.
+pub const HEADER_LEN: usize = 64;
+/// Whole datagram, header included.
+pub const MAX_FRAME_BYTES: usize = 65_536;
+/// Records in one frame.
+pub const MAX_RECORDS: usize = 1_024;
+/// Tokens in one provenance or text record.
+pub const MAX_TOKENS_PER_RECORD: usize = 256;
+/// Bytes in a notice message.
+pub const MAX_NOTICE_BYTES: usize = 1_024;
+/// Stream index reserved for "every stream of the run" (notices only).
+pub const ALL_STREAMS: u16 = 0xFFFF;
+/// Text token `lead_len` when the sender does not know the byte split.
+pub const LEAD_UNKNOWN: u16 = 0xFFFF;
+/// Hello `verification` values.
+pub const VERIFICATION_NONE: u16 = 0;
+pub const VERIFICATION_UNKNOWN: u16 = 4;
+/// Bytes of one text token entry: `u32 token_id, u16 frag_len, u8 span_back, u16 lead_len`.
+pub const TEXT_TOKEN_BYTES: usize = 9;
+
+/// Finish reason codes.
+pub const FINISH_STOP: u8 = 1;
+
+/// The OpenAI `finish_reason` name of a finish code.
+pub fn finish_name(code: u8) -> &'static str {
+    match code {
+        0 => "none",
+        1 => "stop",
+        2 => "length",
+        3 => "abort",
+        _ => "error",
+    }
+}
+
+/// Provenance token roles.
+pub const ROLE_PLAIN: u8 = 0;
+pub const ROLE_ACCEPTED: u8 = 1;
+pub const ROLE_TARGET: u8 = 2;
+pub const ROLE_BONUS: u8 = 3;
+
+/// Record flags.
+pub const FLAG_FINISHED: u8 = 1;
+/// Provenance: a stop token / max_tokens cut this step's tokens.
+pub const FLAG_TRIMMED: u8 = 2;
+/// Text: a stop string ended the text.
+pub const FLAG_TEXT_TRUNCATED: u8 = 2;
+/// Text: surplus tokens after the stop string were deleted.
+pub const FLAG_TOKENS_TRIMMED: u8 = 4;
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Hello = 1,
+    Provenance = 2,
+    Text = 3,
+    Notice = 4,
+}
+
+impl Kind {
+    pub fn from_u8(k: u8) -> Option<Kind> {
+        match k {
+            1 => Some(Kind::Hello),
+            2 => Some(Kind::Provenance),
+            3 => Some(Kind::Text),
+            4 => Some(Kind::Notice),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Hello => "hello",
+            Kind::Provenance => "provenance",
+            Kind::Text => "text",
+            Kind::Notice => "notice",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The common 64-byte header, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub run_id: [u8; 16],
+    pub source_id: u64,
+    pub seq: u64,
+    pub step: u64,
+    pub timestamp_ns: u64,
+    pub dropped: u32,
+}
+
+/// A frame body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body<'a> {
+    Hello(Hello<'a>),
+    Provenance(Vec<ProvRecord<'a>>),
+    Text(Vec<TextRecord<'a>>),
+    Notice(Vec<NoticeRecord<'a>>),
+}
+
+/// A decoded frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub header: Header,
+    pub body: Body<'a>,
+}
+
+/// Decode and check the 64-byte header (and the datagram length against it).
+pub fn decode_header(data: &[u8]) -> Result<Header, DecodeError> {
+    let len = data.len();
+    if len < HEADER_LEN {
+        return Err(DecodeError::TruncatedFrame { len });
+    }
+    if len > MAX_FRAME_BYTES {
+        return Err(DecodeError::OversizedFrame { len });
+    }
+    if data[0..4] != MAGIC {
+        return Err(DecodeError::BadMagic {
+            got: [data[0], data[1], data[2], data[3]],
+        });
+    }
+    if data[4] != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion { version: data[4] });
+    }
+    let kind = Kind::from_u8(data[5]).ok_or(DecodeError::UnknownKind { kind: data[5] })?;
+    let flags = u16::from_le_bytes([data[6], data[7]]);
+    if flags != 0 {
+        return Err(DecodeError::ReservedHeaderFlags { flags });
+    }
+    let mut run_id = [0u8; 16];
+    run_id.copy_from_slice(&data[8..24]);
+    let source_id = le_u64(&data[24..32]);
+    if source_id == 0 {
+        return Err(DecodeError::ReservedSourceId);
+    }
+    let body_len = le_u32(&data[60..64]);
+    let actual = len - HEADER_LEN;
+    if body_len as usize != actual {
+        return Err(DecodeError::BodyLengthMismatch {
+            header: body_len,
+            actual,
+        });
+    }
+    Ok(Header {
+        kind,
+        run_id,
+        source_id,
+        seq: le_u64(&data[32..40]),
+        step: le_u64(&data[40..48]),
+        timestamp_ns: le_u64(&data[48..56]),
+        dropped: le_u32(&data[56..60]),
+    })
+}
+
+/// Decode one datagram.
+pub fn decode(data: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    let header = decode_header(data)?;
+    let mut r = Reader {
+        buf: data,
+        pos: HEADER_LEN,
+        kind: header.kind,
+    };
+    let body = match header.kind {
+        Kind::Hello => Body::Hello(decode_hello(&mut r)?),
+        Kind::Provenance => Body::Provenance(decode_provenance(&mut r)?),
+        Kind::Text => Body::Text(decode_text(&mut r)?),
+        Kind::Notice => Body::Notice(decode_notice(&mut r)?),
+    };
+    r.finish()?;
+    Ok(Frame { header, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::records::check_roles;
+    use super::*;
+
+    fn header(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(b"PHUE");
+        v.push(2);
+        v.push(kind);
+        v.extend_from_slice(&0u16.to_le_bytes());
+        v.extend_from_slice(&[0xab; 16]);
+        v.extend_from_slice(&7u64.to_le_bytes());
+        v.extend_from_slice(&3u64.to_le_bytes());
+        v.extend_from_slice(&9u64.to_le_bytes());
+        v.extend_from_slice(&11u64.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn header_errors_in_table_order() {
+        assert_eq!(
+            decode(&[0; 10]).unwrap_err().to_string(),
+            "truncated frame: 10 bytes, header needs 64"
+        );
+        assert_eq!(
+            decode(&vec![0; 65_537]).unwrap_err().to_string(),
+            "oversized frame: 65537 bytes, limit 65536"
+        );
+        let mut f = header(1, &[]);
+        f[0] = b'X';
+        assert_eq!(
+            decode(&f).unwrap_err().to_string(),
+            "bad magic: expected 50485545, got 58485545"
+        );
+        let mut f = header(9, &[]);
+        f[4] = 1;
+        assert_eq!(
+            decode(&f).unwrap_err().to_string(),
+            "unsupported protocol version 1 (this build speaks 2)"
+        );
+        assert_eq!(
+            decode(&header(9, &[])).unwrap_err().to_string(),
+            "unknown frame kind 9"
+        );
+        let mut f = header(1, &[]);
+        f[60] = 5;
+        assert_eq!(
+            decode(&f).unwrap_err().to_string(),
+            "body length mismatch: header says 5, datagram has 0"
+        );
+    }
+
+    #[test]
+    fn hello_roundtrip_and_errors() {
+        let mut body = vec![1, 2, 1, 0, 3, 0, 1, 0];
+        for s in ["0.1.0", "sim-1", "ngram"] {
+            body.push(s.len() as u8);
+            body.extend_from_slice(s.as_bytes());
+        }
+        let f = header(1, &body);
+        let fr = decode(&f).unwrap();
+        match fr.body {
+            Body::Hello(h) => {
+                assert_eq!(h.spec_method, "ngram");
+                assert_eq!(h.num_speculative_tokens, 3);
+            }
+            _ => panic!(),
+        }
+        let mut f2 = f.clone();
+        f2.push(0);
+        let n = f2.len() as u32 - 64;
+        f2[60..64].copy_from_slice(&n.to_le_bytes());
+        assert_eq!(
+            decode(&f2).unwrap_err().to_string(),
+            "1 trailing bytes after hello body"
+        );
+        let f3 = header(1, &[1, 2]);
+        assert_eq!(
+            decode(&f3).unwrap_err().to_string(),
+            "truncated hello body at byte 66"
+        );
+        let f4 = header(1, &[3]);
+        assert_eq!(
+            decode(&f4).unwrap_err().to_string(),
+            "hello: unknown role 3"
+        );
+    }
+
+    #[test]
+    fn roles() {
+        let ok = |r: &[u8], d: u16, t: bool| check_roles(0, r, d, t).is_ok();
+        assert!(ok(&[0], 0, false));
+        assert!(!ok(&[0, 0], 0, false));
+        assert!(ok(&[1, 1, 3], 2, false));
+        assert!(!ok(&[1, 1, 2], 2, false));
+        assert!(ok(&[1, 2], 2, false));
+        assert!(ok(&[2], 3, false));
+        assert!(!ok(&[1, 1], 3, false));
+        assert!(ok(&[1, 1], 3, true));
+        assert!(!ok(&[1, 1, 1, 1], 3, true));
+        assert_eq!(
+            check_roles(4, &[1, 0, 2], 3, false)
+                .unwrap_err()
+                .to_string(),
+            "record for stream 4: invalid role sequence APT"
+        );
+        assert_eq!(
+            check_roles(4, &[1, 7, 2], 3, false)
+                .unwrap_err()
+                .to_string(),
+            "record for stream 4: unknown role 7 at token 1"
+        );
+    }
+}

@@ -1,0 +1,384 @@
+//! The three-witness reconciler (docs/PROTOCOL.md "Reconciliation").
+//!
+//! Per stream it joins, by absolute token offset, the scheduler's provenance
+//! (P), the detokenizer's text records (T) and the SSE deltas the client
+//! received (Q), and compares the byte streams F (fragments), H (HTTP deltas)
+//! and S (SSE text) byte by byte. Verified spans are emitted as soon as they
+//! are proven, then dropped: memory holds only what is not yet verified (plus
+//! at most 255 tokens that a later fragment's `span_back` may reach back to).
+//!
+//! A stream's verdict is final only after [`Reconciler::finalize`]: until
+//! then contradicting evidence revokes an exact verdict.
+//!
+//! The state lives here; each concern in its own module: `admission`
+//! (frames, sources, duplicates, losses), `stream` (the per-stream join),
+//! `ending` (how a request ends), `metrics` (the fourth witness),
+//! `sse_witness` (the client's SSE inputs), `prove` (bytes, spans),
+//! `finalize`; `args` and `source` hold what callers and hellos give.
+
+mod admission;
+mod args;
+mod ending;
+mod finalize;
+mod metrics;
+mod prove;
+mod source;
+mod sse_witness;
+mod stream;
+
+pub use args::{parse_run_id, run_id_hex, ArgError};
+pub use source::SourceInfo;
+
+use source::{role_name, source_info, Source};
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::digest::FrameDigest;
+use crate::protocol::{
+    self, finish_name, Body, DecodeError, Frame, NoticeRecord, ProvRecord, TextRecord, ALL_STREAMS,
+    FLAG_FINISHED, FLAG_TEXT_TRUNCATED, FLAG_TOKENS_TRIMMED, FLAG_TRIMMED, LEAD_UNKNOWN,
+    ROLE_ACCEPTED,
+};
+use crate::sequence::{Offer, SeqTracker};
+use crate::stats::{Counters, Stats};
+use crate::text::SpanText;
+use crate::window::ByteWindow;
+
+/// Largest `num_streams`.
+pub const MAX_STREAMS: u32 = 65_535;
+
+/// Hello role values.
+pub const ROLE_SCHEDULER: u8 = 1;
+pub const ROLE_FRONTEND: u8 = 2;
+
+/// The run message of the first frame pushed after `finalize()`.
+pub const LATE_MESSAGE: &str =
+    "telemetry arrived after the verdicts were final: not used (counted in late_frames)";
+
+/// An event, in the order it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A run of proven characters (of one fragment, or merged from several).
+    Span {
+        stream: u16,
+        byte_start: u64,
+        text: SpanText,
+        /// Ordinal of the provenance step within the stream; None for a mixed
+        /// span (a character with bytes from tokens of two or more steps).
+        step: Option<u32>,
+        first_offset: u64,
+        n_tokens: u32,
+        /// The token role shared by every token the characters come from.
+        role: Option<u8>,
+    },
+    Exact {
+        stream: u16,
+    },
+    Failed {
+        stream: u16,
+        reason: String,
+    },
+    /// A run-level message.
+    Run {
+        message: String,
+    },
+}
+
+/// A stream's verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pending,
+    Exact,
+    Failed(String),
+}
+
+const HAS_P: u8 = 1;
+const HAS_T: u8 = 2;
+const HAS_Q: u8 = 4;
+
+/// What the three witnesses said about one token offset.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tok {
+    p: u32,
+    t: u32,
+    q: u32,
+    has: u8,
+    role: u8,
+    ord: u32,
+}
+
+/// An unsettled provenance record.
+#[derive(Clone, Copy, Debug)]
+struct PRec {
+    start: u64,
+    end: u64,
+    ds: u16,
+    dp: u16,
+}
+
+/// An unproven non-empty fragment.
+#[derive(Clone, Copy, Debug)]
+struct Frag {
+    /// Offset of the token that carries it.
+    tok: u64,
+    /// Offset of its first token (`tok - span_back`).
+    first: u64,
+    byte_start: u64,
+    len: u32,
+    /// Bytes from the span_back predecessors ([`LEAD_UNKNOWN`]: not known).
+    lead: u16,
+}
+
+/// A provenance record with drafts, for the cross-check with vLLM's
+/// per-request metrics (which list exactly those steps, in order).
+#[derive(Clone, Copy, Debug)]
+struct SpecStep {
+    offset: u64,
+    /// `drafts_scheduled - drafts_padded`.
+    drafted: u16,
+    /// Accepted drafts among the record's tokens.
+    accepted: u16,
+    /// The record was trimmed: vLLM counted its acceptance before the cut.
+    trimmed: bool,
+}
+
+/// What the usage chunk said (the last one pushed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Usage {
+    completion_tokens: Option<u64>,
+    per_step_accepted: Option<Vec<u32>>,
+    per_step_drafted: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    failed: Option<String>,
+    exact: bool,
+    /// Offset of `toks[0]`.
+    base: u64,
+    toks: VecDeque<Tok>,
+    p_end: u64,
+    t_end: u64,
+    q_end: u64,
+    p_src: Option<u64>,
+    t_src: Option<u64>,
+    /// Header step of the stream's last provenance / text record.
+    p_step: Option<u64>,
+    t_step: Option<u64>,
+    /// Ordinal of the next provenance record.
+    ord: u32,
+    recs: VecDeque<PRec>,
+    /// The scheduler's finish reason once a record said finished.
+    p_finished: Option<u8>,
+    /// The last provenance record was trimmed (nothing may follow it).
+    p_trimmed: bool,
+    t_finished: bool,
+    t_reason: u8,
+    t_trimmed_tokens: u16,
+    /// A stop-string finish's trimmed tokens were checked against the
+    /// scheduler's step holding the text's last token.
+    trim_checked: bool,
+    /// The records with drafts, in order (the fourth witness lists them).
+    spec_steps: Vec<SpecStep>,
+    /// vLLM's per-request metrics were checked against them.
+    metrics_checked: bool,
+    /// T finished because of a stop string (text_truncated or tokens_trimmed):
+    /// provenance beyond its end is surplus.
+    t_stop_string: bool,
+    /// The final HTTP text stops inside or before the fragments.
+    t_truncated: bool,
+    pending_empty: u32,
+    frags: VecDeque<Frag>,
+    f: ByteWindow,
+    h: ByteWindow,
+    s: ByteWindow,
+    /// End of the proven bytes.
+    proven: u64,
+    /// (token end, HTTP byte end) of each text record the SSE has not yet
+    /// passed, and of each SSE chunk not yet held against them: a chunk
+    /// carries whole steps, so it ends where a text record ends.
+    t_ends: VecDeque<(u64, u64)>,
+    q_ends: VecDeque<(u64, u64)>,
+    sse_finished: bool,
+    sse_reason: Option<String>,
+    sse_id: Option<String>,
+    usage: Option<Usage>,
+    stats: Stats,
+}
+
+impl Stream {
+    #[inline]
+    fn open(&self) -> bool {
+        !self.exact && self.failed.is_none()
+    }
+
+    /// The slot of offset `o`, which is at most one past the retained tokens.
+    #[inline]
+    fn slot(&mut self, o: u64) -> &mut Tok {
+        let i = (o - self.base) as usize;
+        if i == self.toks.len() {
+            self.toks.push_back(Tok::default());
+        }
+        &mut self.toks[i]
+    }
+
+    #[inline]
+    fn tok(&self, o: u64) -> &Tok {
+        &self.toks[(o - self.base) as usize]
+    }
+
+    /// Release everything once the stream has its verdict.
+    fn release_all(&mut self) {
+        self.toks = VecDeque::new();
+        self.recs = VecDeque::new();
+        self.spec_steps = Vec::new();
+        self.frags = VecDeque::new();
+        self.t_ends = VecDeque::new();
+        self.q_ends = VecDeque::new();
+        self.f.clear();
+        self.h.clear();
+        self.s.clear();
+    }
+}
+
+/// The reconciler of one client run.
+pub struct Reconciler {
+    run_id: [u8; 16],
+    streams: Vec<Stream>,
+    sources: HashMap<u64, Source>,
+    /// Source ids in order of their first admitted frame.
+    source_order: Vec<u64>,
+    infos: Vec<SourceInfo>,
+    events: Vec<Event>,
+    counters: Counters,
+    admitted: bool,
+    /// `finalize()` ran: nothing changes any more.
+    finalized: bool,
+    /// The keyed digest of duplicates (its key is secret and random: a sender
+    /// cannot craft two frames with the same digest).
+    digest: FrameDigest,
+    /// Index of the first event produced by the input being processed: only
+    /// spans of the same input are merged, so merging never depends on drains.
+    input_start: usize,
+}
+
+impl Reconciler {
+    /// A reconciler for `run_id` (32 lowercase hex) with `num_streams`
+    /// streams (1..=65535).
+    pub fn new(run_id: &str, num_streams: u32) -> Result<Self, ArgError> {
+        let run_id = parse_run_id(run_id)?;
+        if !(1..=MAX_STREAMS).contains(&num_streams) {
+            return Err(ArgError::NumStreams(num_streams.to_string()));
+        }
+        Ok(Self::with_run_id(run_id, num_streams as u16))
+    }
+
+    /// A reconciler for a run id given as raw bytes.
+    pub fn with_run_id(run_id: [u8; 16], num_streams: u16) -> Self {
+        let num_streams = num_streams.max(1);
+        Reconciler {
+            run_id,
+            streams: (0..num_streams).map(|_| Stream::default()).collect(),
+            sources: HashMap::new(),
+            source_order: Vec::new(),
+            infos: Vec::new(),
+            events: Vec::new(),
+            counters: Counters::default(),
+            admitted: false,
+            finalized: false,
+            digest: FrameDigest::new(),
+            input_start: 0,
+        }
+    }
+
+    pub fn run_id(&self) -> &[u8; 16] {
+        &self.run_id
+    }
+
+    pub fn num_streams(&self) -> u16 {
+        self.streams.len() as u16
+    }
+
+    /// Check a stream index given by a caller.
+    pub fn check_stream(&self, stream: i64) -> Result<u16, ArgError> {
+        if stream < 0 || stream >= self.streams.len() as i64 {
+            return Err(ArgError::Stream {
+                stream: stream.to_string(),
+                n: self.num_streams(),
+            });
+        }
+        Ok(stream as u16)
+    }
+
+    // ----------------------------------------------------------------- frames
+
+    // -------------------------------------------------------------------- SSE
+
+    // --------------------------------------------------------------- progress
+
+    // ---------------------------------------------------------------- queries
+
+    /// The events since the previous call.
+    pub fn drain(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Append the events since the previous call to `out`; the reconciler
+    /// keeps its buffer (no allocation in steady state).
+    pub fn drain_into(&mut self, out: &mut Vec<Event>) {
+        out.append(&mut self.events);
+    }
+
+    /// Events waiting to be drained.
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The stream's verdict; final only once `finalize()` ran.
+    pub fn verdict(&self, stream: u16) -> Verdict {
+        let st = &self.streams[stream as usize];
+        if st.exact {
+            Verdict::Exact
+        } else if let Some(r) = &st.failed {
+            Verdict::Failed(r.clone())
+        } else {
+            Verdict::Pending
+        }
+    }
+
+    /// `finalize()` ran: every verdict is final.
+    pub fn is_final(&self) -> bool {
+        self.finalized
+    }
+
+    pub fn stream_stats(&self, stream: u16) -> &Stats {
+        &self.streams[stream as usize].stats
+    }
+
+    pub fn totals(&self) -> Stats {
+        let mut t = Stats::default();
+        for st in &self.streams {
+            t.add(&st.stats);
+        }
+        t
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn sources(&self) -> &[SourceInfo] {
+        &self.infos
+    }
+
+    /// Tokens and bytes currently held for verification (for memory tests).
+    pub fn retained(&self) -> (usize, usize) {
+        let mut toks = 0;
+        let mut bytes = 0;
+        for st in &self.streams {
+            toks += st.toks.len();
+            bytes += st.f.retained() + st.h.retained() + st.s.retained();
+        }
+        (toks, bytes)
+    }
+}

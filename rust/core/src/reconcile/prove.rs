@@ -1,0 +1,333 @@
+//! Settling records, proving fragments byte by byte, and the span events
+//! per character (docs/PROTOCOL.md "Spans (per character)").
+
+use super::*;
+
+impl Reconciler {
+    /// Settle records, prove fragments, emit spans and the exact verdict.
+    pub(super) fn advance(&mut self, s: usize) {
+        if !self.streams[s].open() {
+            return;
+        }
+        let st = &mut self.streams[s];
+        let c = st.p_end.min(st.t_end).min(st.q_end);
+        let surplus_from = if st.t_finished && st.t_stop_string {
+            st.t_end
+        } else {
+            u64::MAX
+        };
+        // Settle provenance records.
+        while let Some(r) = st.recs.front().copied() {
+            let conf_end = r.end.min(surplus_from);
+            if conf_end > c {
+                break;
+            }
+            let confirmed = conf_end.saturating_sub(r.start) as usize;
+            let base = st.base;
+            let toks = &st.toks;
+            let roles = (r.start..r.end).map(|o| toks[(o - base) as usize].role);
+            st.stats.settle(roles, confirmed, r.ds, r.dp);
+            st.recs.pop_front();
+        }
+        // Prove fragments, strictly in order.
+        let h_len = st.h.len();
+        let s_len = st.s.len();
+        let h_final = st.t_finished && st.t_truncated;
+        while let Some(fr) = self.streams[s].frags.front().copied() {
+            let st = &mut self.streams[s];
+            if fr.tok >= c {
+                break;
+            }
+            let fend = fr.byte_start + u64::from(fr.len);
+            let limit = if h_final { fend.min(h_len) } else { fend };
+            if limit <= fr.byte_start {
+                // Entirely beyond the final HTTP text: not output.
+                st.frags.pop_front();
+                continue;
+            }
+            if h_len < limit || s_len < limit {
+                break;
+            }
+            let fb = st.f.slice(fr.byte_start, limit);
+            let hb = st.h.slice(fr.byte_start, limit);
+            let sb = st.s.slice(fr.byte_start, limit);
+            if !same3(fb, hb, sb) {
+                let reason = byte_mismatch(fr, fb, hb, sb);
+                self.fail(s, reason);
+                return;
+            }
+            let mut pieces = [Piece {
+                from: 0,
+                to: 0,
+                step: None,
+                role: None,
+                first: 0,
+                n: 0,
+            }; 3];
+            let n_pieces = st.pieces(&fr, (limit - fr.byte_start) as usize, &mut pieces);
+            st.proven = limit;
+            st.frags.pop_front();
+            for p in &pieces[..n_pieces] {
+                let st = &mut self.streams[s];
+                let bytes =
+                    st.h.slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
+                debug_assert!(std::str::from_utf8(bytes).is_ok());
+                // SAFETY: `bytes` equals the fragment's bytes from a character
+                // boundary to a character boundary (pieces are cut at character
+                // boundaries of the fragment, which is valid UTF-8 on its own,
+                // or at the end of the final HTTP text, which is valid UTF-8
+                // and equal to the fragments up to there).
+                let text = SpanText::new(unsafe { std::str::from_utf8_unchecked(bytes) });
+                if p.step.is_none() {
+                    st.stats.mixed_spans += 1;
+                }
+                st.stats.bytes += (p.to - p.from) as u64;
+                let start = fr.byte_start + p.from as u64;
+                self.emit_span(s, start, text, p);
+            }
+        }
+        let st = &mut self.streams[s];
+        if let Err(reason) = st.chunk_rule(s, c) {
+            return self.fail(s, reason);
+        }
+        // Release what nothing needs any more.
+        // A later fragment's span_back reaches back over at most the pending empties.
+        let mut keep = c.min(
+            st.t_end
+                .saturating_sub(u64::from(st.pending_empty.min(255))),
+        );
+        if let Some(r) = st.recs.front() {
+            keep = keep.min(r.start);
+        }
+        if let Some(fr) = st.frags.front() {
+            keep = keep.min(fr.first);
+        }
+        if keep > st.base {
+            let n = ((keep - st.base) as usize).min(st.toks.len());
+            st.toks.drain(..n);
+            st.base += n as u64;
+        }
+        let bytes_keep = st.frags.front().map_or(st.proven, |f| f.byte_start);
+        st.f.release_before(bytes_keep);
+        st.h.release_before(bytes_keep);
+        st.s.release_before(bytes_keep);
+        // Exact? Not vacuously (at least one token), and with the request's
+        // end proven: the scheduler's finish, or a stop string's trimmed tokens
+        // checked against the scheduler's step.
+        if st.sse_finished
+            && st.t_finished
+            && st.t_end > 0
+            && st.q_end == st.t_end
+            && c == st.t_end
+            && s_len == h_len
+            && st.proven >= s_len
+            && st.q_ends.is_empty()
+            && (if st.t_stop_string {
+                st.trim_checked
+            } else {
+                st.p_finished.is_some()
+            })
+            && (st.metrics_checked || !st.has_metrics())
+        {
+            st.exact = true;
+            st.release_all();
+            self.events.push(Event::Exact { stream: s as u16 });
+        }
+    }
+
+    /// Emit one piece as a span, or extend the previous span of this input
+    /// when it is the same stream, step and role and ends where this starts.
+    pub(super) fn emit_span(&mut self, s: usize, start: u64, text: SpanText, p: &Piece) {
+        let last_offset = p.first + u64::from(p.n) - 1;
+        if p.step.is_some() && self.events.len() > self.input_start {
+            if let Some(Event::Span {
+                stream: last_stream,
+                byte_start: last_start,
+                text: last_text,
+                step: last_step,
+                first_offset: last_first,
+                n_tokens: last_n,
+                role: last_role,
+            }) = self.events.last_mut()
+            {
+                if usize::from(*last_stream) == s
+                    && *last_step == p.step
+                    && *last_role == p.role
+                    && *last_start + last_text.len() as u64 == start
+                {
+                    *last_text = last_text.concat(&text);
+                    *last_n = (last_offset + 1 - *last_first) as u32;
+                    return;
+                }
+            }
+        }
+        self.events.push(Event::Span {
+            stream: s as u16,
+            byte_start: start,
+            text,
+            step: p.step,
+            first_offset: p.first,
+            n_tokens: p.n,
+            role: p.role,
+        });
+    }
+}
+
+impl Stream {
+    /// Cut a proven fragment (its first `avail` bytes are output) into runs
+    /// of characters attributed alike (docs/PROTOCOL.md "Spans"): the
+    /// characters whose bytes all come from the span_back predecessors, the
+    /// one character with bytes from both, and the carrier's own characters.
+    /// Returns the number of pieces written.
+    #[inline]
+    pub(super) fn pieces(&self, fr: &Frag, avail: usize, out: &mut [Piece; 3]) -> usize {
+        let carrier = self.tok(fr.tok);
+        let (c_step, c_role) = (carrier.ord, carrier.role);
+        let len = fr.len as usize;
+        let span_back = (fr.tok - fr.first) as u32;
+        if span_back == 0 {
+            // The common case: the token's own bytes only.
+            out[0] = Piece {
+                from: 0,
+                to: avail,
+                step: Some(c_step),
+                role: Some(c_role),
+                first: fr.tok,
+                n: 1,
+            };
+            return 1;
+        }
+        // What the predecessors share (all tokens of the group when the split is unknown).
+        let mut g_step = Some(c_step);
+        let mut g_role = Some(c_role);
+        let mut p_step: Option<u32> = None;
+        let mut p_role: Option<u8> = None;
+        for (i, o) in (fr.first..fr.tok).enumerate() {
+            let t = self.tok(o);
+            if i == 0 {
+                p_step = Some(t.ord);
+                p_role = Some(t.role);
+            } else {
+                if p_step != Some(t.ord) {
+                    p_step = None;
+                }
+                if p_role != Some(t.role) {
+                    p_role = None;
+                }
+            }
+        }
+        if span_back > 0 {
+            if p_step != g_step {
+                g_step = None;
+            }
+            if p_role != g_role {
+                g_role = None;
+            }
+        }
+        if span_back == 0 || fr.lead == LEAD_UNKNOWN {
+            out[0] = Piece {
+                from: 0,
+                to: avail,
+                step: g_step,
+                role: g_role,
+                first: fr.first,
+                n: span_back + 1,
+            };
+            return 1;
+        }
+        let frag = self.f.slice(fr.byte_start, fr.byte_start + len as u64);
+        let lead = usize::from(fr.lead);
+        let mut a = lead;
+        while a > 0 && a < len && is_continuation(frag[a]) {
+            a -= 1;
+        }
+        let mut b = lead;
+        while b < len && is_continuation(frag[b]) {
+            b += 1;
+        }
+        let candidates = [
+            Piece {
+                from: 0,
+                to: a,
+                step: p_step,
+                role: p_role,
+                first: fr.first,
+                n: span_back,
+            },
+            Piece {
+                from: a,
+                to: b,
+                step: g_step,
+                role: g_role,
+                first: fr.first,
+                n: span_back + 1,
+            },
+            Piece {
+                from: b,
+                to: len,
+                step: Some(c_step),
+                role: Some(c_role),
+                first: fr.tok,
+                n: 1,
+            },
+        ];
+        let mut n = 0;
+        for mut p in candidates {
+            p.to = p.to.min(avail);
+            if p.from < p.to {
+                out[n] = p;
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// `a == b && b == c` for slices of equal length (short ones compared inline).
+#[inline]
+pub(super) fn same3(a: &[u8], b: &[u8], c: &[u8]) -> bool {
+    if a.len() <= 16 {
+        let mut diff = 0u8;
+        for ((x, y), z) in a.iter().zip(b).zip(c) {
+            diff |= (x ^ y) | (y ^ z);
+        }
+        diff == 0
+    } else {
+        a == b && b == c
+    }
+}
+
+/// The first differing byte: fragment vs HTTP over the whole fragment first,
+/// then HTTP vs SSE.
+pub(super) fn byte_mismatch(fr: Frag, fb: &[u8], hb: &[u8], sb: &[u8]) -> String {
+    if let Some(j) = fb.iter().zip(hb).position(|(a, b)| a != b) {
+        return format!(
+            "byte mismatch at offset {} (byte {}): detokenizer fragment vs HTTP delta",
+            fr.tok,
+            fr.byte_start + j as u64
+        );
+    }
+    let j = hb.iter().zip(sb).position(|(a, b)| a != b).unwrap_or(0);
+    format!(
+        "byte mismatch at offset {} (byte {}): HTTP delta vs SSE",
+        fr.tok,
+        fr.byte_start + j as u64
+    )
+}
+
+#[inline]
+pub(super) fn is_continuation(b: u8) -> bool {
+    b & 0xC0 == 0x80
+}
+
+/// One run of characters of a fragment attributed alike.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Piece {
+    /// Byte range relative to the fragment start.
+    from: usize,
+    to: usize,
+    step: Option<u32>,
+    role: Option<u8>,
+    first: u64,
+    n: u32,
+}

@@ -1,0 +1,316 @@
+//! One stream's join of the three witnesses by token offset: each provenance,
+//! text and SSE record checked as it arrives (docs/PROTOCOL.md "Per stream").
+
+use super::*;
+
+impl Stream {
+    pub(super) fn add_provenance(
+        &mut self,
+        s: usize,
+        src: u64,
+        step: u64,
+        k: u16,
+        pair: Option<String>,
+        r: &ProvRecord<'_>,
+    ) -> Result<(), String> {
+        match self.p_src {
+            None => self.p_src = Some(src),
+            Some(x) if x != src => {
+                return Err(format!(
+                    "stream {s}: provenance from a second source {src:016x}"
+                ))
+            }
+            Some(_) => {}
+        }
+        if let Some(reason) = pair {
+            return Err(reason);
+        }
+        let offset = u64::from(r.offset);
+        if self.p_finished.is_some() {
+            return Err(format!(
+                "stream {s}: provenance at offset {offset} after the scheduler finished the request"
+            ));
+        }
+        if self.p_trimmed {
+            return Err(format!(
+                "stream {s}: provenance at offset {offset} after a trimmed step"
+            ));
+        }
+        // Step identity is the engine's step number: one record per stream and step.
+        match self.p_step {
+            Some(prev) if step == prev => {
+                return Err(format!("stream {s}: two provenance records in step {step}"))
+            }
+            Some(prev) if step < prev => {
+                return Err(format!(
+                    "stream {s}: provenance step {step} before step {prev}"
+                ))
+            }
+            _ => self.p_step = Some(step),
+        }
+        if offset != self.p_end {
+            return Err(format!(
+                "provenance offset {offset} for stream {s}, expected {}",
+                self.p_end
+            ));
+        }
+        if r.drafts_scheduled > k {
+            return Err(format!(
+                "stream {s}: {} drafts scheduled at offset {offset}, the scheduler's hello says K {k}",
+                r.drafts_scheduled
+            ));
+        }
+        // The step ordinal is the index of the record within the stream.
+        let ord = self.ord;
+        self.ord += 1;
+        let beyond_fails = self.t_finished && !self.t_stop_string;
+        let t_end = self.t_end;
+        let end = offset + r.len() as u64;
+        if self.exact {
+            // Late provenance of an exact stream: only surplus may follow.
+            if beyond_fails {
+                return Err(format!(
+                    "stream {s}: provenance beyond the end of the request at offset {offset}"
+                ));
+            }
+            self.p_end = end;
+            self.stats.settle(
+                r.roles.iter().copied(),
+                0,
+                r.drafts_scheduled,
+                r.drafts_padded,
+            );
+        } else {
+            for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
+                let o = offset + i as u64;
+                if beyond_fails && o >= t_end {
+                    return Err(format!(
+                        "stream {s}: provenance beyond the end of the request at offset {o}"
+                    ));
+                }
+                let slot = self.slot(o);
+                slot.p = id;
+                slot.role = role;
+                slot.ord = ord;
+                slot.has |= HAS_P;
+                if slot.has & HAS_T != 0 && slot.t != id {
+                    return Err(format!(
+                        "token mismatch at offset {o}: scheduler {id}, detokenizer {}",
+                        slot.t
+                    ));
+                }
+                self.p_end = o + 1;
+            }
+            self.recs.push_back(PRec {
+                start: offset,
+                end,
+                ds: r.drafts_scheduled,
+                dp: r.drafts_padded,
+            });
+        }
+        if r.drafts_scheduled > 0 {
+            self.spec_steps.push(SpecStep {
+                offset,
+                drafted: r.drafts_scheduled - r.drafts_padded,
+                accepted: r.roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count() as u16,
+                trimmed: r.flags & FLAG_TRIMMED != 0,
+            });
+        }
+        // The step holding the stop-string text's last token (offset t_end − 1).
+        if self.t_finished
+            && self.t_stop_string
+            && !self.trim_checked
+            && offset < t_end
+            && t_end <= end
+        {
+            self.check_trim(s, end)?;
+        }
+        if r.flags & FLAG_FINISHED != 0 {
+            self.p_finished = Some(r.finish_reason);
+        }
+        self.p_trimmed = r.flags & FLAG_TRIMMED != 0;
+        if self.p_finished.is_some() || self.p_trimmed {
+            self.p_closed_rules(s)?;
+        }
+        if self.p_finished.is_some() {
+            self.metrics_rules(s)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn add_text(
+        &mut self,
+        s: usize,
+        src: u64,
+        step: u64,
+        pair: Option<String>,
+        r: &TextRecord<'_>,
+    ) -> Result<(), String> {
+        match self.t_src {
+            None => self.t_src = Some(src),
+            Some(x) if x != src => {
+                return Err(format!("stream {s}: text from a second source {src:016x}"))
+            }
+            Some(_) => {}
+        }
+        if let Some(reason) = pair {
+            return Err(reason);
+        }
+        if self.t_finished {
+            return Err(format!("stream {s}: text after finish"));
+        }
+        match self.t_step {
+            Some(prev) if step == prev => {
+                return Err(format!("stream {s}: two text records in step {step}"))
+            }
+            Some(prev) if step < prev => {
+                return Err(format!("stream {s}: text step {step} before step {prev}"))
+            }
+            _ => self.t_step = Some(step),
+        }
+        let offset = u64::from(r.offset);
+        if offset != self.t_end {
+            return Err(format!(
+                "text offset {offset} for stream {s}, expected {}",
+                self.t_end
+            ));
+        }
+        let p_closed = self.p_finished.is_some() || self.p_trimmed;
+        let mut byte = self.f.len();
+        for (i, t) in r.tokens().enumerate() {
+            let o = offset + i as u64;
+            if p_closed && o >= self.p_end {
+                return Err(format!(
+                    "stream {s}: text token at offset {o} after the scheduler's last step ended at offset {}",
+                    self.p_end
+                ));
+            }
+            let id = t.token_id;
+            let slot = self.slot(o);
+            slot.t = id;
+            slot.has |= HAS_T;
+            if slot.has & HAS_P != 0 && slot.p != id {
+                return Err(format!(
+                    "token mismatch at offset {o}: scheduler {}, detokenizer {id}",
+                    slot.p
+                ));
+            }
+            if slot.has & HAS_Q != 0 && slot.q != id {
+                return Err(format!(
+                    "token mismatch at offset {o}: detokenizer {id}, SSE {}",
+                    slot.q
+                ));
+            }
+            self.t_end = o + 1;
+            let len = t.frag_len as usize;
+            if len == 0 {
+                self.pending_empty += 1;
+                continue;
+            }
+            let b = u32::from(t.span_back);
+            if b > self.pending_empty {
+                return Err(format!(
+                    "stream {s}: span_back {b} at offset {o} exceeds {} pending tokens",
+                    self.pending_empty
+                ));
+            }
+            // Earlier empty fragments are claimed by this one or never will be.
+            self.pending_empty = 0;
+            self.frags.push_back(Frag {
+                tok: o,
+                first: o - u64::from(b),
+                byte_start: byte,
+                len: len as u32,
+                lead: t.lead_len,
+            });
+            byte += len as u64;
+        }
+        self.f.extend(r.fragments);
+        self.h.extend(r.http_delta.as_bytes());
+        self.t_ends.push_back((self.t_end, self.h.len()));
+        if self.h.len() > self.f.len() {
+            return Err(format!(
+                "stream {s}: HTTP text extends beyond the detokenized fragments at byte {}",
+                self.f.len()
+            ));
+        }
+        if r.flags & FLAG_FINISHED != 0 {
+            self.t_finished = true;
+            self.t_reason = r.finish_reason;
+            self.t_truncated = r.flags & FLAG_TEXT_TRUNCATED != 0;
+            self.t_stop_string = r.flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0;
+            self.t_trimmed_tokens = r.trimmed_tokens;
+            self.t_end_rules(s)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn add_sse(&mut self, s: usize, text: &str, ids: &[u32]) -> Result<(), String> {
+        let p_closed = self.p_finished.is_some() || self.p_trimmed;
+        for &id in ids {
+            let o = self.q_end;
+            if p_closed && o >= self.p_end {
+                return Err(format!(
+                    "stream {s}: SSE token at offset {o} after the scheduler's last step ended at offset {}",
+                    self.p_end
+                ));
+            }
+            if self.t_finished && o >= self.t_end {
+                return Err(format!(
+                    "stream {s}: SSE token at offset {o} after the detokenizer finished at offset {}",
+                    self.t_end
+                ));
+            }
+            let slot = self.slot(o);
+            slot.q = id;
+            slot.has |= HAS_Q;
+            if slot.has & HAS_T != 0 && slot.t != id {
+                return Err(format!(
+                    "token mismatch at offset {o}: detokenizer {}, SSE {id}",
+                    slot.t
+                ));
+            }
+            self.q_end = o + 1;
+        }
+        self.s.extend(text.as_bytes());
+        if !text.is_empty() || !ids.is_empty() {
+            self.q_ends.push_back((self.q_end, self.s.len()));
+        }
+        if self.t_finished && self.s.len() > self.h.len() {
+            return Err(format!(
+                "stream {s}: SSE text extends beyond the HTTP text at byte {}",
+                self.h.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Stream {
+    /// Each SSE chunk carries whole steps: it ends where a text record ends
+    /// (several records when the HTTP writer merged steps). A chunk is held
+    /// against the first text record that ends at or after it once that
+    /// record's tokens are confirmed (`c`) and its bytes proven, so a token or
+    /// byte mismatch inside it is reported first.
+    pub(super) fn chunk_rule(&mut self, s: usize, c: u64) -> Result<(), String> {
+        while let Some(&(q, b)) = self.q_ends.front() {
+            while self.t_ends.front().is_some_and(|&end| end < (q, b)) {
+                self.t_ends.pop_front();
+            }
+            let Some(&(t, h)) = self.t_ends.front() else {
+                return Ok(());
+            };
+            if t > c || h > self.proven {
+                return Ok(());
+            }
+            if (t, h) != (q, b) {
+                return Err(format!(
+                    "stream {s}: an SSE chunk ends at offset {q} (byte {b}), inside a text record"
+                ));
+            }
+            self.t_ends.pop_front();
+            self.q_ends.pop_front();
+        }
+        Ok(())
+    }
+}

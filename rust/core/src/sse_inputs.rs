@@ -1,0 +1,217 @@
+//! What one stream's SSE chunks say, as the reconciler's SSE inputs
+//! (docs/PROTOCOL.md "Inputs"). This only extracts: every check of these
+//! inputs against the other witnesses is a reconciler rule. The Python
+//! reference of the same extraction is `parallelhue.reference.sse`.
+
+use crate::reconcile::Reconciler;
+use crate::sse::{Choice, Chunk, SseError};
+
+/// One SSE input of a stream, in the order the chunks said it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SseInput {
+    /// Choice 0's text and token ids (`push_sse`).
+    Delta { text: String, token_ids: Vec<u32> },
+    /// The chunk id (`push_sse_id`); empty for a chunk without one.
+    Id(String),
+    /// A choice other than the single choice 0 (`push_sse_choice`).
+    Choice(u32),
+    /// `usage.completion_tokens` and vLLM's per-request metrics (`push_sse_usage`).
+    Usage {
+        completion_tokens: Option<u64>,
+        per_step_accepted: Option<Vec<u32>>,
+        per_step_drafted: Option<Vec<u32>>,
+    },
+}
+
+impl SseInput {
+    /// Push it into `r` for `stream`, as the matching reconciler call.
+    pub fn push_into(&self, r: &mut Reconciler, stream: u16) {
+        match self {
+            SseInput::Delta { text, token_ids } => r.push_sse(stream, text, token_ids),
+            SseInput::Id(id) => r.push_sse_id(stream, id),
+            SseInput::Choice(index) => r.push_sse_choice(stream, *index),
+            SseInput::Usage {
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
+            } => r.push_sse_usage(
+                stream,
+                *completion_tokens,
+                per_step_accepted.as_deref(),
+                per_step_drafted.as_deref(),
+            ),
+        }
+    }
+}
+
+/// The extraction state of one stream.
+#[derive(Clone, Debug, Default)]
+pub struct ChunkInputs {
+    /// The previous chunk's id (`""` without one); None before the first chunk.
+    last_id: Option<String>,
+    choice_reported: bool,
+    /// The last non-null `finish_reason` of choice 0 (what `finish_sse` gets).
+    pub finish_reason: Option<String>,
+}
+
+impl ChunkInputs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The inputs of one chunk, in order: its id (first chunk, or a new id),
+    /// a choice other than the single choice 0 (once per stream), choice 0's
+    /// delta (when it has text or token ids), the usage (when the chunk has
+    /// `usage` or `metrics.speculative_decoding`). A chunk whose choice 0 has
+    /// text or token ids after an earlier chunk gave choice 0's finish_reason
+    /// is refused ([`SseError::ContentAfterFinish`]), before any of its inputs.
+    pub fn extract(
+        &mut self,
+        chunk: Chunk,
+        out: &mut impl FnMut(SseInput),
+    ) -> Result<(), SseError> {
+        let content =
+            |c: &Choice| !c.text.is_empty() || c.token_ids.as_ref().is_some_and(|t| !t.is_empty());
+        if self.finish_reason.is_some()
+            && chunk
+                .choices
+                .iter()
+                .find(|c| c.index == 0)
+                .is_some_and(content)
+        {
+            return Err(SseError::ContentAfterFinish);
+        }
+        let id = chunk.id.unwrap_or_default();
+        if self.last_id.as_deref() != Some(id.as_str()) {
+            out(SseInput::Id(id.clone()));
+            self.last_id = Some(id);
+        }
+        let mut zero: Option<Choice> = None;
+        let mut other: Option<u32> = None;
+        for choice in chunk.choices {
+            if choice.index == 0 && zero.is_none() {
+                zero = Some(choice);
+            } else if other.is_none() {
+                other = Some(choice.index);
+            }
+        }
+        if let Some(index) = other {
+            if !self.choice_reported {
+                self.choice_reported = true;
+                out(SseInput::Choice(index));
+            }
+        }
+        if let Some(choice) = zero {
+            let token_ids = choice.token_ids.unwrap_or_default();
+            if !choice.text.is_empty() || !token_ids.is_empty() {
+                out(SseInput::Delta {
+                    text: choice.text,
+                    token_ids,
+                });
+            }
+            if choice.finish_reason.is_some() {
+                self.finish_reason = choice.finish_reason;
+            }
+        }
+        if chunk.usage.is_some() || chunk.spec_steps.is_some() {
+            let steps = chunk.spec_steps.unwrap_or_default();
+            out(SseInput::Usage {
+                completion_tokens: chunk.usage.and_then(|u| u.completion_tokens),
+                per_step_accepted: steps.per_step_accepted,
+                per_step_drafted: steps.per_step_drafted,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::parse_chunk;
+
+    fn inputs(chunks: &[&str]) -> (Vec<SseInput>, Option<String>) {
+        let mut x = ChunkInputs::new();
+        let mut out = Vec::new();
+        for c in chunks {
+            x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i))
+                .unwrap();
+        }
+        (out, x.finish_reason)
+    }
+
+    fn delta(text: &str, ids: &[u32]) -> SseInput {
+        SseInput::Delta {
+            text: text.into(),
+            token_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn id_once_then_on_change_deltas_and_finish_reason() {
+        let (out, finish) = inputs(&[
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[1]}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"text":"y","finish_reason":null}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":""},"token_ids":[],"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"completion_tokens":2},"metrics":{"speculative_decoding":{"per_step_accepted":[1],"per_step_drafted":[3]}}}"#,
+        ]);
+        assert_eq!(
+            out,
+            vec![
+                SseInput::Id("a".into()),
+                delta("x", &[1]),
+                SseInput::Id("b".into()),
+                delta("y", &[]),
+                SseInput::Id(String::new()),
+                SseInput::Usage {
+                    completion_tokens: Some(2),
+                    per_step_accepted: Some(vec![1]),
+                    per_step_drafted: Some(vec![3]),
+                },
+            ]
+        );
+        assert_eq!(finish.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn other_choices_are_reported_once_and_never_mixed_into_choice_0() {
+        let (out, finish) = inputs(&[
+            r#"{"id":"a","choices":[{"index":1,"text":"no","finish_reason":"length"},{"index":0,"text":"x"}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"text":"y"},{"index":0,"text":"z"}]}"#,
+        ]);
+        assert_eq!(
+            out,
+            vec![
+                SseInput::Id("a".into()),
+                SseInput::Choice(1),
+                delta("x", &[]),
+                delta("y", &[]),
+            ]
+        );
+        assert_eq!(finish, None);
+    }
+
+    #[test]
+    fn content_after_choice_0_finished_is_refused() {
+        let mut x = ChunkInputs::new();
+        let mut out = Vec::new();
+        let mut push =
+            |x: &mut ChunkInputs, c: &str| x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i));
+        let finish = r#"{"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[1],"finish_reason":"length"}]}"#;
+        assert_eq!(push(&mut x, finish), Ok(()));
+        // Nothing for choice 0, or choice 0 without content: fine.
+        assert_eq!(
+            push(
+                &mut x,
+                r#"{"id":"a","choices":[{"index":0,"delta":{}}],"usage":null}"#
+            ),
+            Ok(())
+        );
+        let more = r#"{"id":"a","choices":[{"index":0,"delta":{"content":""},"token_ids":[2]}]}"#;
+        let err = push(&mut x, more).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid SSE chunk: choice 0 has content after its finish_reason"
+        );
+    }
+}

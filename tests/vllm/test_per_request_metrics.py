@@ -1,0 +1,72 @@
+"""The fourth witness on real vLLM: `--per-request-spec-decode-metrics detailed`.
+
+vLLM (0.32 and 0.33) puts `metrics.speculative_decoding` in the final usage
+chunk of a stream (with `stream_options.include_usage`) when the engine
+itself finished the request: per verify step, in order, the accepted drafts
+(counted before a stop cut the step) and the drafted tokens (grammar-invalid
+ones excluded). Both reconcilers check them against the scheduler's records
+with drafts; this runs one cheap ngram server and checks the JSON path, that
+every stream is exact, and that every listed step was cross-checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import driver
+import pytest
+import server
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = "def add(x, y): return x + y\ndef add(x, y): return x + y\ndef add("
+USAGE = (("stream_options", {"include_usage": True}),)
+
+
+@pytest.fixture(scope="module")
+def metrics_server(tiny_model: Path, socket_dir: str, logs_dir: Path) -> Iterator[server.Server]:
+    srv = server.start(
+        tiny_model,
+        logs_dir / "server-metrics.log",
+        speculative=dict(server.NGRAM),
+        plugin=True,
+        socket_dir=socket_dir,
+        extra_args=["--per-request-spec-decode-metrics", "detailed"],
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_vllm_per_request_metrics_cross_check_every_verify_step(
+    metrics_server: server.Server, socket_dir: str
+) -> None:
+    shapes = [
+        # Engine finishes (max_tokens, maybe EOS): metrics in the usage chunk.
+        driver.Shape("completions", PROMPT, 40, 0.0, seed=1, extra=USAGE),
+        driver.Shape("chat", PROMPT, 33, 0.0, seed=2, extra=USAGE),
+        # A stop string ends it in the frontend: the engine never finished it, no metrics.
+        driver.Shape("completions", PROMPT, 40, 0.0, stop=("y)",), seed=3, extra=USAGE),
+    ]
+    result = driver.run(metrics_server.url, shapes, socket_dir)
+    errors = [(i, s.error) for i, s in enumerate(result.streams) if s.error]
+    assert not errors, errors
+    assert result.verdicts == [("exact", None)] * len(shapes), metrics_server.log_tail(30)
+    listed = 0
+    for index, stream in enumerate(result.streams):
+        chunk = stream.usage_chunk
+        assert chunk is not None, f"stream {index}: no usage chunk"
+        assert chunk["usage"]["completion_tokens"] == len(stream.token_ids)
+        spec = (chunk.get("metrics") or {}).get("speculative_decoding")
+        if stream.finish_reason == "stop" and shapes[index].stop:
+            assert spec is None, f"stream {index}: metrics without the engine's finish"
+            continue
+        assert spec is not None, f"stream {index}: no metrics.speculative_decoding: {chunk}"
+        accepted, drafted = spec["per_step_accepted"], spec["per_step_drafted"]
+        assert len(accepted) == len(drafted) == spec["num_spec_steps"] > 0
+        assert sum(accepted) == spec["num_accepted_draft_tokens"]
+        listed += len(accepted)
+    # Every verify step vLLM listed was matched with a scheduler record with drafts.
+    assert result.totals["metrics_steps"] == listed > 0
