@@ -317,9 +317,6 @@ class StreamDetokenizer:
         return text
 
 
-StreamDetokenizer.decode_next = hooks.wrap_decode_next(StreamDetokenizer.decode_next)  # type: ignore[method-assign]
-
-
 class RequestState:
     def __init__(self, request_id: str, detokenizer: StreamDetokenizer) -> None:
         self.request_id = request_id
@@ -328,7 +325,17 @@ class RequestState:
         self.stream_interval = 1
         self.output_kind = SimpleNamespace(name="DELTA")
         self.request_index = 0
-        self.text = ""
+        self.queue = Collector()
+
+
+class Collector:
+    """vLLM's RequestOutputCollector, as far as the hooks see it."""
+
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+
+    def put(self, output: Any) -> None:
+        self.outputs.append(output)
 
 
 def frontend_text_frames(
@@ -339,32 +346,34 @@ def frontend_text_frames(
 ) -> list[bytes]:
     """Run the frontend hook over `steps` (token ids per engine step) of stream 0; the
     text frames it sent, in order (hello first)."""
-    from parallelhue_vllm.adapters import _wrap_make_request_output, _wrap_process_outputs
+    from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs
 
     telemetry = hooks.FrontendTelemetry("0.32.0")
     request_id = f"cmpl-ph1_{RUN}_0-00000000"
     state = RequestState(request_id, StreamDetokenizer(tokenizer, decode_with))
+    processor = SimpleNamespace(request_states={})
 
-    def make_request_output(self: RequestState, *args: Any) -> Any:
-        return SimpleNamespace(outputs=[SimpleNamespace(index=0, text=self.text)])
+    def add_request(self: Any, request: Any, *args: Any) -> None:
+        self.request_states[request.request_id] = state
 
-    RequestState.make_request_output = _wrap_make_request_output(  # type: ignore[attr-defined]
-        make_request_output, telemetry
-    )
+    _wrap_add_request(add_request, telemetry)(processor, SimpleNamespace(request_id=request_id))
 
     def process_outputs(self: Any, outputs: list[Any], *args: Any) -> None:
+        # vLLM's order: the detokenizer takes the step's ids, then the output is queued.
         for out in outputs:
-            before = len(state.detokenizer.token_ids)
+            detokenizer = state.detokenizer
             text = ""
             for token_id in out.new_token_ids:
-                state.detokenizer.token_ids.append(token_id)
-                text += state.detokenizer.decode_next(token_id)
-            assert len(state.detokenizer.token_ids) == before + len(out.new_token_ids)
-            state.text = text
-            state.make_request_output(out.new_token_ids, None, out.finish_reason, None)  # type: ignore[attr-defined]
+                detokenizer.token_ids.append(token_id)
+                text += detokenizer.decode_next(token_id)
+            finish = "stop" if out.finish_reason is not None else None
+            completion = SimpleNamespace(index=0, text=text, token_ids=list(out.new_token_ids),
+                                         finish_reason=finish, stop_reason=None)  # fmt: skip
+            state.queue.put(SimpleNamespace(outputs=[completion]))
+            if finish is not None:
+                self.request_states.pop(out.request_id, None)
 
     process = _wrap_process_outputs(process_outputs, telemetry)
-    processor = SimpleNamespace(request_states={request_id: state})
     for index, ids in enumerate(steps):
         last = index == len(steps) - 1
         finish = SimpleNamespace(name="STOP") if last else None

@@ -20,7 +20,7 @@ import pytest
 from parallelhue.reference import Reconciler
 from parallelhue.reference.decode import Frame
 from parallelhue_vllm import hooks, traps, wire
-from parallelhue_vllm.adapters import _wrap_process_outputs
+from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs
 from test_plugin_hooks import (  # the shared vLLM stand-ins
     FakeDetokenizer,
     FakeProcessor,
@@ -217,8 +217,10 @@ def error_frontend_frames(receiver: socket.socket) -> list[bytes]:
     _, _, telemetry = make_frontend()
     processor = ErrorProcessor()
     process = _wrap_process_outputs(ErrorProcessor.process_outputs, telemetry)
+    add = _wrap_add_request(FakeProcessor.add_request, telemetry)
     r0 = rid(0)
-    processor.request_states[r0] = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    state = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    add(processor, SimpleNamespace(request_id=r0, state=state), None)
     process(processor, [output(r0, [1], "a")])
     error = SimpleNamespace(code="kv_load_failure", message="KV blocks lost")
     process(processor, [output(r0, [], "", finish=FinishReason.ABORT, error=error)])
@@ -250,7 +252,7 @@ def test_a_streaming_input_request_is_not_tracked(receiver: socket.socket) -> No
     r0 = rid(0)
     state = FakeRequestState(r0, FakeDetokenizer(PIECES))
     state.streaming_input = True  # type: ignore[attr-defined]
-    processor.request_states[r0] = state
+    processor.add(r0, state)  # type: ignore[attr-defined]
     process(processor, [output(r0, [1], "a")])
     process(processor, [output(r0, [4], "b", finish=FinishReason.STOP)])
     frames = [decode_frame(f) for f in raw_frames(receiver, telemetry)]

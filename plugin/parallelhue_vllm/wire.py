@@ -471,8 +471,13 @@ ProvenanceStep = tuple[list[int], list[int], list[bytes]]
 # trimmed_tokens; token ids; each record's HTTP text; fragments (a record owns
 # the next n_fragments, those of its first n_fragments tokens; its other
 # tokens' are empty); span_backs of the records that have any (record index ->
-# one per token; other records: all 0).
-TextStep = tuple[list[int], list[int], list[str], list[str], dict[int, list[int]]]
+# one per token; other records: all 0); optionally (a sixth element) the
+# lead_lens of records with span_backs (record index -> one per token, read
+# where span_back > 0; a record with span_backs but no lead_lens: LEAD_UNKNOWN).
+TextStep = (
+    tuple[list[int], list[int], list[str], list[str], dict[int, list[int]]]
+    | tuple[list[int], list[int], list[str], list[str], dict[int, list[int]], dict[int, list[int]]]
+)
 
 # One precompiled Struct per token count: a provenance record is one pack call.
 _PROVENANCE_STRUCTS: dict[int, struct.Struct] = {}
@@ -519,19 +524,24 @@ def encode_provenance_step(step: ProvenanceStep) -> list[bytes]:
 
 def encode_text_step(step: TextStep) -> list[bytes]:
     """The bytes of each text record of a step, in order (see TextStep)."""
-    meta, ids, texts, fragments, span_backs = step
+    meta, ids, texts, fragments, span_backs = step[:5]
+    leads_of: dict[int, list[int]] = step[5] if len(step) > 5 else {}
     encoded: list[bytes] = []
     first_id = first_fragment = 0
     for record, text in enumerate(texts):
         at = ROW_WIDTH * record
         stream, flags, finish, offset, count, fed, trimmed = meta[at : at + ROW_WIDTH]
         backs = span_backs.get(record)
+        leads = leads_of.get(record) if backs is not None else None
+        if leads is not None and len(leads) != count:
+            raise ValueError(f"text record: lead_lens for {count} tokens needed")
         tokens = []
         for position in range(count):
             piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
             back = backs[position] if backs is not None else 0
-            # The byte split inside a fragment with span_back is not computed here: unknown.
-            lead = LEAD_UNKNOWN if back else 0
+            # The byte split inside a fragment with span_back: the hooks' lead_len
+            # (attribution.py), LEAD_UNKNOWN when they computed none.
+            lead = (leads[position] if leads is not None else LEAD_UNKNOWN) if back else 0
             tokens.append(TextToken(ids[first_id + position], piece, back, lead))
         first_id += count
         first_fragment += fed
