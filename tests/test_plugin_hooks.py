@@ -25,6 +25,7 @@ import pytest
 
 from parallelhue.reference import decode_frame
 from parallelhue.reference.decode import Frame
+from parallelhue_vllm import emitter as emitter_module
 from parallelhue_vllm import hooks, wire
 from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs, _wrap_scheduler
 
@@ -64,6 +65,7 @@ def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
         return "both"
     if request.param == "python":
         monkeypatch.setattr(hooks, "_speedups", None)
+        monkeypatch.setattr(emitter_module, "_speedups", None)
         return "python"
     module = speedups()
     if module is None:
@@ -71,6 +73,7 @@ def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
             pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
         pytest.skip("no C compiler: only the pure-Python hooks are tested")
     monkeypatch.setattr(hooks, "_speedups", module)
+    monkeypatch.setattr(emitter_module, "_speedups", module)
     return "c"
 
 
@@ -774,8 +777,10 @@ def test_the_accelerator_and_the_python_code_send_the_same_bytes(
             pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
         pytest.skip("no C compiler: nothing to compare the pure-Python hooks with")
     monkeypatch.setattr(hooks, "_speedups", module)
+    monkeypatch.setattr(emitter_module, "_speedups", module)
     accelerated = mixed_workload(receiver)
     monkeypatch.setattr(hooks, "_speedups", None)
+    monkeypatch.setattr(emitter_module, "_speedups", None)
     pure = mixed_workload(receiver)
     # hello + 4 provenance steps, hello + 3 text steps: nothing lost, nothing extra.
     assert [frame[5] for frame in pure] == [wire.KIND_HELLO] + [wire.KIND_PROVENANCE] * 4 + [

@@ -268,7 +268,8 @@ def test_an_accelerator_that_does_not_load_falls_back(
         ),
         (
             SimpleNamespace(ABI=2, QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator lacks StreamRecorder, scheduler_rows)",
+            "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
+            "encode_text_step, scheduler_rows)",
         ),
     ],
 )
@@ -361,8 +362,8 @@ def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- step encoders
 def test_c_provenance_step_encoder_gives_wire_py_bytes() -> None:
-    """_speedups.encode_provenance_step (unused until protocol 2 lands on main) against
-    wire.py, the one encoder: same bytes for the same columns, same refusals."""
+    """_speedups.encode_provenance_step (the emitter's, test_wire_speedups.py has random
+    steps) against wire.py, the one encoder: same bytes for the same columns, same refusals."""
     from parallelhue_vllm import wire
 
     module = load_speedups()

@@ -12,9 +12,9 @@
  *   stand-ins for a detokenizer's decode stream and a request's output queue
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
- *   texts, fragments, span_backs): a step's record bytes as wire.py's
- *   functions of the same names; the text encoder writes protocol 2's entry
- *   (lead_len), so neither is used before protocol 2 is on main.
+ *   texts, fragments, span_backs[, leads]): a step's record bytes as wire.py's
+ *   functions of the same names (the emitter's sender thread, emitter.encode_rows);
+ *   tests/test_wire_speedups.py compares the bytes on random steps.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -28,6 +28,9 @@
 #define TEXT_HEADER 16
 #define TEXT_ENTRY 9
 #define ROW_WIDTH 7
+/* The text flags wire.py defines (finished 1, text truncated 2, tokens trimmed 4). */
+#define TEXT_FLAG_BITS 7
+#define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
 #define SPEEDUPS_ABI 2
@@ -70,14 +73,41 @@ field(PyObject *value, unsigned long long limit, const char *kind)
     return v;
 }
 
+/* The defined bits of a text record's flags, as wire.py reads them (any int:
+ * `flags & bit` for each flag, the other bits ignored); -1 with TypeError if no int. */
+static long long
+text_flag_bits(PyObject *value)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "text record field is not an int");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (!overflow) {
+        return v == -1 && PyErr_Occurred() ? -1 : (v & TEXT_FLAG_BITS);
+    }
+    PyObject *mask = PyLong_FromLong(TEXT_FLAG_BITS);
+    PyObject *bits = mask ? PyNumber_And(value, mask) : NULL;
+    Py_XDECREF(mask);
+    if (bits == NULL) {
+        return -1;
+    }
+    v = PyLong_AsLongLong(bits);
+    Py_DECREF(bits);
+    return v;
+}
+
 /* ---------------------------------------------------- step encoders */
-/* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise). */
+/* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise);
+ * a limit of FLAG_BITS_ONLY: text flags, read as text_flag_bits. */
 static int
 record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
             long long *out)
 {
     for (int i = 0; i < ROW_WIDTH; i++) {
-        out[i] = field(PyList_GET_ITEM(meta, r * ROW_WIDTH + i), limits[i], kind);
+        PyObject *value = PyList_GET_ITEM(meta, r * ROW_WIDTH + i);
+        out[i] = limits[i] == FLAG_BITS_ONLY ? text_flag_bits(value) : field(value, limits[i], kind);
         if (out[i] < 0) {
             return -1;
         }
@@ -188,7 +218,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     PyObject *span_backs = args[4];
     PyObject *leads_of = nargs == 6 ? args[5] : NULL;
     static const unsigned long long limits[ROW_WIDTH] = {
-        0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, MAX_TOKENS_PER_RECORD, 0xFFFF};
+        0xFFFF, FLAG_BITS_ONLY, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, 0xFFFFFFFFULL, 0xFFFF};
     Py_ssize_t records = PyList_GET_SIZE(texts);
     Py_ssize_t n_ids = PyList_GET_SIZE(ids), n_fragments = PyList_GET_SIZE(fragments);
     Py_ssize_t first_id = 0, first_fragment = 0;
@@ -205,11 +235,10 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         if (record_meta(meta, r, limits, "text", v) < 0) {
             goto fail;
         }
+        /* A record owns `fed` fragments, those of its first `used` tokens (as wire.py:
+           fragments owned beyond its tokens are skipped). */
         Py_ssize_t count = (Py_ssize_t)v[4], fed = (Py_ssize_t)v[5];
-        if (fed > count) {
-            PyErr_Format(PyExc_ValueError, "text record: %zd fragments for %zd tokens", fed, count);
-            goto fail;
-        }
+        Py_ssize_t used = fed < count ? fed : count;
         PyObject *text = PyList_GET_ITEM(texts, r);
         if (!PyUnicode_Check(text)) {
             PyErr_SetString(PyExc_TypeError, "text step: an HTTP text is not a str");
@@ -226,7 +255,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             if (backs == NULL && PyErr_Occurred()) {
                 goto fail;
             }
-            if (backs != NULL && (!PyList_Check(backs) || PyList_GET_SIZE(backs) != count)) {
+            if (backs != NULL && (!PyList_Check(backs) || PyList_GET_SIZE(backs) < count)) {
                 PyErr_Format(PyExc_ValueError, "text record: span_backs for %zd tokens needed",
                              count);
                 goto fail;
@@ -265,7 +294,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             goto fail;
         }
         Py_ssize_t size = TEXT_HEADER + TEXT_ENTRY * count + http_len;
-        for (Py_ssize_t i = 0; i < fed; i++) {
+        for (Py_ssize_t i = 0; i < used; i++) {
             PyObject *piece = PyList_GET_ITEM(fragments, first_fragment + i);
             Py_ssize_t length;
             if (!PyUnicode_Check(piece)) {
@@ -310,7 +339,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 goto fail;
             }
             Py_ssize_t length = 0;
-            if (i < fed) {
+            if (i < used) {
                 const char *bytes =
                     PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
                 memcpy(data, bytes, (size_t)length);

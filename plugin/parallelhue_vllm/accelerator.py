@@ -21,7 +21,14 @@ ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
 # The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
 EXPECTED_ABI = 2
 # What the hooks call on it.
-REQUIRED = ("QueueCapture", "SchedRequest", "StreamRecorder", "scheduler_rows")
+REQUIRED = (
+    "QueueCapture",
+    "SchedRequest",
+    "StreamRecorder",
+    "encode_provenance_step",
+    "encode_text_step",
+    "scheduler_rows",
+)
 
 
 def load() -> tuple[Any, str]:

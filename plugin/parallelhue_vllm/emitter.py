@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import paths, wire
+from . import accelerator, paths, wire
 from .destination import Destination, RunSink
 
-__all__ = ["Emitter"]
+__all__ = ["Emitter", "encode_rows"]
 
 log = logging.getLogger("parallelhue_vllm")
 
@@ -52,6 +52,23 @@ _ITEM_RECORDS = 0  # (item, run_id, kind, step, timestamp, records)
 _ITEM_ROWS = 1  # (item, kind, step, timestamp, rows by run, row count)
 _ITEM_END = 2  # (item, run_id)
 _ITEM_CLOSE = 3  # (item,)
+
+# The C step encoders of _speedups.c when built (accelerator.py decides, as for
+# the hooks): the same bytes and refusals as wire.py's, which stays the
+# reference (tests/test_wire_speedups.py compares them on random steps).
+_speedups: Any = accelerator.load()[0]
+
+
+def encode_rows(kind: int, step: wire.ProvenanceStep | wire.TextStep) -> list[bytes]:
+    """The bytes of each record of a provenance or text step (wire.encode_rows)."""
+    if _speedups is not None:
+        if kind == wire.KIND_TEXT:
+            encoded: list[bytes] = _speedups.encode_text_step(*step)
+            return encoded
+        if kind == wire.KIND_PROVENANCE:
+            encoded = _speedups.encode_provenance_step(*step)
+            return encoded
+    return wire.encode_rows(kind, step)
 
 
 @dataclass(slots=True)
@@ -253,7 +270,7 @@ class Emitter:
             self._taken_records += count
             for run_id, rows in rows_by_run.items():
                 try:
-                    encoded = wire.encode_rows(kind, rows)
+                    encoded = encode_rows(kind, rows)
                 except Exception as error:
                     self._encoding_failed(run_id, error)
                     continue

@@ -1,0 +1,158 @@
+"""_speedups.c's step encoders against wire.py's, the one reference encoder.
+
+The emitter's sender thread encodes a step's rows with the C functions when
+the accelerator is built (emitter.encode_rows); a server without a compiler
+runs wire.py's. Both must give the same bytes for every step the hooks can
+build and refuse the same unrepresentable ones, so these compare them on
+random steps: multi-byte and empty fragments, tokens never decoded (beyond
+n_fragments), span_backs with and without lead_lens, the unknown lead
+0xFFFF, and leads on tokens whose fragment is empty (lead_len is written as
+given wherever span_back > 0, whatever the fragment's length).
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tests.test_plugin_speedups import load_speedups
+
+from parallelhue_vllm import emitter, wire
+
+PIECES = ["", "", "a", " the", "é", "€", "😀", "\u0301", "ing", "x" * 40, "\n", "ü€😀"]
+
+
+def random_text_step(rng: random.Random) -> tuple[Any, ...]:
+    meta: list[int] = []
+    ids: list[int] = []
+    texts: list[str] = []
+    fragments: list[str] = []
+    span_backs: dict[int, list[int]] = {}
+    leads: dict[int, list[int]] = {}
+    for record in range(rng.randint(1, 12)):
+        count = rng.choice([0, 1, 2, 4, 7, rng.randint(0, wire.MAX_TOKENS_PER_RECORD)])
+        # A record may own fragments beyond its tokens (deleted after a stop
+        # string): they are skipped. Flag bits wire.py does not define are ignored.
+        fed = rng.randint(0, count) if rng.random() < 0.9 else count + rng.randint(1, 3)
+        flags = rng.choice([0, 1, 3, 5, 7, rng.randint(0, 255), -1, 1 << 70])
+        meta += [rng.randint(0, 0xFFFF), flags, rng.randint(0, 4), rng.randint(0, 0xFFFFFFFF),
+                 count, fed, rng.randint(0, 0xFFFF)]  # fmt: skip
+        ids += [rng.choice([0, 1, 0xFFFFFFFF, rng.randint(0, 200_000)]) for _ in range(count)]
+        fragments += [rng.choice(PIECES) for _ in range(fed)]
+        texts.append("".join(rng.choice(PIECES) for _ in range(rng.randint(0, 6))))
+        if rng.random() < 0.5:
+            span_backs[record] = [rng.choice([0, 0, 1, 2, 255]) for _ in range(count)]
+            if rng.random() < 0.7:
+                # Any u16 where span_back > 0, the unknown lead among them; the
+                # values where span_back is 0 are never written (0 on the wire).
+                leads[record] = [rng.choice([0, 1, 3, 0xFFFE, wire.LEAD_UNKNOWN])
+                                 for _ in range(count)]  # fmt: skip
+        elif rng.random() < 0.2:
+            leads[record] = [7] * count  # lead_lens without span_backs: never read
+    step: tuple[Any, ...] = (meta, ids, texts, fragments, span_backs)
+    return (*step, leads) if rng.random() < 0.9 else step
+
+
+def random_provenance_step(rng: random.Random) -> tuple[Any, ...]:
+    meta: list[int] = []
+    ids: list[int] = []
+    roles: list[bytes] = []
+    for _ in range(rng.randint(1, 12)):
+        count = rng.choice([0, 1, 4, rng.randint(0, wire.MAX_TOKENS_PER_RECORD)])
+        meta += [rng.randint(0, 0xFFFF), rng.choice([0, 1, 2, 3]), rng.randint(0, 4),
+                 rng.randint(0, 0xFFFFFFFF), count, rng.randint(0, 0xFFFF),
+                 rng.randint(0, 0xFFFF)]  # fmt: skip
+        ids += [rng.randint(0, 0xFFFFFFFF) for _ in range(count)]
+        roles.append(bytes(rng.randint(0, 3) for _ in range(count)))
+    return meta, ids, roles
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_c_text_step_encoder_gives_wire_py_bytes(seed: int) -> None:
+    module = load_speedups()
+    rng = random.Random(seed)
+    for _ in range(25):
+        step = random_text_step(rng)
+        expected = wire.encode_text_step(step)  # type: ignore[arg-type]
+        assert module.encode_text_step(*step) == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_c_provenance_step_encoder_gives_wire_py_bytes_on_random_steps(seed: int) -> None:
+    module = load_speedups()
+    rng = random.Random(seed)
+    for _ in range(25):
+        step = random_provenance_step(rng)
+        assert module.encode_provenance_step(*step) == wire.encode_provenance_step(step)  # type: ignore[arg-type]
+
+
+def test_a_lead_on_an_empty_fragment_is_written_as_given() -> None:
+    """Tokens 1 and 2 have span_back > 0 and empty fragments (one decoded as "",
+    one never decoded): their lead_lens 5 and LEAD_UNKNOWN go on the wire as they are."""
+    module = load_speedups()
+    step = ([3, 0, 0, 10, 3, 2, 0], [7, 8, 9], ["ab"], ["ab", ""], {0: [0, 1, 2]},
+            {0: [0, 5, wire.LEAD_UNKNOWN]})  # fmt: skip
+    encoded = wire.encode_text_step(step)  # type: ignore[arg-type]
+    entries = encoded[0][16 : 16 + 27]
+    assert [entries[9 * i + 7] | entries[9 * i + 8] << 8 for i in range(3)] == [0, 5, 0xFFFF]
+    assert [entries[9 * i + 4] | entries[9 * i + 5] << 8 for i in range(3)] == [2, 0, 0]
+    assert module.encode_text_step(*step) == encoded
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        (([0, 0, 0, 0, 1, 1, 0x10000], [1], [""], ["a"], {}, {}), "field out of range"),
+        (([0, 0, 0x100, 0, 1, 1, 0], [1], [""], ["a"], {}, {}), "field out of range"),
+        (([0, 0, 0, 1 << 32, 1, 1, 0], [1], [""], ["a"], {}, {}), "field out of range"),
+        (([-1, 0, 0, 0, 1, 1, 0], [1], [""], ["a"], {}, {}), "field out of range"),
+        (([0, 0, 0, 0, 1, 1, 0], [1 << 32], [""], ["a"], {}, {}), "field out of range"),
+        (([0, 0, 0, 0, 1, 1, 0], [1], [""], ["a"], {0: [256]}, {}), "field out of range"),
+        (([0, 0, 0, 0, 1, 1, 0], [1], [""], ["a"], {0: [1]}, {0: [0x10000]}), "field out of range"),
+        (
+            ([0, 0, 0, 0, 2, 2, 0], [1, 2], [""], ["a", "b"], {0: [0, 1]}, {0: [0]}),
+            "text record: lead_lens for 2 tokens needed",
+        ),
+        (
+            ([0, 0, 0, 0, 1, 1, 0], [1], [""], ["a", "b"], {}, {}),
+            "text step: 1 fragments owned, 2 given",
+        ),
+        (([0, 0, 0, 0, 1, 1, 0], [1], [""], ["\ud800"], {}, {}), "surrogates not allowed"),
+    ],
+)
+def test_both_text_step_encoders_refuse_the_same_steps(step: tuple[Any, ...], message: str) -> None:
+    module = load_speedups()
+    with pytest.raises((ValueError, UnicodeEncodeError), match=message):
+        wire.encode_text_step(step)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, UnicodeEncodeError), match=message):
+        module.encode_text_step(*step)
+
+
+def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender thread's encoder: the C functions when loaded, wire.py's without."""
+    module = load_speedups()
+    calls: list[str] = []
+
+    def spy(name: str) -> Any:
+        def call(*args: Any) -> Any:
+            calls.append(name)
+            return getattr(module, f"encode_{name}_step")(*args)
+
+        return call
+
+    accelerated = SimpleNamespace(encode_text_step=spy("text"),
+                                  encode_provenance_step=spy("provenance"))  # fmt: skip
+    rng = random.Random(99)
+    text, provenance = random_text_step(rng), random_provenance_step(rng)
+    monkeypatch.setattr(emitter, "_speedups", accelerated)
+    c_bytes = [emitter.encode_rows(wire.KIND_TEXT, text),  # type: ignore[arg-type]
+               emitter.encode_rows(wire.KIND_PROVENANCE, provenance)]  # type: ignore[arg-type]  # fmt: skip
+    assert calls == ["text", "provenance"]
+    monkeypatch.setattr(emitter, "_speedups", None)
+    assert [emitter.encode_rows(wire.KIND_TEXT, text),  # type: ignore[arg-type]
+            emitter.encode_rows(wire.KIND_PROVENANCE, provenance)] == c_bytes  # type: ignore[arg-type]  # fmt: skip
+    assert calls == ["text", "provenance"]
