@@ -217,6 +217,123 @@ def test_scheduler_rows_refuses_what_it_does_not_know() -> None:
         module.scheduler_rows([outputs], {}, {}, [], b"\0", True, print)
 
 
+class SlotOutput:
+    """EngineCoreOutput's shape in vLLM (msgspec.Struct: fields are member descriptors)."""
+
+    __slots__ = ("finish_reason", "new_token_ids", "request_id")
+
+    def __init__(self, request_id: str, new_token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.new_token_ids = new_token_ids
+        self.finish_reason = None
+
+
+class SlotOutputs:
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: list[Any]) -> None:
+        self.outputs = outputs
+
+
+def scheduler_rows_of(module: Any, results: list[Any]) -> tuple[list[int], list[int]]:
+    """(meta, ids) that scheduler_rows builds for the requests "a" and "b" (no drafts)."""
+    bucket = hooks._Bucket()
+    requests = {rid: module.SchedRequest("r", stream, bucket) for stream, rid in enumerate("ab")}
+    special: list[Any] = []
+    module.scheduler_rows(results, requests, {}, hooks._ROLE_TABLE, hooks._PLAIN_ROLE, True,
+                          lambda state, output: special.append(output))  # fmt: skip
+    assert not special
+    return bucket.meta, bucket.ids
+
+
+def test_scheduler_rows_reads_slots_as_getattr_would() -> None:
+    """The C loop reads EngineCoreOutput's slots directly; what it reads is what
+    getattr gives: after the class changes (a property replaces a slot), for a
+    subclass with its own __getattribute__, for objects with an instance dict,
+    and an unset slot raises getattr's AttributeError."""
+    module = load_speedups()
+
+    def step(cls: type, token: int) -> list[Any]:
+        return [SlotOutputs([cls("a", [token]), cls("b", [token + 1])])]
+
+    assert scheduler_rows_of(module, step(SlotOutput, 5))[1] == [5, 6]
+    assert scheduler_rows_of(module, step(SlotOutput, 7))[1] == [7, 8]
+
+    class Changed(SlotOutput):
+        __slots__ = ()
+
+    assert scheduler_rows_of(module, step(Changed, 1))[1] == [1, 2]
+    made_before = step(Changed, 1)
+    Changed.new_token_ids = property(lambda self: [42])  # type: ignore[assignment]
+    assert scheduler_rows_of(module, made_before)[1] == [42, 42]
+
+    class Intercepting(SlotOutput):
+        __slots__ = ()
+
+        def __getattribute__(self, name: str) -> Any:
+            return [99] if name == "new_token_ids" else object.__getattribute__(self, name)
+
+    assert scheduler_rows_of(module, step(Intercepting, 1))[1] == [99, 99]
+    plain = [SimpleNamespace(outputs=[SimpleNamespace(request_id="b", new_token_ids=[3],
+                                                      finish_reason=None)])]  # fmt: skip
+    assert scheduler_rows_of(module, plain) == ([1, 0, 0, 0, 1, 0, 0], [3])
+    unset = SlotOutput("a", [1])
+    del unset.new_token_ids
+    with pytest.raises(AttributeError, match="new_token_ids"):
+        scheduler_rows_of(module, [SlotOutputs([unset])])
+    assert scheduler_rows_of(module, step(SlotOutput, 11))[1] == [11, 12]
+
+
+def test_sampled_lengths_are_len_of_each_list() -> None:
+    module = load_speedups()
+    assert module.sampled_lengths([[1, 2, 3], [], [4], (5, 6)]) == [3, 0, 1, 2]
+    with pytest.raises(TypeError, match="object of type 'int' has no len"):
+        module.sampled_lengths([[1], 7])
+    with pytest.raises(TypeError, match=r"sampled_lengths\(sampled\): a list"):
+        module.sampled_lengths(((1,),))
+
+
+def test_take_lists_moves_the_items_and_leaves_the_lists_empty() -> None:
+    module = load_speedups()
+    marker = object()
+    first, second, empty = [1, marker, "x"], [marker], []
+    references = sys.getrefcount(marker)
+    taken = module.take_lists(first, second, empty)
+    assert taken == ([1, marker, "x"], [marker], [])
+    assert all(type(column) is list for column in taken)
+    assert taken[0] is not first and first == [] and second == [] and empty == []
+    assert sys.getrefcount(marker) == references  # moved, not copied
+    first.extend(range(10))  # the emptied lists stay usable
+    assert first == list(range(10)) and taken[0] == [1, marker, "x"]
+    del taken
+    assert sys.getrefcount(marker) == references - 2
+    with pytest.raises(TypeError, match=r"take_lists\(\*lists\): lists"):
+        module.take_lists([], (1,))
+
+
+def test_take_lists_and_the_in_place_appends_leak_nothing() -> None:
+    module = load_speedups()
+    bucket = hooks._Bucket()
+    requests = {"a": module.SchedRequest("r", 0, bucket)}
+    outputs = [SlotOutputs([SlotOutput("a", [1, 2])])]
+
+    def rounds(count: int) -> None:
+        for _ in range(count):
+            module.scheduler_rows(outputs, requests, {}, hooks._ROLE_TABLE, hooks._PLAIN_ROLE,
+                                  True, print)  # fmt: skip
+            module.take_lists(bucket.meta, bucket.ids, bucket.extra)
+
+    rounds(100)
+    gc.collect()
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    rounds(3000)
+    gc.collect()
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 16 * 1024, after - before
+
+
 # ------------------------------------------------------------------ loading it
 def test_pure_python_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARALLELHUE_VLLM_PURE_PYTHON", "1")
@@ -269,7 +386,7 @@ def test_an_accelerator_that_does_not_load_falls_back(
         (
             SimpleNamespace(ABI=2, QueueCapture=None, SchedRequest=None),
             "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
-            "encode_text_step, scheduler_rows)",
+            "encode_text_step, sampled_lengths, scheduler_rows)",
         ),
     ],
 )

@@ -52,10 +52,48 @@ put32(unsigned char *p, unsigned long v)
     p[3] = (unsigned char)((v >> 24) & 0xFF);
 }
 
+/* The value of an exact int that fits one machine word's digit (nearly every
+ * field: ids, offsets, counts), without a call; 0 when not such an int. */
+static inline int
+small_int(PyObject *value, long long *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)value)) {
+        *out = (long long)PyUnstable_Long_CompactValue((PyLongObject *)value);
+        return 1;
+    }
+#else
+    Py_ssize_t size = Py_SIZE(value);
+    if (size == 0 || size == 1) {
+        *out = size ? (long long)((PyLongObject *)value)->ob_digit[0] : 0;
+        return 1;
+    }
+#endif
+    return 0;
+}
+
+/* UTF-8 of a str: an ASCII string's own bytes (no call), else the cached UTF-8. */
+static inline const char *
+utf8_of(PyObject *text, Py_ssize_t *length)
+{
+    if (PyUnicode_IS_COMPACT_ASCII(text)) {
+        *length = PyUnicode_GET_LENGTH(text);
+        return (const char *)PyUnicode_DATA(text);
+    }
+    return PyUnicode_AsUTF8AndSize(text, length);
+}
+
 /* An int in 0..limit, or -1 with ValueError("<what> field out of range ..."). */
-static long long
+static inline long long
 field(PyObject *value, unsigned long long limit, const char *kind)
 {
+    long long small;
+    if (small_int(value, &small) && small >= 0 && (unsigned long long)small <= limit) {
+        return small;
+    }
     if (!PyLong_Check(value)) {
         PyErr_Format(PyExc_TypeError, "%s record field is not an int", kind);
         return -1;
@@ -285,7 +323,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             goto fail;
         }
         Py_ssize_t http_len;
-        const char *http = PyUnicode_AsUTF8AndSize(text, &http_len);
+        const char *http = utf8_of(text, &http_len);
         if (http == NULL) {
             goto fail;
         }
@@ -301,7 +339,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 PyErr_SetString(PyExc_TypeError, "text step: a fragment is not a str");
                 goto fail;
             }
-            if (PyUnicode_AsUTF8AndSize(piece, &length) == NULL) {
+            if (utf8_of(piece, &length) == NULL) {
                 goto fail;
             }
             if (length > 0xFFFF) {
@@ -341,7 +379,7 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             Py_ssize_t length = 0;
             if (i < used) {
                 const char *bytes =
-                    PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                    utf8_of(PyList_GET_ITEM(fragments, first_fragment + i), &length);
                 memcpy(data, bytes, (size_t)length);
                 data += length;
             }
@@ -497,21 +535,103 @@ typedef struct {
 
 static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
 
-/* Append the ROW_WIDTH ints of one row to a meta column; -1 on error (nothing appended). */
+/* Append n items to a list; -1 on error (nothing appended). A bucket's columns
+ * keep their allocation from step to step (take_lists), so the items are
+ * nearly always written in place, without a call per item. */
 static int
-append_meta(PyObject *meta, PyObject *const *values)
+extend_list(PyObject *list, PyObject *const *items, Py_ssize_t n)
 {
-    Py_ssize_t before = PyList_GET_SIZE(meta);
-    for (int i = 0; i < ROW_WIDTH; i++) {
-        if (PyList_Append(meta, values[i]) < 0) {
+    PyListObject *target = (PyListObject *)list;
+    Py_ssize_t before = Py_SIZE(target);
+    if (target->allocated - before >= n) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_INCREF(items[i]);
+            target->ob_item[before + i] = items[i];
+        }
+        Py_SET_SIZE(target, before + n);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_Append(list, items[i]) < 0) {
             PyObject *type, *value, *traceback;
             PyErr_Fetch(&type, &value, &traceback);
-            PyList_SetSlice(meta, before, PyList_GET_SIZE(meta), NULL);
+            PyList_SetSlice(list, before, PyList_GET_SIZE(list), NULL);
             PyErr_Restore(type, value, traceback);
             return -1;
         }
     }
     return 0;
+}
+
+/* Append the ROW_WIDTH ints of one row to a meta column; -1 on error (nothing appended). */
+static int
+append_meta(PyObject *meta, PyObject *const *values)
+{
+    return extend_list(meta, values, ROW_WIDTH);
+}
+
+/* Empty a list of at most MAX_TOKENS_PER_RECORD items, keeping its allocation
+ * (a request's fragments: refilled by the next step's tokens). */
+static void
+clear_keeping_room(PyObject *list)
+{
+    PyListObject *target = (PyListObject *)list;
+    Py_ssize_t n = Py_SIZE(target);
+    if (n > MAX_TOKENS_PER_RECORD) {
+        PyList_SetSlice(list, 0, n, NULL);
+        return;
+    }
+    PyObject *items[MAX_TOKENS_PER_RECORD];
+    memcpy(items, target->ob_item, (size_t)n * sizeof(PyObject *));
+    Py_SET_SIZE(target, 0); /* before any decref: the list is consistent throughout */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i]);
+    }
+}
+
+/* take_lists(*lists) -> tuple of lists: each list's items moved into a new
+ * list (hooks._Bucket.take: a step's columns handed to the sender without a
+ * copy); each given list is left empty with room for as many items again. */
+static PyObject *
+take_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (!PyList_CheckExact(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "take_lists(*lists): lists");
+            return NULL;
+        }
+    }
+    PyObject *taken = PyTuple_New(nargs);
+    if (taken == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyListObject *source = (PyListObject *)args[i];
+        PyListObject *moved = (PyListObject *)PyList_New(0);
+        PyObject **room = NULL;
+        Py_ssize_t size = Py_SIZE(source);
+        if (moved != NULL && size > 0) {
+            room = PyMem_New(PyObject *, (size_t)size);
+            if (room == NULL) {
+                PyErr_NoMemory();
+                Py_CLEAR(moved);
+            }
+        }
+        if (moved == NULL) {
+            Py_DECREF(taken);
+            return NULL;
+        }
+        if (size > 0) {
+            moved->ob_item = source->ob_item;
+            moved->allocated = source->allocated;
+            Py_SET_SIZE(moved, size);
+            source->ob_item = room;
+            source->allocated = size;
+            Py_SET_SIZE(source, 0);
+        }
+        PyTuple_SET_ITEM(taken, i, (PyObject *)moved);
+    }
+    return taken;
 }
 
 /* 1: the common row was taken; 0: not a RequestOutput, nothing to take; -1: error. */
@@ -599,10 +719,10 @@ capture_output(QueueCapture *self, PyObject *output)
         record = PyLong_FromSsize_t(texts_before);
         failed = record == NULL || PyDict_SetItem(self->span_backs, record, backs) < 0;
     }
-    failed = failed || PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
-             PyList_SetSlice(self->all_fragments, fragments_before, fragments_before,
-                             fragments) < 0 ||
-             PyList_Append(self->texts, text) < 0 || append_meta(self->meta, values) < 0;
+    failed = failed ||
+             extend_list(self->ids, PySequence_Fast_ITEMS(token_ids), count) < 0 ||
+             extend_list(self->all_fragments, PySequence_Fast_ITEMS(fragments), count) < 0 ||
+             extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0;
     Py_DECREF(offset);
     Py_DECREF(n);
     Py_DECREF(zero);
@@ -628,7 +748,7 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_XDECREF(record);
     Py_XDECREF(backs);
     self->pending_empty = pending;
-    PyList_SetSlice(fragments, 0, count, NULL);
+    clear_keeping_room(fragments);
     self->offset += count;
     status = 1;
 done:
@@ -906,6 +1026,103 @@ has_placeholder(PyObject *drafts)
     return 0;
 }
 
+/* ------------------------------------------------------- slot reads */
+/* One attribute of the objects of one type, read straight from its slot when
+ * the type keeps it in a member descriptor (__slots__, msgspec.Struct fields:
+ * vLLM's EngineCoreOutput(s)) and looks attributes up the default way. That is
+ * what PyObject_GetAttr returns (a member descriptor is a data descriptor: it
+ * wins over an instance dict) without its type lookup and descriptor call. Any
+ * other type, a type changed since (its version tag), a custom __getattribute__
+ * or an unset slot takes PyObject_GetAttr. */
+typedef struct {
+    PyTypeObject *type; /* compared only; a type's version tag is never reused */
+    unsigned int version;
+    Py_ssize_t offset;  /* -1: not a plain slot, PyObject_GetAttr */
+    int none_if_unset;  /* T_OBJECT: an unset slot reads as None */
+} SlotReader;
+
+static void
+learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
+{
+    reader->type = NULL;
+    reader->offset = -1;
+    if (type->tp_getattro != PyObject_GenericGetAttr) {
+        return;
+    }
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; assigns a version tag */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return;
+    }
+    reader->type = type;
+    reader->version = type->tp_version_tag;
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        return;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
+        (member->flags & READ_RESTRICTED)) {
+        return;
+    }
+#ifdef Py_RELATIVE_OFFSET
+    if (member->flags & Py_RELATIVE_OFFSET) {
+        return;
+    }
+#endif
+    reader->offset = member->offset;
+    reader->none_if_unset = member->type == T_OBJECT;
+}
+
+/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
+static inline PyObject *
+read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != reader->type || type->tp_version_tag != reader->version ||
+        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        learn_slot(type, name, reader);
+    }
+    if (reader->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + reader->offset);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+        if (reader->none_if_unset) {
+            Py_RETURN_NONE;
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
+
+/* sampled_lengths(sampled) -> list[int]: len() of each of a step's sampled token
+ * lists (hooks.SchedulerTelemetry.before), before the stop checks trim them. */
+static PyObject *
+sampled_lengths(PyObject *Py_UNUSED(module), PyObject *sampled)
+{
+    if (!PyList_Check(sampled)) {
+        PyErr_SetString(PyExc_TypeError, "sampled_lengths(sampled): a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sampled);
+    PyObject *lengths = PyList_New(n);
+    if (lengths == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *tokens = PyList_GET_ITEM(sampled, i);
+        Py_ssize_t size = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens) : PyObject_Size(tokens);
+        PyObject *value = size < 0 ? NULL : PyLong_FromSsize_t(size);
+        if (value == NULL) {
+            Py_DECREF(lengths);
+            return NULL;
+        }
+        PyList_SET_ITEM(lengths, i, value);
+    }
+    return lengths;
+}
+
 /* ------------------------------------------------------ scheduler_rows */
 static PyObject *str_request_id, *str_new_token_ids;
 
@@ -941,7 +1158,7 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     PyObject *zero = PyLong_FromLong(0);
     PyObject *engine_outputs;
     while ((engine_outputs = PyIter_Next(results)) != NULL) {
-        PyObject *outputs = PyObject_GetAttr(engine_outputs, str_outputs);
+        PyObject *outputs = read_attr(engine_outputs, str_outputs, &read_outputs);
         Py_DECREF(engine_outputs);
         if (outputs == NULL || !PyList_Check(outputs)) {
             if (outputs != NULL) {
@@ -953,7 +1170,7 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
             PyObject *output = PyList_GET_ITEM(outputs, i);
             Py_INCREF(output);
-            PyObject *rid = PyObject_GetAttr(output, str_request_id);
+            PyObject *rid = read_attr(output, str_request_id, &read_request_id);
             PyObject *state = rid ? PyDict_GetItemWithError(requests, rid) : NULL;
             if (state == NULL) {
                 Py_XDECREF(rid);
@@ -965,8 +1182,9 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                 continue;
             }
             Py_INCREF(state);
-            PyObject *tokens = PyObject_GetAttr(output, str_new_token_ids);
-            PyObject *reason = tokens ? PyObject_GetAttr(output, str_finish_reason) : NULL;
+            PyObject *tokens = read_attr(output, str_new_token_ids, &read_new_token_ids);
+            PyObject *reason =
+                tokens ? read_attr(output, str_finish_reason, &read_finish_reason) : NULL;
             PyObject *drafts = reason ? PyDict_GetItemWithError(spec_tokens, rid) : NULL;
             Py_DECREF(rid);
             int slow = 1;
@@ -1026,8 +1244,8 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
                     PyObject *ids = request->ids, *extra = request->extra;
                     Py_ssize_t ids_before = PyList_GET_SIZE(ids);
                     Py_ssize_t extra_before = PyList_GET_SIZE(extra);
-                    if (PyList_SetSlice(ids, ids_before, ids_before, tokens) == 0) {
-                        if (PyList_Append(extra, roles) == 0) {
+                    if (extend_list(ids, PySequence_Fast_ITEMS(tokens), count) == 0) {
+                        if (extend_list(extra, &roles, 1) == 0) {
                             if (append_meta(request->meta, values) == 0) {
                                 request->offset += count;
                                 ok = 1;
@@ -1070,6 +1288,10 @@ fail:
 static PyMethodDef methods[] = {
     {"scheduler_rows", (PyCFunction)(void (*)(void))scheduler_rows, METH_FASTCALL,
      "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
+    {"take_lists", (PyCFunction)(void (*)(void))take_lists, METH_FASTCALL,
+     "Each list's items moved into a new list; the lists left empty with their room."},
+    {"sampled_lengths", (PyCFunction)sampled_lengths, METH_O,
+     "len() of each of a step's sampled token lists (hooks.SchedulerTelemetry.before)."},
     {"encode_provenance_step", (PyCFunction)(void (*)(void))encode_provenance_step,
      METH_FASTCALL, "The bytes of each provenance record of a step (wire.py)."},
     {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,

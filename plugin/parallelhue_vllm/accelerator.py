@@ -27,6 +27,7 @@ REQUIRED = (
     "StreamRecorder",
     "encode_provenance_step",
     "encode_text_step",
+    "sampled_lengths",
     "scheduler_rows",
 )
 

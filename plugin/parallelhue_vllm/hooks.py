@@ -250,19 +250,31 @@ class _Bucket:
         self.leads: dict[int, list[int]] = {}
 
     def take(self, kind: int) -> Any:
-        step: Any
-        if kind == wire.KIND_TEXT:
-            step = (self.meta[:], self.ids[:], self.extra[:], self.fragments[:],
-                    dict(self.span_backs), dict(self.leads))  # fmt: skip
-            self.fragments.clear()
-            self.span_backs.clear()
-            self.leads.clear()
-        else:
-            step = (self.meta[:], self.ids[:], self.extra[:])
-        self.meta.clear()
-        self.ids.clear()
-        self.extra.clear()
+        """This step's columns (for the sender), leaving the bucket empty."""
+        if kind != wire.KIND_TEXT:
+            return _take_lists(self.meta, self.ids, self.extra)
+        columns = _take_lists(self.meta, self.ids, self.extra, self.fragments)
+        step = (*columns, dict(self.span_backs) if self.span_backs else {},
+                dict(self.leads) if self.leads else {})  # fmt: skip
+        self.span_backs.clear()
+        self.leads.clear()
         return step
+
+
+def _take_lists(*lists: list[Any]) -> tuple[list[Any], ...]:
+    """Each list's items in a list of their own; the lists left empty.
+
+    The hooks' stand-ins hold these very lists, so they cannot be replaced: the
+    C accelerator moves the items out (keeping the room for the next step)
+    instead of copying and clearing them.
+    """
+    if _speedups is not None:
+        taken: tuple[list[Any], ...] = _speedups.take_lists(*lists)
+        return taken
+    copies = tuple(column[:] for column in lists)
+    for column in lists:
+        column.clear()
+    return copies
 
 
 class _SchedRequest:
@@ -336,7 +348,12 @@ class SchedulerTelemetry(_Base):
                 self.end_emptied_runs()
                 return None
         sampled = model_runner_output.sampled_token_ids
-        return list(map(len, sampled)) if sampled else []
+        if not sampled:
+            return []
+        if _speedups is not None and type(sampled) is list:
+            lengths: list[int] = _speedups.sampled_lengths(sampled)
+            return lengths
+        return list(map(len, sampled))
 
     def _admit(self, scheduler: Any, new_requests: Iterable[Any]) -> None:
         requests = self.requests
