@@ -859,10 +859,31 @@ def predecessor_package(ref: str, directory: str) -> str | None:
     return os.path.join(directory, "plugin")
 
 
-def compare_versions(requests: int, tokens: int, steps: int, ref: str) -> Costs:
-    """One run, three plugins on the same stand-ins: the predecessor (git `ref`), this
-    plugin on its pure-Python code, this plugin with the C accelerator. Prints
-    instructions per request-step and the ratios; returns the accelerated costs."""
+def build_accelerator(package_root: str) -> bool:
+    """Compile an extracted plugin's _speedups.c in place, as plugin/build_speedups.py does."""
+    import shlex
+    import subprocess
+    import sysconfig
+
+    package = os.path.join(package_root, "parallelhue_vllm")
+    source = os.path.join(package, "_speedups.c")
+    if not os.path.exists(source):
+        return False
+    suffix = str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+    compiler = shlex.split(os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc"))
+    command = [*compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+               source, "-o", os.path.join(package, "_speedups" + suffix)]  # fmt: skip
+    return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+
+def compare_versions(
+    requests: int, tokens: int, steps: int, ref: str, before: str | None = None
+) -> Costs:
+    """One run, three or four plugins on the same stand-ins: the predecessor (git
+    `ref`), optionally an earlier state of this plugin (git `before`, its C
+    accelerator built), this plugin on its pure-Python code, this plugin with the
+    C accelerator. Prints instructions per request-step and the ratios; returns
+    the accelerated costs."""
     current = callgrind_counts(PHASES, requests, tokens, steps, {})
     plain = {phase: count for phase, count in current.items() if phase not in HOOKED_PHASES}
     columns: list[tuple[str, Costs]] = []
@@ -875,6 +896,16 @@ def compare_versions(requests: int, tokens: int, steps: int, ref: str) -> Costs:
                                    {"PH_HOOK_COST_PLUGIN": package})  # fmt: skip
             columns.append((f"predecessor {ref}", costs_from_counts({**plain, **old}, requests,
                                                                    tokens)))  # fmt: skip
+    if before is not None:
+        with tempfile.TemporaryDirectory(prefix="phbefore") as directory:
+            package = predecessor_package(before, directory)
+            if package is None or not build_accelerator(package):
+                print(f"before {before}: not in this checkout's history or not built, not compared")
+            else:
+                earlier = callgrind_counts(HOOKED_PHASES, requests, tokens, steps,
+                                           {"PH_HOOK_COST_PLUGIN": package})  # fmt: skip
+                earlier_costs = costs_from_counts({**plain, **earlier}, requests, tokens)
+                columns.append((f"before {before}", earlier_costs))
     pure = callgrind_counts(HOOKED_PHASES, requests, tokens, steps,
                             {"PARALLELHUE_VLLM_PURE_PYTHON": "1"})  # fmt: skip
     columns.append(("pure Python", costs_from_counts({**plain, **pure}, requests, tokens)))
@@ -895,13 +926,13 @@ def compare_versions(requests: int, tokens: int, steps: int, ref: str) -> Costs:
     ]
     for name, value in rows:
         print(f"  {name:<44}" + "".join(f"{value(c) / n:>22.0f}" for _, c in columns))
-    if len(columns) == 3:
-        old_costs = columns[0][1]
-        for name, value in rows[:5]:
-            ratios = [value(c) / value(old_costs) if value(old_costs) else float("nan")
-                      for _, c in columns[1:]]  # fmt: skip
-            print(f"  ratio to the predecessor, {name:<30} pure Python {ratios[0]:.3f}, "
-                  f"C accelerator {ratios[1]:.3f}")  # fmt: skip
+    if len(columns) >= 3:
+        for base_name, base in columns[: len(columns) - 2]:
+            for name, value in rows[:5]:
+                ratios = [value(c) / value(base) if value(base) else float("nan")
+                          for _, c in columns[-2:]]  # fmt: skip
+                print(f"  ratio to {base_name}, {name:<30} pure Python {ratios[0]:.3f}, "
+                      f"C accelerator {ratios[1]:.3f}")  # fmt: skip
     plain_front = accelerated.frontend_plain / n
     plain_sched = accelerated.scheduler_plain / n
     print(f"  the stand-ins' own work without a plugin: update_from_output {plain_sched:.0f}, "
@@ -1042,6 +1073,9 @@ def main() -> int:
         help="git ref of the plugin --instructions compares with (default: before issue 13)",
     )  # fmt: skip
     parser.add_argument(
+        "--before", help="--instructions: also an earlier state of this plugin (git ref)"
+    )
+    parser.add_argument(
         "--no-compare", action="store_true", help="--instructions for this plugin only"
     )
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
@@ -1056,7 +1090,9 @@ def main() -> int:
         if args.no_compare:
             costs = count_instructions(args.requests, args.tokens, args.steps)
         else:
-            costs = compare_versions(args.requests, args.tokens, args.steps, args.predecessor)
+            costs = compare_versions(
+                args.requests, args.tokens, args.steps, args.predecessor, args.before
+            )
         print_costs(costs)
         print(final_line(costs))
         return 0

@@ -156,3 +156,29 @@ def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
     assert [emitter.encode_rows(wire.KIND_TEXT, text),  # type: ignore[arg-type]
             emitter.encode_rows(wire.KIND_PROVENANCE, provenance)] == c_bytes  # type: ignore[arg-type]  # fmt: skip
     assert calls == ["text", "provenance"]
+
+
+def test_a_joined_frame_is_the_frame_of_its_records() -> None:
+    """The sender joins a step's records once (emitter._frame_chunks) and frames the body."""
+    header = wire.Header(bytes(range(16)), 7, 3, 9, 123456789, 2)
+    rng = random.Random(5)
+    records = wire.encode_text_step(random_text_step(rng))  # type: ignore[arg-type]
+    joined = wire.encode_joined_frame(wire.KIND_TEXT, header, len(records), b"".join(records))
+    assert joined == wire.encode_frame(wire.KIND_TEXT, header, records)
+    with pytest.raises(ValueError, match=r"0 records, a frame holds 1..=1024"):
+        wire.encode_joined_frame(wire.KIND_TEXT, header, 0, b"")
+    with pytest.raises(ValueError, match="frame of 65537 bytes exceeds 65536"):
+        wire.encode_joined_frame(wire.KIND_TEXT, header, 1, bytes(65536 - 66 + 1))
+    short = wire.Header(bytes(15), 7, 3, 9, 0, 0)
+    with pytest.raises(ValueError, match="run id must be 16 raw bytes, got 15"):
+        wire.encode_joined_frame(wire.KIND_TEXT, short, 1, b"x")
+
+
+def test_frame_chunks_split_a_step_that_does_not_fit_one_frame() -> None:
+    records = [bytes([i]) * 30000 for i in range(3)] + [b"x"] * 1100
+    chunks = emitter._frame_chunks(records)
+    assert [count for count, _ in chunks] == [2, 1024, 77]
+    assert b"".join(body for _, body in chunks) == b"".join(records)
+    assert all(len(body) <= wire.FRAME_RECORD_BUDGET for _, body in chunks)
+    with pytest.raises(ValueError, match="a record of 65471 bytes, a frame holds 65470"):
+        emitter._frame_chunks([bytes(65471)])

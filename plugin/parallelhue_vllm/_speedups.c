@@ -430,7 +430,13 @@ recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
     if (text == Py_None || (PyUnicode_Check(text) && PyUnicode_GET_LENGTH(text) == 0)) {
         piece = str_empty;
     }
-    if (PyList_Append(self->fragments, piece) < 0) {
+    PyListObject *fragments = (PyListObject *)self->fragments;
+    Py_ssize_t size = Py_SIZE(fragments);
+    if (fragments->allocated > size) { /* the room the previous step's tokens left */
+        Py_INCREF(piece);
+        fragments->ob_item[size] = piece;
+        Py_SET_SIZE(fragments, size + 1);
+    } else if (PyList_Append(self->fragments, piece) < 0) {
         PyErr_Clear(); /* never into vLLM: the count check reports the missing fragment */
     }
     return text;
@@ -519,6 +525,7 @@ static PyTypeObject StreamRecorderType = {
 typedef struct {
     PyObject_HEAD
     PyObject *queue;
+    PyObject *put;           /* queue.put, bound once */
     PyObject *fragments;     /* list: what each token decoded to this step */
     PyObject *meta;          /* the run's columns of this step (hooks._Bucket) */
     PyObject *ids;
@@ -538,7 +545,7 @@ static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_r
 /* Append n items to a list; -1 on error (nothing appended). A bucket's columns
  * keep their allocation from step to step (take_lists), so the items are
  * nearly always written in place, without a call per item. */
-static int
+static inline int
 extend_list(PyObject *list, PyObject *const *items, Py_ssize_t n)
 {
     PyListObject *target = (PyListObject *)list;
@@ -775,7 +782,7 @@ capture_put(QueueCapture *self, PyObject *output)
         Py_XDECREF(value);
         Py_XDECREF(traceback);
     }
-    return PyObject_CallMethodOneArg(self->queue, str_put, output);
+    return PyObject_CallOneArg(self->put, output);
 }
 
 static PyObject *
@@ -788,6 +795,10 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!LOO:QueueCapture", names, &queue,
                                      &PyList_Type, &fragments, &bucket, &PyLong_Type, &stream,
                                      &index, &special, &failed)) {
+        return NULL;
+    }
+    PyObject *put = PyObject_GetAttr(queue, str_put);
+    if (put == NULL) {
         return NULL;
     }
     PyObject *meta = PyObject_GetAttrString(bucket, "meta");
@@ -803,6 +814,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_XDECREF(texts);
         Py_XDECREF(all_fragments);
         Py_XDECREF(span_backs);
+        Py_DECREF(put);
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError,
                             "QueueCapture: bucket.meta/ids/extra/fragments lists, span_backs dict");
@@ -816,6 +828,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(texts);
         Py_DECREF(all_fragments);
         Py_DECREF(span_backs);
+        Py_DECREF(put);
         return NULL;
     }
     Py_INCREF(queue);
@@ -824,6 +837,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     Py_INCREF(special);
     Py_INCREF(failed);
     self->queue = queue;
+    self->put = put;
     self->fragments = fragments;
     self->meta = meta;
     self->ids = ids;
@@ -841,6 +855,7 @@ static int
 capture_traverse(QueueCapture *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->queue);
+    Py_VISIT(self->put);
     Py_VISIT(self->fragments);
     Py_VISIT(self->meta);
     Py_VISIT(self->ids);
@@ -857,6 +872,7 @@ static int
 capture_clear(QueueCapture *self)
 {
     Py_CLEAR(self->queue);
+    Py_CLEAR(self->put);
     Py_CLEAR(self->fragments);
     Py_CLEAR(self->meta);
     Py_CLEAR(self->ids);
@@ -1015,6 +1031,13 @@ has_placeholder(PyObject *drafts)
 {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(drafts); i++) {
         PyObject *item = PyList_GET_ITEM(drafts, i);
+        long long small;
+        if (small_int(item, &small)) {
+            if (small == -1) {
+                return 1;
+            }
+            continue;
+        }
         if (!PyLong_CheckExact(item)) {
             return -1;
         }

@@ -348,7 +348,7 @@ class Emitter:
                 return
             state.hello_sent = True
             state.next_seq = 1
-        for chunk in chunks:
+        for count, body in chunks:
             header = wire.Header(
                 state.run_bytes,
                 state.source_id,
@@ -357,7 +357,7 @@ class Emitter:
                 timestamp,
                 min(state.dropped, 0xFFFFFFFF),
             )
-            if self._send(state, wire.encode_frame(kind, header, chunk)):
+            if self._send(state, wire.encode_joined_frame(kind, header, count, body)):
                 state.next_seq += 1
                 state.dropped = 0
             else:
@@ -432,15 +432,16 @@ class Emitter:
             )
 
 
-def _frame_chunks(encoded: list[bytes]) -> list[list[bytes]]:
-    """Split encoded records over frames (bytes and record count); order kept.
+def _frame_chunks(encoded: list[bytes]) -> list[tuple[int, bytes]]:
+    """Encoded records joined into frame bodies (bytes and record count); order kept.
 
     One frame per step and run unless the records do not fit one.
     """
     budget = wire.FRAME_RECORD_BUDGET
-    if len(encoded) <= wire.MAX_RECORDS and sum(map(len, encoded)) <= budget:
-        return [encoded]
-    chunks: list[list[bytes]] = []
+    body = b"".join(encoded)
+    if len(encoded) <= wire.MAX_RECORDS and len(body) <= budget:
+        return [(len(encoded), body)]
+    chunks: list[tuple[int, bytes]] = []
     current: list[bytes] = []
     used = 0
     for record in encoded:
@@ -448,13 +449,13 @@ def _frame_chunks(encoded: list[bytes]) -> list[list[bytes]]:
         if size > budget:
             raise ValueError(f"a record of {size} bytes, a frame holds {budget}")
         if current and (used + size > budget or len(current) == wire.MAX_RECORDS):
-            chunks.append(current)
+            chunks.append((len(current), b"".join(current)))
             current = []
             used = 0
         current.append(record)
         used += size
     if current:
-        chunks.append(current)
+        chunks.append((len(current), b"".join(current)))
     return chunks
 
 

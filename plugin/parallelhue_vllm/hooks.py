@@ -619,6 +619,7 @@ class _QueueCapture:
         "_ids_extend",
         "_index",
         "_meta_extend",
+        "_put",
         "_special",
         "_stream",
         "_texts_append",
@@ -638,6 +639,7 @@ class _QueueCapture:
         failed: Any,
     ) -> None:
         self.queue = queue
+        self._put = queue.put  # bound once, as the C version does
         self._fragments = fragments
         self._meta_extend = bucket.meta.extend
         self._ids_extend = bucket.ids.extend
@@ -680,7 +682,7 @@ class _QueueCapture:
                                   completion.text, completion.index)  # fmt: skip
         except Exception as error:
             self._failed(error)
-        return self.queue.put(output)
+        return self._put(output)
 
 
 # vLLM's finish reason strings (CompletionOutput.finish_reason) -> protocol codes.

@@ -602,5 +602,17 @@ def encode_frame(kind: int, header: Header, records: Sequence[bytes]) -> bytes:
     return _header(kind, header, len(body)) + body
 
 
+def encode_joined_frame(kind: int, header: Header, count: int, body: bytes) -> bytes:
+    """encode_frame for records already joined: `body` holds `count` encoded records."""
+    if not 1 <= count <= MAX_RECORDS:
+        raise ValueError(f"{count} records, a frame holds 1..={MAX_RECORDS}")
+    if len(header.run_id) != 16:
+        raise ValueError(f"run id must be 16 raw bytes, got {len(header.run_id)}")
+    total = HEADER_SIZE + _COUNT.size + len(body)
+    if total > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {total} bytes exceeds {MAX_FRAME_BYTES}")
+    return b"".join((_header(kind, header, _COUNT.size + len(body)), _COUNT.pack(count), body))
+
+
 # Room for records in one frame.
 FRAME_RECORD_BUDGET = MAX_FRAME_BYTES - HEADER_SIZE - _COUNT.size
