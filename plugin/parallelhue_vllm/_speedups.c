@@ -139,11 +139,29 @@ text_flag_bits(PyObject *value)
 /* ---------------------------------------------------- step encoders */
 /* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise);
  * a limit of FLAG_BITS_ONLY: text flags, read as text_flag_bits. */
-static int
+static inline int
 record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
             long long *out)
 {
-    for (int i = 0; i < ROW_WIDTH; i++) {
+    /* Nearly always: seven small ints in range, read without a call. */
+    PyObject **items = ((PyListObject *)meta)->ob_item + r * ROW_WIDTH;
+    int i = 0;
+    for (; i < ROW_WIDTH; i++) {
+        long long v;
+        if (!small_int(items[i], &v) || v < 0) {
+            break;
+        }
+        if (limits[i] == FLAG_BITS_ONLY) {
+            v &= TEXT_FLAG_BITS;
+        } else if ((unsigned long long)v > limits[i]) {
+            break;
+        }
+        out[i] = v;
+    }
+    if (i == ROW_WIDTH) {
+        return 0;
+    }
+    for (i = 0; i < ROW_WIDTH; i++) {
         PyObject *value = PyList_GET_ITEM(meta, r * ROW_WIDTH + i);
         out[i] = limits[i] == FLAG_BITS_ONLY ? text_flag_bits(value) : field(value, limits[i], kind);
         if (out[i] < 0) {
