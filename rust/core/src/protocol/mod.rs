@@ -260,6 +260,48 @@ mod tests {
         );
     }
 
+    /// A provenance body of one-token plain records for `streams`, in order.
+    fn provenance_body(streams: &[u16]) -> Vec<u8> {
+        let mut b = (streams.len() as u16).to_le_bytes().to_vec();
+        for &s in streams {
+            b.extend_from_slice(&s.to_le_bytes());
+            b.extend_from_slice(&[0, 0]); // flags, finish_reason
+            b.extend_from_slice(&0u32.to_le_bytes()); // offset
+            b.extend_from_slice(&1u16.to_le_bytes()); // n
+            b.extend_from_slice(&[0; 4]); // drafts scheduled, padded
+            b.extend_from_slice(&9u32.to_le_bytes()); // token id
+            b.push(ROLE_PLAIN);
+        }
+        b
+    }
+
+    #[test]
+    fn repeated_and_reserved_streams_in_any_order() {
+        let result = |streams: &[u16]| match decode(&header(2, &provenance_body(streams))) {
+            Ok(Frame {
+                body: Body::Provenance(recs),
+                ..
+            }) => Ok(recs.iter().map(|r| r.stream).collect::<Vec<_>>()),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        let twice = |s: u16| Err(format!("stream {s} appears twice in one frame"));
+        let reserved = Err("stream 65535 is reserved".to_owned());
+        assert_eq!(
+            result(&[0, 1, 63, 64, 65534]),
+            Ok(vec![0, 1, 63, 64, 65534])
+        );
+        assert_eq!(result(&[5, 2, 9, 3]), Ok(vec![5, 2, 9, 3]));
+        assert_eq!(result(&[1, 2, 1]), twice(1));
+        assert_eq!(result(&[7, 7]), twice(7));
+        assert_eq!(result(&[3, 1, 2, 3]), twice(3));
+        assert_eq!(result(&[4, 1, 5, 4]), twice(4));
+        assert_eq!(result(&[65535]), reserved);
+        assert_eq!(result(&[2, 65535]), reserved);
+        assert_eq!(result(&[65535, 65535]), reserved);
+        assert_eq!(result(&[9, 1, 65535]), reserved);
+    }
+
     #[test]
     fn hello_roundtrip_and_errors() {
         let mut body = vec![1, 2, 1, 0, 3, 0, 1, 0];
