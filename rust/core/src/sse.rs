@@ -217,8 +217,9 @@ impl EventParser {
         if self.too_large {
             out.push(Err(SseError::EventTooLarge { line: self.line_no }));
         } else if self.has_data {
-            let mut data = std::mem::take(&mut self.data);
-            data.pop();
+            // Copied out at its size (without the last line's `\n`): the
+            // buffer keeps its capacity for the next event.
+            let data = self.data[..self.data.len() - 1].to_owned();
             out.push(Ok(RawEvent {
                 event: std::mem::take(&mut self.event),
                 data,
