@@ -17,6 +17,15 @@ Each round: 16 concurrent streaming completions, greedy, ignore_eos, max_tokens
 fixed, so every round generates the same number of tokens. Throughput = tokens
 / wall time of the round. Reported: per-round numbers, medians, and the ratio.
 Not a pytest-benchmark test (it needs a real vLLM server).
+
+`--instructions` instead counts CPU instructions (this machine's VM exposes no
+hardware counters to `perf stat`): each server runs under valgrind's callgrind
+with instrumentation off; for each round it is switched on in the EngineCore
+and API-server processes only, and the round's instructions per generated
+token are read from the dump. Counts do not depend on other load on the
+machine; an instrumented round runs ~50x slower, a server start ~6 minutes.
+
+    .venv/bin/python benches/bench_plugin_overhead.py --instructions --rounds 5
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,7 +115,12 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, help="write the Markdown report here")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions with callgrind instead"
+    )
     args = parser.parse_args()
+    if args.instructions:
+        return instructions_main(args)
 
     work = Path(tempfile.mkdtemp(prefix="phbench-"))
     socket_dir = tempfile.mkdtemp(prefix="phb-", dir="/tmp")
@@ -142,8 +158,8 @@ def main() -> int:
     finally:
         srv.stop()
 
-    hooks_one = hook_cost.report(1)
-    hooks_four = hook_cost.report(hook_cost.TOKENS)
+    hooks_one = hook_cost.measure(16, 1, 7, 200)
+    hooks_four = hook_cost.measure(16, 4, 7, 200)
     report = render(args, on, off, idle, hooks_one, hooks_four)
     print(report)
     if args.out is not None:
@@ -167,8 +183,8 @@ def render(
     on: list[tuple[float, float]],
     off: list[tuple[float, float]],
     idle: list[tuple[float, float]],
-    hooks_one: dict[str, float],
-    hooks_four: dict[str, float],
+    hooks_one: hook_cost.Costs,
+    hooks_four: hook_cost.Costs,
 ) -> str:
     def median(values: list[tuple[float, float]], index: int) -> float:
         return statistics.median(v[index] for v in values)
@@ -189,14 +205,14 @@ def render(
     base_ms = median(idle, 1)
 
     def hook_row(name: str, key: str) -> str:
-        return f"| {name} | {hooks_one[key]:.1f} | {hooks_four[key]:.1f} |"
+        return f"| {name} | {getattr(hooks_one, key):.1f} | {getattr(hooks_four, key):.1f} |"
 
-    def share(hook: dict[str, float], keys: tuple[str, ...]) -> str:
-        per_token = sum(hook[k] for k in keys) / hook["tokens_per_step"]
+    def share(hook: hook_cost.Costs, keys: tuple[str, ...]) -> str:
+        per_token = sum(getattr(hook, k) for k in keys) / (hook.requests * hook.tokens)
         return f"{per_token:.2f} us = {per_token / (base_ms * 1000) * 100:.2f}%"
 
-    active = ("scheduler_us", "frontend_us", "sender_us")
-    idle_keys = ("idle_scheduler_us", "idle_frontend_us")
+    active = ("scheduler", "frontend", "sched_sender", "front_sender")
+    idle_keys = ("idle_scheduler", "idle_frontend")
     return "\n".join(
         [
             "# Plugin overhead on a real vLLM server (CPU)",
@@ -237,30 +253,177 @@ def render(
             "wrappers around stand-in vLLM methods, 16 requests per step, and the",
             "sender thread's encode + send of the step's two frames):",
             "",
-            "| CPU microseconds per engine step of 16 requests | 1 token each | "
-            f"{hook_cost.TOKENS} tokens each |",
+            "| CPU microseconds per engine step of 16 requests | 1 token each | 4 tokens each |",
             "|---|---|---|",
-            hook_row("scheduler hook (EngineCore)", "scheduler_us"),
-            hook_row(
-                "frontend hooks (API server: process_outputs, make_request_output, decode_next)",
-                "frontend_us",
-            ),
-            hook_row("sender thread: encode + send the step's 2 frames", "sender_us"),
-            hook_row("idle scheduler hook (requests without ParallelHue ids)", "idle_scheduler_us"),
-            hook_row("idle frontend hooks (requests without ParallelHue ids)", "idle_frontend_us"),
+            hook_row("scheduler hook (EngineCore)", "scheduler"),
+            hook_row("frontend hooks (API server)", "frontend"),
+            hook_row("EngineCore sender thread: encode + send", "sched_sender"),
+            hook_row("API-server sender thread: encode + send", "front_sender"),
+            hook_row("idle scheduler hook (requests without ParallelHue ids)", "idle_scheduler"),
+            hook_row("idle frontend hooks (requests without ParallelHue ids)", "idle_frontend"),
             "",
             f"- The server without the plugin spends a median {base_ms:.3f} ms of CPU per token "
             "in these rounds. Plugin CPU per token with telemetry on: "
             f"{share(hooks_one, active)} of that at 1 token per step (the worst case: no "
-            f"draft accepted), {share(hooks_four, active)} at {hook_cost.TOKENS} tokens per "
+            f"draft accepted), {share(hooks_four, active)} at 4 tokens per "
             f"step; idle hooks: {share(hooks_one, idle_keys)} and "
             f"{share(hooks_four, idle_keys)}.",
-            "- Measured with `time.thread_time` (CPU time of the measuring thread), median of "
-            "5 batches of 2000 steps; stand-ins replace vLLM's methods, so this is the "
-            "plugin's work only. Run alone: `.venv/bin/python benches/hook_cost.py`.",
+            "- Measured with `time.thread_time` (CPU time of the measuring thread), medians of "
+            "7 alternating rounds of 200 steps; stand-ins replace vLLM's methods, so this is "
+            "the plugin's work only. Run alone: `.venv/bin/python benches/hook_cost.py`.",
             "",
         ]
     )
+
+
+# ----------------------------------------------------------- instructions
+def callgrind_python(work: Path) -> Path:
+    """A `python` for server.start that runs vLLM's python under callgrind, instrumentation off."""
+    wrapper = work / "callgrind-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "exec valgrind --tool=callgrind --instr-atstart=no --trace-children=yes "
+        f'--callgrind-out-file={work}/cg.%p.out {server.vllm_python()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def server_processes(root: int) -> tuple[int, int]:
+    """(API server, EngineCore): the EngineCore is the API server's child that has a child
+    of its own (the worker); the multiprocessing resource tracker has none."""
+    for child in children(root):
+        if children(child) and "resource_tracker" not in Path(f"/proc/{child}/cmdline").read_text(
+            errors="replace"
+        ):
+            return root, child
+    raise SystemExit(f"no EngineCore process under {root}")
+
+
+def callgrind(action: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", action, str(pid)], check=True, capture_output=True)
+
+
+def last_dump_instructions(work: Path, pid: int) -> int:
+    dumps = sorted(work.glob(f"cg.{pid}.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+    if not dumps:
+        raise SystemExit(f"no callgrind dump for process {pid}")
+    found = re.search(r"^totals:\s+(\d+)", dumps[-1].read_text(), re.M)
+    if not found:
+        raise SystemExit(f"no totals in {dumps[-1]}")
+    return int(found.group(1))
+
+
+def counted_round(
+    srv: server.Server, work: Path, socket_dir: str, args: argparse.Namespace, telemetry: bool
+) -> tuple[float, float, int]:
+    """(EngineCore instructions per token, API-server instructions per token, tokens)."""
+    api, engine = server_processes(srv.process.pid)
+    for pid in (engine, api):
+        callgrind("--instr=on", pid)
+    try:
+        result = driver.run(srv.url, shapes(args.streams, args.max_tokens), socket_dir,
+                            telemetry=telemetry, settle_seconds=60.0)  # fmt: skip
+    finally:
+        for pid in (engine, api):
+            callgrind("--dump=round", pid)
+            callgrind("--instr=off", pid)
+    tokens = sum(len(s.token_ids) for s in result.streams)
+    if telemetry:
+        bad = [v for v in result.verdicts if v != ("exact", None)]
+        if bad:
+            raise SystemExit(f"telemetry round not exact: {bad[:3]}")
+    return (
+        last_dump_instructions(work, engine) / tokens,
+        last_dump_instructions(work, api) / tokens,
+        tokens,
+    )
+
+
+def instructions_main(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="phcg-"))
+    socket_dir = tempfile.mkdtemp(prefix="phb-", dir="/tmp")
+    os.chmod(socket_dir, 0o700)
+    model = server.build_model(work / "tiny")
+    python = callgrind_python(work)
+    server.vllm_python = lambda: python  # type: ignore[assignment]
+    server.START_TIMEOUT = 3600.0
+    results: dict[str, list[tuple[float, float, int]]] = {"on": [], "off": [], "none": []}
+    for plugin in (True, False):
+        srv = server.start(model, work / f"cg-{plugin}.log", speculative=dict(server.NGRAM),
+                           plugin=plugin, socket_dir=socket_dir)  # fmt: skip
+        try:
+            modes = ("on", "off") if plugin else ("none",)
+            for mode in modes:  # warm-up, not counted
+                counted_round(srv, work, socket_dir, args, mode == "on")
+            for index in range(args.rounds):
+                order = modes if index % 2 == 0 else modes[::-1]
+                for mode in order:
+                    counted = counted_round(srv, work, socket_dir, args, mode == "on")
+                    results[mode].append(counted)
+                    print(f"{mode} round {index}: EngineCore {counted[0]:.0f}, API server "
+                          f"{counted[1]:.0f} instructions per token ({counted[2]} tokens)",
+                          flush=True)  # fmt: skip
+        finally:
+            srv.stop()
+    report = render_instructions(args, results)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report)
+    return 0
+
+
+def render_instructions(
+    args: argparse.Namespace, results: dict[str, list[tuple[float, float, int]]]
+) -> str:
+    names = {
+        "on": "plugin enabled, telemetry ON (ParallelHue ids, frames sent and reconciled)",
+        "off": "plugin enabled, telemetry OFF (ordinary request ids)",
+        "none": "plugin not enabled",
+    }
+    lines = [
+        "| configuration | EngineCore instructions/token: median (rounds) "
+        "| API server instructions/token: median (rounds) |",
+        "|---|---|---|",
+    ]
+    medians = {}
+    for mode, rounds in results.items():
+        engine = statistics.median(r[0] for r in rounds)
+        api = statistics.median(r[1] for r in rounds)
+        medians[mode] = (engine, api)
+        lines.append(
+            f"| {names[mode]} | {engine:,.0f} ({' '.join(f'{r[0]:,.0f}' for r in rounds)}) | "
+            f"{api:,.0f} ({' '.join(f'{r[1]:,.0f}' for r in rounds)}) |"
+        )
+    none = medians["none"]
+    for mode in ("on", "off"):
+        engine, api = medians[mode]
+        lines.append("")
+        lines.append(
+            f"- {names[mode]} vs plugin not enabled: EngineCore {engine - none[0]:+,.0f} "
+            f"({(engine / none[0] - 1) * 100:+.2f}%), API server {api - none[1]:+,.0f} "
+            f"({(api / none[1] - 1) * 100:+.2f}%) instructions per token."
+        )
+    lines.append("")
+    lines.append(
+        f"Request shape: {args.streams} concurrent streaming completions, greedy, ignore_eos, "
+        f"max_tokens={args.max_tokens}; n = {args.rounds} rounds per configuration (plus one "
+        "warm-up each), ON/OFF alternating on one server, then a server without the plugin."
+    )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

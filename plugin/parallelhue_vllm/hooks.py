@@ -1,20 +1,28 @@
-"""What the patched vLLM methods do: turn engine state into provenance and text records.
+"""What the patched vLLM methods do: turn engine state into provenance and text rows.
 
 Version-independent. The adapters (adapters/v0_26.py, adapters/v0_33.py) check
-the signatures of the methods they patch and then wrap them with the
+the signatures of the methods they rely on and then wrap them with the
 functions here. Two collectors, one per vLLM process:
 
 - `SchedulerTelemetry` runs in the EngineCore process around
   `Scheduler.update_from_output`: roles derived from counts (tokens the step
   produced before the stop checks, drafts scheduled), kept for the tokens that
   survive the scheduler's stop / max_tokens trim.
-- `FrontendTelemetry` runs in the API-server process around
-  `OutputProcessor.process_outputs`, `RequestState.make_request_output` and the
-  detokenizers' `decode_next`: each token's fragment and the text delta handed
-  to HTTP.
+- `FrontendTelemetry` runs in the API-server process: `OutputProcessor.add_request`
+  admits a request of ours and wraps, on that request's own objects only,
+  `RequestState.make_request_output` (the text delta handed to HTTP) and the
+  detokenizer's `decode_next` (each token's fragment); `process_outputs` hands
+  the step's rows to the emitter.
 
-Both only ever touch requests whose id holds `ph1_<run>_<stream>`. Any
-exception is contained per request: logged once, telemetry for that request
+Cost model (docs/benchmarks/plugin.md): a request without a ParallelHue id is
+looked at once, when it arrives (one regular expression over its id); after
+that no hook does anything per step or per token for it. The scheduler learns
+of requests from `SchedulerOutput.scheduled_new_reqs`, the frontend from
+`add_request`, so a step without requests of ours costs two attribute checks.
+The hooks build one plain tuple ("row", wire.py's row layout) per request and
+step; the emitter's sender thread turns rows into bytes, off vLLM's loop.
+
+Any exception is contained per request: logged once, telemetry for that request
 turned off and a notice frame sent so the client knows why.
 """
 
@@ -22,20 +30,25 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
-from . import __version__, wire
+from . import __version__, accelerator, wire
 from .emitter import Emitter
+
+# The optional C versions of the hottest loops (_speedups.c), or None: this
+# module's Python code then does the same work (accelerator.py decides).
+_speedups: Any
+_speedups, IMPLEMENTATION = accelerator.load()
 
 log = logging.getLogger("vllm.parallelhue")
 
-FRAGMENTS_ATTR = "_parallelhue_fragments"
-# Prune state of requests vLLM forgot (aborts) every this many steps.
+# Prune state of requests vLLM forgot without telling the hooks (aborts) every
+# this many steps.
 PRUNE_EVERY = 256
-MAX_CACHED_IDS = 8192
 MAX_SPAN_BACK = 255
+# Failed requests remembered so they are not admitted again (bounded).
+MAX_DISABLED = 8192
 # vLLM's `rejection_sample_method` -> the hello's verification ("block" and
 # anything newer are not classified: unknown).
 _VERIFICATION = {
@@ -52,6 +65,12 @@ _FINISH_CODES = {
     "ERROR": wire.FINISH_ERROR,
     "REPETITION": wire.FINISH_STOP,
 }
+_FLAG_FINISHED = wire.ROW_FLAG_FINISHED
+_FLAG_TRIMMED = wire.ROW_FLAG_TRIMMED
+_FLAG_TEXT_TRUNCATED = wire.ROW_FLAG_TEXT_TRUNCATED
+_FLAG_TOKENS_TRIMMED = wire.ROW_FLAG_TOKENS_TRIMMED
+_SCHEDULER_WHERE = "Scheduler.update_from_output"
+_FRONTEND_WHERE = "OutputProcessor.process_outputs"
 
 
 class TelemetryError(Exception):
@@ -83,28 +102,32 @@ def step_roles(generated: int, drafts: int) -> list[int]:
     return [wire.ROLE_ACCEPTED] * accepted + [last]
 
 
-class RequestIds:
-    """Cached `ph1_<run>_<stream>` lookups (one regex per request id, not per step)."""
+def _role_bytes(generated: int, drafts: int) -> bytes:
+    roles = bytes(step_roles(generated, drafts))
+    if len(_ROLE_BYTES) < 4096:
+        _ROLE_BYTES[generated << 16 | drafts] = roles
+    return roles
 
-    def __init__(self, *, skip_children: bool) -> None:
-        self._cache: dict[str, tuple[str, int] | None] = {}
-        self._skip_children = skip_children
 
-    def lookup(self, request_id: str) -> tuple[str, int] | None:
-        try:
-            return self._cache[request_id]
-        except KeyError:
-            pass
-        found = wire.parse_request_id(request_id)
-        if found is not None and self._skip_children and _CHILD_ID.match(request_id):
-            found = None  # an n > 1 child: the frontend sends the notice for it
-        if len(self._cache) >= MAX_CACHED_IDS:
-            self._cache.clear()
-        self._cache[request_id] = found
-        return found
+# step_roles as bytes, keyed by generated << 16 | drafts: one dict lookup per row.
+_ROLE_BYTES: dict[int, bytes] = {}
+_PLAIN_ROLE = bytes((wire.ROLE_PLAIN,))
+# The same for the C loop: _ROLE_TABLE[drafts][generated] (None: impossible counts).
+_ROLE_TABLE: list[list[bytes | None] | None] = [None]
+for _drafts in range(1, 33):
+    _ROLE_TABLE.append([None] + [_role_bytes(_generated, _drafts) for _generated in
+                                 range(1, _drafts + 2)])  # fmt: skip
 
-    def forget(self, request_id: str) -> None:
-        self._cache.pop(request_id, None)
+
+def parse_ours(request_id: str, *, skip_children: bool) -> tuple[str, int] | None:
+    """(run, stream) when the request id is ParallelHue's, else None.
+
+    Runs once per request, when it arrives, never per step.
+    """
+    found = wire.parse_request_id(request_id)
+    if found is not None and skip_children and _CHILD_ID.match(request_id):
+        return None  # an n > 1 child: the frontend sends the notice for it
+    return found
 
 
 class _Base:
@@ -117,7 +140,11 @@ class _Base:
         self.emitter: Emitter | None = None
         self.step = 0
         self.active: dict[str, set[str]] = {}  # run -> request ids with state here
+        # run -> this step's rows of that run; one bucket per run for the run's
+        # life, so a hook appends to it without looking the run up.
+        self.buckets: dict[str, _Bucket] = {}
         self.emptied: set[str] = set()  # runs whose last request went this step
+        self.disabled: set[str] = set()  # failed or refused: never admitted again
         self.warned: set[str] = set()
 
     def _make_emitter(
@@ -145,8 +172,26 @@ class _Base:
             self.warned.add(key)
             log.warning("parallelhue: %s", message)
 
-    def track(self, run: str, request_id: str) -> None:
+    def track(self, run: str, request_id: str) -> _Bucket:
+        """Count a request of `run` in; returns the run's bucket."""
         self.active.setdefault(run, set()).add(request_id)
+        bucket = self.buckets.get(run)
+        if bucket is None:
+            bucket = self.buckets[run] = _Bucket()
+        return bucket
+
+    def flush_rows(self, kind: int) -> None:
+        """Hand this step's rows of every run to the emitter (one queue item)."""
+        by_run = None
+        records = 0
+        for run, bucket in self.buckets.items():
+            if bucket.meta:
+                if by_run is None:
+                    by_run = {}
+                records += len(bucket.meta) // wire.ROW_WIDTH
+                by_run[run] = bucket.take(kind)
+        if by_run is not None and self.emitter is not None:
+            self.emitter.submit_rows(kind, self.step, by_run, records)
 
     def untrack(self, run: str, request_id: str) -> None:
         requests = self.active.get(run)
@@ -156,11 +201,17 @@ class _Base:
         if not requests:
             self.emptied.add(run)
 
+    def disable(self, request_id: str) -> None:
+        if len(self.disabled) >= MAX_DISABLED:
+            self.disabled.clear()  # bounded; ids of requests long gone
+        self.disabled.add(request_id)
+
     def end_emptied_runs(self) -> None:
         """At the end of a step (never mid-step): end runs with no request left here."""
         for run in self.emptied:
             if not self.active.get(run):
                 self.active.pop(run, None)
+                self.buckets.pop(run, None)
                 if self.emitter is not None:
                     self.emitter.end_run(run)
         self.emptied.clear()
@@ -178,11 +229,50 @@ class _Base:
             )
 
 
-@dataclass(slots=True)
+class _Bucket:
+    """One run's rows of the current step, as columns (wire.ProvenanceStep / wire.TextStep).
+
+    `meta` holds wire.ROW_WIDTH ints per row, `ids` every row's token ids,
+    `extra` one object per row (provenance: the roles; text: the HTTP text);
+    text also keeps the fragments and the rows' span_backs. Flat lists of ints
+    and strings: building a row allocates nothing the garbage collector tracks.
+    """
+
+    __slots__ = ("extra", "fragments", "ids", "meta", "span_backs")
+
+    def __init__(self) -> None:
+        self.meta: list[int] = []
+        self.ids: list[int] = []
+        self.extra: list[Any] = []
+        self.fragments: list[str] = []
+        self.span_backs: dict[int, list[int]] = {}
+
+    def take(self, kind: int) -> Any:
+        step: Any
+        if kind == wire.KIND_TEXT:
+            step = (self.meta[:], self.ids[:], self.extra[:], self.fragments[:],
+                    dict(self.span_backs))  # fmt: skip
+            self.fragments.clear()
+            self.span_backs.clear()
+        else:
+            step = (self.meta[:], self.ids[:], self.extra[:])
+        self.meta.clear()
+        self.ids.clear()
+        self.extra.clear()
+        return step
+
+
 class _SchedRequest:
-    run: str
-    stream: int
-    offset: int = 0
+    __slots__ = ("extra", "ids", "meta", "offset", "run", "stream")
+
+    def __init__(self, run: str, stream: int, bucket: _Bucket) -> None:
+        self.run = run
+        self.stream = stream
+        self.offset = 0
+        # The run's bucket lists (this step's rows of every request of the run).
+        self.meta = bucket.meta
+        self.ids = bucket.ids
+        self.extra = bucket.extra
 
 
 class SchedulerTelemetry(_Base):
@@ -192,17 +282,8 @@ class SchedulerTelemetry(_Base):
 
     def __init__(self, engine_version: str) -> None:
         super().__init__(engine_version)
-        self.ids = RequestIds(skip_children=True)
         self.requests: dict[str, _SchedRequest] = {}
-        self.disabled: set[str] = set()
         self.is_async = False
-
-    def idle_step(self, scheduler: Any) -> None:
-        """A step without requests of ours: still prune what vLLM forgot (aborts)."""
-        self.step += 1
-        if self.requests and self.step % PRUNE_EVERY == 0:
-            self._prune(scheduler)
-            self.end_emptied_runs()
 
     def _ensure_emitter(self, scheduler: Any) -> Emitter:
         if self.emitter is None:
@@ -230,124 +311,203 @@ class SchedulerTelemetry(_Base):
 
     def before(
         self, scheduler: Any, scheduler_output: Any, model_runner_output: Any
-    ) -> dict[str, tuple[int, int, int]] | None:
-        """Snapshot, per request of ours, what the stop checks will trim in place."""
-        lookup = self.ids.lookup
-        ours = [rid for rid in scheduler_output.num_scheduled_tokens if lookup(rid) is not None]
-        if not ours:
-            return None
-        self._ensure_emitter(scheduler)
-        sampled = model_runner_output.sampled_token_ids
-        index_of = model_runner_output.req_id_to_index
-        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
-        invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
-        snapshot: dict[str, tuple[int, int, int]] = {}
-        for rid in ours:
-            if rid in self.disabled:
-                continue
-            index = index_of.get(rid)
-            generated = len(sampled[index]) if sampled and index is not None else 0
-            drafts = spec_tokens.get(rid) or ()
-            # Placeholders: -1 drafts; under async scheduling every draft is -1 in
-            # the scheduler, so only the grammar-invalidated ones count as padding.
-            if self.is_async:
-                padded = int(invalid.get(rid, 0))
-            else:
-                padded = sum(1 for token in drafts if token < 0) or int(invalid.get(rid, 0))
-            snapshot[rid] = (generated, len(drafts), min(padded, len(drafts)))
-        return snapshot
+    ) -> list[int] | None:
+        """Before vLLM's update: admit new requests; the tokens each request sampled.
 
-    def after(self, scheduler: Any, snapshot: dict[str, tuple[int, int, int]], result: Any) -> None:
-        """Build this step's provenance records from the outputs vLLM returns."""
+        The stop checks trim the sampled lists in place, so their lengths are
+        taken now, for the whole batch at once (C-level, no per-request bytecode).
+        None: no request of ours in this process, nothing to do after the update.
+        """
+        new_requests = scheduler_output.scheduled_new_reqs
+        if new_requests:
+            self._admit(scheduler, new_requests)
+        if not self.requests:
+            return None
+        gone = scheduler_output.finished_req_ids
+        if gone:
+            self._forget_finished(gone)
+            if not self.requests:
+                self.end_emptied_runs()
+                return None
+        sampled = model_runner_output.sampled_token_ids
+        return list(map(len, sampled)) if sampled else []
+
+    def _admit(self, scheduler: Any, new_requests: Iterable[Any]) -> None:
+        requests = self.requests
+        for new_request in new_requests:
+            rid = new_request.req_id
+            if rid in requests or rid in self.disabled:
+                continue  # resumed after preemption (listed as new again), or failed
+            found = parse_ours(rid, skip_children=True)
+            if found is None:
+                continue
+            self._ensure_emitter(scheduler)
+            make = _speedups.SchedRequest if _speedups is not None else _SchedRequest
+            requests[rid] = make(found[0], found[1], self.track(found[0], rid))
+
+    def after(
+        self,
+        scheduler: Any,
+        scheduler_output: Any,
+        model_runner_output: Any,
+        lengths: list[int],
+        result: Any,
+    ) -> None:
+        """Build this step's provenance rows from the outputs vLLM returns.
+
+        The common row (not finished, no padding) takes the loop below; anything
+        else goes through `_row`. The token lists are vLLM's own, not copied:
+        the engine process never changes them after this call (the API server's
+        copies, which it does change, are other objects).
+        """
         self.step += 1
-        emitter = self._ensure_emitter(scheduler)
-        by_run: dict[str, list[wire.Record]] = {}
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
+        # Under async scheduling every scheduled draft is a -1 placeholder.
+        padding = not self.is_async
+        index_of = model_runner_output.req_id_to_index
         finished: list[str] = []
-        for outputs in result.values():
-            for output in outputs.outputs:
-                rid = output.request_id
-                counts = snapshot.get(rid)
-                if counts is None:
-                    continue
-                found = self.ids.lookup(rid)
-                if found is None:  # pragma: no cover - snapshot only holds ours
-                    continue
-                run, stream = found
-                try:
-                    record = self._record(rid, run, stream, counts, output)
-                except Exception as error:
-                    self.fail_request(run, stream, "Scheduler.update_from_output", error)
-                    self._forget(rid, keep_disabled=True)
-                    continue
-                if record is not None:
-                    by_run.setdefault(run, []).append(record)
-                if output.finish_reason is not None:
-                    finished.append(rid)
-        for run, records in by_run.items():
-            emitter.submit(run, wire.KIND_PROVENANCE, self.step, records)
-        # Only after the step's frames are queued: forgetting the last request of
-        # a run ends the run in the emitter.
+        if _speedups is not None and not invalid and type(spec_tokens) is dict:
+
+            def special(state: _SchedRequest, output: Any) -> None:
+                if self._special_row(state, output, scheduler_output, index_of, lengths):
+                    finished.append(output.request_id)
+
+            _speedups.scheduler_rows(result.values(), self.requests, spec_tokens, _ROLE_TABLE,
+                                     _PLAIN_ROLE, padding, special)  # fmt: skip
+        else:
+            self._python_rows(
+                result, scheduler_output, index_of, lengths, spec_tokens, invalid, finished
+            )
+        self.flush_rows(wire.KIND_PROVENANCE)
+        # Only after the step's rows are queued: forgetting the last request of a
+        # run ends the run in the emitter.
         for rid in finished:
             self._forget(rid)
         if self.step % PRUNE_EVERY == 0:
             self._prune(scheduler)
         self.end_emptied_runs()
 
-    def _record(
+    def _python_rows(
         self,
-        rid: str,
-        run: str,
-        stream: int,
-        counts: tuple[int, int, int],
+        result: Any,
+        scheduler_output: Any,
+        index_of: dict[str, int],
+        lengths: list[int],
+        spec_tokens: dict[str, list[int]],
+        invalid: Any,
+        finished: list[str],
+    ) -> None:
+        """The loop of after() in Python (_speedups.scheduler_rows does the same in C)."""
+        get = self.requests.get
+        spec_get = spec_tokens.get
+        roles_of = _ROLE_BYTES.get
+        plain = _PLAIN_ROLE
+        padding = not self.is_async
+        for outputs in result.values():
+            for output in outputs.outputs:
+                state = get(output.request_id)
+                if state is None:
+                    continue
+                tokens = output.new_token_ids
+                count = len(tokens)
+                drafts = spec_get(output.request_id)
+                if drafts:
+                    scheduled = len(drafts)
+                    roles = roles_of(count << 16 | scheduled)
+                    slow = roles is None or invalid or (padding and -1 in drafts)
+                else:
+                    scheduled = 0
+                    roles = plain
+                    slow = count != 1
+                if slow or output.finish_reason is not None:
+                    if self._special_row(state, output, scheduler_output, index_of, lengths):
+                        finished.append(output.request_id)
+                    continue
+                state.meta.extend((state.stream, 0, 0, state.offset, count, scheduled, 0))
+                state.ids.extend(tokens)
+                state.extra.append(roles)
+                state.offset += count
+
+    def _special_row(
+        self,
+        state: _SchedRequest,
         output: Any,
-    ) -> wire.ProvenanceRecord | None:
-        state = self.requests.get(rid)
-        if state is None:
-            state = self.requests[rid] = _SchedRequest(run, stream)
-            self.track(run, rid)
-        generated, drafts, padded = counts
-        tokens = list(output.new_token_ids)
-        finished = output.finish_reason is not None
-        if not tokens:
-            return None
-        if len(tokens) > generated:
-            raise TelemetryError(f"{len(tokens)} tokens out of a step that sampled {generated}")
-        roles = step_roles(generated, drafts)[: len(tokens)]
-        record = wire.ProvenanceRecord(
-            stream=stream,
-            offset=state.offset,
-            token_ids=tokens,
-            roles=roles,
-            drafts_scheduled=drafts,
-            drafts_padded=padded,
-            finished=finished,
-            finish_reason=finish_code(output.finish_reason),
-            trimmed=len(tokens) < generated,
-        )
-        state.offset += len(tokens)
-        return record
+        scheduler_output: Any,
+        index_of: dict[str, int],
+        lengths: list[int],
+    ) -> bool:
+        """A row that finishes, was trimmed, carries padded drafts or looks impossible.
+
+        True when the request finished (it is forgotten after the step's rows are queued).
+        """
+        rid = output.request_id
+        reason = output.finish_reason
+        try:
+            tokens = output.new_token_ids
+            count = len(tokens)
+            if not count:
+                return reason is not None
+            index = index_of.get(rid)
+            generated = lengths[index] if lengths and index is not None else 0
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid) or ()
+            scheduled = len(drafts)
+            # Placeholders: -1 drafts; under async scheduling every draft is -1 in
+            # the scheduler, so only the grammar-invalidated ones count there.
+            padded = 0 if self.is_async else sum(1 for token in drafts if token < 0)
+            if not padded:
+                invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None) or {}
+                padded = int(invalid.get(rid, 0))
+            padded = min(padded, scheduled)
+            if count > generated:
+                raise TelemetryError(f"{count} tokens out of a step that sampled {generated}")
+            roles = _role_bytes(generated, scheduled)
+            flags = 0
+            if count < generated:
+                roles = roles[:count]
+                flags = _FLAG_TRIMMED
+            code = 0
+            if reason is not None:
+                flags |= _FLAG_FINISHED
+                code = finish_code(reason)
+        except Exception as error:
+            self.fail_request(state.run, state.stream, _SCHEDULER_WHERE, error)
+            self._forget(rid, keep_disabled=True)
+            return False
+        state.meta.extend((state.stream, flags, code, state.offset, count, scheduled, padded))
+        state.ids.extend(tokens)
+        state.extra.append(roles)
+        state.offset += count
+        return reason is not None
+
+    def idle_step(self, scheduler: Any) -> None:
+        """A step without requests of ours (the wrapper skips before/after)."""
+        self.step += 1
+
+    def _forget_finished(self, request_ids: Iterable[str]) -> None:
+        """Requests vLLM finished or aborted since the previous step."""
+        requests = self.requests
+        for rid in request_ids:
+            if rid in requests:
+                self._forget(rid)
+        self.disabled.difference_update(request_ids)
 
     def _forget(self, rid: str, keep_disabled: bool = False) -> None:
         state = self.requests.pop(rid, None)
         if keep_disabled:
-            self.disabled.add(rid)
-        else:
-            self.disabled.discard(rid)
-            self.ids.forget(rid)
+            self.disable(rid)
         if state is not None:
             self.untrack(state.run, rid)
 
     def fail_step(self, scheduler_output: Any, where: str, error: BaseException) -> None:
+        """A failure not tied to one request: every request of ours in the step loses telemetry."""
         try:
-            self._ensure_emitter_quietly()
-            ids = list(scheduler_output.num_scheduled_tokens)
+            if self.emitter is None:
+                self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
+            ids = [rid for rid in scheduler_output.num_scheduled_tokens if rid in self.requests]
         except Exception:
             return
         _fail_ids(self, ids, where, error)
-
-    def _ensure_emitter_quietly(self) -> None:
-        if self.emitter is None:
-            self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
 
     def _prune(self, scheduler: Any) -> None:
         alive = scheduler.requests
@@ -356,41 +516,166 @@ class SchedulerTelemetry(_Base):
         self.disabled.intersection_update(alive)
 
 
-@dataclass(slots=True)
 class _FrontRequest:
-    run: str
-    stream: int
-    offset: int = 0
-    pending_empty: int = 0  # tokens that returned "" and no fragment has claimed yet
-    in_step: bool = False
-    pre_len: int = 0
-    captured: tuple[list[int], object, object, str] | None = None
-    detokenizer: Any = None
+    """A request of ours in the API server, and what the hooks put on its objects."""
+
+    __slots__ = (
+        "bucket",
+        "capture",
+        "detokenizer",
+        "fragments",
+        "pre_len",
+        "queue",
+        "recorder",
+        "req_state",
+        "run",
+        "stream",
+    )
+
+    def __init__(self, run: str, stream: int, req_state: Any, bucket: _Bucket) -> None:
+        self.run = run
+        self.stream = stream
+        self.req_state = req_state
+        self.detokenizer: Any = req_state.detokenizer
+        self.queue: Any = req_state.queue  # vLLM's own output queue, put back at the end
+        self.bucket = bucket  # the run's rows, ids and fragments of this step
+        self.fragments: list[str] = []  # what each token decoded to this step, in order
+        # Tokens of this step before a stop-string trim (requests with stop strings
+        # only, set at the start of process_outputs; -1: none).
+        self.pre_len = -1
+        self.recorder: Any = None  # our stand-in for the detokenizer's decode stream
+        self.capture: Any = None  # our stand-in for the request's output queue
 
 
-@dataclass(slots=True)
-class _StepWork:
-    items: list[tuple[str, _FrontRequest, Any]] = field(default_factory=list)
+class _StreamRecorder:
+    """Stands in for a fast detokenizer's `stream` (tokenizers.DecodeStream).
+
+    vLLM's FastIncrementalDetokenizer.decode_next returns `stream.step(...) or ""`
+    (when spaces_between_special_tokens holds): recording that here gives each
+    token's string without touching the detokenizer object's attributes.
+    """
+
+    __slots__ = ("_append", "_step", "stream")
+
+    def __init__(self, stream: Any, fragments: list[str]) -> None:
+        self.stream = stream
+        self._step = stream.step
+        self._append = fragments.append
+
+    def step(self, tokenizer: Any, token_id: int) -> Any:
+        text = self._step(tokenizer, token_id)
+        self._append(text or "")
+        return text
+
+
+class _QueueCapture:
+    """Stands in for a request's output queue (RequestOutputCollector): reads each output.
+
+    `put` takes this step's row from the RequestOutput vLLM hands to HTTP (the
+    common row here, every other one through `special`), then passes the output
+    on to vLLM's queue. Nothing it adds can raise into vLLM: failures go to `failed`.
+    """
+
+    __slots__ = (
+        "_failed",
+        "_fragments",
+        "_fragments_extend",
+        "_ids_extend",
+        "_index",
+        "_meta_extend",
+        "_special",
+        "_stream",
+        "_texts_append",
+        "offset",
+        "pending_empty",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        queue: Any,
+        fragments: list[str],
+        bucket: _Bucket,
+        stream: int,
+        index: int,
+        special: Any,
+        failed: Any,
+    ) -> None:
+        self.queue = queue
+        self._fragments = fragments
+        self._meta_extend = bucket.meta.extend
+        self._ids_extend = bucket.ids.extend
+        self._texts_append = bucket.extra.append
+        self._fragments_extend = bucket.fragments.extend
+        self._stream = stream
+        self._index = index
+        self._special = special
+        self._failed = failed
+        self.offset = 0
+        self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
+
+    def put(self, output: Any) -> Any:
+        try:
+            completions = getattr(output, "outputs", None)
+            if type(completions) is list and completions:
+                completion = completions[0]
+                token_ids = completion.token_ids
+                fragments = self._fragments
+                count = len(token_ids)
+                # The common row: not finished (only a finished step can have been
+                # trimmed after a stop string), every token decoded to text.
+                if (
+                    completion.finish_reason is None
+                    and completion.index == self._index
+                    and 0 < count <= _MAX_TOKENS
+                    and len(fragments) == count
+                    and not self.pending_empty
+                    and "" not in fragments
+                ):
+                    text = completion.text
+                    self._ids_extend(token_ids)  # a copy: outputs are merged later
+                    self._fragments_extend(fragments)
+                    fragments.clear()
+                    self._texts_append(text)
+                    self._meta_extend((self._stream, 0, 0, self.offset, count, count, 0))
+                    self.offset += count
+                else:
+                    self._special(token_ids, completion.finish_reason, completion.stop_reason,
+                                  completion.text, completion.index)  # fmt: skip
+        except Exception as error:
+            self._failed(error)
+        return self.queue.put(output)
+
+
+# vLLM's finish reason strings (CompletionOutput.finish_reason) -> protocol codes.
+_FINISH_NAMES = {
+    "stop": wire.FINISH_STOP,
+    "length": wire.FINISH_LENGTH,
+    "abort": wire.FINISH_ABORT,
+    "error": wire.FINISH_ERROR,
+    "repetition": wire.FINISH_STOP,
+}
+_STREAM_WHERE = "RequestOutputCollector.put"
+_MAX_TOKENS = wire.MAX_TOKENS_PER_RECORD
 
 
 class FrontendTelemetry(_Base):
-    """Text frames from the output processor and the detokenizer (API-server process)."""
+    """Text rows from the output processor and the detokenizer (API-server process).
+
+    `stream_detokenizers`: detokenizer classes whose decode_next is `stream.step`
+    (vLLM's FastIncrementalDetokenizer); other detokenizers get a per-instance
+    decode_next on a private attribute dict (slower, but still theirs alone).
+    """
 
     role = wire.SOURCE_FRONTEND
 
-    def __init__(self, engine_version: str) -> None:
+    def __init__(self, engine_version: str, *, stream_detokenizers: tuple[type, ...] = ()) -> None:
         super().__init__(engine_version)
-        self.ids = RequestIds(skip_children=False)
         self.requests: dict[str, _FrontRequest] = {}
-        self.disabled: set[str] = set()
+        self.stopping: dict[str, _FrontRequest] = {}  # requests with stop strings
         self.noticed: set[tuple[str, int]] = set()
-
-    def idle_step(self, processor: Any) -> None:
-        """A call without outputs of ours: still prune what vLLM forgot (aborts)."""
-        self.step += 1
-        if self.requests and self.step % PRUNE_EVERY == 0:
-            self._prune(processor.request_states)
-            self.end_emptied_runs()
+        self.finished: list[str] = []
+        self.stream_detokenizers = stream_detokenizers
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -399,205 +684,195 @@ class FrontendTelemetry(_Base):
             self.emitter = self._make_emitter("", 0, wire.DERIVATION_NONE, False)
         return self.emitter
 
-    def before(self, processor: Any, engine_core_outputs: Any) -> _StepWork | None:
-        work: _StepWork | None = None
-        lookup = self.ids.lookup
-        states = processor.request_states
-        for output in engine_core_outputs:
-            rid = output.request_id
-            found = lookup(rid)
-            if found is None or rid in self.disabled:
-                continue
-            req_state = states.get(rid)
-            if req_state is None:
-                continue
-            run, stream = found
-            state = self.requests.get(rid)
-            try:
-                if state is None:
-                    state = self._admit(rid, run, stream, req_state)
-                    if state is None:
-                        continue
-                fragments: list[tuple[int, str]] = []
-                detokenizer = req_state.detokenizer
-                if detokenizer is not None:
-                    detokenizer.__dict__[FRAGMENTS_ATTR] = fragments
-                state.detokenizer = detokenizer
-                state.in_step = True
-                state.captured = None
-                state.pre_len = len(output.new_token_ids)
-            except Exception as error:
-                self._disable(rid, run, stream, "OutputProcessor.process_outputs", error)
-                continue
-            if work is None:
-                work = _StepWork()
-            work.items.append((rid, state, output))
-        return work
-
-    def _admit(self, rid: str, run: str, stream: int, req_state: Any) -> _FrontRequest | None:
-        """First sight of a request: refuse (with a notice) what cannot be exact."""
-        problem: tuple[int, str] | None = None
-        if req_state.parent_req is not None:
-            n = getattr(req_state.parent_req, "n", None) or getattr(req_state, "n", "?")
-            problem = (
-                wire.NOTICE_N,
-                f"n={n}: choices of a parallel-sampling request are not tracked",
-            )
-        elif req_state.stream_interval != 1:
-            problem = (wire.NOTICE_STREAM_INTERVAL, f"stream_interval={req_state.stream_interval}")
-        elif getattr(req_state.output_kind, "name", "DELTA") == "CUMULATIVE":
-            problem = (wire.NOTICE_OTHER, "cumulative output mode is not supported")
+    # ------------------------------------------------------------ admission
+    def admit(self, processor: Any, request_id: str) -> None:
+        """After `OutputProcessor.add_request`: put our stand-ins on a request of ours."""
+        if request_id in self.requests or request_id in self.disabled:
+            return  # a streaming-input update of a known request, or refused
+        found = parse_ours(request_id, skip_children=False)
+        if found is None:
+            return
+        req_state = processor.request_states.get(request_id)
+        if req_state is None:
+            return
+        run, stream = found
+        problem = _refusal(req_state)
         if problem is not None:
-            self.disabled.add(rid)
+            self.disable(request_id)
             key = (run, stream)
             if key not in self.noticed:
+                if len(self.noticed) > MAX_DISABLED:
+                    self.noticed.clear()
                 self.noticed.add(key)
                 self._ensure_emitter().notice(run, stream, problem[0], problem[1])
-            return None
-        state = self.requests[rid] = _FrontRequest(run, stream)
-        self.track(run, rid)
-        return state
-
-    def on_request_output(self, req_state: Any, args: tuple[Any, ...], result: Any) -> None:
-        """Inside make_request_output: what this step handed to HTTP."""
-        state = self.requests.get(req_state.request_id)
-        if state is None or not state.in_step:
             return
-        new_token_ids, _pooling, finish_reason, stop_reason = args[:4]
-        text = ""
-        if result is not None:
-            index = req_state.request_index
-            for completion in getattr(result, "outputs", ()):
-                if getattr(completion, "index", index) == index:
-                    text = completion.text or ""
-                    break
-        # No copy: the list is read in after(), within the same process_outputs call.
-        state.captured = (new_token_ids or [], finish_reason, stop_reason, text)
+        self._ensure_emitter()
+        state = _FrontRequest(run, stream, req_state, self.track(run, request_id))
+        self._install(state)
+        self.requests[request_id] = state
+        if getattr(state.detokenizer, "stop", None):
+            self.stopping[request_id] = state
 
-    def after(self, processor: Any, work: _StepWork) -> None:
+    def _install(self, state: _FrontRequest) -> None:
+        """Replace the values of two attributes vLLM already has; add no attribute.
+
+        Adding a name to an instance (CPython 3.11+) adds it to the keys every
+        instance of the class shares and de-optimizes method calls on all of
+        them, other users' requests included; a private dict for our objects
+        avoids that but slows every attribute access on them. Replacing the
+        value of `detokenizer.stream` and `req_state.queue` costs neither.
+        """
+        detokenizer = state.detokenizer
+        fragments = state.fragments
+        if (
+            type(detokenizer) in self.stream_detokenizers
+            and getattr(detokenizer, "spaces_between_special_tokens", False) is True
+            and getattr(detokenizer, "stream", None) is not None
+        ):
+            make_recorder = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
+            state.recorder = make_recorder(detokenizer.stream, fragments)
+            detokenizer.stream = state.recorder
+        else:
+            _record_decode_next(detokenizer, fragments)
+
+        def special(
+            token_ids: list[int], finish_reason: Any, stop_reason: Any, text: str, index: int
+        ) -> None:
+            self._special_row(state, token_ids, finish_reason, stop_reason, text, index)
+
+        def failed(error: BaseException) -> None:
+            self._disable(state, _STREAM_WHERE, error)
+
+        make_capture = _speedups.QueueCapture if _speedups is not None else _QueueCapture
+        state.capture = make_capture(
+            state.queue, fragments, state.bucket, state.stream, state.req_state.request_index,
+            special, failed,
+        )  # fmt: skip
+        state.req_state.queue = state.capture
+
+    # ----------------------------------------------------------------- steps
+    def note_lengths(self, engine_core_outputs: Any) -> None:
+        """Before process_outputs: the token counts a stop string may cut (stop-string requests)."""
+        stopping = self.stopping
+        for output in engine_core_outputs:
+            state = stopping.get(output.request_id)
+            if state is not None:
+                state.pre_len = len(output.new_token_ids)
+
+    def _special_row(
+        self,
+        state: _FrontRequest,
+        token_ids: list[int],
+        finish_reason: str | None,
+        stop_reason: Any,
+        text: str,
+        index: int,
+    ) -> None:
+        """Every row the common path does not take: finished, trimmed, "" fragments, checks."""
+        if index != state.req_state.request_index:
+            raise TelemetryError(f"output index {index}, expected {state.req_state.request_index}")
+        fragments = state.fragments
+        fed = len(fragments)
+        used = fragments[:]
+        fragments.clear()
+        count = len(token_ids)
+        before_trim = state.pre_len if state.pre_len >= 0 else count
+        state.pre_len = -1
+        finished = finish_reason is not None
+        if count > wire.MAX_TOKENS_PER_RECORD:
+            raise TelemetryError(f"{count} tokens in one step")
+        # The detokenizer decodes every token of the step, except a stop token
+        # it keeps out of the text (the last one, when the request finished).
+        if fed != before_trim and not (finished and fed == before_trim - 1):
+            raise TelemetryError(f"the detokenizer decoded {fed} tokens of a step of {before_trim}")
+        text = text or ""
+        if fed > count:
+            used = used[:count]  # decoded, then deleted after a stop string
+        capture = state.capture
+        span_backs = None
+        pending = capture.pending_empty
+        if pending or "" in used:
+            span_backs, pending = _span_backs(used, count, pending)
+        if not finished:
+            if not count:
+                if text:
+                    raise TelemetryError("text without tokens before the request finished")
+                return
+            meta = (state.stream, 0, 0, capture.offset, count, len(used), 0)
+        else:
+            trimmed = before_trim - count if before_trim > count else 0
+            flags = _FLAG_FINISHED
+            if isinstance(stop_reason, str):
+                flags |= _FLAG_TEXT_TRUNCATED
+            if trimmed:
+                flags |= _FLAG_TOKENS_TRIMMED
+            code = _FINISH_NAMES.get(str(finish_reason), wire.FINISH_ERROR)
+            meta = (state.stream, flags, code, capture.offset, count, len(used), trimmed)
+            self.finished.append(state.req_state.request_id)
+        # Nothing can fail from here on: the row's columns go in together.
+        capture.pending_empty = pending
+        bucket = state.bucket
+        if span_backs is not None:
+            bucket.span_backs[len(bucket.meta) // wire.ROW_WIDTH] = span_backs
+        bucket.meta.extend(meta)
+        bucket.ids.extend(token_ids)
+        bucket.fragments.extend(used)
+        bucket.extra.append(text)
+        capture.offset += count
+
+    def end_step(self, processor: Any) -> None:
+        """At the end of process_outputs: hand the step's rows to the sender."""
         self.step += 1
-        emitter = self._ensure_emitter()
-        by_run: dict[str, list[wire.Record]] = {}
-        finished: list[str] = []
-        for rid, state, output in work.items:
-            state.in_step = False
-            detokenizer = state.detokenizer
-            fragments: list[tuple[int, str]] = []
-            if detokenizer is not None:
-                fragments = detokenizer.__dict__.pop(FRAGMENTS_ATTR, None) or []
-            state.detokenizer = None
-            if rid in self.disabled:
-                continue  # failed inside make_request_output; the notice is queued
-            try:
-                record = self._record(state, output, fragments)
-            except Exception as error:
-                self._disable(
-                    rid, state.run, state.stream, "OutputProcessor.process_outputs", error
-                )
-                continue
-            if record is not None:
-                by_run.setdefault(state.run, []).append(record)
-                if record.finished:
-                    finished.append(rid)
-        for run, records in by_run.items():
-            emitter.submit(run, wire.KIND_TEXT, self.step, records)
-        for rid in finished:
-            self._forget(rid)
+        self.flush_rows(wire.KIND_TEXT)
+        if self.finished:
+            finished, self.finished = self.finished, []
+            for rid in finished:
+                self._forget(rid)
         if self.step % PRUNE_EVERY == 0:
             self._prune(processor.request_states)
         self.end_emptied_runs()
 
-    def _record(
-        self, state: _FrontRequest, output: Any, fragments: list[tuple[int, str]]
-    ) -> wire.TextRecord | None:
-        captured = state.captured
-        if captured is None:
-            # vLLM made no output for it this step (e.g. rejected on arrival).
-            if output.finish_reason is None and not output.new_token_ids:
-                return None
-            raise TelemetryError("no request output was made for this step")
-        token_ids, finish_reason, stop_reason, text = captured
-        finished = finish_reason is not None
-        if len(token_ids) > wire.MAX_TOKENS_PER_RECORD:
-            raise TelemetryError(f"{len(token_ids)} tokens in one step")
-        tokens: list[wire.TextToken] = []
-        append = tokens.append
-        text_token = wire.TextToken
-        pending = state.pending_empty
-        fed = len(fragments)
-        for position, token_id in enumerate(token_ids):
-            if position < fed:
-                fed_id, piece = fragments[position]
-                if fed_id != token_id:
-                    raise TelemetryError(
-                        f"detokenizer saw token {fed_id} where the output has {token_id}"
-                    )
-                if piece:
-                    span_back = pending if pending <= MAX_SPAN_BACK else MAX_SPAN_BACK
-                    # The byte split inside the fragment is not computed yet: unknown.
-                    lead = wire.LEAD_UNKNOWN if span_back else 0
-                    append(text_token(token_id, piece.encode("utf-8"), span_back, lead))
-                    pending = 0
-                else:
-                    append(text_token(token_id, b"", 0))
-                    pending += 1
-            else:
-                # Never fed to the detokenizer (a stop token kept out of the text).
-                append(text_token(token_id, b"", 0))
-        state.pending_empty = pending
-        http_delta = text.encode("utf-8") if text else b""
-        if not finished:
-            if not tokens:
-                if http_delta:
-                    raise TelemetryError("text without tokens before the request finished")
-                return None
-            record = wire.TextRecord(state.stream, state.offset, tokens, http_delta)
-        else:
-            trimmed = max(state.pre_len - len(token_ids), 0)
-            record = wire.TextRecord(
-                stream=state.stream,
-                offset=state.offset,
-                tokens=tokens,
-                http_delta=http_delta,
-                finished=True,
-                finish_reason=finish_code(finish_reason),
-                text_truncated=isinstance(stop_reason, str),
-                tokens_trimmed=trimmed > 0,
-                trimmed_tokens=trimmed,
-            )
-        state.offset += len(tokens)
-        return record
+    def idle_step(self, processor: Any) -> None:
+        """A call without requests of ours in this process."""
+        self.step += 1
 
+    # -------------------------------------------------------------- failures
     def fail_step(self, engine_core_outputs: Any, where: str, error: BaseException) -> None:
         try:
             self._ensure_emitter()
             ids = [output.request_id for output in engine_core_outputs]
+            ids = [rid for rid in ids if rid in self.requests]
         except Exception:
             return
         _fail_ids(self, ids, where, error)
 
-    def fail_request_state(self, req_state: Any, where: str, error: BaseException) -> None:
+    def fail_admission(self, request: Any, where: str, error: BaseException) -> None:
         try:
-            state = self.requests.get(req_state.request_id)
-            if state is not None:
-                self._disable(req_state.request_id, state.run, state.stream, where, error)
-        except Exception:  # pragma: no cover
+            rid = request.request_id
+            found = parse_ours(rid, skip_children=False)
+            if found is None:
+                return
+            self._ensure_emitter()
+            self.fail_request(found[0], found[1], where, error)
+            self._forget(rid, keep_disabled=True)
+            self.end_emptied_runs()
+        except Exception:  # pragma: no cover - nothing may reach vLLM
             log.debug("parallelhue: failure while reporting a failure", exc_info=True)
 
-    def _disable(self, rid: str, run: str, stream: int, where: str, error: BaseException) -> None:
-        self.disabled.add(rid)
+    def _disable(self, state: _FrontRequest, where: str, error: BaseException) -> None:
         self._ensure_emitter()
-        self.fail_request(run, stream, where, error)
-        self._forget(rid, keep_disabled=True)
+        self.fail_request(state.run, state.stream, where, error)
+        self._forget(state.req_state.request_id, keep_disabled=True)
 
     def _forget(self, rid: str, keep_disabled: bool = False) -> None:
         state = self.requests.pop(rid, None)
-        if not keep_disabled:
+        self.stopping.pop(rid, None)
+        if keep_disabled:
+            self.disable(rid)
+        else:
             self.disabled.discard(rid)
-            self.ids.forget(rid)
         if state is not None:
-            if state.detokenizer is not None:
-                state.detokenizer.__dict__.pop(FRAGMENTS_ATTR, None)
+            _uninstall(state)
             self.untrack(state.run, rid)
 
     def _prune(self, processor_states: Any) -> None:
@@ -605,23 +880,80 @@ class FrontendTelemetry(_Base):
         for rid in [rid for rid in self.requests if rid not in processor_states]:
             self._forget(rid)
         self.disabled.intersection_update(processor_states)
-        if len(self.noticed) > MAX_CACHED_IDS:
+        if len(self.noticed) > MAX_DISABLED:
             self.noticed.clear()
 
 
-def wrap_decode_next(original: Callable[..., str]) -> Callable[..., str]:
-    """Record each token's returned string, only on detokenizers marked by the frontend."""
+def _refusal(req_state: Any) -> tuple[int, str] | None:
+    """Why a request of ours cannot be exact (a notice), or None."""
+    if req_state.parent_req is not None:
+        n = getattr(req_state.parent_req, "n", None) or getattr(req_state, "n", "?")
+        return wire.NOTICE_N, f"n={n}: choices of a parallel-sampling request are not tracked"
+    if req_state.stream_interval != 1:
+        return wire.NOTICE_STREAM_INTERVAL, f"stream_interval={req_state.stream_interval}"
+    kind = getattr(req_state.output_kind, "name", "DELTA")
+    if kind == "CUMULATIVE":
+        return wire.NOTICE_OTHER, "cumulative output mode is not supported"
+    if kind == "FINAL_ONLY" or req_state.queue is None:
+        return wire.NOTICE_OTHER, "only streamed requests are tracked (this one is not)"
+    if not hasattr(req_state.detokenizer, "decode_next"):
+        return wire.NOTICE_OTHER, "the request has no detokenizer (no text to attribute)"
+    return None
 
-    def decode_next(self: Any, next_token_id: int) -> str:
-        text = original(self, next_token_id)
-        fragments = self.__dict__.get(FRAGMENTS_ATTR)
-        if fragments is not None:
-            fragments.append((next_token_id, text))
+
+def _record_decode_next(detokenizer: Any, fragments: list[str]) -> None:
+    """For detokenizers without a decode stream: a per-instance decode_next (private dict)."""
+    _own_dict(detokenizer)
+    decode = detokenizer.decode_next
+    append = fragments.append
+
+    def decode_next(next_token_id: int) -> str:
+        text: str = decode(next_token_id)
+        append(text)
         return text
 
-    decode_next.__wrapped__ = original  # type: ignore[attr-defined]
-    decode_next.__parallelhue__ = True  # type: ignore[attr-defined]
-    return decode_next
+    detokenizer.decode_next = decode_next
+
+
+def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[int], int]:
+    """Per token: how many preceding tokens that returned "" its fragment claims.
+
+    `fragments` holds the decoded strings of the first len(fragments) tokens;
+    the rest of the `count` tokens were never decoded (a stop token kept out of
+    the text) and claim nothing. Returns the span_backs and the new pending count.
+    """
+    span_backs = [0] * count
+    for position, piece in enumerate(fragments):
+        if piece:
+            span_backs[position] = pending if pending <= MAX_SPAN_BACK else MAX_SPAN_BACK
+            pending = 0
+        else:
+            pending += 1
+    return span_backs, pending
+
+
+def _own_dict(obj: Any) -> None:
+    """Give a vLLM object a private attribute dict before the hooks add attributes to it.
+
+    CPython 3.11+ stores instance attributes against keys shared by all
+    instances of a class; adding a new name to one instance adds it to those
+    shared keys, and from then on method calls on EVERY instance (other users'
+    requests included) take a slower, unspecialized path. A private dict keeps
+    the shared keys as vLLM made them.
+    """
+    obj.__dict__ = dict(obj.__dict__)
+
+
+def _uninstall(state: _FrontRequest) -> None:
+    """Put vLLM's own objects back (ours also hold references to them)."""
+    detokenizer: Any = state.detokenizer
+    recorder: Any = state.recorder
+    if recorder is not None and recorder is getattr(detokenizer, "stream", None):
+        detokenizer.stream = state.recorder.stream
+    if state.capture is not None and getattr(state.req_state, "queue", None) is state.capture:
+        state.req_state.queue = state.queue
+    if state.recorder is None:  # the per-instance decode_next (private dict)
+        getattr(detokenizer, "__dict__", {}).pop("decode_next", None)
 
 
 def _fail_ids(
@@ -633,10 +965,10 @@ def _fail_ids(
     """A failure not tied to one request: every request of ours in the step loses telemetry."""
     try:
         for rid in request_ids:
-            found = telemetry.ids.lookup(rid)
-            if found is None or rid in telemetry.disabled:
+            state = telemetry.requests.get(rid)
+            if state is None:
                 continue
-            telemetry.fail_request(found[0], found[1], where, error)
+            telemetry.fail_request(state.run, state.stream, where, error)
             telemetry._forget(rid, keep_disabled=True)
         telemetry.end_emptied_runs()
     except Exception:  # pragma: no cover - nothing may reach vLLM

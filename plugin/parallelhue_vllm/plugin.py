@@ -67,7 +67,12 @@ def _install() -> bool:
         return False
     if not adapters.install(adapter, version):
         return False
+    from . import hooks
+
     log.info(
-        "parallelhue: exact telemetry hooks installed for vLLM %s (pid %d)", version, os.getpid()
+        "parallelhue: exact telemetry hooks installed for vLLM %s (pid %d), %s",
+        version,
+        os.getpid(),
+        hooks.IMPLEMENTATION,
     )
     return True

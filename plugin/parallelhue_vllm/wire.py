@@ -13,7 +13,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
     "ALL_STREAMS",
@@ -449,3 +449,148 @@ def split_for_frames(kind: int, records: Sequence[Record]) -> list[list[Record]]
     if current:
         chunks.append(current)
     return chunks
+
+
+# ---------------------------------------------------------------------- steps
+# The plugin's hooks hand the emitter one run's records of a step as columns
+# (flat lists of ints and strings: nothing the garbage collector tracks is
+# allocated per record inside vLLM's loop); the sender thread encodes them.
+# A record's bytes are those of the record object with the same fields.
+ROW_FLAG_FINISHED = _FLAG_FINISHED
+ROW_FLAG_TRIMMED = _FLAG_TRIMMED
+ROW_FLAG_TEXT_TRUNCATED = _FLAG_TEXT_TRUNCATED
+ROW_FLAG_TOKENS_TRIMMED = _FLAG_TOKENS_TRIMMED
+# Ints per record in a step's `meta` column.
+ROW_WIDTH = 7
+
+# meta: per record stream, flags, finish_reason, offset, n_tokens,
+# drafts_scheduled, drafts_padded; every record's token ids in record order;
+# each record's roles (one byte per token).
+ProvenanceStep = tuple[list[int], list[int], list[bytes]]
+# meta: per record stream, flags, finish_reason, offset, n_tokens, n_fragments,
+# trimmed_tokens; token ids; each record's HTTP text; fragments (a record owns
+# the next n_fragments, those of its first n_fragments tokens; its other
+# tokens' are empty); span_backs of the records that have any (record index ->
+# one per token; other records: all 0).
+TextStep = tuple[list[int], list[int], list[str], list[str], dict[int, list[int]]]
+
+# One precompiled Struct per token count: a provenance record is one pack call.
+_PROVENANCE_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _provenance_struct(count: int) -> struct.Struct:
+    if count > MAX_TOKENS_PER_RECORD:
+        raise ValueError(f"{count} tokens, limit {MAX_TOKENS_PER_RECORD}")
+    packer = _PROVENANCE_STRUCTS[count] = struct.Struct(f"<HBBIHHH{count}I{count}s")
+    return packer
+
+
+def _check_columns(meta: list[int], ids: list[int], per_record: list[Any], total: int) -> None:
+    if len(meta) != ROW_WIDTH * len(per_record) or total != len(ids):
+        raise ValueError(
+            f"step columns disagree: {len(meta)} meta ints, {len(per_record)} records, "
+            f"{len(ids)} ids for {total} tokens"
+        )
+
+
+def encode_provenance_step(step: ProvenanceStep) -> list[bytes]:
+    """The bytes of each provenance record of a step, in order (see ProvenanceStep)."""
+    meta, ids, roles = step
+    structs = _PROVENANCE_STRUCTS
+    encoded: list[bytes] = []
+    first = 0
+    try:
+        for record, record_roles in enumerate(roles):
+            at = ROW_WIDTH * record
+            stream, flags, finish, offset, count, drafts, padded = meta[at : at + ROW_WIDTH]
+            if len(record_roles) != count:
+                raise ValueError(
+                    f"record for stream {stream}: {len(record_roles)} roles for {count} tokens"
+                )
+            packer = structs.get(count) or _provenance_struct(count)
+            encoded.append(packer.pack(stream, flags, finish, offset, count, drafts, padded,
+                                       *ids[first : first + count], record_roles))  # fmt: skip
+            first += count
+    except struct.error as error:
+        raise ValueError(f"provenance record field out of range: {error}") from error
+    _check_columns(meta, ids, roles, first)
+    return encoded
+
+
+def encode_text_step(step: TextStep) -> list[bytes]:
+    """The bytes of each text record of a step, in order (see TextStep)."""
+    meta, ids, texts, fragments, span_backs = step
+    encoded: list[bytes] = []
+    first_id = first_fragment = 0
+    for record, text in enumerate(texts):
+        at = ROW_WIDTH * record
+        stream, flags, finish, offset, count, fed, trimmed = meta[at : at + ROW_WIDTH]
+        backs = span_backs.get(record)
+        tokens = []
+        for position in range(count):
+            piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
+            back = backs[position] if backs is not None else 0
+            # The byte split inside a fragment with span_back is not computed here: unknown.
+            lead = LEAD_UNKNOWN if back else 0
+            tokens.append(TextToken(ids[first_id + position], piece, back, lead))
+        first_id += count
+        first_fragment += fed
+        text_record = TextRecord(
+            stream=stream,
+            offset=offset,
+            tokens=tokens,
+            http_delta=text.encode("utf-8"),
+            finished=bool(flags & _FLAG_FINISHED),
+            finish_reason=finish,
+            text_truncated=bool(flags & _FLAG_TEXT_TRUNCATED),
+            tokens_trimmed=bool(flags & _FLAG_TOKENS_TRIMMED),
+            trimmed_tokens=trimmed,
+        )
+        encoded.append(encode_record(KIND_TEXT, text_record))
+    _check_columns(meta, ids, texts, first_id)
+    if first_fragment != len(fragments):
+        raise ValueError(f"text step: {first_fragment} fragments owned, {len(fragments)} given")
+    return encoded
+
+
+def encode_rows(kind: int, step: ProvenanceStep | TextStep) -> list[bytes]:
+    """The bytes of each record of a provenance or text step."""
+    if kind == KIND_PROVENANCE:
+        return encode_provenance_step(step)  # type: ignore[arg-type]
+    if kind == KIND_TEXT:
+        return encode_text_step(step)  # type: ignore[arg-type]
+    raise ValueError(f"kind {kind} has no rows")
+
+
+def encode_record(kind: int, record: Record) -> bytes:
+    """The bytes of one record in a frame of the given kind."""
+    parts: list[bytes] = []
+    try:
+        if kind == KIND_PROVENANCE and isinstance(record, ProvenanceRecord):
+            _encode_provenance(record, parts)
+        elif kind == KIND_TEXT and isinstance(record, TextRecord):
+            _encode_text(record, parts)
+        elif kind == KIND_NOTICE and isinstance(record, NoticeRecord):
+            _encode_notice(record, parts)
+        else:
+            _wrong_kind(kind, record)
+    except struct.error as error:
+        raise ValueError(f"{_KIND_NAMES[kind]} record field out of range: {error}") from error
+    return b"".join(parts)
+
+
+def encode_frame(kind: int, header: Header, records: Sequence[bytes]) -> bytes:
+    """A frame of `kind` holding already encoded records (encode_record / encode_rows)."""
+    if not 1 <= len(records) <= MAX_RECORDS:
+        raise ValueError(f"{len(records)} records, a frame holds 1..={MAX_RECORDS}")
+    if len(header.run_id) != 16:
+        raise ValueError(f"run id must be 16 raw bytes, got {len(header.run_id)}")
+    body = _COUNT.pack(len(records)) + b"".join(records)
+    total = HEADER_SIZE + len(body)
+    if total > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {total} bytes exceeds {MAX_FRAME_BYTES}")
+    return _header(kind, header, len(body)) + body
+
+
+# Room for records in one frame.
+FRAME_RECORD_BUDGET = MAX_FRAME_BYTES - HEADER_SIZE - _COUNT.size

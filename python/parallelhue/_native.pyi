@@ -109,6 +109,10 @@ class Reconciler:
     ) -> None:
         """The usage chunk: `usage.completion_tokens` and vLLM's per-request metrics
         (`metrics.speculative_decoding.per_step_accepted` / `per_step_drafted`)."""
+    def push_lost(self, frames: int | None) -> None:
+        """Telemetry lost on the way: `frames` the server's hub dropped, None an
+        unknown number (its stream ended before the run). Every stream without
+        a final verdict fails, an exact one too (docs/PROTOCOL.md, "Lost telemetry")."""
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
         """The stream's SSE ended normally; `finish_reason` is the last non-null
         finish_reason of its choice 0."""
@@ -154,7 +158,7 @@ def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | Non
     ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s,
     completion_tokens, per_step_accepted, per_step_drafted), ("finish", s, reason),
     ("end", s, kind, status, detail), ("frame", bytes), ("reject", reason),
-    ("finalize",). ValueError names what is wrong."""
+    ("lost", frames or None), ("finalize",). ValueError names what is wrong."""
 
 def encode_recording(header: str, items: Any, footer: str | None = None) -> bytes:
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
@@ -190,6 +194,7 @@ class RecordWriter:
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
     def reject(self, reason: str) -> None: ...
+    def lost(self, frames: int | None) -> None: ...
     def finalize(self) -> None: ...
     def close(self, footer: str | None = None) -> None: ...
 
@@ -267,6 +272,9 @@ class Receiver:
     def path(self) -> str: ...
     @property
     def closed(self) -> bool: ...
+    def pending(self) -> bool:
+        """Whether datagrams that arrived before this call may not have reached the
+        reconciler yet (queued in the kernel, or read and not yet pushed)."""
     def close(self) -> None:
         """Stop the thread (after it pushed what was queued), close, unlink. Idempotent."""
     def stats(self) -> ReceiverStats: ...

@@ -26,7 +26,7 @@ from .record import RecordingError
 from .results import json_document
 from .sanitize import one_line
 from .session import Session, SessionResult, SetupError
-from .settings import HARD_CONCURRENCY_LIMIT, MAX_CONCURRENCY, RunConfig
+from .settings import HARD_CONCURRENCY_LIMIT, MAX_CONCURRENCY, MAX_REQUESTS, RunConfig
 from .state import RunModel
 from .tmux import TmuxError
 from .views import View, make_console, make_view, print_summary
@@ -51,12 +51,17 @@ server (environment variable in brackets; flags win):
 requests:
   --prompt TEXT         [PARALLELHUE_PROMPT] one prompt, sent on every stream
   --prompt-file FILE    [PARALLELHUE_PROMPT_FILE] one prompt per line (or a .json list);
-                        stream i gets prompt i mod N; --concurrency defaults to N
+                        request i gets prompt i mod N; --concurrency defaults to N
   --concurrency N       [PARALLELHUE_CONCURRENCY] streams, 1-{HARD_CONCURRENCY_LIMIT} (default 1);
                         the first {MAX_CONCURRENCY} get panes, the rest overview lines
+  --requests N          [PARALLELHUE_REQUESTS] requests in the run, 1-{MAX_REQUESTS} (default: one
+                        per stream); more than --concurrency: each stream sends the next
+                        request when its last one ends (a pane shows a stream's latest, #i/N)
+  --request-rate R      [PARALLELHUE_REQUEST_RATE] requests per second, Poisson arrivals drawn
+                        from --seed (default inf: each as soon as a stream is free)
   --max-tokens N        [PARALLELHUE_MAX_TOKENS] (default 128)
   --temperature T       [PARALLELHUE_TEMPERATURE] (default: the server's)
-  --seed N              [PARALLELHUE_SEED] stream i uses seed N+i (default 0)
+  --seed N              [PARALLELHUE_SEED] request i uses seed N+i (default 0)
   --stop TEXT           a stop string (repeatable)
   --ignore-eos          keep generating past the end-of-sequence token (vLLM)
   --system TEXT         a system message before the prompt (chat API)
@@ -92,7 +97,8 @@ Runs a normal session against the embedded SIMULATED engine (every number it sho
 simulated, and says so). Options: --concurrency N (default 16, max 64) --acceptance A (0-1)
 --draft-len K (1-16, default 4) --step-ms S (default 20) --fault SPEC (inject faults, e.g.
 drop:1,max-per-fault:1; docs/SIMULATOR.md), and the run's --max-tokens --view --mode --seed
---prompt --stop --ignore-eos --system --extra-body --header --color --palette --json --record
+--prompt --requests --request-rate --stop --ignore-eos --system --extra-body --header --color
+--palette --json --record
 --export --measurement --reconciler --tmux --no-attach, and --telemetry socket (default) | http
 (the engine serves its HTTP route) | auto.
 """

@@ -30,6 +30,8 @@ from .settings import (
     DEFAULT_TIMEOUT,
     HARD_CONCURRENCY_LIMIT,
     MAX_CONCURRENCY,
+    MAX_REQUEST_RATE,
+    MAX_REQUESTS,
     MAX_SEED,
     MAX_UID,
     MODES,
@@ -116,6 +118,22 @@ def check_float(name: str, raw: str, low: float, high: float, *, low_open: bool 
     if not math.isfinite(value) or too_low or value > high:
         bound = f"greater than {low:g}" if low_open else f"from {low:g}"
         raise ConfigError(f"{name} must be a number {bound} to {high:g}, got '{one_line(raw)}'")
+    return value
+
+
+def check_rate(name: str, raw: str) -> float:
+    """Requests per second: a positive number, or inf (every request at once)."""
+    if raw.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or value > MAX_REQUEST_RATE:
+        raise ConfigError(
+            f"{name} must be a number of requests per second greater than 0 to "
+            f"{MAX_REQUEST_RATE:g}, or inf, got '{one_line(raw)}'"
+        )
     return value
 
 
@@ -265,7 +283,8 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
     for flag in (
         "--view", "--mode", "--max-tokens", "--concurrency", "--socket-dir", "--seed",
         "--temperature", "--record", "--export", "--measurement", "--reconciler", "--prompt",
-        "--telemetry", "--color", "--palette", "--system", "--extra-body",
+        "--telemetry", "--color", "--palette", "--system", "--extra-body", "--requests",
+        "--request-rate",
     ):  # fmt: skip
         parser.add_argument(flag)
     parser.add_argument("--stop", action="append")
@@ -310,8 +329,22 @@ def resolve_common(
     warnings: list[str] = []
     got = src.get("--max-tokens", "PARALLELHUE_MAX_TOKENS")
     max_tokens = check_int(got[0], got[1], 1, 1_000_000) if got else DEFAULT_MAX_TOKENS
+    got_requests = src.get("--requests", "PARALLELHUE_REQUESTS")
     got = src.get("--concurrency", "PARALLELHUE_CONCURRENCY")
     concurrency = check_int(got[0], got[1], 1, concurrency_limit) if got else default_concurrency
+    requests = concurrency
+    if got_requests is not None:
+        requests_name = got_requests[0]
+        requests = check_int(requests_name, got_requests[1], 1, MAX_REQUESTS)
+        if concurrency > requests:
+            if got:
+                raise ConfigError(
+                    f"{got[0]} {concurrency} is more than {requests_name} {requests}: each "
+                    f"stream needs a request; lower {got[0]} to {requests} or raise {requests_name}"
+                )
+            concurrency = requests  # the default concurrency never exceeds the requests
+    got_rate = src.get("--request-rate", "PARALLELHUE_REQUEST_RATE")
+    request_rate = check_rate(*got_rate) if got_rate else math.inf
     if got and warn_above is not None and concurrency > warn_above:
         warnings.append(
             f"{got[0]} {concurrency} is above {warn_above}: every stream runs, but only "
@@ -397,6 +430,8 @@ def resolve_common(
         "color_by": color_by,
         "palette": palette,
         "json_output": json_output,
+        "requests": requests,
+        "request_rate": request_rate,
     }
 
 
@@ -427,14 +462,15 @@ def no_color(env: Mapping[str, str]) -> bool:
     return bool(env.get("NO_COLOR")) or dumb_terminal(env)
 
 
-def _fan_out(prompts: list[str], concurrency: int, source: str) -> list[str]:
-    """One prompt per stream: a single prompt is repeated, a list is cycled."""
-    if len(prompts) > concurrency:
+def _fan_out(prompts: list[str], count: int, source: str, limit: str) -> list[str]:
+    """One prompt per request: a single prompt is repeated, a list is cycled. `limit`
+    names what sets the count (--concurrency, or --requests when given)."""
+    if len(prompts) > count:
         raise ConfigError(
-            f"{source} holds {len(prompts)} prompts but --concurrency is {concurrency}: "
-            f"raise --concurrency to {len(prompts)} or leave it out"
+            f"{source} holds {len(prompts)} prompts but {limit} is {count}: "
+            f"raise {limit} to {len(prompts)} or leave it out"
         )
-    return [prompts[i % len(prompts)] for i in range(concurrency)]
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def _stdout_tty(value: bool | None) -> bool:
@@ -475,12 +511,14 @@ def parse_run(
         warn_above=MAX_CONCURRENCY,
         stdout_tty=_stdout_tty(stdout_tty),
     )
-    concurrency = int(common["concurrency"])
+    count = int(common["requests"])
     if file_prompts is not None:
         assert prompt_file is not None
-        prompts = _fan_out(file_prompts, concurrency, prompt_file[0])
+        got_requests = src.get("--requests", "PARALLELHUE_REQUESTS")
+        limit = got_requests[0] if got_requests else "--concurrency"
+        prompts = _fan_out(file_prompts, count, prompt_file[0], limit)
     elif single is not None:
-        prompts = [single] * concurrency
+        prompts = [single] * count
     else:
         raise ConfigError(
             "no prompt: give it as an argument, with --prompt, --prompt-file or PARALLELHUE_PROMPT"

@@ -70,7 +70,6 @@ def parse_demo(
     )
     if src.get("--telemetry", "PARALLELHUE_TELEMETRY") is None:
         common["telemetry"] = "socket"  # the demo's engine shares this host
-    concurrency = int(common["concurrency"])
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if not prompt.strip():
         raise ConfigError("the prompt is empty: give some text")
@@ -88,7 +87,7 @@ def parse_demo(
         env,
         endpoint=DEFAULT_ENDPOINT,  # replaced by the simulated engine's URL
         model=None,
-        prompts=[prompt] * concurrency,
+        prompts=[prompt] * int(common["requests"]),
         api_key=None,
         timeout=DEFAULT_TIMEOUT,
         backend="auto",

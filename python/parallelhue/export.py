@@ -89,10 +89,15 @@ def line_boxes(line: Line, theme: Theme) -> list[Box]:
                 continue
             width = cell_len(char)
             if width == 0:
-                # A combining mark belongs to the character before it.
+                # A combining mark belongs to the character before it; a variation
+                # selector may widen it (U+2764 U+FE0F is an emoji: two cells, as the
+                # layout measures it), and the columns after it move with it.
                 if boxes and boxes[-1].column + boxes[-1].cells == column:
                     last = boxes[-1]
-                    boxes[-1] = Box(last.column, last.cells, last.text + char, last.key, last.kind)
+                    merged = last.text + char
+                    grown = max(0, cell_len(merged) - cell_len(last.text))
+                    boxes[-1] = Box(last.column, last.cells + grown, merged, last.key, last.kind)
+                    column += grown
                 index += 1
                 continue
             end = index
@@ -253,15 +258,34 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
     wall = model.wall_seconds or 0.0
     span = max(wall, 1e-3)
     left, width, row = 44.0, 860.0, 12.0
-    height = row * len(streams) + 36
+    # --requests: a row per stream, its requests one after another (a tick where each starts).
+    queueing = model.queueing and model.concurrency is not None
+    rows = model.concurrency if queueing and model.concurrency is not None else len(streams)
+    height = row * rows + 36
     parts = [
         f'<svg class="plot" width="{left + width + 10:.0f}" height="{height:.0f}" role="img" '
         'aria-label="timeline of steps">',
-        '<text x="0" y="14" class="pt">Steps over time, per stream</text>',
+        '<text x="0" y="14" class="pt">Steps over time, per stream'
+        + (f" ({len(streams)} requests on {rows} streams)" if queueing else "")
+        + "</text>",
     ]
+    if queueing:
+        for number in range(rows):
+            y = 22 + number * row
+            parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">s{number}</text>')
     for index, stream in enumerate(streams):
-        y = 22 + index * row
-        parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
+        if queueing:
+            if stream.slot is None or stream.started_at is None:
+                continue  # never sent
+            y = 22 + stream.slot * row
+            x = left + width * (stream.started_at - origin) / span
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="1" height="{row - 2:.1f}" '
+                f'fill="{FOREGROUND}" opacity="0.5"/>'
+            )
+        else:
+            y = 22 + index * row
+            parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
         marks = stream.step_marks()
         if stream.shows_chunks or not marks:
             for number, at in enumerate(stream.chunk_arrivals()):
@@ -302,7 +326,12 @@ def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
     ]
     total = run_result(model)
     facts = html.escape(
-        f"{total['streams']} streams · {total['tokens']} tokens · mode {model.mode}"
+        (
+            f"{total['requests']} requests on {total['concurrency']} streams"
+            if model.queueing
+            else f"{total['streams']} streams"
+        )
+        + f" · {total['tokens']} tokens · mode {model.mode}"
         + (f" · {SIMULATED_LABEL}: simulated numbers" if model.is_simulated else "")
     )
     return f"""<!DOCTYPE html>

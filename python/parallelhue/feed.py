@@ -16,6 +16,7 @@ from typing import cast
 from .backend import detect_backend
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerLike
+from .results import DRAFTS_BY_POSITION
 from .sanitize import one_line
 from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
 from .state import RunModel
@@ -95,7 +96,12 @@ class Feed:
         for event in events:
             kind = event[0]
             if kind == "span":
-                _, stream, byte_start, text, step, _first, _count, role = cast(SpanEvent, event)
+                _, stream, byte_start, text, step, _first, _count = cast(SpanEvent, event)[:7]
+                # C2: an 8th element carries the span's token role (None: mixed or unknown).
+                extra = tuple(event)[7:]
+                role = cast(int | None, extra[0]) if extra else None
+                if extra:
+                    self.model.roles_reported = True
                 streams[stream].add_span(byte_start, text, step, role)
             elif kind == "exact":
                 streams[cast(ExactEvent, event)[1]].verdict = "exact"
@@ -122,6 +128,8 @@ class Feed:
         for state in model.streams:
             state.stats = reconciler.stream_stats(state.index)
         model.totals = reconciler.totals()
+        if DRAFTS_BY_POSITION in model.totals:  # contract C2's stats: roles come with it
+            model.roles_reported = True
         model.counters = reconciler.counters()
         sources = reconciler.sources()
         if len(sources) != len(model.sources):

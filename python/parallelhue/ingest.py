@@ -167,16 +167,26 @@ class RustIngest:
     # --- the run -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Hand every stream's request to the HTTP thread."""
+        """Hand every request to the HTTP thread at once."""
+        for request, _body in self.requests:
+            self.start_request(request.index)
+
+    def start_request(self, index: int) -> None:
+        """Hand request `index` to the HTTP thread (--requests: when a stream is free)."""
         target = self.target
-        for request, body in self.requests:
-            self.model.streams[request.index].started_at = self.streams.add(
-                request.index,
-                "POST",
-                target.path,
-                request_headers(target, self.api_key, request.request_id, self.extra_headers),
-                body_bytes(body),
-            )
+        request, body = self.requests[index]
+        at = self.streams.add(
+            request.index,
+            "POST",
+            target.path,
+            request_headers(target, self.api_key, request.request_id, self.extra_headers),
+            body_bytes(body),
+        )
+        self.model.start_stream(request.index, at)
+
+    def telemetry_pending(self) -> bool:
+        """Whether datagrams already sent may still be on their way into the reconciler."""
+        return self.receiver is not None and self.receiver.pending()
 
     def poll(self) -> None:
         """Apply what the threads produced since the last call to the model."""

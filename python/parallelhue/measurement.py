@@ -8,6 +8,7 @@ says plainly when the engine was simulated.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -114,6 +115,8 @@ def build_measurement(model: RunModel, config: RunConfig, model_name: str | None
             "temperature": config.temperature,
             "seed_base": config.seed,
             "concurrency": config.concurrency,
+            "requests": len(config.prompts),
+            "request_rate": None if math.isinf(config.request_rate) else config.request_rate,
             "distinct_prompts": len(set(config.prompts)),
             "prompt_chars": [len(p) for p in config.prompts],
             "mode": config.mode,
@@ -142,7 +145,7 @@ def build_measurement(model: RunModel, config: RunConfig, model_name: str | None
             "acceptance_by_position": total["acceptance_by_position"],
             "labels": total["labels"],
             "total": total,
-            "streams": [stream_result(stream) for stream in model.streams],
+            "streams": [stream_result(stream, model.dispatch_at) for stream in model.streams],
             "server_wide_metrics_deltas": {
                 "note": "server-wide: every request on the server during the run",
                 "values": dict(model.server_deltas),

@@ -30,6 +30,7 @@ from .state import (
     LABEL_ERROR,
     LABEL_EXACT,
     LABEL_NOT_EXACT,
+    LABEL_QUEUED,
     LABEL_VERIFYING,
     SIMULATED_LABEL,
     RunModel,
@@ -62,6 +63,7 @@ __all__ = [
     "overview_line",
     "pane_data",
     "plain_listing",
+    "requests_text",
     "status_line",
     "stream_screen",
     "word_wrap",
@@ -85,6 +87,7 @@ SHORT_LABELS = {
     LABEL_NOT_EXACT: "FAILED",
     LABEL_ERROR: "ERROR",
     LABEL_CANCELLED: "CANCEL",
+    LABEL_QUEUED: "QUEUED",
 }
 _BOX = ("┌", "─", "┐", "│", "└", "┘")
 _FOCUS_BOX = ("┏", "━", "┓", "┃", "┗", "┛")  # the focused pane: heavy lines, no color needed
@@ -105,6 +108,19 @@ def line_text(line: Line) -> str:
     return "".join(text for text, _ in line)
 
 
+def _clusters(text: str) -> list[str]:
+    """`text` as characters with the zero-width ones after them (combining marks,
+    variation selectors): measured whole, as `cells` measures a piece (U+2764 U+FE0F,
+    an emoji, is two cells; its parts alone are one and zero)."""
+    out: list[str] = []
+    for char in text:
+        if out and cell_len(char) == 0:
+            out[-1] += char
+        else:
+            out.append(char)
+    return out
+
+
 def _take(text: str, room: int) -> tuple[str, int]:
     """The longest prefix of `text` fitting `room` cells, and its width."""
     if text.isascii():
@@ -115,12 +131,12 @@ def _take(text: str, room: int) -> tuple[str, int]:
         return text, whole
     used = 0
     end = 0
-    for char in text:
-        size = cell_len(char)
+    for cluster in _clusters(text):
+        size = cell_len(cluster)
         if used + size > room:
             break
         used += size
-        end += 1
+        end += len(cluster)
     return text[:end], used
 
 
@@ -161,12 +177,12 @@ def tail_fit(pieces: Sequence[Piece], width: int) -> Line:
             continue
         room = width - used
         chars: list[str] = []
-        for char in reversed(flat):
-            char_size = cell_len(char)
-            if char_size > room:
+        for cluster in reversed(_clusters(flat)):
+            cluster_size = cell_len(cluster)
+            if cluster_size > room:
                 break
-            chars.append(char)
-            room -= char_size
+            chars.append(cluster)
+            room -= cluster_size
         if chars:
             piece = "".join(reversed(chars))
             kept.append((piece, key))
@@ -219,7 +235,8 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
             while part:
                 take, size = _take(part, width - used)
                 if not take and used == 0:
-                    take, size = part[0], min(width, cell_len(part[0]))  # wider than the pane
+                    first = _clusters(part)[0]  # wider than the pane
+                    take, size = first, min(width, cell_len(first))
                 if take:
                     current.append((take, key))
                     used += size
@@ -266,6 +283,13 @@ def word_wrap(pieces: Iterable[Piece], width: int | None) -> list[Line]:
         used += size
     lines.append(fit(current, width))
     return lines
+
+
+def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list[Piece]:
+    """The tail of a stream's text in this run's coloring (None: all of it)."""
+    return stream.tail_segments(
+        model.colorize, max_chars, model.color_by, roles_known=model.roles_known
+    )
 
 
 def _clean(pieces: Iterable[Piece]) -> Line:
@@ -318,17 +342,21 @@ class PaneData:
     numbers: str
     body: tuple[Piece, ...]  # sanitized, styled tail of the text
     note: str | None
+    requests: int | None = None  # --requests: the run's requests (the title's "#i/N")
 
 
 def pane_data(stream: StreamState, model: RunModel, max_chars: int | None) -> PaneData:
-    body = _clean(stream.tail_segments(model.colorize, max_chars, model.color_by))
+    body = _clean(_styled(stream, model, max_chars))
     note = sanitize(stream.note, keep_newlines=False) if stream.note else None
-    return PaneData(stream.index, stream.label, numbers_text(stream), tuple(body), note)
+    requests = len(model.streams) if model.queueing else None
+    return PaneData(stream.index, stream.label, numbers_text(stream), tuple(body), note, requests)
 
 
 def _pane_content(data: PaneData, width: int, height: int) -> list[Line]:
     """Exactly `height` lines of `width` cells: header, numbers, the tail, the note."""
-    title = f"#{data.index} "
+    # With --requests a stream shows request after request: "#17/100" is the 18th of 100.
+    of = f"/{data.requests}" if data.requests is not None else ""
+    title = f"#{data.index}{of} "
     content: list[Line] = [
         fit([(title, "bold"), (data.label, label_key(data.label))], width),
         fit([(data.numbers, None)], width),
@@ -377,7 +405,7 @@ def overview_line(stream: StreamState, model: RunModel, width: int, *, focused: 
     if used >= width:
         return fit(head, width, ellipsis=False)
     room = width - used - 1
-    body = _clean(stream.tail_segments(model.colorize, room * 2 + 8, model.color_by))
+    body = _clean(_styled(stream, model, room * 2 + 8))
     return [*head, *tail_fit(body, room), (" ", None)]
 
 
@@ -427,13 +455,18 @@ def legend_pieces(model: RunModel) -> Line:
         for code in (1, 2, 3):
             pieces += [("■", ROLE_KEYS[code]), (f" {ROLE_NAMES[code]}  ", None)]
         pieces.append(("plain: a step without drafts", None))
-        mixed = "underlined: tokens of two roles"
+        # A reconciler without contract C2's roles: no span is shown with a role.
+        mixed = "underlined: tokens of two roles" if model.roles_known else None
+        unproven = "dim: not yet proven" if model.roles_known else "dim: no role proven"
     else:
         pieces.append(("colors: engine step ", None))
         pieces += [("■", key) for key in STEP_KEYS]
         pieces.append((" (cycling, one per verified step)", None))
         mixed = "underlined: a character from two steps"
-    pieces += [(" · ", None), (mixed, "mixed"), (" · ", None), ("dim: not yet proven", "unproven")]
+        unproven = "dim: not yet proven"
+    if mixed is not None:
+        pieces += [(" · ", None), (mixed, "mixed")]
+    pieces += [(" · ", None), (unproven, "unproven")]
     pieces.append((" · SSE CHUNK MODE streams: colors are SSE chunks", None))
     return pieces
 
@@ -456,18 +489,31 @@ class GridUi:
 _KEY_HINT = "keys: ↑↓←→ focus · z zoom · p pause · c colors · q quit"
 
 
+def requests_text(model: RunModel) -> str:
+    """--requests: how far the run is ("requests 37 done · 8 open · 55 queued of 100")."""
+    done, open_, queued = model.request_counts()
+    rate = "" if math.isinf(model.request_rate) else f" at {model.request_rate:g}/s"
+    return (
+        f"requests {done} done · {open_} open · {queued} queued of {len(model.streams)}"
+        f"{rate} on {model.concurrency} streams"
+    )
+
+
 def status_line(model: RunModel, width: int, hidden: int, ui: GridUi | None) -> Line:
     counts = model.count_labels()
-    labels = "streams " + " · ".join(f"{label}: {n}" for label, n in sorted(counts.items()))
+    noun = "requests" if model.queueing else "streams"
+    labels = f"{noun} " + " · ".join(f"{label}: {n}" for label, n in sorted(counts.items()))
     parts = []
     if ui is not None and ui.paused:
         parts.append("PAUSED (p resumes; the run goes on)")
     if hidden > 0:
         # First on the line, so a narrow terminal cuts the counts rather than this.
         parts.append(
-            f"{hidden} of {len(model.streams)} streams hidden: enlarge the terminal, "
+            f"{hidden} of {len(model.shown_streams())} streams hidden: enlarge the terminal, "
             "move the focus or use --tmux"
         )
+    if model.queueing:
+        parts.append(requests_text(model))
     parts.append(labels)
     if model.run_messages:
         parts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
@@ -546,6 +592,7 @@ def grid_plan(count: int, width: int, body_height: int, focus: int) -> GridPlan:
 
 def _pane_rows(
     model: RunModel,
+    streams: Sequence[StreamState],
     positions: Sequence[int],
     columns: int,
     pane_width: int,
@@ -554,7 +601,7 @@ def _pane_rows(
     pane_of: PaneCache | None,
     focus: int | None,
 ) -> list[Line]:
-    streams = model.streams
+    """Rows of boxed panes: `streams[p]` for each position p."""
     rows: list[Line] = []
     for row_start in range(0, len(positions), columns):
         panes = []
@@ -577,7 +624,13 @@ def _pane_rows(
     return rows
 
 
-def _overview_rows(model: RunModel, plan: GridPlan, width: int, focus: int | None) -> list[Line]:
+def _overview_rows(
+    model: RunModel,
+    streams: Sequence[StreamState],
+    plan: GridPlan,
+    width: int,
+    focus: int | None,
+) -> list[Line]:
     rows: list[Line] = []
     positions = plan.overview
     for row in range(plan.overview_rows):
@@ -585,7 +638,7 @@ def _overview_rows(model: RunModel, plan: GridPlan, width: int, focus: int | Non
         for column in range(plan.overview_columns):
             slot = column * plan.overview_rows + row
             if slot < len(positions):
-                stream = model.streams[positions[slot]]
+                stream = streams[positions[slot]]
                 line.extend(
                     overview_line(
                         stream, model, plan.overview_width, focused=positions[slot] == focus
@@ -625,6 +678,7 @@ class PaneCache:
             stats.get("drafts_padded"),
             model.colorize,
             model.color_by,
+            len(model.streams) if model.queueing else None,
         )
 
     def get(self, stream: StreamState, width: int, height: int, focused: bool) -> list[Line]:
@@ -636,6 +690,12 @@ class PaneCache:
             cached = (key, box_pane(data, width, height, focused=focused))
             self._panes[stream.index] = cached
         return cached[1]
+
+    def keep_only(self, streams: Sequence[StreamState]) -> None:
+        """Forget the panes of requests no longer on screen (--requests)."""
+        if len(self._panes) > 2 * len(streams):
+            shown = {stream.index for stream in streams}
+            self._panes = {i: pane for i, pane in self._panes.items() if i in shown}
 
 
 def grid_screen(
@@ -650,7 +710,10 @@ def grid_screen(
     legend = height >= LEGEND_MIN_HEIGHT
     chrome = 2 + (1 if legend else 0)
     body_height = max(1, height - chrome)
-    count = len(model.streams)
+    shown = model.shown_streams()
+    count = len(shown)
+    if cache is not None and model.queueing:
+        cache.keep_only(shown)
     lines: list[Line] = [banner_line(model, width)]
     if legend:
         lines.append(legend_line(model, width))
@@ -658,7 +721,7 @@ def grid_screen(
     focus = min(ui.focus, count - 1) if count and ui.keys else None
     hidden = 0
     if ui.zoomed and focus is not None:
-        stream = model.streams[focus]
+        stream = shown[focus]
         budget = width * body_height * 2
         data = pane_data(stream, model, budget)
         lines.extend(box_pane(data, width, body_height, focused=True))
@@ -667,23 +730,23 @@ def grid_screen(
         if plan.overview_rows == 0 and not plan.overview:
             # Whole rows of panes only, as many as fit.
             rows_that_fit = max(1, body_height // plan.pane_height)
-            shown = plan.panes[: rows_that_fit * plan.columns]
-            hidden = count - len(shown)
+            on_screen = plan.panes[: rows_that_fit * plan.columns]
+            hidden = count - len(on_screen)
             lines.extend(
                 _pane_rows(
-                    model, shown, plan.columns, plan.pane_width, plan.pane_height, width,
-                    cache, focus,
+                    model, shown, on_screen, plan.columns, plan.pane_width, plan.pane_height,
+                    width, cache, focus,
                 )
             )  # fmt: skip
         else:
             hidden = count - len(plan.panes) - len(plan.overview)
             lines.extend(
                 _pane_rows(
-                    model, plan.panes, plan.columns, plan.pane_width, plan.pane_height, width,
-                    cache, focus,
+                    model, shown, plan.panes, plan.columns, plan.pane_width, plan.pane_height,
+                    width, cache, focus,
                 )
             )  # fmt: skip
-            lines.extend(_overview_rows(model, plan, width, focus))
+            lines.extend(_overview_rows(model, shown, plan, width, focus))
     lines = lines[: height - 1]
     lines.extend([(" " * width, None)] for _ in range(height - 1 - len(lines)))
     lines.append(status_line(model, width, hidden, ui))
@@ -691,8 +754,10 @@ def grid_screen(
 
 
 def final_grid(model: RunModel, width: int) -> list[Line]:
-    """The grid printed after the run: every pane (up to 64), the rest as overview lines."""
-    count = len(model.streams)
+    """The grid printed after the run: every pane (up to 64), the rest as overview lines.
+    With --requests, the streams' last requests (the summary has every request)."""
+    shown = model.shown_streams()
+    count = len(shown)
     pane_count = min(count, GRID_MAX_PANES)
     columns, _, _ = grid_layout(pane_count, width, 10**6)
     rows = math.ceil(pane_count / columns) if pane_count else 1
@@ -700,10 +765,9 @@ def final_grid(model: RunModel, width: int) -> list[Line]:
     pane_height = 16 if rows <= 2 else 10
     pane_width = max(MIN_PANE_WIDTH // 2, width // columns)
     lines: list[Line] = [banner_line(model, width), legend_line(model, width)]
+    positions = list(range(pane_count))
     lines.extend(
-        _pane_rows(
-            model, list(range(pane_count)), columns, pane_width, pane_height, width, None, None
-        )
+        _pane_rows(model, shown, positions, columns, pane_width, pane_height, width, None, None)
     )
     if count > pane_count:
         overview_columns = max(1, width // OVERVIEW_MIN_WIDTH)
@@ -712,7 +776,7 @@ def final_grid(model: RunModel, width: int) -> list[Line]:
             columns, pane_width, pane_height, (), overview_columns, width // overview_columns,
             math.ceil(len(rest) / overview_columns), rest,
         )  # fmt: skip
-        lines.extend(_overview_rows(model, plan, width, None))
+        lines.extend(_overview_rows(model, shown, plan, width, None))
     lines.append(status_line(model, width, 0, None))
     return lines
 
@@ -725,21 +789,24 @@ def stream_screen(
 ) -> list[Line]:
     """One stream: banner, legend, header, its text (the tail when `height` is given,
     else all of it), the note, and the keys while they are read."""
-    stream = model.streams[0]
+    stream = model.shown_streams()[0]
     lines: list[Line] = [banner_line(model, width), legend_line(model, width)]
-    lines.append(fit(header_pieces(stream), width))
+    header = header_pieces(stream)
+    if model.queueing:
+        header.append((" · " + requests_text(model), "dim"))
+    lines.append(fit(header, width))
     note = stream.note
     status: Line | None = None
     if ui is not None and ui.keys:
         paused = "PAUSED (p resumes; the run goes on) · " if ui.paused else ""
         status = fit([(paused + _STREAM_KEY_HINT, "dim")], width)
     if height is None:
-        lines.extend(wrap(_clean(stream.segments(model.colorize, model.color_by)), width))
+        lines.extend(wrap(_clean(_styled(stream, model, None)), width))
     else:
         reserved = (1 if note else 0) + (1 if status else 0)
         body_height = max(1, height - len(lines) - reserved)
         budget = width * body_height * 2
-        body = _clean(stream.tail_segments(model.colorize, budget, model.color_by))
+        body = _clean(_styled(stream, model, budget))
         lines.extend(wrap(body, width, body_height))
     if note:
         lines.append(fit([(sanitize(note, keep_newlines=False), "note")], width))

@@ -138,8 +138,10 @@ class PyHttpTelemetry:
 
     `run_id()` waits for the preamble (the run the server created); frames are
     kept from the first one, `take()` hands them over once `accept()` was
-    called. `end` says how the stream ended: `(kind, status, detail)` with the
-    Rust thread's kinds, None while it is open.
+    called, in stream order with the losses: an int for each `dropped` item
+    (frames the hub discarded), None once the stream ended. `end` says how the
+    stream ended: `(kind, status, detail)` with the Rust thread's kinds, None
+    while it is open.
     """
 
     def __init__(self, client: httpx.AsyncClient, url: str, target: ConnectTarget) -> None:
@@ -149,7 +151,7 @@ class PyHttpTelemetry:
         self.buffer_bytes: int | None = None
         self.dropped = 0
         self.heartbeats = 0
-        self._frames: list[bytes] = []
+        self._items: list[bytes | int | None] = []
         self._bytes = 0
         self._count = 0
         self._accepted = False
@@ -168,11 +170,11 @@ class PyHttpTelemetry:
     def accept(self) -> None:
         self._accepted = True
 
-    def take(self) -> list[bytes]:
+    def take(self) -> list[bytes | int | None]:
         if not self._accepted:
             return []
-        frames, self._frames = self._frames, []
-        return frames
+        items, self._items = self._items, []
+        return items
 
     def stats(self) -> dict[str, object]:
         return {
@@ -187,6 +189,9 @@ class PyHttpTelemetry:
     def _ended(self, end: tuple[str, int, str]) -> None:
         if self.end is None:
             self.end = end
+            # The client closes the stream only after the run (`close`, which is
+            # not an end): whatever the server sends from now on is lost.
+            self._items.append(None)
         self._news.set()
 
     def _item(self, item: ts.Item) -> None:
@@ -194,11 +199,12 @@ class PyHttpTelemetry:
             self._run_id = item.run_id.hex()
             self.buffer_bytes = item.buffer_bytes
         elif item.kind == "frame":
-            self._frames.append(item.frame)
+            self._items.append(item.frame)
             self._count += 1
             self._bytes += len(item.frame)
         elif item.kind == "dropped":
             self.dropped += item.frames
+            self._items.append(item.frames)
         elif item.kind == "heartbeat":
             self.heartbeats += 1
         elif item.kind == "end":

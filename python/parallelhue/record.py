@@ -2,7 +2,7 @@
 
 One format for both paths (version 3, rust/core/src/record.rs): a gzip'd
 stream of binary items — header, each stream's start, every SSE delta, SSE
-finish, telemetry frame and rejected datagram in the order the reconciler
+finish, telemetry frame, rejected datagram and telemetry loss in the order the reconciler
 applied them, each stream's abnormal end, finalize — with times in seconds
 since the run started, then a footer. On the Rust path the tap inside the
 reconciler's lock writes it (`Reconciler.record`); on the reference path
@@ -49,6 +49,7 @@ class RecordWriterLike(Protocol):
     def finish(self, stream: int, reason: str | None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
+    def lost(self, frames: int | None) -> None: ...
     def finalize(self) -> None: ...
     def close(self, footer: dict[str, Any] | None) -> None: ...
 
@@ -80,6 +81,9 @@ class _Recorder:
     def frames(self, frames: list[bytes]) -> None:
         self._writer.frames(frames)
 
+    def lost(self, frames: int | None) -> None:
+        self._writer.lost(frames)
+
     def finalize(self) -> None:
         self._writer.finalize()
 
@@ -110,7 +114,8 @@ class Recording:
     header: dict[str, Any]
     # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("sse_id", s, id)
     # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted) ("finish", s, reason)
-    # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason) ("finalize",)
+    # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason)
+    # ("lost", frames | None) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     footer: dict[str, Any] | None = None
 

@@ -25,6 +25,7 @@ from .session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
 from .state import RunModel, StreamState
 from .streams import StreamStopped
+from .telemetry import dropped_line
 from .views import REFRESH_HZ, make_view
 
 __all__ = ["replay"]
@@ -46,9 +47,12 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         mode = str(header["mode"])
     except (KeyError, TypeError, ValueError):
         raise RecordingError("replay: the recording's header is incomplete") from None
-    if config.view == "stream" and count > 1:
+    # --requests: `count` requests went out on `concurrency` streams.
+    concurrency = int(header.get("concurrency") or count)
+    rate = header.get("request_rate")
+    if config.view == "stream" and concurrency > 1:
         raise SetupError(
-            f"--view stream shows one stream, but the recording has {count}: use --view grid"
+            f"--view stream shows one stream, but the recording has {concurrency}: use --view grid"
         )
     prompts = header.get("prompts") or [""] * count
     reconciler: ReconcilerLike | None = None
@@ -61,7 +65,12 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
     metrics = _metrics_evidence(recording.footer)
     model = RunModel(
         streams=[
-            StreamState(index=i, mode=mode, prompt=str(prompts[i] if i < len(prompts) else ""))
+            StreamState(
+                index=i,
+                mode=mode,
+                prompt=str(prompts[i] if i < len(prompts) else ""),
+                queued=concurrency < count or rate is not None,
+            )
             for i in range(count)
         ],
         mode=mode,
@@ -70,6 +79,8 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         title="ParallelHue replay",
         simulated=bool(header.get("simulated", False)),
         reconciler_kind=config.reconciler,
+        concurrency=concurrency,
+        request_rate=float(rate) if isinstance(rate, int | float) else math.inf,
     )
     model.started_at = 0.0
     model.replay_of = config.path
@@ -110,6 +121,14 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     elif kind == "reject":
         # A datagram refused before decoding (oversized): a run message, no input.
         driver.model.run_messages.append(one_line(f"rejected frame: {event[2]}"))
+    elif kind == "lost":
+        frames = None if event[2] is None else int(event[2])
+        driver.lost(frames)
+        driver.model.run_messages.append(
+            dropped_line(frames, None)
+            if frames is not None
+            else "telemetry stream: it ended before the run"
+        )
     elif kind == "finalize":
         driver.finalize()
         return True

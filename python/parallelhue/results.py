@@ -114,8 +114,13 @@ def _telemetry(stats: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def stream_result(stream: StreamState) -> dict[str, Any]:
-    """One stream's verdict, reason, finish reason and figures."""
+def _since(at: float | None, origin: float | None) -> float | None:
+    return None if at is None or origin is None else at - origin
+
+
+def stream_result(stream: StreamState, origin: float | None = None) -> dict[str, Any]:
+    """One stream's (one request's) verdict, reason, finish reason and figures;
+    `origin`: when the run began sending (RunModel.dispatch_at)."""
     gaps = stream.inter_step_gaps()
     e2e = stream.e2e
     tokens = stream.tokens
@@ -134,6 +139,16 @@ def stream_result(stream: StreamState) -> dict[str, Any]:
         "itl_s": _spread(gaps),
         "e2e_s": e2e,
         "tokens_per_second": tokens / e2e if e2e and tokens else None,
+        # --requests / --request-rate: which stream it went out on, when it was due
+        # (its arrival) and when it was sent (later when every stream was busy).
+        "slot": stream.slot,
+        "arrival_s": _since(stream.scheduled_at, origin),
+        "start_s": _since(stream.started_at, origin),
+        "wait_s": (
+            max(0.0, stream.started_at - stream.scheduled_at)
+            if stream.started_at is not None and stream.scheduled_at is not None
+            else None
+        ),
     }
 
 
@@ -151,8 +166,14 @@ def run_result(model: RunModel) -> dict[str, Any]:
     e2es = [s.e2e for s in streams if s.e2e is not None]
     gaps = [gap for s in streams for gap in s.inter_step_gaps()]
     totals = model.totals if model.mode != "chunk" else {}
+    completed = sum(1 for s in streams if s.sse_finished and s.error is None)
     return {
         "streams": len(streams),
+        "requests": len(streams),
+        "concurrency": model.concurrency if model.concurrency is not None else len(streams),
+        "request_rate": None if math.isinf(model.request_rate) else model.request_rate,
+        "completed_requests": completed,
+        "requests_per_second": completed / wall if wall else None,
         "labels": model.count_labels(),
         "tokens": tokens,
         **_telemetry(totals),
@@ -202,7 +223,7 @@ def json_document(
         "exit_code": exit_code,
         "message": message,
         "total": run_result(model),
-        "streams": [stream_result(stream) for stream in model.streams],
+        "streams": [stream_result(stream, model.dispatch_at) for stream in model.streams],
         "server_wide_metrics_deltas": {label: value for label, value in model.server_deltas},
         "telemetry": dict(model.counters),
         "run_messages": list(model.run_messages),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import time
@@ -44,6 +45,7 @@ from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconc
 from .record import RecordingError, RecordWriterLike, open_writer
 from .request import build_body
 from .sanitize import one_line
+from .schedule import Dispatcher, arrival_offsets
 from .settings import RunConfig
 from .shapes import EndKind, Usage
 from .state import RunModel, StreamState, telemetry_expected
@@ -83,6 +85,10 @@ __all__ = [
 GRACE_SECONDS = 2.0
 # How often the reference path (and the grace period) look for news.
 PUMP_INTERVAL = 0.02
+# How long the end of a run waits for datagrams already sent to reach the reconciler.
+PENDING_SECONDS = 1.0
+# --requests: how soon after a stream ends the next request waiting for it starts.
+SLOT_POLL = 0.005
 
 
 class SetupError(Exception):
@@ -117,7 +123,7 @@ class RunDriver:
     # --- inputs (streams.StreamSink) ------------------------------------------------
 
     def start(self, stream: int) -> None:
-        self.model.streams[stream].started_at = self.clock()
+        self.model.start_stream(stream, self.clock())
         if self.recorder is not None:
             self.recorder.start(stream)
 
@@ -165,6 +171,27 @@ class RunDriver:
             self.recorder.frames(frames)
         self.reconciler.push_frames(frames)
 
+    def lost(self, frames: int | None) -> None:
+        """Telemetry lost on its way here (docs/PROTOCOL.md, "Lost telemetry")."""
+        if self.reconciler is None:
+            return
+        if self.recorder is not None:
+            self.recorder.lost(frames)
+        self.reconciler.push_lost(frames)
+
+    def telemetry(self, items: list[bytes | int | None]) -> None:
+        """The HTTP telemetry stream's news in stream order: frames, lost frame
+        counts (`dropped` items) and None when the stream ended early."""
+        batch: list[bytes] = []
+        for item in items:
+            if isinstance(item, bytes):
+                batch.append(item)
+                continue
+            self.frames(batch)
+            batch = []
+            self.lost(item)
+        self.frames(batch)
+
     def finalize(self) -> None:
         if self.reconciler is None:
             return
@@ -200,7 +227,8 @@ def outcome(model: RunModel) -> tuple[int, str | None]:
         message = f"exact mode: stream {blamed.index} is not exact: {one_line(why)}"
         cancelled = sum(1 for s in streams if s.cancelled and s.verdict != "exact")
         if cancelled:
-            plural = "stream was" if cancelled == 1 else "streams were"
+            noun = "request" if model.queueing else "stream"  # --requests: some never sent
+            plural = f"{noun} was" if cancelled == 1 else f"{noun}s were"
             message += f"; {cancelled} {plural} cancelled because of it"
         return 2, message
     failed = [s for s in streams if s.error is not None]
@@ -273,11 +301,12 @@ Requests = list[tuple[StreamRequest, dict[str, Any]]]
 class IngestPath(Protocol):
     """What the session's loop needs of either path."""
 
-    def start(self) -> None: ...
+    def start_request(self, index: int) -> None: ...
     def poll(self) -> None: ...
     def streams_done(self) -> bool: ...
     def cancel(self, stream: int) -> None: ...
     def update_stats(self) -> None: ...
+    def telemetry_pending(self) -> bool: ...
     def finalize(self) -> None: ...
     def close(self, footer: dict[str, Any] | None = None) -> None: ...
 
@@ -350,27 +379,35 @@ class ReferenceIngest:
             self.receiver = PyReceiver(self.socket_path, accept_uids=accept)
 
     def start(self) -> None:
+        """Every request at once."""
+        for request, _body in self.requests:
+            self.start_request(request.index)
+
+    def start_request(self, index: int) -> None:
+        request, body = self.requests[index]
         # Telemetry is read from this loop: the readers yield after every event.
         yield_each_read = self.receiver is not None or self.http_telemetry is not None
-        for request, body in self.requests:
-            self.driver.start(request.index)
-            self.tasks[request.index] = asyncio.create_task(
-                read_stream(
-                    self.client,
-                    self.endpoint,
-                    body,
-                    request,
-                    self.driver,
-                    yield_each_read=yield_each_read,
-                )
+        self.driver.start(request.index)
+        self.tasks[request.index] = asyncio.create_task(
+            read_stream(
+                self.client,
+                self.endpoint,
+                body,
+                request,
+                self.driver,
+                yield_each_read=yield_each_read,
             )
+        )
+
+    def telemetry_pending(self) -> bool:
+        return False  # `PyReceiver.take` reads what the kernel holds, on this thread
 
     def poll(self) -> None:
         if self.receiver is not None:
             self.driver.frames(self.receiver.take())
         reader = self.http_telemetry
         if reader is not None:
-            self.driver.frames(reader.take())
+            self.driver.telemetry(reader.take())
             told_dropped, told_end = self._told
             if reader.dropped > told_dropped:
                 self.feed.run_message(dropped_line(reader.dropped, reader.buffer_bytes))
@@ -380,6 +417,7 @@ class ReferenceIngest:
         self.driver.apply_events()
 
     def streams_done(self) -> bool:
+        """Every started request's exchange is over (the session knows which are to come)."""
         return all(task.done() for task in self.tasks.values())
 
     def cancel(self, stream: int) -> None:
@@ -440,6 +478,7 @@ class Session:
         # Request fields no flag sets (tests: stop strings); None: GRACE_SECONDS.
         self.extra_body = dict(extra_body or {})
         self.grace = grace
+        self._telemetry_promised = False  # set once the telemetry path is chosen
         self.view_factory = view_factory
         self.simulated = simulated
         self.title = title
@@ -456,7 +495,10 @@ class Session:
         return {
             "run_id": self.run_id,
             "telemetry": plan.path if plan is not None else None,
-            "num_streams": cfg.concurrency,
+            # The reconciler's streams: one per request (--requests), `concurrency` at once.
+            "num_streams": len(cfg.prompts),
+            "concurrency": cfg.concurrency,
+            "request_rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
             "mode": cfg.mode,
             "backend_override": cfg.backend,
             "simulated": self.simulated,
@@ -576,8 +618,10 @@ class Session:
             if self.model_name is None:
                 self.model_name = await discover_model(client, cfg.endpoint)
             metrics_before = await fetch_metrics(client, cfg.endpoint)
+            # Requests that may wait (for a free stream or their arrival time) say so.
+            waits = cfg.concurrency < len(cfg.prompts) or not math.isinf(cfg.request_rate)
             streams = [
-                StreamState(index=i, mode=cfg.mode, prompt=prompt)
+                StreamState(index=i, mode=cfg.mode, prompt=prompt, queued=waits)
                 for i, prompt in enumerate(cfg.prompts)
             ]
             model = RunModel(
@@ -588,6 +632,8 @@ class Session:
                 title=self.title,
                 simulated=self.simulated,
                 reconciler_kind=cfg.reconciler,
+                concurrency=cfg.concurrency,
+                request_rate=cfg.request_rate,
             )
             feed = Feed(
                 model,
@@ -598,6 +644,8 @@ class Session:
             if cfg.mode == "exact":
                 feed.on_failure = lambda _stream: self._abort.set()
             plan = await self._choose_telemetry(client)
+            # Over HTTP the server's plugin answered: its frames are due even if late.
+            self._telemetry_promised = plan is not None and plan.path == "http"
             path = self.path = self._new_path(model, feed, client, plan)
             await self._open_path(path, model, plan)
             view = self.view_factory(model)
@@ -637,18 +685,27 @@ class Session:
         # The Rust path's threads work on their own: Python collects at the
         # render rate. The reference path's socket and streams share this loop.
         interval = view.refresh_interval if self.config.reconciler == "rust" else PUMP_INTERVAL
-        path.start()
+        cfg = self.config
+        dispatcher = Dispatcher(
+            arrival_offsets(len(model.streams), cfg.request_rate, cfg.seed), cfg.concurrency
+        )
+        dispatcher.begin(time.monotonic())
+        model.dispatch_at = dispatcher.t0
+        for state in model.streams:
+            state.scheduled_at = dispatcher.scheduled_at(state.index)
+        sent: set[int] = set()  # requests started and not yet seen ending
         last_refresh = 0.0
         while True:
             path.poll()
-            if self._abort.is_set() or path.streams_done():
+            self._dispatch(path, model, dispatcher, sent)
+            if self._abort.is_set() or (dispatcher.all_started and path.streams_done()):
                 break
             now = time.monotonic()
             if now - last_refresh >= view.refresh_interval:
                 path.update_stats()
                 view.refresh()
                 last_refresh = now
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self._pause(interval, model, dispatcher, sent))
         if not self._abort.is_set():
             await self._grace(path, feed)
         if self._abort.is_set():
@@ -661,13 +718,50 @@ class Session:
         path.finalize()
         view.refresh()
 
+    @staticmethod
+    def _open_streams(model: RunModel, sent: set[int]) -> int:
+        """Requests sent whose exchange is not over (`sent` keeps only those: at
+        most --concurrency to look at, however many requests the run has)."""
+        sent.difference_update([index for index in sent if model.streams[index].over])
+        return len(sent)
+
+    @classmethod
+    def _dispatch(
+        cls, path: IngestPath, model: RunModel, dispatcher: Dispatcher, sent: set[int]
+    ) -> None:
+        """Start the requests that are due, while streams are free (schedule.py)."""
+        if dispatcher.all_started:
+            return
+        for index in dispatcher.due(time.monotonic(), cls._open_streams(model, sent)):
+            path.start_request(index)
+            sent.add(index)
+
+    @classmethod
+    def _pause(
+        cls, interval: float, model: RunModel, dispatcher: Dispatcher, sent: set[int]
+    ) -> float:
+        """The loop's sleep: the refresh interval, shorter while requests wait (the
+        next arrival time, or SLOT_POLL to see a stream end soon after it does)."""
+        if dispatcher.all_started:
+            return interval
+        wait = dispatcher.wait(time.monotonic(), cls._open_streams(model, sent))
+        return min(interval, SLOT_POLL if wait is None else max(wait, 0.0))
+
     async def _grace(self, path: RustIngest | ReferenceIngest, feed: Feed) -> None:
         if self.config.mode == "chunk":
             return
         path.poll()
         path.update_stats()
-        if not telemetry_expected(feed.model.counters):
-            return  # no datagram in the whole run: none is late, none is coming
+        if not self._telemetry_promised and not telemetry_expected(feed.model.counters):
+            # Datagrams sent before the streams ended are not late: the receiver
+            # thread may not have pushed them yet (a loaded machine).
+            settle = time.monotonic() + PENDING_SECONDS
+            while path.telemetry_pending() and time.monotonic() < settle:
+                await asyncio.sleep(0.001)
+            path.poll()
+            path.update_stats()
+            if not telemetry_expected(feed.model.counters):
+                return  # no datagram in the whole run: none is late, none is coming
         deadline = time.monotonic() + (GRACE_SECONDS if self.grace is None else self.grace)
         while time.monotonic() < deadline and not self._abort.is_set():
             path.poll()

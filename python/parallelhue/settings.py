@@ -8,6 +8,7 @@ the demo (`demo.py`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "HARD_CONCURRENCY_LIMIT",
     "MAX_CONCURRENCY",
+    "MAX_REQUESTS",
+    "MAX_REQUEST_RATE",
     "MAX_SEED",
     "MAX_UID",
     "MODES",
@@ -41,6 +44,10 @@ MAX_CONCURRENCY = 64
 # Beyond this a run is almost certainly a typo; the wire format allows 65535.
 HARD_CONCURRENCY_LIMIT = 1024
 MAX_SEED = 2**32 - 1
+# --requests: the reconciler tracks each request as a stream of its own (u16 stream index).
+MAX_REQUESTS = 65535
+# --request-rate, requests per second (`inf`: every request as soon as a stream is free).
+MAX_REQUEST_RATE = 1_000_000.0
 MODES = ("exact", "auto", "chunk")
 VIEWS = ("stream", "grid", "plain")
 RECONCILERS = ("rust", "python")
@@ -56,9 +63,9 @@ STDOUT = "-"
 class RunConfig:
     endpoint: str  # the full completions URL (endpoint.completions_url)
     model: str | None
-    prompts: list[str]  # one per stream, already fanned out
+    prompts: list[str]  # one per request, already fanned out (`requests` of them)
     max_tokens: int
-    concurrency: int
+    concurrency: int  # streams open at once
     api_key: str | None
     mode: str
     socket_dir: str | None
@@ -87,6 +94,10 @@ class RunConfig:
     color_by: str = "step"
     palette: str = "standard"
     json_output: bool = False  # --json: the results on stdout, the screen on stderr
+    # --requests: requests in the whole run (>= concurrency; a new one starts when one
+    # ends); --request-rate: their Poisson arrival rate per second (inf: no waiting).
+    requests: int = 1
+    request_rate: float = math.inf
 
     @property
     def stdout_reserved(self) -> bool:

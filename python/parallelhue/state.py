@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import sys
 import time
 from array import array
@@ -34,6 +35,7 @@ __all__ = [
     "LABEL_ERROR",
     "LABEL_EXACT",
     "LABEL_NOT_EXACT",
+    "LABEL_QUEUED",
     "LABEL_VERIFYING",
     "SIMULATED_LABEL",
     "RunModel",
@@ -50,6 +52,7 @@ LABEL_VERIFYING = "VERIFYING"
 LABEL_NOT_EXACT = "NOT EXACT"
 LABEL_ERROR = "ERROR"
 LABEL_CANCELLED = "CANCELLED"
+LABEL_QUEUED = "QUEUED"  # --requests: not sent yet (waiting for its arrival time or a stream)
 # Everything from the embedded simulator says so, on screen, in summaries and exports.
 SIMULATED_LABEL = "SIMULATED ENGINE"
 
@@ -61,6 +64,7 @@ _LABEL_KEYS = {
     LABEL_NOT_EXACT: "label.failed",
     LABEL_ERROR: "label.error",
     LABEL_CANCELLED: "label.cancelled",
+    LABEL_QUEUED: "label.queued",
 }
 
 
@@ -71,9 +75,13 @@ def label_key(label: str) -> str:
 Segment = tuple[str, str | None]  # text (raw, sanitized by the layout), style key
 
 
-def _span_key(step: int | None, role: int | None, color_by: str) -> str:
+def _span_key(step: int | None, role: int | None, color_by: str, roles_known: bool = True) -> str:
     if color_by == "role":
-        return ROLE_KEYS[role] if role is not None and 0 <= role < len(ROLE_KEYS) else "mixed"
+        if role is not None and 0 <= role < len(ROLE_KEYS):
+            return ROLE_KEYS[role]
+        # No role: tokens of two roles (mixed) when the reconciler reports roles at
+        # all (contract C2's 8th span element), else simply not proven.
+        return "mixed" if roles_known else "unproven"
     return STEP_KEYS[step % len(STEP_KEYS)] if step is not None else "mixed"
 
 
@@ -213,11 +221,16 @@ class StreamState:
     sse_finished: bool = False
     finish_reason: str | None = None
     started_at: float | None = None
+    # --requests: not sent yet; when its arrival time is (monotonic, None: at once).
+    queued: bool = False
+    scheduled_at: float | None = None
+    slot: int | None = None  # which of the run's streams it went out on (RunModel.slots)
     first_token_at: float | None = None
     delta_times: array[float] = field(default_factory=lambda: array("d"))
     usage: Usage | None = None
     # reconciler.stream_stats (a StreamStats once the first update arrived)
     stats: Mapping[str, Any] = field(default_factory=dict)
+    has_roles: bool = False  # a span of it carried a token role (contract C2)
 
     def __repr__(self) -> str:
         return (
@@ -271,11 +284,19 @@ class StreamState:
             records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
         step = _NO_STEP if step_index is None else step_index
         role_code = _NO_ROLE if role is None else role
+        if role is not None:
+            self.has_roles = True
         records.extend((byte_start + len(text.encode("utf-8")), step | role_code << 32))
 
     def add_span_runs(self, records: bytes | memoryview) -> None:
         """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
+        before = len(self.span_records)
         _append_le(self.span_records, records)
+        if not self.has_roles:
+            words = self.span_records
+            self.has_roles = any(
+                (words[i] >> 32) & _NO_ROLE != _NO_ROLE for i in range(before + 1, len(words), 2)
+            )
 
     @property
     def chunks(self) -> _Runs:
@@ -300,6 +321,11 @@ class StreamState:
     def fail_http(self, message: str) -> None:
         self.error = message
 
+    @property
+    def over(self) -> bool:
+        """Its exchange ended (or was stopped): its stream is free for the next request."""
+        return self.sse_finished or self.error is not None or self.cancelled
+
     # --- what to show -----------------------------------------------------------
 
     @property
@@ -313,6 +339,8 @@ class StreamState:
             return LABEL_ERROR
         if self.cancelled and self.verdict != "exact":
             return LABEL_CANCELLED
+        if self.queued:
+            return LABEL_QUEUED
         if self.shows_chunks:
             return LABEL_CHUNK
         if self.verdict == "exact":
@@ -326,6 +354,8 @@ class StreamState:
         """One line under the text: why the stream is not exact, or its HTTP failure."""
         if self.error is not None:
             return f"error: {self.error}"
+        if self.cancelled and self.queued:
+            return "not sent: exact mode stopped the run after another stream failed"
         if self.cancelled and self.verdict != "exact":
             return "cancelled: exact mode stopped the run after another stream failed"
         if self.verdict == "failed" and self.reason:
@@ -341,16 +371,24 @@ class StreamState:
         """The SSE text after the proven bytes."""
         return self.sse_utf8[self.proven_bytes :].decode("utf-8", "replace")
 
-    def segments(self, colorize: bool, color_by: str = "step") -> list[Segment]:
+    def segments(
+        self, colorize: bool, color_by: str = "step", *, roles_known: bool = True
+    ) -> list[Segment]:
         """The stream's text cut into styled pieces by the coloring rule."""
-        return self.tail_segments(colorize, None, color_by)
+        return self.tail_segments(colorize, None, color_by, roles_known=roles_known)
 
     def tail_segments(
-        self, colorize: bool, max_chars: int | None, color_by: str = "step"
+        self,
+        colorize: bool,
+        max_chars: int | None,
+        color_by: str = "step",
+        *,
+        roles_known: bool = True,
     ) -> list[Segment]:
         """The last pieces of the styled text holding at least `max_chars` characters
         (all of them for None), walking back from the end only: a redraw costs what
-        is visible, not the stream's length."""
+        is visible, not the stream's length. `roles_known`: the run's reconciler
+        reports token roles (RunModel.roles_known); else a role-less span is unproven."""
         limit = max_chars if max_chars is not None else -1
         pieces: list[Segment] = []
         total = 0
@@ -380,7 +418,7 @@ class StreamState:
             if not colorize:
                 key = None
             elif by_role:
-                key = _span_key(None, spans.role(index), color_by)
+                key = _span_key(None, spans.role(index), color_by, roles_known)
             else:
                 step = spans.step(index)
                 key = STEP_KEYS[step % steps] if step is not None else "mixed"
@@ -510,6 +548,19 @@ class RunModel:
     model_name: str | None = None
     server: str | None = None  # host:port shown in the banner
     replay_of: str | None = None  # the recording being replayed
+    # --requests N > --concurrency C: the screen shows C streams, each the latest request
+    # started on it (`slots`: request index per stream; None: one stream per request).
+    concurrency: int | None = None
+    request_rate: float = math.inf
+    slots: list[int] = field(default_factory=list)
+    dispatch_at: float | None = None  # when the first request could go (arrival time 0)
+    # The reconciler reports token roles (C2: 8-element span events, per-position stats).
+    roles_reported: bool = False
+
+    def __post_init__(self) -> None:
+        if self.queueing and not self.slots:
+            assert self.concurrency is not None
+            self.slots = list(range(self.concurrency))
 
     def __repr__(self) -> str:
         return (
@@ -543,6 +594,56 @@ class RunModel:
         if not starts or not ends:
             return None
         return max(0.0, max(ends) - min(starts))
+
+    @property
+    def roles_known(self) -> bool:
+        """Whether a span without a role means "tokens of two roles" (mixed) rather
+        than "no role proven": the reconciler reports roles (contract C2)."""
+        if not self.roles_reported and any(s.has_roles for s in self.streams):
+            self.roles_reported = True
+        return self.roles_reported
+
+    @property
+    def queueing(self) -> bool:
+        """More requests than streams: the screen shows streams, the summary requests."""
+        return self.concurrency is not None and self.concurrency < len(self.streams)
+
+    def start_stream(self, index: int, at: float) -> None:
+        """Request `index` was sent at `at`: it takes the place of a finished request."""
+        state = self.streams[index]
+        state.started_at = at
+        state.queued = False
+        if not self.queueing:
+            state.slot = index
+            return
+        slots = self.slots
+        if index in slots:  # the first requests have their streams from the start
+            state.slot = slots.index(index)
+            return
+        free = next((k for k, i in enumerate(slots) if self.streams[i].over), None)
+        if free is None:  # cannot happen live; a hand-edited recording: the oldest
+            free = min(range(len(slots)), key=lambda k: self.streams[slots[k]].started_at or 0.0)
+        slots[free] = index
+        state.slot = free
+
+    def shown_streams(self) -> list[StreamState]:
+        """What the live screen lays out: every stream, or with --requests the
+        latest request of each stream."""
+        if not self.queueing:
+            return self.streams
+        return [self.streams[i] for i in self.slots]
+
+    def request_counts(self) -> tuple[int, int, int]:
+        """(finished, open, queued) requests."""
+        finished = open_ = queued = 0
+        for stream in self.streams:
+            if stream.queued and not stream.cancelled:
+                queued += 1
+            elif stream.over:
+                finished += 1
+            elif stream.started_at is not None:
+                open_ += 1
+        return finished, open_, queued
 
     def count_labels(self) -> dict[str, int]:
         counts: dict[str, int] = {}

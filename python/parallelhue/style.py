@@ -62,6 +62,7 @@ _COMMON = {
     "replay": Ink(bold=True, reverse=True),
     "label.verifying": Ink(bold=True),
     "label.cancelled": Ink(bold=True, dim=True),
+    "label.queued": Ink(dim=True),
     # A character whose bytes came from two steps (or tokens of two roles): proven,
     # but no single step or role to color it by.
     "mixed": Ink(underline=True),

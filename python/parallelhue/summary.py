@@ -10,6 +10,7 @@ count everything the server did during the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -238,7 +239,11 @@ def _notes(model: RunModel) -> list[str]:
             notes.append(f"stream {state.index}: {state.label}; {state.note}")
     result = run_result(model)
     ttft, itl, e2e = result["ttft_s"], result["itl_s"], result["e2e_s"]
-    note = model.arrival_note if model.arrival_note and len(model.streams) >= 4 else ""
+    note = (
+        model.arrival_note
+        if model.arrival_note and (model.concurrency or len(model.streams)) >= 4
+        else ""
+    )
     notes.append(
         f"latency (client clock, SSE arrival{'; ' + note if note else ''}): "
         f"TTFT mean={_ms(ttft['mean'])} p50={_ms(ttft['p50'])} p99={_ms(ttft['p99'])}; "
@@ -246,6 +251,8 @@ def _notes(model: RunModel) -> list[str]:
         f"p90={_ms(itl['p90'])} p99={_ms(itl['p99'])}; "
         f"E2E mean={_ms(e2e['mean'])} p99={_ms(e2e['p99'])}"
     )
+    if _requests_run(model):
+        notes.append(_requests_note(model, result))
     wall = result["wall_seconds"]
     if wall is not None:
         rate = result["tokens_per_second"]
@@ -274,6 +281,31 @@ def _notes(model: RunModel) -> list[str]:
     return notes
 
 
+def _requests_run(model: RunModel) -> bool:
+    """--requests beyond --concurrency, or a --request-rate: requests, not just streams."""
+    return model.queueing or not math.isinf(model.request_rate)
+
+
+def _requests_note(model: RunModel, result: Mapping[str, Any]) -> str:
+    waits = [
+        s.started_at - s.scheduled_at
+        for s in model.streams
+        if s.started_at is not None and s.scheduled_at is not None
+    ]
+    rate = result["requests_per_second"]
+    arrivals = (
+        "all due at once"
+        if math.isinf(model.request_rate)
+        else f"Poisson arrivals at {model.request_rate:g}/s"
+    )
+    wait = f"; waited for a free stream: mean {_ms(sum(waits) / len(waits))}" if waits else ""
+    return (
+        f"requests: {result['completed_requests']} of {result['requests']} completed on "
+        f"{result['concurrency']} streams ({arrivals}); "
+        f"{_fixed(rate, 2)} requests/s over the run{wait}"
+    )
+
+
 def _has_positions(model: RunModel) -> bool:
     return bool(run_result(model)["acceptance_by_position"])
 
@@ -287,7 +319,13 @@ def _title(model: RunModel) -> Line:
         title.append((f" (replay of {sanitize(model.replay_of, keep_newlines=False)})", "heading"))
     if model.interrupted:
         title.append((" (interrupted: partial figures)", "heading"))
-    title.append((f" · {count} stream{'s' if count != 1 else ''} · mode {model.mode}", None))
+    if _requests_run(model):
+        streams = model.concurrency or count
+        rate = "" if math.isinf(model.request_rate) else f" at {model.request_rate:g}/s"
+        shown = f" · {count} requests on {streams} stream{'s' if streams != 1 else ''}{rate}"
+    else:
+        shown = f" · {count} stream{'s' if count != 1 else ''}"
+    title.append((f"{shown} · mode {model.mode}", None))
     if model.model_name:
         title.append((f" · model {sanitize(model.model_name, keep_newlines=False)}", None))
     return title

@@ -117,7 +117,8 @@ class TmuxView:
 
     @property
     def _shown(self) -> list[StreamState]:
-        return self.model.streams[:GRID_MAX_PANES]
+        # With --requests a pane is a stream: it shows the latest request started on it.
+        return self.model.shown_streams()[:GRID_MAX_PANES]
 
     def _stream_snapshot(self, stream: StreamState, done: bool) -> dict[str, Any]:
         data = pane_data(stream, self.model, None)
@@ -128,6 +129,7 @@ class TmuxView:
             "numbers": data.numbers,
             "body": [list(piece) for piece in data.body],
             "note": data.note,
+            "requests": data.requests,
             "palette": self.model.palette,
             "no_color": self.model.no_color,
             "done": done,
@@ -151,8 +153,9 @@ class TmuxView:
         }
 
     def _write_all(self, done: bool) -> None:
-        for stream in self._shown:
+        for position, stream in enumerate(self._shown):
             version = (
+                stream.index,
                 len(stream.chunks),
                 len(stream.spans),
                 stream.label,
@@ -162,7 +165,7 @@ class TmuxView:
                 self.model.colorize,
                 done,
             )
-            name = f"stream-{stream.index}"
+            name = f"stream-{position}"
             if self._versions.get(name) != version:
                 _write_atomic(
                     os.path.join(self.directory, name), self._stream_snapshot(stream, done)
@@ -177,7 +180,7 @@ class TmuxView:
         for old in remove_finished_sessions():
             print(f"parallelhue: removed the finished tmux session {old}", file=sys.stderr)
         self._write_all(done=False)
-        names = [f"stream-{s.index}" for s in self._shown] + ["summary"]
+        names = [f"stream-{position}" for position in range(len(self._shown))] + ["summary"]
         created = _tmux(
             "new-session", "-d", "-s", self.session, "-x", "220", "-y", "60",
             _pane_command(self.directory, names[0]),
@@ -271,6 +274,7 @@ def snapshot_lines(data: dict[str, Any], width: int, height: int) -> list[Line]:
         numbers=str(data.get("numbers", "")),
         body=tuple(_pieces(data.get("body", []))),
         note=str(data["note"]) if data.get("note") else None,
+        requests=int(data["requests"]) if isinstance(data.get("requests"), int) else None,
     )
     return bare_pane(pane, width, height)
 

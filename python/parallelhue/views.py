@@ -138,7 +138,7 @@ class _Keys:
 
     def on_key(self, key: str) -> None:
         ui = self.ui
-        count = len(self.model.streams)
+        count = len(self.model.shown_streams())
         if key in ("q", "Q"):
             # The same path as Ctrl-C: the session cancels every stream and cleans up,
             # the CLI prints the partial summary.
@@ -185,7 +185,7 @@ class GridView:
         self.console = console
         self._grid: AnsiGrid | None = None
         self._keys = _Keys(model)
-        large = min(len(model.streams), GRID_MAX_PANES) > LARGE_GRID_PANES
+        large = min(len(model.shown_streams()), GRID_MAX_PANES) > LARGE_GRID_PANES
         self.refresh_interval = LARGE_GRID_INTERVAL if large else 1.0 / REFRESH_HZ
 
     def start(self) -> None:
@@ -351,7 +351,7 @@ class PlainView:
 
     def final_lines(self, width: int) -> list[Line]:
         """The picture an export shows: what a terminal would have shown (in colors)."""
-        if len(self.model.streams) == 1:
+        if len(self.model.shown_streams()) == 1:
             return stream_screen(self.model, width, None)
         return final_grid(self.model, width)
 

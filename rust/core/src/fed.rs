@@ -214,6 +214,19 @@ impl Fed {
         self.rec.reject(reason);
     }
 
+    /// Telemetry lost between the server and this client (see
+    /// [`Reconciler::push_lost`]): recorded, then every stream without a
+    /// verdict fails.
+    pub fn push_lost(&mut self, frames: Option<u64>) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.push_lost_at(frames, at);
+    }
+
+    pub fn push_lost_at(&mut self, frames: Option<u64>, at: f64) {
+        self.tap_item(at, &Item::Lost { frames });
+        self.rec.push_lost(frames);
+    }
+
     /// An SSE delta pushed by the caller (not queued for the screen: that
     /// caller keeps its own text).
     pub fn push_sse(&mut self, stream: u16, text: &str, token_ids: &[u32]) {

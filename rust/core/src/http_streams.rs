@@ -856,6 +856,8 @@ struct Link {
     /// The stream ended; handed to the state once the items before it are.
     end: Option<TelemetryEnd>,
     accept: bool,
+    /// The run's reconciler was told that the stream ended early.
+    end_told: bool,
 }
 
 struct Thread<'a> {
@@ -1143,7 +1145,11 @@ impl Thread<'_> {
                         state.bytes += frame.len() as u64;
                         fed.push_frame_at(&frame, time);
                     }
-                    StreamItem::Dropped { frames } => state.dropped += u64::from(frames),
+                    StreamItem::Dropped { frames } => {
+                        // In stream order: the frames after it are not among the lost.
+                        state.dropped += u64::from(frames);
+                        fed.push_lost_at(Some(u64::from(frames)), time);
+                    }
                     StreamItem::Heartbeat => state.heartbeats += 1,
                     StreamItem::Preamble(_) | StreamItem::End { .. } => {}
                 }
@@ -1154,6 +1160,12 @@ impl Thread<'_> {
             if let Some(end) = link.end.take() {
                 state.end = Some(end);
             }
+        }
+        // The client closes the stream only after the run, so any end seen
+        // here comes before it: what the server sends from now on is lost.
+        if state.accepted && state.end.is_some() && !link.end_told {
+            link.end_told = true;
+            fed.push_lost_at(None, time);
         }
     }
 }
@@ -1562,12 +1574,63 @@ mod tests {
         let fed = r.fed.lock().unwrap();
         assert_eq!(*fed.run_id(), server_run);
         assert_eq!((fed.counters().frames, fed.sources().len()), (1, 1));
+        // The dropped item, in stream order, failed every stream without a verdict.
+        for stream in 0..2 {
+            assert_eq!(
+                fed.verdict(stream),
+                crate::reconcile::Verdict::Failed(
+                    "telemetry lost: 5 frames dropped by the server".into()
+                )
+            );
+        }
         drop(fed);
         let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
         assert!(
             sent.starts_with("POST /v1/parallelhue/runs HTTP/1.1\r\n"),
             "{sent}"
         );
+    }
+
+    #[test]
+    fn a_telemetry_stream_that_ends_before_the_run_fails_the_open_streams() {
+        use crate::encode::{HelloFields, Sender};
+        use crate::telemetry_stream::ITEM_FRAME;
+        let server_run = [0x6bu8; 16];
+        let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
+        stream.extend_from_slice(&server_run);
+        stream.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        stream.extend_from_slice(&2000u32.to_le_bytes());
+        let hello = Sender::new(server_run, 9).hello(&HelloFields::simulated(1, 2));
+        stream.extend(telemetry_item(ITEM_FRAME, &hello));
+        // The connection closes after a whole item, without the end item.
+        let mut answer = TELEMETRY_HEAD.as_bytes().to_vec();
+        answer.extend(chunked_bytes(&stream));
+        answer.extend_from_slice(b"0\r\n\r\n");
+        let (port, _) = serve(vec![answer], false);
+        let r = run(port, 3, None);
+        let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
+        let post =
+            crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap();
+        r.streams.subscribe(post).unwrap();
+        telemetry_state_when(&r, "named its run", |t| t.preamble.is_some());
+        r.streams.accept_telemetry();
+        let state = telemetry_state_when(&r, "ended", |t| t.end.is_some());
+        assert_eq!(
+            state.end,
+            Some(TelemetryEnd::Body(BodyEnd::Stream(
+                crate::telemetry_stream::StreamError::ClosedWithoutEnd
+            )))
+        );
+        let fed = r.fed.lock().unwrap();
+        assert_eq!(fed.counters().frames, 1);
+        for stream in 0..3 {
+            assert_eq!(
+                fed.verdict(stream),
+                crate::reconcile::Verdict::Failed(
+                    "telemetry lost: the telemetry stream ended before the run".into()
+                )
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -43,6 +43,8 @@ pub struct ReceiverCounters {
     pub batches: AtomicU64,
     /// recvmsg/poll failures other than EAGAIN/EINTR.
     pub errors: AtomicU64,
+    /// The thread is between reading datagrams and having pushed them.
+    pub busy: AtomicBool,
 }
 
 /// A point-in-time copy of the counters.
@@ -239,6 +241,21 @@ impl Receiver {
         self.thread.is_none()
     }
 
+    /// Whether datagrams that arrived before this call may still be on their way
+    /// into the reconciler: queued in the kernel, or read and not yet pushed.
+    /// Lets the client tell "no telemetry came" from "the thread has not read it yet".
+    pub fn pending(&self) -> bool {
+        if self.thread.is_none() {
+            return false;
+        }
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int; the fd is open while the thread runs.
+        let r = unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut queued) };
+        // The queue first, then the flag: a datagram taken off the queue after the
+        // first look was taken by a thread that set `busy` before reading it.
+        (r < 0 || queued > 0) || self.counters.busy.load(Ordering::SeqCst)
+    }
+
     pub fn stats(&self) -> ReceiverStats {
         let c = &self.counters;
         ReceiverStats {
@@ -397,6 +414,7 @@ fn read_loop(
             return;
         }
         let stop = fds[1].revents != 0;
+        counters.busy.store(true, Ordering::SeqCst);
         // Read everything queued, a batch at a time (also when stopping: what
         // was sent before close() is not lost).
         loop {
@@ -457,6 +475,7 @@ fn read_loop(
                 break;
             }
         }
+        counters.busy.store(false, Ordering::SeqCst);
         if stop {
             return;
         }
@@ -500,6 +519,28 @@ mod tests {
         assert_eq!(r.sources().len(), 1);
         assert_eq!(r.counters().rejected_frames, 1);
         assert_eq!(r.counters().frames, 2);
+    }
+
+    #[test]
+    fn pending_covers_every_datagram_sent_before_it() {
+        // The client asks `pending` once its streams ended: while it says true a
+        // datagram already sent may still be on its way; once false, all of them
+        // are in the reconciler (no sleeping in between).
+        let path = tmp_path("pending");
+        let _ = std::fs::remove_file(&path);
+        let run = [5u8; 16];
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id(run, 1))));
+        let mut rx = Receiver::bind(&path, 1 << 20, Arc::clone(&rec), &[]).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        for round in 1..=50u64 {
+            tx.send_to(b"not a frame", &path).unwrap();
+            while rx.pending() {
+                std::thread::yield_now();
+            }
+            assert_eq!(rec.lock().unwrap().counters().frames, round);
+        }
+        rx.close().unwrap();
+        assert!(!rx.pending());
     }
 
     #[test]

@@ -48,6 +48,10 @@ impl Receiver {
         true
     }
 
+    pub fn pending(&self) -> bool {
+        false
+    }
+
     pub fn stats(&self) -> ReceiverStats {
         ReceiverStats::default()
     }

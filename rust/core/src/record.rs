@@ -34,10 +34,11 @@ pub mod kind {
     pub const SSE_ID: u8 = 10;
     pub const SSE_CHOICE: u8 = 11;
     pub const SSE_USAGE: u8 = 12;
+    pub const LOST: u8 = 13;
 }
 
 /// One recorded item. Reconciler inputs are `Sse`, `SseId`, `SseChoice`,
-/// `SseUsage`, `Finish`, `Frame`, `Reject` and `Finalize`; `Start` and `End` say when a stream's request
+/// `SseUsage`, `Finish`, `Frame`, `Reject`, `Lost` and `Finalize`; `Start` and `End` say when a stream's request
 /// began and how it ended when not normally (for the screen and the summary).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item<'a> {
@@ -81,6 +82,11 @@ pub enum Item<'a> {
     },
     Frame(&'a [u8]),
     Reject(&'a str),
+    /// Telemetry lost on the way to the client (`Reconciler::push_lost`):
+    /// frames the server's hub dropped, None when its stream ended early.
+    Lost {
+        frames: Option<u64>,
+    },
     Finalize,
     Footer(&'a str),
 }
@@ -192,6 +198,11 @@ pub fn encode_item(out: &mut Vec<u8>, at: f64, item: &Item<'_>) {
         Item::Reject(reason) => {
             head(out, kind::REJECT, reason.len(), at);
             out.extend_from_slice(reason.as_bytes());
+        }
+        Item::Lost { frames } => {
+            head(out, kind::LOST, 9, at);
+            out.push(u8::from(frames.is_some()));
+            out.extend_from_slice(&frames.unwrap_or(0).to_le_bytes());
         }
         Item::Finalize => head(out, kind::FINALIZE, 0, at),
     }
@@ -384,6 +395,14 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
         }
         kind::FRAME => Item::Frame(p),
         kind::REJECT => Item::Reject(text(p, offset, kind)?),
+        kind::LOST => {
+            need(9)?;
+            let count =
+                u64::from_le_bytes(p[1..9].try_into().map_err(|_| bad("payload too short"))?);
+            Item::Lost {
+                frames: (p[0] != 0).then_some(count),
+            }
+        }
         kind::FINALIZE => Item::Finalize,
         _ => return Err(bad("unknown kind")),
     })
@@ -467,6 +486,8 @@ mod tests {
             },
             Item::Frame(b"PHUE\x01"),
             Item::Reject("oversized"),
+            Item::Lost { frames: Some(7) },
+            Item::Lost { frames: None },
             Item::Finalize,
             Item::Footer("{}"),
         ];
@@ -532,6 +553,14 @@ mod tests {
         assert_eq!(
             decode_items(&bad, |_, _| {}).unwrap_err().to_string(),
             "invalid item of kind 3 at byte 0: payload too short"
+        );
+        // A lost item shorter than its 9 bytes.
+        let mut short = Vec::new();
+        head(&mut short, kind::LOST, 8, 0.0);
+        short.extend_from_slice(&[1, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            decode_items(&short, |_, _| {}).unwrap_err().to_string(),
+            "invalid item of kind 13 at byte 0: payload too short"
         );
         assert_eq!(
             check_preamble(b"PHREC\x02rest"),

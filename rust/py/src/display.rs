@@ -86,7 +86,7 @@ impl Reconciler {
     }
 
     /// Apply a buffer of recording items (no preamble) in order: SSE deltas,
-    /// finishes, frames, rejections, finalize; starts, ends, header and
+    /// finishes, frames, rejections, losses, finalize; starts, ends, header and
     /// footer carry nothing for the reconciler. The GIL is released; an
     /// invalid item raises ValueError after the items before it.
     fn push_recorded(&self, py: Python<'_>, data: &[u8]) -> PyResult<()> {
@@ -125,6 +125,7 @@ impl Reconciler {
                 Item::Finish { stream, reason } if stream < n => fed.finish_sse(stream, reason),
                 Item::Frame(frame) => fed.push_frame(frame),
                 Item::Reject(reason) => fed.reject(reason.to_owned()),
+                Item::Lost { frames } => fed.push_lost(frames),
                 Item::Finalize => fed.finalize(),
                 _ => {}
             });

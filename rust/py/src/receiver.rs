@@ -53,6 +53,12 @@ impl Receiver {
         Ok(())
     }
 
+    /// Whether datagrams that arrived before this call may not have reached the
+    /// reconciler yet (queued in the kernel, or read and not yet pushed).
+    fn pending(&self) -> bool {
+        self.inner.lock().map(|r| r.pending()).unwrap_or(false)
+    }
+
     #[getter]
     fn closed(&self) -> bool {
         self.inner.lock().map(|r| r.is_closed()).unwrap_or(true)

@@ -11,7 +11,7 @@ use parallelhue_core::stats::{Stats, STAT_KEYS};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{
     completion_tokens, frame_bytes, repr_str, step_counts, token_ids_into, value_error,
@@ -401,6 +401,28 @@ impl Reconciler {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Telemetry lost between the server and this client: `frames` the
+    /// server's hub discarded, None an unknown number (the telemetry stream
+    /// ended before the run). Every stream without a final verdict fails.
+    #[pyo3(signature = (frames))]
+    fn push_lost(&self, frames: &Bound<'_, PyAny>) -> PyResult<()> {
+        let count = if frames.is_none() {
+            None
+        } else {
+            match frames.extract::<u64>() {
+                Ok(n) if !frames.is_instance_of::<PyBool>() => Some(n),
+                _ => {
+                    return Err(value_error(format!(
+                        "lost frame count {} out of range 0..=18446744073709551615",
+                        repr_str(frames)
+                    )))
+                }
+            }
+        };
+        self.lock()?.push_lost(count);
+        Ok(())
     }
 
     /// The SSE chunk `id` of a stream (its first chunk's, and every one that

@@ -60,6 +60,7 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
             .into_pyobject(py)?
             .into_any(),
         Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
+        Item::Lost { frames } => (t, "lost", frames).into_pyobject(py)?.into_any(),
         Item::Finalize => PyTuple::new(
             py,
             [
@@ -298,6 +299,12 @@ impl RecordWriter {
         self.put(&Item::Reject(reason))
     }
 
+    /// Telemetry lost on the way (`Reconciler.push_lost`'s argument).
+    #[pyo3(signature = (frames))]
+    fn lost(&mut self, frames: Option<u64>) -> PyResult<()> {
+        self.put(&Item::Lost { frames })
+    }
+
     fn finalize(&mut self) -> PyResult<()> {
         self.put(&Item::Finalize)
     }
@@ -371,6 +378,10 @@ pub(crate) fn encode_recording<'py>(
             "reject" => {
                 let reason: String = field(2)?.extract()?;
                 record::encode_item(&mut out, t, &Item::Reject(&reason));
+            }
+            "lost" => {
+                let frames: Option<u64> = field(2)?.extract()?;
+                record::encode_item(&mut out, t, &Item::Lost { frames });
             }
             "finalize" => record::encode_item(&mut out, t, &Item::Finalize),
             other => {

@@ -15,6 +15,22 @@ impl Reconciler {
         self.reject_message(reason);
     }
 
+    /// Telemetry lost between the server and this client, not by a sender
+    /// (docs/PROTOCOL.md, "Lost telemetry"): `Some(n)` frames the server's hub
+    /// discarded for this client (a `dropped` item), `None` an unknown number
+    /// (the telemetry stream ended before the run). Like any frame loss it
+    /// fails every stream without a final verdict, an exact one too (a lost
+    /// frame may have been a notice for it); `Some(0)` lost nothing.
+    pub fn push_lost(&mut self, frames: Option<u64>) {
+        self.input_start = self.events.len();
+        let reason = match frames {
+            Some(0) => return,
+            Some(n) => format!("telemetry lost: {n} frames dropped by the server"),
+            None => "telemetry lost: the telemetry stream ended before the run".to_owned(),
+        };
+        self.frames_lost(&reason);
+    }
+
     /// Push one datagram.
     pub fn push_frame(&mut self, data: &[u8]) {
         self.input_start = self.events.len();

@@ -1,0 +1,1108 @@
+/* parallelhue_vllm._speedups: optional C versions of the plugin's hottest code.
+ *
+ * Built when a C compiler is there at install time (setup.py, optional=True);
+ * without it the pure-Python code in hooks.py and wire.py does the same work
+ * (accelerator.py chooses, once per process). The pure-Python code is the
+ * reference: tests check that both produce the same bytes and refuse the
+ * same inputs.
+ *
+ * - SchedRequest, scheduler_rows(...): the EngineCore loop over a step's
+ *   outputs (hooks.SchedulerTelemetry.after / _python_rows).
+ * - StreamRecorder(stream, fragments), QueueCapture(...): the API server's
+ *   stand-ins for a detokenizer's decode stream and a request's output queue
+ *   (hooks._StreamRecorder, hooks._QueueCapture).
+ * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
+ *   texts, fragments, span_backs): a step's record bytes as wire.py's
+ *   functions of the same names; the text encoder writes protocol 2's entry
+ *   (lead_len), so neither is used before protocol 2 is on main.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <string.h>
+
+#define MAX_TOKENS_PER_RECORD 256
+#define LEAD_UNKNOWN 0xFFFF
+#define PROVENANCE_HEADER 14
+#define TEXT_HEADER 16
+#define TEXT_ENTRY 9
+#define ROW_WIDTH 7
+/* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
+ * with any change of a function's arguments, of the row layout or of the bytes. */
+#define SPEEDUPS_ABI 1
+
+/* ------------------------------------------------------------- helpers */
+static void
+put16(unsigned char *p, unsigned long v)
+{
+    p[0] = (unsigned char)(v & 0xFF);
+    p[1] = (unsigned char)((v >> 8) & 0xFF);
+}
+
+static void
+put32(unsigned char *p, unsigned long v)
+{
+    p[0] = (unsigned char)(v & 0xFF);
+    p[1] = (unsigned char)((v >> 8) & 0xFF);
+    p[2] = (unsigned char)((v >> 16) & 0xFF);
+    p[3] = (unsigned char)((v >> 24) & 0xFF);
+}
+
+/* An int in 0..limit, or -1 with ValueError("<what> field out of range ..."). */
+static long long
+field(PyObject *value, unsigned long long limit, const char *kind)
+{
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s record field is not an int", kind);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow || v < 0 || (unsigned long long)v > limit) {
+        PyErr_Format(PyExc_ValueError, "%s record field out of range: %R not in 0..%llu", kind,
+                     value, limit);
+        return -1;
+    }
+    return v;
+}
+
+/* ---------------------------------------------------- step encoders */
+/* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise). */
+static int
+record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
+            long long *out)
+{
+    for (int i = 0; i < ROW_WIDTH; i++) {
+        out[i] = field(PyList_GET_ITEM(meta, r * ROW_WIDTH + i), limits[i], kind);
+        if (out[i] < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int
+check_columns(PyObject *meta, Py_ssize_t records, Py_ssize_t ids, Py_ssize_t tokens)
+{
+    if (PyList_GET_SIZE(meta) != ROW_WIDTH * records || ids != tokens) {
+        PyErr_Format(PyExc_ValueError,
+                     "step columns disagree: %zd meta ints for %zd records, %zd ids for %zd "
+                     "tokens",
+                     PyList_GET_SIZE(meta), records, ids, tokens);
+        return -1;
+    }
+    return 0;
+}
+
+/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step) */
+static PyObject *
+encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_provenance_step(meta, ids, roles): three lists");
+        return NULL;
+    }
+    PyObject *meta = args[0], *ids = args[1], *roles = args[2];
+    static const unsigned long long limits[ROW_WIDTH] = {
+        0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, 0xFFFF, 0xFFFF};
+    Py_ssize_t records = PyList_GET_SIZE(roles), n_ids = PyList_GET_SIZE(ids), first = 0;
+    if (PyList_GET_SIZE(meta) < ROW_WIDTH * records) {
+        check_columns(meta, records, n_ids, -1);
+        return NULL;
+    }
+    PyObject *encoded = PyList_New(records);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < records; r++) {
+        long long v[ROW_WIDTH];
+        if (record_meta(meta, r, limits, "provenance", v) < 0) {
+            goto fail;
+        }
+        Py_ssize_t count = (Py_ssize_t)v[4];
+        PyObject *record_roles = PyList_GET_ITEM(roles, r);
+        if (!PyBytes_Check(record_roles)) {
+            PyErr_SetString(PyExc_TypeError, "provenance step: roles must be bytes");
+            goto fail;
+        }
+        if (PyBytes_GET_SIZE(record_roles) != count) {
+            PyErr_Format(PyExc_ValueError, "record for stream %lld: %zd roles for %zd tokens",
+                         v[0], PyBytes_GET_SIZE(record_roles), count);
+            goto fail;
+        }
+        if (first + count > n_ids) {
+            check_columns(meta, records, n_ids, first + count);
+            goto fail;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, PROVENANCE_HEADER + 5 * count);
+        if (out == NULL) {
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        put16(p, (unsigned long)v[0]);
+        p[2] = (unsigned char)v[1];
+        p[3] = (unsigned char)v[2];
+        put32(p + 4, (unsigned long)v[3]);
+        put16(p + 8, (unsigned long)count);
+        put16(p + 10, (unsigned long)v[5]);
+        put16(p + 12, (unsigned long)v[6]);
+        p += PROVENANCE_HEADER;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            long long id = field(PyList_GET_ITEM(ids, first + i), 0xFFFFFFFFULL, "provenance");
+            if (id < 0) {
+                Py_DECREF(out);
+                goto fail;
+            }
+            put32(p + 4 * i, (unsigned long)id);
+        }
+        memcpy(p + 4 * count, PyBytes_AS_STRING(record_roles), (size_t)count);
+        PyList_SET_ITEM(encoded, r, out);
+        first += count;
+    }
+    if (check_columns(meta, records, n_ids, first) < 0) {
+        goto fail;
+    }
+    return encoded;
+fail:
+    Py_DECREF(encoded);
+    return NULL;
+}
+
+/* encode_text_step(meta, ids, texts, fragments, span_backs) -> list[bytes] */
+static PyObject *
+encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_text_step(meta, ids, texts, fragments, span_backs)");
+        return NULL;
+    }
+    PyObject *meta = args[0], *ids = args[1], *texts = args[2], *fragments = args[3];
+    PyObject *span_backs = args[4];
+    static const unsigned long long limits[ROW_WIDTH] = {
+        0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, MAX_TOKENS_PER_RECORD, 0xFFFF};
+    Py_ssize_t records = PyList_GET_SIZE(texts);
+    Py_ssize_t n_ids = PyList_GET_SIZE(ids), n_fragments = PyList_GET_SIZE(fragments);
+    Py_ssize_t first_id = 0, first_fragment = 0;
+    if (PyList_GET_SIZE(meta) < ROW_WIDTH * records) {
+        check_columns(meta, records, n_ids, -1);
+        return NULL;
+    }
+    PyObject *encoded = PyList_New(records);
+    if (encoded == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t r = 0; r < records; r++) {
+        long long v[ROW_WIDTH];
+        if (record_meta(meta, r, limits, "text", v) < 0) {
+            goto fail;
+        }
+        Py_ssize_t count = (Py_ssize_t)v[4], fed = (Py_ssize_t)v[5];
+        if (fed > count) {
+            PyErr_Format(PyExc_ValueError, "text record: %zd fragments for %zd tokens", fed, count);
+            goto fail;
+        }
+        PyObject *text = PyList_GET_ITEM(texts, r);
+        if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "text step: an HTTP text is not a str");
+            goto fail;
+        }
+        PyObject *backs = NULL;
+        if (PyDict_GET_SIZE(span_backs)) {
+            PyObject *key = PyLong_FromSsize_t(r);
+            if (key == NULL) {
+                goto fail;
+            }
+            backs = PyDict_GetItemWithError(span_backs, key);
+            Py_DECREF(key);
+            if (backs == NULL && PyErr_Occurred()) {
+                goto fail;
+            }
+            if (backs != NULL && (!PyList_Check(backs) || PyList_GET_SIZE(backs) != count)) {
+                PyErr_Format(PyExc_ValueError, "text record: span_backs for %zd tokens needed",
+                             count);
+                goto fail;
+            }
+        }
+        if (first_id + count > n_ids || first_fragment + fed > n_fragments) {
+            PyErr_Format(PyExc_ValueError,
+                         "text step: records own more than the step's %zd ids and %zd fragments",
+                         n_ids, n_fragments);
+            goto fail;
+        }
+        Py_ssize_t http_len;
+        const char *http = PyUnicode_AsUTF8AndSize(text, &http_len);
+        if (http == NULL) {
+            goto fail;
+        }
+        if ((unsigned long long)http_len > 0xFFFFFFFFULL) {
+            PyErr_SetString(PyExc_ValueError, "text record field out of range: http_len");
+            goto fail;
+        }
+        Py_ssize_t size = TEXT_HEADER + TEXT_ENTRY * count + http_len;
+        for (Py_ssize_t i = 0; i < fed; i++) {
+            PyObject *piece = PyList_GET_ITEM(fragments, first_fragment + i);
+            Py_ssize_t length;
+            if (!PyUnicode_Check(piece)) {
+                PyErr_SetString(PyExc_TypeError, "text step: a fragment is not a str");
+                goto fail;
+            }
+            if (PyUnicode_AsUTF8AndSize(piece, &length) == NULL) {
+                goto fail;
+            }
+            if (length > 0xFFFF) {
+                PyErr_SetString(PyExc_ValueError, "text record field out of range: frag_len");
+                goto fail;
+            }
+            size += length;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+        if (out == NULL) {
+            goto fail;
+        }
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        put16(p, (unsigned long)v[0]);
+        p[2] = (unsigned char)v[1];
+        p[3] = (unsigned char)v[2];
+        put32(p + 4, (unsigned long)v[3]);
+        put16(p + 8, (unsigned long)count);
+        put16(p + 10, (unsigned long)v[6]);
+        put32(p + 12, (unsigned long)http_len);
+        unsigned char *entry = p + TEXT_HEADER;
+        unsigned char *data = entry + TEXT_ENTRY * count;
+        for (Py_ssize_t i = 0; i < count; i++, entry += TEXT_ENTRY) {
+            long long id = field(PyList_GET_ITEM(ids, first_id + i), 0xFFFFFFFFULL, "text");
+            long long back = 0;
+            if (id >= 0 && backs != NULL) {
+                back = field(PyList_GET_ITEM(backs, i), 0xFF, "text");
+            }
+            if (id < 0 || back < 0) {
+                Py_DECREF(out);
+                goto fail;
+            }
+            Py_ssize_t length = 0;
+            if (i < fed) {
+                const char *bytes =
+                    PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                memcpy(data, bytes, (size_t)length);
+                data += length;
+            }
+            put32(entry, (unsigned long)id);
+            put16(entry + 4, (unsigned long)length);
+            entry[6] = (unsigned char)back;
+            put16(entry + 7, back ? LEAD_UNKNOWN : 0);
+        }
+        memcpy(data, http, (size_t)http_len);
+        PyList_SET_ITEM(encoded, r, out);
+        first_id += count;
+        first_fragment += fed;
+    }
+    if (check_columns(meta, records, n_ids, first_id) < 0) {
+        goto fail;
+    }
+    if (first_fragment != n_fragments) {
+        PyErr_Format(PyExc_ValueError, "text step: %zd fragments owned, %zd given", first_fragment,
+                     n_fragments);
+        goto fail;
+    }
+    return encoded;
+fail:
+    Py_DECREF(encoded);
+    return NULL;
+}
+
+/* ------------------------------------------------------- StreamRecorder */
+/* Stands in for a fast detokenizer's `stream` (hooks._StreamRecorder): step()
+ * calls the real stream's step and appends `result or ""` to `fragments`. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream;
+    PyObject *step;      /* stream.step, bound once */
+    PyObject *fragments;
+} StreamRecorder;
+
+static PyObject *str_step, *str_put, *str_empty, *str_finish_reason;
+
+static PyObject *
+recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *text = PyObject_Vectorcall(self->step, args, (size_t)nargs, NULL);
+    if (text == NULL) {
+        return NULL; /* the stream's own error, as without the plugin */
+    }
+    PyObject *piece = text;
+    if (text == Py_None || (PyUnicode_Check(text) && PyUnicode_GET_LENGTH(text) == 0)) {
+        piece = str_empty;
+    }
+    if (PyList_Append(self->fragments, piece) < 0) {
+        PyErr_Clear(); /* never into vLLM: the count check reports the missing fragment */
+    }
+    return text;
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"stream", "fragments", NULL};
+    PyObject *stream, *fragments;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!:StreamRecorder", names, &stream,
+                                     &PyList_Type, &fragments)) {
+        return NULL;
+    }
+    PyObject *step = PyObject_GetAttr(stream, str_step);
+    if (step == NULL) {
+        return NULL;
+    }
+    StreamRecorder *self = (StreamRecorder *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(step);
+        return NULL;
+    }
+    Py_INCREF(stream);
+    Py_INCREF(fragments);
+    self->stream = stream;
+    self->step = step;
+    self->fragments = fragments;
+    return (PyObject *)self;
+}
+
+static int
+recorder_traverse(StreamRecorder *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->stream);
+    Py_VISIT(self->step);
+    Py_VISIT(self->fragments);
+    return 0;
+}
+
+static int
+recorder_clear(StreamRecorder *self)
+{
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->step);
+    Py_CLEAR(self->fragments);
+    return 0;
+}
+
+static void
+recorder_dealloc(StreamRecorder *self)
+{
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))recorder_step, METH_FASTCALL,
+     "step(tokenizer, token_id): the stream's step, its result recorded."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"stream", T_OBJECT, offsetof(StreamRecorder, stream), READONLY, "the real decode stream"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StreamRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.StreamRecorder",
+    .tp_doc = "StreamRecorder(stream, fragments): see hooks._StreamRecorder.",
+    .tp_basicsize = sizeof(StreamRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = recorder_new,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+};
+
+/* --------------------------------------------------------- QueueCapture */
+/* Stands in for a request's output queue (hooks._QueueCapture): put() takes
+ * the step's row from the output, then passes the output to the real queue. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *queue;
+    PyObject *fragments;     /* list: what each token decoded to this step */
+    PyObject *meta;          /* the run's columns of this step (hooks._Bucket) */
+    PyObject *ids;
+    PyObject *texts;
+    PyObject *all_fragments;
+    PyObject *span_backs;    /* dict: record index -> span_backs */
+    PyObject *stream;        /* int */
+    PyObject *special;       /* special(token_ids, finish_reason, stop_reason, text, index) */
+    PyObject *failed;        /* failed(exception) */
+    long long index;
+    long long offset;
+    long long pending_empty;
+} QueueCapture;
+
+static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
+
+/* Append the ROW_WIDTH ints of one row to a meta column; -1 on error (nothing appended). */
+static int
+append_meta(PyObject *meta, PyObject *const *values)
+{
+    Py_ssize_t before = PyList_GET_SIZE(meta);
+    for (int i = 0; i < ROW_WIDTH; i++) {
+        if (PyList_Append(meta, values[i]) < 0) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyList_SetSlice(meta, before, PyList_GET_SIZE(meta), NULL);
+            PyErr_Restore(type, value, traceback);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* 1: the common row was taken; 0: not a RequestOutput, nothing to take; -1: error. */
+static int
+capture_output(QueueCapture *self, PyObject *output)
+{
+    PyObject *completions = PyObject_GetAttr(output, str_outputs);
+    if (completions == NULL) {
+        PyErr_Clear(); /* an exception or a sentinel: not a RequestOutput */
+        return 0;
+    }
+    if (!PyList_CheckExact(completions) || PyList_GET_SIZE(completions) == 0) {
+        Py_DECREF(completions);
+        return 0;
+    }
+    PyObject *completion = PyList_GET_ITEM(completions, 0);
+    Py_INCREF(completion);
+    Py_DECREF(completions);
+    int status = -1;
+    PyObject *index = NULL, *token_ids = NULL, *finish = NULL, *text = NULL, *stop = NULL;
+    index = PyObject_GetAttr(completion, str_index);
+    token_ids = index ? PyObject_GetAttr(completion, str_token_ids) : NULL;
+    finish = token_ids ? PyObject_GetAttr(completion, str_finish_reason) : NULL;
+    text = finish ? PyObject_GetAttr(completion, str_text) : NULL;
+    if (text == NULL) {
+        goto done;
+    }
+    int overflow = 0;
+    long long at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
+    PyObject *fragments = self->fragments;
+    /* The common row: not finished (only a finished step can have been trimmed
+       after a stop string), every token decoded (a token that ended inside a
+       character decoded to "", and the next fragment claims it: span_back). */
+    int common = finish == Py_None && at == self->index && !overflow && count > 0 &&
+                 count <= MAX_TOKENS_PER_RECORD && PyList_GET_SIZE(fragments) == count &&
+                 PyUnicode_Check(text);
+    for (Py_ssize_t i = 0; common && i < count; i++) {
+        common = PyUnicode_Check(PyList_GET_ITEM(fragments, i));
+    }
+    PyObject *backs = NULL;
+    long long pending = self->pending_empty;
+    for (Py_ssize_t i = 0; common && i < count; i++) {
+        if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(fragments, i)) == 0) {
+            pending++;
+            continue;
+        }
+        if (pending > 0) {
+            if (backs == NULL) {
+                backs = PyList_New(count);
+                if (backs == NULL) {
+                    goto done;
+                }
+                for (Py_ssize_t k = 0; k < count; k++) {
+                    PyList_SET_ITEM(backs, k, PyLong_FromLong(0));
+                }
+            }
+            PyObject *back = PyLong_FromLongLong(pending < 255 ? pending : 255);
+            if (back == NULL) {
+                Py_DECREF(backs);
+                goto done;
+            }
+            PyList_SetItem(backs, i, back); /* steals `back`, drops the 0 it replaces */
+        }
+        pending = 0;
+    }
+    if (!common) {
+        PyErr_Clear();
+        stop = PyObject_GetAttr(completion, str_stop_reason);
+        if (stop != NULL) {
+            PyObject *done = PyObject_CallFunctionObjArgs(self->special, token_ids, finish, stop,
+                                                          text, index, NULL);
+            if (done != NULL) {
+                Py_DECREF(done);
+                status = 1;
+            }
+        }
+        goto done;
+    }
+    PyObject *offset = PyLong_FromLongLong(self->offset);
+    PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    if (n == NULL) {
+        Py_XDECREF(offset);
+        Py_DECREF(zero);
+        goto done;
+    }
+    /* Columns in the order ids, fragments, text, meta, each undone on failure, so
+       that the run's columns stay aligned. The ids are copied: outputs are
+       merged later. */
+    PyObject *values[ROW_WIDTH] = {self->stream, zero, zero, offset, n, n, zero};
+    Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
+    Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
+    Py_ssize_t texts_before = PyList_GET_SIZE(self->texts);
+    PyObject *record = NULL;
+    int failed = 0;
+    if (backs != NULL) {
+        record = PyLong_FromSsize_t(texts_before);
+        failed = record == NULL || PyDict_SetItem(self->span_backs, record, backs) < 0;
+    }
+    failed = failed || PyList_SetSlice(self->ids, ids_before, ids_before, token_ids) < 0 ||
+             PyList_SetSlice(self->all_fragments, fragments_before, fragments_before,
+                             fragments) < 0 ||
+             PyList_Append(self->texts, text) < 0 || append_meta(self->meta, values) < 0;
+    Py_DECREF(offset);
+    Py_DECREF(n);
+    Py_DECREF(zero);
+    if (failed) {
+        if (record != NULL) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyDict_DelItem(self->span_backs, record);
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyList_SetSlice(self->ids, ids_before, PyList_GET_SIZE(self->ids), NULL);
+        PyList_SetSlice(self->all_fragments, fragments_before,
+                        PyList_GET_SIZE(self->all_fragments), NULL);
+        PyList_SetSlice(self->texts, texts_before, PyList_GET_SIZE(self->texts), NULL);
+        PyErr_Restore(type, value, traceback);
+        Py_XDECREF(record);
+        Py_XDECREF(backs);
+        goto done;
+    }
+    Py_XDECREF(record);
+    Py_XDECREF(backs);
+    self->pending_empty = pending;
+    PyList_SetSlice(fragments, 0, count, NULL);
+    self->offset += count;
+    status = 1;
+done:
+    Py_XDECREF(stop);
+    Py_XDECREF(text);
+    Py_XDECREF(finish);
+    Py_XDECREF(token_ids);
+    Py_XDECREF(index);
+    Py_DECREF(completion);
+    return status;
+}
+
+static PyObject *
+capture_put(QueueCapture *self, PyObject *output)
+{
+    if (capture_output(self, output) < 0) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        PyObject *done = PyObject_CallOneArg(self->failed, value ? value : Py_None);
+        Py_XDECREF(done);
+        PyErr_Clear(); /* nothing reaches vLLM */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
+    return PyObject_CallMethodOneArg(self->queue, str_put, output);
+}
+
+static PyObject *
+capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"queue", "fragments", "bucket", "stream", "index", "special",
+                            "failed", NULL};
+    PyObject *queue, *fragments, *bucket, *stream, *special, *failed;
+    long long index;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!LOO:QueueCapture", names, &queue,
+                                     &PyList_Type, &fragments, &bucket, &PyLong_Type, &stream,
+                                     &index, &special, &failed)) {
+        return NULL;
+    }
+    PyObject *meta = PyObject_GetAttrString(bucket, "meta");
+    PyObject *ids = PyObject_GetAttrString(bucket, "ids");
+    PyObject *texts = PyObject_GetAttrString(bucket, "extra");
+    PyObject *all_fragments = PyObject_GetAttrString(bucket, "fragments");
+    PyObject *span_backs = PyObject_GetAttrString(bucket, "span_backs");
+    if (meta == NULL || ids == NULL || texts == NULL || all_fragments == NULL ||
+        span_backs == NULL || !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
+        !PyList_Check(all_fragments) || !PyDict_Check(span_backs)) {
+        Py_XDECREF(meta);
+        Py_XDECREF(ids);
+        Py_XDECREF(texts);
+        Py_XDECREF(all_fragments);
+        Py_XDECREF(span_backs);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError,
+                            "QueueCapture: bucket.meta/ids/extra/fragments lists, span_backs dict");
+        }
+        return NULL;
+    }
+    QueueCapture *self = (QueueCapture *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(meta);
+        Py_DECREF(ids);
+        Py_DECREF(texts);
+        Py_DECREF(all_fragments);
+        Py_DECREF(span_backs);
+        return NULL;
+    }
+    Py_INCREF(queue);
+    Py_INCREF(fragments);
+    Py_INCREF(stream);
+    Py_INCREF(special);
+    Py_INCREF(failed);
+    self->queue = queue;
+    self->fragments = fragments;
+    self->meta = meta;
+    self->ids = ids;
+    self->texts = texts;
+    self->all_fragments = all_fragments;
+    self->span_backs = span_backs;
+    self->stream = stream;
+    self->special = special;
+    self->failed = failed;
+    self->index = index;
+    return (PyObject *)self;
+}
+
+static int
+capture_traverse(QueueCapture *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->queue);
+    Py_VISIT(self->fragments);
+    Py_VISIT(self->meta);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->texts);
+    Py_VISIT(self->all_fragments);
+    Py_VISIT(self->span_backs);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->special);
+    Py_VISIT(self->failed);
+    return 0;
+}
+
+static int
+capture_clear(QueueCapture *self)
+{
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->fragments);
+    Py_CLEAR(self->meta);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->texts);
+    Py_CLEAR(self->all_fragments);
+    Py_CLEAR(self->span_backs);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->special);
+    Py_CLEAR(self->failed);
+    return 0;
+}
+
+static void
+capture_dealloc(QueueCapture *self)
+{
+    PyObject_GC_UnTrack(self);
+    capture_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef capture_methods[] = {
+    {"put", (PyCFunction)capture_put, METH_O,
+     "put(output): take the step's row, then the real queue's put(output)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef capture_members[] = {
+    {"queue", T_OBJECT, offsetof(QueueCapture, queue), READONLY, "the real output queue"},
+    {"offset", T_LONGLONG, offsetof(QueueCapture, offset), 0, "the request's next token offset"},
+    {"pending_empty", T_LONGLONG, offsetof(QueueCapture, pending_empty), 0,
+     "tokens that returned \"\" and no fragment has claimed yet"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject QueueCaptureType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.QueueCapture",
+    .tp_doc = "QueueCapture(queue, fragments, bucket, stream, index, special, failed): "
+              "see hooks._QueueCapture.",
+    .tp_basicsize = sizeof(QueueCapture),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = capture_new,
+    .tp_traverse = (traverseproc)capture_traverse,
+    .tp_clear = (inquiry)capture_clear,
+    .tp_dealloc = (destructor)capture_dealloc,
+    .tp_methods = capture_methods,
+    .tp_members = capture_members,
+};
+
+/* --------------------------------------------------------- SchedRequest */
+/* hooks._SchedRequest with C fields, so that scheduler_rows reads them directly. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *run;
+    PyObject *stream;  /* int */
+    PyObject *meta;    /* the run's bucket columns */
+    PyObject *ids;
+    PyObject *extra;
+    long long offset;
+} SchedRequest;
+
+static PyObject *
+sched_request_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"run", "stream", "bucket", NULL};
+    PyObject *run, *stream, *bucket;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!O:SchedRequest", names, &run,
+                                     &PyLong_Type, &stream, &bucket)) {
+        return NULL;
+    }
+    PyObject *meta = PyObject_GetAttrString(bucket, "meta");
+    PyObject *ids = meta ? PyObject_GetAttrString(bucket, "ids") : NULL;
+    PyObject *extra = ids ? PyObject_GetAttrString(bucket, "extra") : NULL;
+    if (extra == NULL || !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(extra)) {
+        Py_XDECREF(meta);
+        Py_XDECREF(ids);
+        Py_XDECREF(extra);
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "SchedRequest: bucket.meta/ids/extra must be lists");
+        }
+        return NULL;
+    }
+    SchedRequest *self = (SchedRequest *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(meta);
+        Py_DECREF(ids);
+        Py_DECREF(extra);
+        return NULL;
+    }
+    Py_INCREF(run);
+    Py_INCREF(stream);
+    self->run = run;
+    self->stream = stream;
+    self->meta = meta;
+    self->ids = ids;
+    self->extra = extra;
+    return (PyObject *)self;
+}
+
+static int
+sched_request_traverse(SchedRequest *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->run);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->meta);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->extra);
+    return 0;
+}
+
+static int
+sched_request_clear(SchedRequest *self)
+{
+    Py_CLEAR(self->run);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->meta);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->extra);
+    return 0;
+}
+
+static void
+sched_request_dealloc(SchedRequest *self)
+{
+    PyObject_GC_UnTrack(self);
+    sched_request_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef sched_request_members[] = {
+    {"run", T_OBJECT, offsetof(SchedRequest, run), READONLY, "the run id"},
+    {"stream", T_OBJECT, offsetof(SchedRequest, stream), READONLY, "the stream index"},
+    {"meta", T_OBJECT, offsetof(SchedRequest, meta), READONLY, "the run's meta column"},
+    {"ids", T_OBJECT, offsetof(SchedRequest, ids), READONLY, "the run's token ids column"},
+    {"extra", T_OBJECT, offsetof(SchedRequest, extra), READONLY, "the run's roles column"},
+    {"offset", T_LONGLONG, offsetof(SchedRequest, offset), 0, "the request's next offset"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SchedRequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "parallelhue_vllm._speedups.SchedRequest",
+    .tp_doc = "SchedRequest(run, stream, bucket): see hooks._SchedRequest.",
+    .tp_basicsize = sizeof(SchedRequest),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = sched_request_new,
+    .tp_traverse = (traverseproc)sched_request_traverse,
+    .tp_clear = (inquiry)sched_request_clear,
+    .tp_dealloc = (destructor)sched_request_dealloc,
+    .tp_members = sched_request_members,
+};
+
+/* Whether a draft list holds a -1 placeholder (ints only; anything else: -1 = unknown). */
+static int
+has_placeholder(PyObject *drafts)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(drafts); i++) {
+        PyObject *item = PyList_GET_ITEM(drafts, i);
+        if (!PyLong_CheckExact(item)) {
+            return -1;
+        }
+        int overflow = 0;
+        if (PyLong_AsLongAndOverflow(item, &overflow) == -1 && !overflow) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------ scheduler_rows */
+static PyObject *str_request_id, *str_new_token_ids;
+
+/* scheduler_rows(results, requests, spec_tokens, role_table, plain_role, check_padding,
+ *                special)
+ *
+ * The EngineCore hook's loop over one step's outputs (hooks.SchedulerTelemetry.after):
+ * for each output of a request in `requests`, the common row (not finished,
+ * drafts without placeholders, counts that make sense) is appended to the
+ * request's `rows` and its `offset` advanced; every other one is handed to
+ * special(state, output), in output order.
+ */
+static PyObject *
+scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyList_Check(args[3]) || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scheduler_rows(results, requests, spec_tokens, role_table, plain_role, "
+                        "check_padding, special)");
+        return NULL;
+    }
+    PyObject *requests = args[1], *spec_tokens = args[2], *role_table = args[3];
+    PyObject *plain_role = args[4], *special = args[6];
+    int check_padding = PyObject_IsTrue(args[5]);
+    if (check_padding < 0) {
+        return NULL;
+    }
+    PyObject *results = PyObject_GetIter(args[0]);
+    if (results == NULL) {
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *engine_outputs;
+    while ((engine_outputs = PyIter_Next(results)) != NULL) {
+        PyObject *outputs = PyObject_GetAttr(engine_outputs, str_outputs);
+        Py_DECREF(engine_outputs);
+        if (outputs == NULL || !PyList_Check(outputs)) {
+            if (outputs != NULL) {
+                PyErr_SetString(PyExc_TypeError, "EngineCoreOutputs.outputs is not a list");
+            }
+            Py_XDECREF(outputs);
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) {
+            PyObject *output = PyList_GET_ITEM(outputs, i);
+            Py_INCREF(output);
+            PyObject *rid = PyObject_GetAttr(output, str_request_id);
+            PyObject *state = rid ? PyDict_GetItemWithError(requests, rid) : NULL;
+            if (state == NULL) {
+                Py_XDECREF(rid);
+                Py_DECREF(output);
+                if (PyErr_Occurred()) {
+                    Py_DECREF(outputs);
+                    goto fail;
+                }
+                continue;
+            }
+            Py_INCREF(state);
+            PyObject *tokens = PyObject_GetAttr(output, str_new_token_ids);
+            PyObject *reason = tokens ? PyObject_GetAttr(output, str_finish_reason) : NULL;
+            PyObject *drafts = reason ? PyDict_GetItemWithError(spec_tokens, rid) : NULL;
+            Py_DECREF(rid);
+            int slow = 1;
+            Py_ssize_t count = 0, scheduled = 0;
+            PyObject *roles = NULL;
+            if (reason != NULL && !PyErr_Occurred() && PyList_CheckExact(tokens)) {
+                count = PyList_GET_SIZE(tokens);
+                if (drafts != NULL && PyList_CheckExact(drafts) && PyList_GET_SIZE(drafts) > 0) {
+                    scheduled = PyList_GET_SIZE(drafts);
+                    if (scheduled < PyList_GET_SIZE(role_table)) {
+                        PyObject *by_count = PyList_GET_ITEM(role_table, scheduled);
+                        if (PyList_Check(by_count) && count < PyList_GET_SIZE(by_count)) {
+                            roles = PyList_GET_ITEM(by_count, count);
+                        }
+                    }
+                    slow = roles == NULL || roles == Py_None;
+                    if (!slow && check_padding) {
+                        slow = has_placeholder(drafts) != 0; /* unknown contents: Python */
+                    }
+                } else if (drafts == NULL || PyList_Check(drafts)) {
+                    roles = plain_role;
+                    slow = count != 1;
+                }
+            }
+            if (tokens == NULL || reason == NULL || slow < 0 || PyErr_Occurred()) {
+                Py_XDECREF(tokens);
+                Py_XDECREF(reason);
+                Py_DECREF(state);
+                Py_DECREF(output);
+                Py_DECREF(outputs);
+                goto fail;
+            }
+            if (slow || reason != Py_None) {
+                Py_DECREF(tokens);
+                Py_DECREF(reason);
+                PyObject *done = PyObject_CallFunctionObjArgs(special, state, output, NULL);
+                Py_DECREF(state);
+                Py_DECREF(output);
+                if (done == NULL) {
+                    Py_DECREF(outputs);
+                    goto fail;
+                }
+                Py_DECREF(done);
+                continue;
+            }
+            Py_DECREF(reason);
+            int ok = 0;
+            if (Py_TYPE(state) != &SchedRequestType) {
+                PyErr_SetString(PyExc_TypeError, "scheduler_rows: requests must be SchedRequest");
+            } else {
+                SchedRequest *request = (SchedRequest *)state;
+                PyObject *offset = PyLong_FromLongLong(request->offset);
+                PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
+                PyObject *s = n ? PyLong_FromSsize_t(scheduled) : NULL;
+                if (s != NULL) {
+                    PyObject *values[ROW_WIDTH] = {request->stream, zero, zero, offset, n, s, zero};
+                    PyObject *ids = request->ids, *extra = request->extra;
+                    Py_ssize_t ids_before = PyList_GET_SIZE(ids);
+                    Py_ssize_t extra_before = PyList_GET_SIZE(extra);
+                    if (PyList_SetSlice(ids, ids_before, ids_before, tokens) == 0) {
+                        if (PyList_Append(extra, roles) == 0) {
+                            if (append_meta(request->meta, values) == 0) {
+                                request->offset += count;
+                                ok = 1;
+                            } else {
+                                PyList_SetSlice(extra, extra_before, PyList_GET_SIZE(extra), NULL);
+                                PyList_SetSlice(ids, ids_before, PyList_GET_SIZE(ids), NULL);
+                            }
+                        } else {
+                            PyList_SetSlice(ids, ids_before, PyList_GET_SIZE(ids), NULL);
+                        }
+                    }
+                }
+                Py_XDECREF(s);
+                Py_XDECREF(n);
+                Py_XDECREF(offset);
+            }
+            Py_DECREF(tokens);
+            Py_DECREF(state);
+            Py_DECREF(output);
+            if (!ok) {
+                Py_DECREF(outputs);
+                goto fail;
+            }
+        }
+        Py_DECREF(outputs);
+    }
+    Py_DECREF(results);
+    Py_DECREF(zero);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(results);
+    Py_DECREF(zero);
+    return NULL;
+}
+
+/* -------------------------------------------------------------- module */
+static PyMethodDef methods[] = {
+    {"scheduler_rows", (PyCFunction)(void (*)(void))scheduler_rows, METH_FASTCALL,
+     "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
+    {"encode_provenance_step", (PyCFunction)(void (*)(void))encode_provenance_step,
+     METH_FASTCALL, "The bytes of each provenance record of a step (wire.py)."},
+    {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,
+     "The bytes of each text record of a step (wire.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_speedups",
+    "Optional C versions of the ParallelHue plugin's hottest code.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+static int
+intern_names(void)
+{
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {
+        {&str_outputs, "outputs"},       {&str_text, "text"},
+        {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
+        {&str_finish_reason, "finish_reason"},
+        {&str_step, "step"},             {&str_put, "put"},
+        {&str_empty, ""},                {&str_index, "index"},
+        {&str_token_ids, "token_ids"},   {&str_stop_reason, "stop_reason"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].name);
+        if (*names[i].slot == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (intern_names() < 0) {
+        return NULL;
+    }
+    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&QueueCaptureType) < 0 ||
+        PyType_Ready(&SchedRequestType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&StreamRecorderType);
+    if (PyModule_AddObject(module, "StreamRecorder", (PyObject *)&StreamRecorderType) < 0) {
+        Py_DECREF(&StreamRecorderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&SchedRequestType);
+    if (PyModule_AddObject(module, "SchedRequest", (PyObject *)&SchedRequestType) < 0) {
+        Py_DECREF(&SchedRequestType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&QueueCaptureType);
+    if (PyModule_AddObject(module, "QueueCapture", (PyObject *)&QueueCaptureType) < 0) {
+        Py_DECREF(&QueueCaptureType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    /* accelerator.py uses this module only when ABI is the one it was written for. */
+    if (PyModule_AddIntConstant(module, "ABI", SPEEDUPS_ABI) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

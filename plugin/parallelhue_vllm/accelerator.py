@@ -1,0 +1,47 @@
+"""Whether the optional C accelerator (`_speedups.c`) is used: decided once, here.
+
+`pip install` builds `parallelhue_vllm._speedups` when a C compiler and
+Python's headers are there (setup.py, optional extension) and installs the
+pure-Python plugin when they are not. The hooks run the same work in Python
+without it, producing the same rows and bytes, so nothing about a server
+needs a compiler. Whatever happens while loading the accelerator (missing,
+built for another Python, built from another version of the source, broken)
+ends in the Python code with a reason, never in an exception reaching vLLM.
+
+PARALLELHUE_VLLM_PURE_PYTHON=1 forces the Python code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
+# The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
+EXPECTED_ABI = 1
+# What the hooks call on it.
+REQUIRED = ("QueueCapture", "SchedRequest", "StreamRecorder", "scheduler_rows")
+
+
+def load() -> tuple[Any, str]:
+    """(the accelerator module or None, a one-line reason for the choice)."""
+    if os.environ.get(ENV_PURE_PYTHON) == "1":
+        return None, f"pure Python ({ENV_PURE_PYTHON}=1)"
+    try:
+        module = importlib.import_module(f"{__package__}._speedups")
+    except ModuleNotFoundError:
+        return None, "pure Python (the C accelerator was not built: no compiler at install time)"
+    except Exception as error:  # a broken or foreign build must not stop the plugin
+        failure = f"{type(error).__name__}: {error}"
+        return None, f"pure Python (the C accelerator failed to load: {failure})"
+    abi = getattr(module, "ABI", None)
+    if abi != EXPECTED_ABI:
+        return (
+            None,
+            f"pure Python (the C accelerator has ABI {abi}, this plugin needs {EXPECTED_ABI})",
+        )
+    missing = [name for name in REQUIRED if not hasattr(module, name)]
+    if missing:
+        return None, f"pure Python (the C accelerator lacks {', '.join(missing)})"
+    return module, f"C accelerator ({getattr(module, '__file__', '?')})"

@@ -1,0 +1,379 @@
+"""The optional C accelerator (plugin/parallelhue_vllm/_speedups.c) against its Python originals.
+
+The hook tests (test_plugin_hooks.py) run every scenario with both; these check
+what the stand-ins promise vLLM on their own: the stream's and the queue's
+results and errors pass through unchanged, our own failures never reach vLLM,
+and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from parallelhue_vllm import accelerator, hooks
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
+
+
+def load_speedups() -> Any:
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        import build_speedups
+
+        build_speedups.build()
+        return importlib.import_module("parallelhue_vllm._speedups")
+    except (OSError, ImportError, subprocess.CalledProcessError) as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"parallelhue_vllm._speedups could not be built: {error}")
+        pytest.skip(f"no C compiler: {error}")
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.fixture(params=["c", "python"])
+def kinds(request: pytest.FixtureRequest) -> tuple[type, type]:
+    """(StreamRecorder, QueueCapture) of one implementation."""
+    if request.param == "python":
+        return hooks._StreamRecorder, hooks._QueueCapture
+    module = load_speedups()
+    return module.StreamRecorder, module.QueueCapture
+
+
+class Stream:
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
+
+    def step(self, tokenizer: Any, token_id: int) -> Any:
+        result = self.results.pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+def test_recorder_passes_the_stream_through_and_records(kinds: tuple[type, type]) -> None:
+    recorder_type, _ = kinds
+    fragments: list[str] = []
+    stream = Stream(["a", None, "", "日", OverflowError("bad id")])
+    recorder = recorder_type(stream, fragments)
+    assert recorder.stream is stream
+    assert [recorder.step(None, i) for i in range(4)] == ["a", None, "", "日"]
+    # decode_next returns `step(...) or ""`: that is what is recorded.
+    assert fragments == ["a", "", "", "日"]
+    with pytest.raises(OverflowError, match="bad id"):
+        recorder.step(None, 5)  # the stream's own error reaches vLLM as it would without us
+    assert fragments == ["a", "", "", "日"]
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.outputs: list[Any] = []
+
+    def put(self, output: Any) -> str:
+        if output == "explode":
+            raise RuntimeError("queue broke")
+        self.outputs.append(output)
+        return "queued"
+
+
+class Bucket:
+    def __init__(self) -> None:
+        self.meta: list[int] = []
+        self.ids: list[int] = []
+        self.extra: list[Any] = []
+        self.fragments: list[str] = []
+        self.span_backs: dict[int, list[int]] = {}
+
+
+def completion_output(text: Any, token_ids: list[int], finish: str | None = None) -> Any:
+    completion = SimpleNamespace(
+        index=0, text=text, token_ids=token_ids, finish_reason=finish, stop_reason=None
+    )
+    return SimpleNamespace(outputs=[completion])
+
+
+def make_capture(kinds: tuple[type, type]) -> tuple[Any, Queue, Bucket, list[str], list[Any]]:
+    _, capture_type = kinds
+    queue, bucket, fragments = Queue(), Bucket(), []
+    events: list[Any] = []
+    capture = capture_type(
+        queue, fragments, bucket, 7, 0,
+        lambda *args: events.append(("special", args)),
+        lambda error: events.append(("failed", repr(error))),
+    )  # fmt: skip
+    return capture, queue, bucket, fragments, events
+
+
+def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type, type]) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    ids = [4, 5]
+    fragments += ["a", "b"]
+    output = completion_output("ab", ids)
+    assert capture.put(output) in ("queued", None) and queue.outputs == [output]
+    assert (bucket.meta, bucket.extra) == ([7, 0, 0, 0, 2, 2, 0], ["ab"])
+    assert (bucket.ids, bucket.fragments, fragments) == ([4, 5], ["a", "b"], [])
+    ids.append(6)  # vLLM merges later outputs into this list: the bucket holds a copy
+    assert bucket.ids == [4, 5]
+    assert (capture.offset, events) == (2, [])
+
+
+def test_capture_claims_tokens_that_ended_inside_a_character(kinds: tuple[type, type]) -> None:
+    capture, _queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["a", "", ""]
+    capture.put(completion_output("a", [1, 2, 3]))
+    fragments += ["日"]
+    capture.put(completion_output("日", [4]))
+    if events:  # the Python stand-in hands these rows to hooks' _special_row
+        assert [event[1][0] for event in events] == [[1, 2, 3], [4]]
+        return
+    assert bucket.meta == [7, 0, 0, 0, 3, 3, 0, 7, 0, 0, 3, 1, 1, 0]
+    assert bucket.span_backs == {1: [2]} and capture.pending_empty == 0
+
+
+def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["x"]
+    capture.put(completion_output("x", [3], finish="stop"))  # finished: may have been trimmed
+    other = completion_output("y", [4])
+    other.outputs[0].index = 1  # not this request's choice
+    capture.put(other)
+    capture.put(completion_output("", []))  # no tokens
+    expected = [([3], "stop", None, "x", 0), ([4], None, None, "y", 1), ([], None, None, "", 0)]
+    assert [event[1] for event in events] == expected
+    assert bucket.meta == [] and len(queue.outputs) == 3
+
+
+def test_capture_never_raises_its_own_failures_and_forwards_anything(
+    kinds: tuple[type, type],
+) -> None:
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    fragments += ["a"]
+    broken = SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=[1], finish_reason=None)])
+    capture.put(broken)  # no .text
+    error = ValueError("an engine error for the client")
+    capture.put(error)
+    capture.put("sentinel")
+    assert queue.outputs == [broken, error, "sentinel"]
+    assert [event[0] for event in events] == ["failed"]
+    assert "text" in events[0][1]
+    assert bucket.meta == bucket.ids == bucket.extra == bucket.fragments == []
+    with pytest.raises(RuntimeError, match="queue broke"):
+        capture.put("explode")  # the queue's own error reaches vLLM as it would without us
+
+
+def test_c_stand_ins_leak_nothing() -> None:
+    module = load_speedups()
+    fragments: list[str] = []
+    recorder = module.StreamRecorder(Stream([]), fragments)
+    queue, bucket = Queue(), Bucket()
+    capture = module.QueueCapture(queue, fragments, bucket, 1, 0, lambda *a: None, lambda e: None)
+    pieces = [str(i) for i in range(8)]
+    recorder.stream.results = pieces * 4000
+
+    def rounds(count: int) -> None:
+        for _ in range(count):
+            for _ in range(4):
+                recorder.step(None, 1)
+            capture.put(completion_output("0123", [1, 2, 3, 4]))
+            bucket.meta.clear()
+            bucket.ids.clear()
+            bucket.extra.clear()
+            bucket.fragments.clear()
+            queue.outputs.clear()
+            capture.put(completion_output("x", [1], finish="stop"))  # special: no fragments
+            queue.outputs.clear()
+
+    rounds(100)
+    gc.collect()
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    rounds(3000)
+    gc.collect()
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert after - before < 16 * 1024, after - before
+
+
+def test_scheduler_rows_refuses_what_it_does_not_know() -> None:
+    module = load_speedups()
+    with pytest.raises(TypeError, match=r"scheduler_rows\(results, requests"):
+        module.scheduler_rows([], [], {}, [], b"", True, None)
+    outputs = SimpleNamespace(outputs=(SimpleNamespace(request_id="x"),))  # not a list
+    with pytest.raises(TypeError, match=r"EngineCoreOutputs\.outputs is not a list"):
+        module.scheduler_rows([outputs], {}, {}, [], b"\0", True, print)
+
+
+# ------------------------------------------------------------------ loading it
+def test_pure_python_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARALLELHUE_VLLM_PURE_PYTHON", "1")
+    assert accelerator.load() == (None, "pure Python (PARALLELHUE_VLLM_PURE_PYTHON=1)")
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (
+            ModuleNotFoundError("No module named 'parallelhue_vllm._speedups'"),
+            "pure Python (the C accelerator was not built: no compiler at install time)",
+        ),
+        (
+            ImportError("_speedups.so: invalid ELF header"),
+            "pure Python (the C accelerator failed to load: ImportError: _speedups.so: "
+            "invalid ELF header)",
+        ),
+        (
+            SystemError("initialization of _speedups raised unreported exception"),
+            "pure Python (the C accelerator failed to load: SystemError: initialization of "
+            "_speedups raised unreported exception)",
+        ),
+    ],
+)
+def test_an_accelerator_that_does_not_load_falls_back(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, reason: str
+) -> None:
+    monkeypatch.delenv("PARALLELHUE_VLLM_PURE_PYTHON", raising=False)
+
+    def import_module(name: str) -> Any:
+        assert name == "parallelhue_vllm._speedups"
+        raise error
+
+    monkeypatch.setattr(accelerator.importlib, "import_module", import_module)
+    assert accelerator.load() == (None, reason)
+
+
+@pytest.mark.parametrize(
+    ("module", "reason"),
+    [
+        (
+            SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
+            "pure Python (the C accelerator has ABI 0, this plugin needs 1)",
+        ),
+        (
+            SimpleNamespace(QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator has ABI None, this plugin needs 1)",
+        ),
+        (
+            SimpleNamespace(ABI=1, QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator lacks StreamRecorder, scheduler_rows)",
+        ),
+    ],
+)
+def test_an_accelerator_from_another_source_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, module: Any, reason: str
+) -> None:
+    monkeypatch.delenv("PARALLELHUE_VLLM_PURE_PYTHON", raising=False)
+    monkeypatch.setattr(accelerator.importlib, "import_module", lambda name: module)
+    assert accelerator.load() == (None, reason)
+
+
+def test_the_built_accelerator_is_used() -> None:
+    module = load_speedups()
+    assert module.ABI == accelerator.EXPECTED_ABI
+    assert all(hasattr(module, name) for name in accelerator.REQUIRED)
+
+
+def implementation_in_a_fresh_process(package_root: Path, **env: str) -> str:
+    """hooks.IMPLEMENTATION as a new interpreter importing the plugin from package_root sees it."""
+    environment = {k: v for k, v in os.environ.items() if k != "PARALLELHUE_VLLM_PURE_PYTHON"}
+    environment.update(env, PYTHONPATH=str(package_root))
+    code = (
+        "import parallelhue_vllm, parallelhue_vllm.hooks as h; "
+        "print(parallelhue_vllm.__file__); print(h.IMPLEMENTATION); print(h._speedups is None)"
+    )
+    # -S: no site-packages, so no other copy of the plugin (an editable install's
+    # finder would supply a _speedups this copy lacks); the plugin needs only the stdlib.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=environment, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    where, implementation, pure = result.stdout.splitlines()
+    assert where == str(package_root / "parallelhue_vllm" / "__init__.py")
+    assert pure == str(implementation.startswith("pure Python"))
+    return implementation
+
+
+def test_a_broken_build_on_disk_never_stops_the_plugin(tmp_path: Path) -> None:
+    """A _speedups file that is no shared object at all (a half-copied wheel, another
+    platform's build): the plugin imports and runs on its Python code."""
+    package = tmp_path / "parallelhue_vllm"
+    shutil.copytree(PLUGIN / "parallelhue_vllm", package,
+                    ignore=shutil.ignore_patterns("_speedups*.so", "__pycache__"))  # fmt: skip
+    suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    assert implementation_in_a_fresh_process(tmp_path) == (
+        "pure Python (the C accelerator was not built: no compiler at install time)"
+    )
+    (package / f"_speedups{suffix}").write_bytes(b"not an ELF file")
+    implementation = implementation_in_a_fresh_process(tmp_path)
+    assert implementation.startswith(
+        "pure Python (the C accelerator failed to load: ImportError: "
+    ), implementation
+    assert implementation_in_a_fresh_process(tmp_path, PARALLELHUE_VLLM_PURE_PYTHON="1") == (
+        "pure Python (PARALLELHUE_VLLM_PURE_PYTHON=1)"
+    )
+    built = Path(load_speedups().__file__)
+    shutil.copy(built, package / built.name)
+    assert implementation_in_a_fresh_process(tmp_path) == f"C accelerator ({package / built.name})"
+
+
+def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
+    """`pip install ./plugin` on a server without a C compiler: the build goes on
+    without the accelerator and the installed plugin runs its Python code."""
+    tools = tmp_path / "bin"  # the system's tools except every C compiler and linker
+    tools.mkdir()
+    compilers = ("cc", "gcc", "c89", "c99", "clang", "tcc", "ld", "x86_64-linux-gnu-")
+    for directory in ("/usr/bin", "/bin"):
+        for tool in Path(directory).iterdir():
+            if not tool.name.startswith(compilers) and not os.path.lexists(tools / tool.name):
+                (tools / tool.name).symlink_to(tool)
+    environment = dict(os.environ, PATH=str(tools), CC="/bin/false", PIP_NO_INPUT="1")
+    environment.pop("PARALLELHUE_VLLM_PURE_PYTHON", None)
+    source = tmp_path / "plugin"  # a clean copy: setuptools writes its build tree there
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns(
+        "*.so", "build", "*.egg-info", "__pycache__"))  # fmt: skip
+    target = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-q",
+         "--target", str(target), str(source)],
+        env=environment, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    installed = sorted(path.name for path in (target / "parallelhue_vllm").iterdir())
+    assert not [name for name in installed if name.endswith(".so")], installed
+    assert "accelerator.py" in installed and "_speedups.c" in installed
+    assert implementation_in_a_fresh_process(target) == (
+        "pure Python (the C accelerator was not built: no compiler at install time)"
+    )
+
+
+# ------------------------------------------------------------- step encoders
+def test_c_provenance_step_encoder_gives_wire_py_bytes() -> None:
+    """_speedups.encode_provenance_step (unused until protocol 2 lands on main) against
+    wire.py, the one encoder: same bytes for the same columns, same refusals."""
+    from parallelhue_vllm import wire
+
+    module = load_speedups()
+    meta = [0, 0, 0, 0, 1, 0, 0, 7, 1, 1, 42, 4, 3, 0, 0xFFFF, 3, 2, 0xFFFFFFFF, 2, 3, 2]
+    ids = [5, 0xFFFFFFFF, 6, 7, 8, 9, 10]
+    roles = [bytes([0]), bytes([1, 1, 1, 3]), bytes([2, 2])]
+    assert module.encode_provenance_step(meta, ids, roles) == wire.encode_provenance_step(
+        (meta, ids, roles)
+    )
+    with pytest.raises(ValueError, match="field out of range"):
+        module.encode_provenance_step([0, 0, 0, 0, 1, 0x10000, 0], [1], [b"\0"])
+    with pytest.raises(ValueError, match="field out of range"):
+        wire.encode_provenance_step(([0, 0, 0, 0, 1, 0x10000, 0], [1], [b"\0"]))
+    with pytest.raises(ValueError, match="1 roles for 2 tokens"):
+        module.encode_provenance_step([0, 0, 0, 0, 2, 0, 0], [1, 2], [b"\0"])
+    with pytest.raises(ValueError, match="1 roles for 2 tokens"):
+        wire.encode_provenance_step(([0, 0, 0, 0, 2, 0, 0], [1, 2], [b"\0"]))
