@@ -31,10 +31,11 @@ from parallelhue.record import read_recording
 from parallelhue.results import json_document
 from parallelhue.schedule import Dispatcher, arrival_offsets
 from parallelhue.session import Session, SessionResult
-from parallelhue.sim import FaultConfig, SimConfig, SimServer
+from parallelhue.sim import FaultConfig, SimConfig
 from parallelhue.state import RunModel, StreamState
 from parallelhue.views import make_console, make_view
 from test_cli import _CLEARED
+from test_client_sim import run_against_sim
 
 try:
     from parallelhue._native import Reconciler as _NativeReconciler  # noqa: F401
@@ -339,29 +340,9 @@ def _sim(socket_dir: str, **kwargs: Any) -> SimConfig:
     return SimConfig(socket_dir=socket_dir, step_ms=2.0, **kwargs)
 
 
-def _run_sim(args: list[str], sim: SimConfig) -> tuple[SessionResult, str]:
-    console = make_console(False, plain=True)
-    console.file = io.StringIO()
-
-    async def go() -> SessionResult:
-        server = SimServer(sim)
-        url = await server.start()
-        try:
-            config = parse_run(
-                [*args, "--endpoint", url + "/v1/chat/completions"], stdout_tty=False
-            )
-            session = Session(config, lambda m: make_view("plain", m, console), simulated=True)
-            return await session.run()
-        finally:
-            await server.stop()
-
-    result = asyncio.run(go())
-    return result, console.file.getvalue()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_request_is_exact_through_fewer_streams(kind: str, clean_env: str) -> None:
-    result, out = _run_sim(
+    result, out = run_against_sim(
         ["hi", "--requests", "9", "--concurrency", "3", "--max-tokens", "16", "--mode", "exact",
          "--reconciler", kind],
         _sim(clean_env),
@@ -384,7 +365,7 @@ def test_requests_stay_exact_when_the_engine_forgets_the_run_between_them(
     import parallelhue.sim.server as sim_server
 
     monkeypatch.setattr(sim_server, "RUN_IDLE_SECONDS", 0.0)
-    result, out = _run_sim(
+    result, out = run_against_sim(
         ["hi", "--requests", "4", "--concurrency", "1", "--max-tokens", "12", "--mode", "exact",
          "--reconciler", kind],
         _sim(clean_env),
@@ -397,7 +378,7 @@ def test_requests_stay_exact_when_the_engine_forgets_the_run_between_them(
 @pytest.mark.parametrize("kind", KINDS)
 def test_exact_mode_sends_no_further_request_after_a_failure(kind: str, clean_env: str) -> None:
     faults = FaultConfig(sse_byte=True, target_stream=0, target_offset=3)
-    result, out = _run_sim(
+    result, out = run_against_sim(
         ["hi", "--requests", "5", "--concurrency", "1", "--max-tokens", "16", "--mode", "exact",
          "--reconciler", kind],
         _sim(clean_env, faults=faults),

@@ -345,6 +345,13 @@ def test_tmux_inside_tmux_says_how_to_return_and_removes_finished_sessions(
         old = re.search(r"tmux session (parallelhue-[0-9a-f]+)", first)
         assert old is not None
         subprocess.run(["tmux", "switch-client", "-t", "work"], check=False)
+        # The next run removes only sessions no client shows: wait until tmux has
+        # moved the client back (under load the second run could start before).
+        _wait_until(
+            work,
+            lambda _text: f"{old.group(1)} 0" in _sessions_attached().splitlines(),
+            "the client back on work",
+        )
         _type(work, "clear; echo SECOND-RUN", "Enter", command, "Enter")
         second = _wait_until(
             work,

@@ -69,8 +69,21 @@ def work() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _let_others_traverse(path: str) -> list[tuple[Path, int]]:
+    """Give "others" search (x) permission on the directories above `path` that
+    lack it (e.g. root's 0700 home holding the cached vLLM venv), so UID can reach
+    the venv; returns what to restore."""
+    changed = []
+    for parent in reversed(Path(path).parents):
+        mode = parent.stat().st_mode & 0o7777
+        if not mode & 0o001:
+            os.chmod(parent, mode | 0o001)
+            changed.append((parent, mode))
+    return changed
+
+
 @pytest.fixture(scope="module")
-def server_side(work: Path, tiny_model: Path, vllm_python: Path) -> dict[str, Path]:
+def server_side(work: Path, tiny_model: Path, vllm_python: Path) -> Iterator[dict[str, Path]]:
     """The model (readable by UID), the server's home, an interpreter UID can run."""
     model = work / "model"
     shutil.copytree(tiny_model, model)
@@ -88,6 +101,7 @@ def server_side(work: Path, tiny_model: Path, vllm_python: Path) -> dict[str, Pa
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     (venv / "lib" / "python3.11" / "site-packages" / "vllm_venv.pth").write_text(site + "\n")
+    granted = _let_others_traverse(site)
     probe = subprocess.run(
         [
             "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
@@ -97,10 +111,14 @@ def server_side(work: Path, tiny_model: Path, vllm_python: Path) -> dict[str, Pa
         ],
         capture_output=True, text=True,
     )  # fmt: skip
-    assert probe.returncode == 0, f"uid {UID} cannot import vLLM: {probe.stderr[-500:]}"
-    # The socket directory the socket checks share with the server (made by the client).
-    shared = work / "shared"
-    return {"model": model, "home": home, "python": venv / "bin" / "python", "shared": shared}
+    try:
+        assert probe.returncode == 0, f"uid {UID} cannot import vLLM: {probe.stderr[-500:]}"
+        # The socket directory the socket checks share with the server (made by the client).
+        shared = work / "shared"
+        yield {"model": model, "home": home, "python": venv / "bin" / "python", "shared": shared}
+    finally:
+        for parent, mode in reversed(granted):
+            os.chmod(parent, mode)
 
 
 @pytest.fixture(scope="module")
