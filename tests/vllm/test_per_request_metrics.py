@@ -11,6 +11,10 @@ every stream is exact, and that every listed step was cross-checked.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,3 +74,27 @@ def test_vllm_per_request_metrics_cross_check_every_verify_step(
         listed += len(accepted)
     # Every verify step vLLM listed was matched with a scheduler record with drafts.
     assert result.totals["metrics_steps"] == listed > 0
+
+
+def test_vllm_per_request_metrics_summary_says_cross_checked(
+    metrics_server: server.Server, socket_dir: str
+) -> None:
+    """`parallelhue` itself: exact mode, 3 streams the engine finishes (max_tokens), and
+    the summary says every stream's verify steps were cross-checked."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "parallelhue", PROMPT, "--endpoint",
+            metrics_server.url + "/v1/completions", "--mode", "exact", "--concurrency", "3",
+            "--max-tokens", "40", "--temperature", "0", "--view", "plain",
+        ],
+        env={**os.environ, "PARALLELHUE_SOCKET_DIR": socket_dir},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr + metrics_server.log_tail(30)
+    assert done.stdout.count("EXACT TOKEN PROVENANCE ·") == 3, done.stdout
+    checked = re.findall(
+        r"cross-checked with vLLM's per-request metrics: (\d+) verify steps? of 3 of 3 streams "
+        r"agree with the scheduler's records",
+        done.stdout,
+    )
+    assert len(checked) == 1 and int(checked[0]) >= 3, done.stdout
