@@ -490,3 +490,22 @@ def test_the_lie_table_gives_the_same_events_in_both_reconcilers(case: int) -> N
         runs.append((run.events(), _snapshot(run.rec, 2)))
     assert runs[0] == runs[1], name
     assert reason in [event[2] for event in runs[0][0] if event[0] == "failed"]
+
+
+@pytest.mark.parametrize("cls", [ReferenceReconciler, NativeReconciler], ids=["python", "rust"])
+def test_the_last_sequence_number_is_not_released_twice(cls: Any) -> None:
+    # A source jumps to the top of the u64 sequence space (a gap), then sends seq
+    # 2^64 - 1 again with other content: a duplicate that differs, not a new frame
+    # (the next expected seq must not saturate at 2^64 - 1).
+    top = 2**64 - 1
+    run = test_reference.Run(num_streams=1, cls=cls)
+
+    def foreign(token_id: int, seq: int) -> bytes:  # a record for a stream not in the run
+        return run.prov(wire.ProvenanceRecord(3, 0, [token_id], [wire.ROLE_PLAIN], 0), seq=seq)
+
+    run.push(*[foreign(1, seq) for seq in range(top - 64, top + 1)])
+    run.push(foreign(2, top))
+    events = run.events()
+    assert ("run", f"source {test_reference.SCHED:016x}: seq {top} received twice with different "
+            "content") in events, events  # fmt: skip
+    assert run.rec.counters()["duplicate_frames"] == 1
