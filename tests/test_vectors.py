@@ -145,6 +145,8 @@ ERROR_TABLE = {
     "hello derivation": r"hello: unknown role derivation \d+",
     "hello async flag": r"hello: invalid async_scheduling \d+",
     "hello verification": r"hello: unknown verification \d+",
+    "hello K": r"hello: num_speculative_tokens \d+ exceeds 255 \(a step of K \+ 1 tokens must "
+    r"fit one record\)",
     "hello consistency": r"hello: inconsistent speculative fields \(method '.*', K \d+, "
     r"derivation \d+, verification \d+\)",
     "hello derivation vs async": r"hello: role derivation [12] with async_scheduling [01]",

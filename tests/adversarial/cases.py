@@ -303,6 +303,20 @@ def _hello_k_smaller(t: Transcript) -> None:
     t.hello("sched").num_speculative_tokens = 2
 
 
+def _hello_k_huge(t: Transcript) -> None:
+    # K = 65535 and every step ending on a target schedules that many drafts: the
+    # per-position statistics of each stream grow to 65535 entries.
+    t.hello("sched").num_speculative_tokens = 0xFFFF
+    for stream in (0, 1):
+        for index in range(8):
+            try:
+                record = t.prov(stream, index)
+            except IndexError:
+                break
+            if record.roles[-1] == wire.ROLE_TARGET:
+                record.drafts_scheduled = 0xFFFF
+
+
 def _hello_no_spec(t: Transcript) -> None:
     # A consistent "no speculative decoding" hello beside records with drafts and roles.
     hello = t.hello("sched")
@@ -1009,6 +1023,7 @@ OUT_OF_RANGE = "an id outside u32 is bad SSE data (both SSE paths)"
 PY_OTHER_MESSAGE = I9 + "--reconciler python reports it differently (invalid SSE data: token id …)"
 NO_FINISH = "the stream ended without a finish_reason (server closed it early)"
 GAP_FRONT0 = "frames lost: gap in source {front} at seq 0"
+GAP_SCHED0 = "frames lost: gap in source {sched} at seq 0"
 GAP_SCHED2 = "frames lost: gap in source {sched} at seq 2"
 GAP_SCHED6 = "frames lost: gap in source {sched} at seq 6"
 DUP3 = "source {sched}: seq 3 received twice with different content"
@@ -1487,6 +1502,17 @@ CASES: list[Case] = [
         streams=(0, 1),
         reasons={0: above_k(0, 3, 1, 2), 1: above_k(1, 3, 1, 2)},
         rule="issue 9 #4: drafts_scheduled <= the hello's K",
+    ),
+    _C(
+        "hello.num_speculative_tokens.beyond_record",
+        "hello.num_speculative_tokens",
+        "the scheduler's hello says K=65535 and its target steps schedule 65535 drafts",
+        "scheduler",
+        _hello_k_huge,
+        streams=(0, 1),
+        reasons={0: GAP_SCHED0, 1: GAP_SCHED0},
+        rule="decoder: K <= 255 (a step of K + 1 tokens must fit one record; bounds the "
+        "per-position statistics)",
     ),
     _C(
         "hello.num_speculative_tokens.zero",

@@ -355,7 +355,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
             ),
         ),
         valid(
-            "simulated engine, non-ASCII version string, 255-byte method",
+            "simulated engine, non-ASCII version string, 255-byte method, the largest K",
             wire.encode_hello(
                 header(seq=0, step=0),
                 wire.Hello(
@@ -363,7 +363,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.ENGINE_SIMULATED,
                     wire.DERIVATION_DRAFT_IDS,
                     False,
-                    65535,
+                    255,
                     "0.3.0-β",
                     "sim-1",
                     "m" * 255,
@@ -384,6 +384,18 @@ def hello_vectors() -> dict[str, list[Vector]]:
             "async_scheduling 2",
             hello_frame(async_scheduling=2),
             "hello: invalid async_scheduling 2",
+        ),
+        invalid(
+            "K 256: a step of K + 1 tokens would not fit one record",
+            hello_frame(k=256),
+            "hello: num_speculative_tokens 256 exceeds 255 (a step of K + 1 tokens must fit "
+            "one record)",
+        ),
+        invalid(
+            "K 65535 wins over verification",
+            hello_frame(k=65535, verification=9),
+            "hello: num_speculative_tokens 65535 exceeds 255 (a step of K + 1 tokens must fit "
+            "one record)",
         ),
         invalid("verification 5", hello_frame(verification=5), "hello: unknown verification 5"),
         invalid(

@@ -164,6 +164,12 @@ def _decode_hello(reader: _Reader) -> Hello:
     if async_scheduling not in (0, 1):
         raise FrameError(f"hello: invalid async_scheduling {async_scheduling}")
     num_speculative_tokens = reader.u16()
+    # A step of K accepted drafts and a bonus token must fit one record.
+    if num_speculative_tokens > MAX_TOKENS_PER_RECORD - 1:
+        raise FrameError(
+            f"hello: num_speculative_tokens {num_speculative_tokens} exceeds 255 "
+            "(a step of K + 1 tokens must fit one record)"
+        )
     verification = reader.u16()
     if verification > VERIFICATION_UNKNOWN:
         raise FrameError(f"hello: unknown verification {verification}")

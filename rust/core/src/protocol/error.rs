@@ -136,6 +136,9 @@ pub enum DecodeError {
     HelloUnknownVerification {
         verification: u16,
     },
+    HelloSpeculativeTokens {
+        k: u16,
+    },
     HelloInconsistent {
         method: String,
         k: u16,
@@ -303,6 +306,10 @@ impl fmt::Display for DecodeError {
             HelloUnknownVerification { verification } => {
                 write!(f, "hello: unknown verification {verification}")
             }
+            HelloSpeculativeTokens { k } => write!(
+                f,
+                "hello: num_speculative_tokens {k} exceeds 255 (a step of K + 1 tokens must fit one record)"
+            ),
             HelloInconsistent {
                 method,
                 k,
