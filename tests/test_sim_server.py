@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,37 @@ def test_malformed_http_and_keep_alive_on_raw_sockets() -> None:
         assert b"send Content-Length" in refused
 
     with_server(check)
+
+
+def test_stop_ends_connections_whose_request_arrives_as_it_stops() -> None:
+    # `parallelhue demo` quit with q before its embedded engine had read the
+    # requests: their bytes arrived in the loop iteration in which stop()
+    # cancelled the connections. On Python 3.11, asyncio.wait_for swallows a
+    # cancellation when the awaitable it wraps finished in the same iteration:
+    # the requests were served anyway, their streams waited on the stopped
+    # engine, and stop() (so the demo, so the shell prompt) never returned.
+    async def main() -> None:
+        server = SimServer(SimConfig(step_ms=40.0, telemetry=False))
+        url = await server.start()
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"prompt": "x", "max_tokens": 3000, "stream": True}).encode()
+        request = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+        try:
+            while len(server._connections) < len(clients):  # accepted, waiting for a request
+                await asyncio.sleep(0.01)
+            for client in clients:
+                client.sendall(request + body)
+            time.sleep(0.2)  # the bytes wait in the kernel: the loop sees them all at once
+            await asyncio.sleep(0)  # one iteration: every request becomes readable
+            done, _ = await asyncio.wait([asyncio.ensure_future(server.stop())], timeout=10)
+            assert done, "stop() did not return"
+            assert server.engine.active == [] or all(r.aborted for r in server.engine.active)
+        finally:
+            for client in clients:
+                client.close()
+
+    asyncio.run(main())
 
 
 def test_metrics_use_vllm_names_and_count_what_was_streamed() -> None:

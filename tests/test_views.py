@@ -505,6 +505,27 @@ def test_summary_is_a_table_with_a_row_per_stream_and_a_total() -> None:
     assert "wall time 1.30 s (first request to last SSE delta); 9.2 tok/s over the run" in lines
 
 
+def test_summary_says_when_vllm_per_request_metrics_cross_checked_the_steps() -> None:
+    streams = [_finished(StreamState(index=i, mode="exact"), 0.0, [0.1]) for i in range(3)]
+    for stream, checked in zip(streams, (5, 0, 2), strict=True):
+        stream.verdict = "exact"
+        stream.stats = {"tokens": 8, "steps": 4, "drafts_scheduled": 8, "accepted": 4}
+        if checked:
+            stream.stats["metrics_steps"] = checked
+    model = model_of(streams, "exact")
+    model.totals = {"tokens": 24, "steps": 12, "drafts_scheduled": 24, "accepted": 12}
+    assert not any("per-request metrics" in line for line in summary_lines(model))
+    model.totals["metrics_steps"] = 7
+    assert (
+        "cross-checked with vLLM's per-request metrics: 7 verify steps of 2 of 3 streams "
+        "agree with the scheduler's records" in summary_lines(model)
+    )
+    # Chunk mode never claims it: no step was proven there.
+    chunk = model_of(streams, "chunk")
+    chunk.totals = dict(model.totals)
+    assert not any("per-request metrics" in line for line in summary_lines(chunk))
+
+
 def test_summary_table_drops_columns_to_fit_the_width() -> None:
     stream = _finished(StreamState(index=0, mode="exact"), 0.0, [0.1, 0.2])
     stream.stats = {"tokens": 4, "steps": 2, "drafts_scheduled": 4, "accepted": 2}

@@ -1010,7 +1010,8 @@ def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[in
 def _leads(
     detokenizer: Any, offset: int, token_ids: list[int], fragments: list[str], span_backs: list[int]
 ) -> list[int] | None:
-    """Per token of a row with span_backs: its lead_len (0 where span_back is 0).
+    """Per token of a row with span_backs: its lead_len (0 for a fragment without
+    span_back; LEAD_UNKNOWN as the give count of an empty fragment: protocol 3).
 
     Only the tokens with span_back > 0 cost anything (attribution.lead_len,
     which never raises and says LEAD_UNKNOWN rather than guess); None when no
@@ -1020,7 +1021,10 @@ def _leads(
     for position, back in enumerate(span_backs):
         if back:
             if leads is None:
-                leads = [0] * len(span_backs)
+                leads = [
+                    0 if index < len(fragments) and fragments[index] else wire.LEAD_UNKNOWN
+                    for index in range(len(span_backs))
+                ]
             leads[position] = attribution.lead_len(
                 detokenizer, offset + position, token_ids[position], back,
                 fragments[position].encode("utf-8"),

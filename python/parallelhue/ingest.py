@@ -178,7 +178,7 @@ class RustIngest:
         at = self.streams.add(
             request.index,
             "POST",
-            target.path,
+            request.path or target.path,
             request_headers(target, self.api_key, request.request_id, self.extra_headers),
             body_bytes(body),
         )

@@ -22,7 +22,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,7 +37,7 @@ from parallelhue_vllm.paths import (
 from parallelhue_vllm.wire import request_id
 
 from .backend import detect_backend
-from .endpoint import api_base
+from .endpoint import api_base, server_root
 from .feed import Feed
 from .metrics import fetch_metrics, server_deltas
 from .receiver import PyHttpTelemetry, PyReceiver, ReceiverError
@@ -295,6 +295,18 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
 
 
 ViewFactory = Callable[[RunModel], View]
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """One request's own path and body fields, in place of the run's (a run that
+    mixes chat and completions, prompts and sampling: tests/vllm/driver.py)."""
+
+    path: str  # on the endpoint's server, e.g. /v1/chat/completions
+    fields: Mapping[str, Any]  # replace the run's; give "prompt" or "messages"
+    request_id: str | None = None  # None: the run's `ph1_` id (telemetry is for it)
+
+
 Requests = list[tuple[StreamRequest, dict[str, Any]]]
 
 
@@ -388,10 +400,13 @@ class ReferenceIngest:
         # Telemetry is read from this loop: the readers yield after every event.
         yield_each_read = self.receiver is not None or self.http_telemetry is not None
         self.driver.start(request.index)
+        endpoint = (
+            self.endpoint if request.path is None else server_root(self.endpoint) + request.path
+        )
         self.tasks[request.index] = asyncio.create_task(
             read_stream(
                 self.client,
-                self.endpoint,
+                endpoint,
                 body,
                 request,
                 self.driver,
@@ -473,8 +488,15 @@ class Session:
         run_id: str | None = None,
         extra_body: dict[str, Any] | None = None,
         grace: float | None = None,
+        shapes: Sequence[RequestShape] | None = None,
     ) -> None:
         self.config = config
+        # Per request (index), in place of the run's path and body fields.
+        self.shapes = list(shapes) if shapes is not None else None
+        if self.shapes is not None and len(self.shapes) != len(config.prompts):
+            raise ValueError(
+                f"{len(self.shapes)} request shapes for {len(config.prompts)} requests"
+            )
         # Request fields no flag sets (tests: stop strings); None: GRACE_SECONDS.
         self.extra_body = dict(extra_body or {})
         self.grace = grace
@@ -515,14 +537,21 @@ class Session:
         assert self.model_name is not None
         requests: Requests = []
         for index, prompt in enumerate(cfg.prompts):
+            shape = self.shapes[index] if self.shapes is not None else None
+            own_id = shape.request_id if shape is not None else None
             request = StreamRequest(
                 index=index,
-                request_id=request_id(self.run_id, index),
+                request_id=own_id or request_id(self.run_id, index),
                 prompt=prompt,
                 seed=(cfg.seed + index) % 2**32,
+                path=shape.path if shape is not None else None,
             )
             body = build_body(cfg, self.model_name, request)
             body.update(self.extra_body)
+            if shape is not None:
+                body.pop("prompt", None)
+                body.pop("messages", None)
+                body.update(shape.fields)
             requests.append((request, body))
         return requests
 

@@ -58,6 +58,7 @@ class StreamRequest:
     request_id: str
     prompt: str
     seed: int
+    path: str | None = None  # its own path on the server (RequestShape); None: the endpoint's
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,9 @@ def _notes(model: RunModel) -> list[str]:
             "acceptance = accepted / (drafts scheduled - drafts padded), from this run's frames"
             + ("; acc@i: the same per draft position i" if _has_positions(model) else "")
         )
+        checked = _metrics_note(model)
+        if checked:
+            notes.append(checked)
     for state in model.streams:
         if state.acceptance_frozen:
             notes.append(
@@ -279,6 +282,20 @@ def _notes(model: RunModel) -> list[str]:
             "telemetry: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()) if v)
         )
     return notes
+
+
+def _metrics_note(model: RunModel) -> str:
+    """The fourth witness: vLLM's per-request spec-decode metrics, when both reconcilers
+    matched them with the scheduler's records (a mismatch fails the stream instead)."""
+    steps = int(model.totals.get("metrics_steps", 0) or 0)
+    if steps <= 0:
+        return ""
+    streams = sum(1 for s in model.streams if int(s.stats.get("metrics_steps", 0) or 0) > 0)
+    return (
+        f"cross-checked with vLLM's per-request metrics: {steps} verify "
+        f"step{'s' if steps != 1 else ''} of {streams} of {len(model.streams)} "
+        f"stream{'s' if len(model.streams) != 1 else ''} agree with the scheduler's records"
+    )
 
 
 def _requests_run(model: RunModel) -> bool:

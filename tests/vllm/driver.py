@@ -1,32 +1,30 @@
-"""Drive concurrent streaming requests at a vLLM server and reconcile them.
+"""Drive concurrent streaming requests at a vLLM server through the shipped client.
 
 Used by the real-vLLM tests and the overhead benchmark, from the project venv.
-Each run: a fresh run id, a telemetry socket bound by the Rust receiver
-(`parallelhue._native.Receiver`) feeding the Rust reconciler, N concurrent
-streaming requests with request ids `ph1_<run>_<i>` and `return_token_ids`,
-every SSE delta pushed into the reconciler, then the verdicts.
-
-PARALLELHUE_E2E_RECONCILER=python switches to the pure-Python reference
-reconciler and a Python socket reader (development only).
+Each run is one real `parallelhue.session.Session`, headless (the view of
+`parallelhue.headless`): its fresh run id, its telemetry socket and receiver,
+its HTTP streams, its reconciler — the Rust path, or the reference path with
+PARALLELHUE_E2E_RECONCILER=python — exactly as `parallelhue` runs them. The
+shapes only give each request its own endpoint, prompt and sampling. What the
+tests read back per stream (text, token ids, finish reason, usage) is taken
+from the run's recording (`--record`): the inputs the reconciler applied.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import secrets
-import socket
-import threading
-import time
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from parallelhue.reference.sse import ChunkInputs
-from parallelhue_vllm import paths
+from parallelhue.config import parse_run
+from parallelhue.headless import HeadlessView
+from parallelhue.record import read_recording
+from parallelhue.session import RequestShape, Session
 
 SPEC_METRICS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
@@ -57,7 +55,9 @@ class StreamResult:
     finish_reason: str | None = None
     chunks: int = 0
     error: str | None = None
-    usage_chunk: dict[str, Any] | None = None  # the last chunk carrying `usage`
+    # The usage the client extracted (C2 `push_sse_usage`): completion tokens and
+    # vLLM's per-step accepted / drafted lists; None without a usage chunk.
+    usage: tuple[int | None, list[int] | None, list[int] | None] | None = None
 
 
 @dataclass
@@ -85,110 +85,29 @@ def scrape_metrics(url: str) -> dict[str, float]:
     return values
 
 
-def _body(shape: Shape, model: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "stream": True,
+def _request_shape(shape: Shape, index: int, telemetry: bool) -> RequestShape:
+    chat = shape.endpoint == "chat"
+    fields: dict[str, Any] = {
         "max_tokens": shape.max_tokens,
         "temperature": shape.temperature,
-        "return_token_ids": True,
     }
-    if shape.stop:
-        body["stop"] = list(shape.stop)
-    if shape.seed is not None:
-        body["seed"] = shape.seed
-    if shape.ignore_eos:
-        body["ignore_eos"] = True
-    body.update(dict(shape.extra))
-    if shape.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": shape.prompt}]
+    if chat:
+        fields["messages"] = [{"role": "user", "content": shape.prompt}]
     else:
-        body["prompt"] = shape.prompt
-    return body
-
-
-class _PyReceiver:
-    """Development fallback: a Python thread collecting datagrams for the reference reconciler."""
-
-    def __init__(self, path: str, reconciler: Any, lock: threading.Lock) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        self.sock.bind(path)
-        os.chmod(path, 0o600)
-        self.sock.settimeout(0.1)
-        self.reconciler = reconciler
-        self.lock = lock
-        self.running = True
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while self.running:
-            try:
-                frame = self.sock.recv(65537)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self.lock:
-                self.reconciler.push_frame(frame)
-
-    def close(self) -> None:
-        self.running = False
-        self.thread.join(2)
-        self.sock.close()
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-async def _stream(
-    client: httpx.AsyncClient,
-    url: str,
-    index: int,
-    run_id: str,
-    shape: Shape,
-    model: str,
-    reconciler: Any,
-    lock: Any,
-    result: StreamResult,
-    telemetry: bool,
-) -> None:
-    path = "/v1/chat/completions" if shape.endpoint == "chat" else "/v1/completions"
-    # Without telemetry the id carries no `ph1_` marker: the plugin ignores the request.
-    request_id = f"ph1_{run_id}_{index}" if telemetry else f"plain-{run_id}-{index}"
-    headers = {"X-Request-Id": request_id}
-    async with client.stream(
-        "POST", url + path, json=_body(shape, model), headers=headers
-    ) as response:
-        if response.status_code != 200:
-            result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
-            return
-        extraction = ChunkInputs()  # the client's reference extraction of SSE inputs
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if chunk.get("usage") is not None:
-                result.usage_chunk = chunk
-            for item in extraction.extract_payload(data):
-                if item[0] == "sse":
-                    result.chunks += 1
-                    result.text += item[1]
-                    result.token_ids.extend(item[2])
-                with lock:
-                    reconciler.push_inputs([(item[0], index, *item[1:])])
-            result.finish_reason = extraction.finish_reason
-    with lock:
-        reconciler.finish_sse(index, result.finish_reason)
+        fields["prompt"] = shape.prompt
+    if shape.stop:
+        fields["stop"] = list(shape.stop)
+    if shape.seed is not None:
+        fields["seed"] = shape.seed
+    if shape.ignore_eos:
+        fields["ignore_eos"] = True
+    fields.update(dict(shape.extra))
+    return RequestShape(
+        path="/v1/chat/completions" if chat else "/v1/completions",
+        fields=fields,
+        # Without telemetry the id carries no `ph1_` marker: the plugin ignores the request.
+        request_id=None if telemetry else f"plain-{index}-{os.urandom(8).hex()}",
+    )
 
 
 def run(
@@ -200,65 +119,54 @@ def run(
     settle_seconds: float = 10.0,
     telemetry: bool = True,
 ) -> RunResult:
-    """Run one batch of concurrent streams (one per shape) and reconcile them."""
-    run_id = secrets.token_hex(16)
-    kind = os.environ.get("PARALLELHUE_E2E_RECONCILER", "native")
-    directory = paths.ensure_socket_dir(socket_dir, create=True)
-    path = paths.socket_path(directory, run_id)
-    receiver: Any = None
-    lock: Any
-    if kind == "python":
-        from parallelhue.reference.reconciler import Reconciler as PyReconciler
-
-        reconciler: Any = PyReconciler(run_id, len(shapes))
-        lock = threading.Lock()
-        if telemetry:
-            receiver = _PyReceiver(path, reconciler, lock)
-    else:
-        from parallelhue import _native
-
-        reconciler = _native.Reconciler(run_id, len(shapes))
-        lock = _NoLock()
-        if telemetry:
-            receiver = _native.Receiver(path, reconciler)
+    """Run one batch of concurrent streams (one per shape) through the real Session."""
+    kind = "python" if os.environ.get("PARALLELHUE_E2E_RECONCILER") == "python" else "rust"
+    with tempfile.TemporaryDirectory(prefix="ph-driver-") as scratch:
+        record = os.path.join(scratch, "run.phr")
+        argv = [
+            "--endpoint", url + "/v1/completions", "--concurrency", str(len(shapes)),
+            "--mode", "auto" if telemetry else "chunk", "--reconciler", kind,
+            "--socket-dir", socket_dir, "--timeout", "600", "--model", model,
+            "--view", "plain", "--telemetry", "socket", "--record", record,
+        ]  # fmt: skip
+        config = parse_run([*argv, "--", "(per request)"], env={}, stdout_tty=False)
+        session = Session(
+            config,
+            HeadlessView,
+            shapes=[_request_shape(s, i, telemetry) for i, s in enumerate(shapes)],
+            grace=settle_seconds,
+        )
+        outcome = asyncio.run(session.run())
+        recording = read_recording(record)
+    run_model = outcome.model
+    # The streams' own span, as the earlier driver timed it (first request sent to
+    # the last delta): without the session's /metrics reads and its grace.
+    starts = [s.started_at for s in run_model.streams if s.started_at is not None]
+    ends = [s.delta_times[-1] for s in run_model.streams if len(s.delta_times)]
+    seconds = max(ends) - min(starts) if starts and ends else 0.0
     results = [StreamResult() for _ in shapes]
-    started = time.monotonic()
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=len(shapes) + 4)
-        timeout = httpx.Timeout(600.0, connect=10.0)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            await asyncio.gather(
-                *(
-                    _stream(
-                        client, url, i, run_id, s, model, reconciler, lock, results[i], telemetry
-                    )
-                    for i, s in enumerate(shapes)
-                )
-            )
-
-    try:
-        asyncio.run(main())
-        seconds = time.monotonic() - started
-        # Frames are sent within milliseconds of the HTTP chunks; wait for verdicts.
-        deadline = time.monotonic() + settle_seconds
-        while telemetry and time.monotonic() < deadline:
-            with lock:
-                pending = [reconciler.verdict(i)[0] == "pending" for i in range(len(shapes))]
-            if not any(pending):
-                break
-            time.sleep(0.05)
-        with lock:
-            reconciler.finalize()
-            verdicts = [reconciler.verdict(i) for i in range(len(shapes))]
-            totals = reconciler.totals()
-            counters = reconciler.counters()
-            sources = reconciler.sources()
-    finally:
-        if receiver is not None:
-            receiver.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    return RunResult(run_id, results, verdicts, totals, counters, sources, seconds, kind)
+    for event in recording.events:
+        what = event[1]
+        if what == "sse":
+            _, _, stream, text, ids = event
+            result = results[stream]
+            result.chunks += 1
+            result.text += text
+            result.token_ids.extend(ids)
+        elif what == "sse_usage":
+            _, _, stream, tokens, accepted, drafted = event
+            results[stream].usage = (tokens, accepted, drafted)
+        elif what == "finish":
+            results[event[2]].finish_reason = event[3]
+    for state, result in zip(run_model.streams, results, strict=True):
+        result.error = state.error
+    return RunResult(
+        run_id=session.run_id,
+        streams=results,
+        verdicts=[(s.verdict, s.reason) for s in run_model.streams],
+        totals=dict(run_model.totals),
+        counters=dict(run_model.counters),
+        sources=[dict(s) for s in run_model.sources],
+        seconds=seconds,
+        reconciler_kind="python" if kind == "python" else "native",
+    )

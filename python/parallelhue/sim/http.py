@@ -173,8 +173,12 @@ Handler = Callable[[HttpRequest, HttpResponder], Awaitable[None]]
 
 async def _read_request(reader: asyncio.StreamReader) -> HttpRequest | None:
     """Read one request; None at a clean end of the connection (or when it stays idle)."""
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+    # cancellation (the server stopping) when the read it wraps completes in
+    # the same loop iteration, and the request would be served after stop().
     try:
-        line = await asyncio.wait_for(reader.readuntil(b"\r\n"), IDLE_SECONDS)
+        async with asyncio.timeout(IDLE_SECONDS):
+            line = await reader.readuntil(b"\r\n")
     except TimeoutError:
         return None
     except asyncio.IncompleteReadError as error:
@@ -184,7 +188,8 @@ async def _read_request(reader: asyncio.StreamReader) -> HttpRequest | None:
     except asyncio.LimitOverrunError:
         raise HttpError(431, "request line too long") from None
     try:
-        return await asyncio.wait_for(_read_rest(reader, line), REQUEST_SECONDS)
+        async with asyncio.timeout(REQUEST_SECONDS):
+            return await _read_rest(reader, line)
     except TimeoutError:
         raise HttpError(408, f"request not received within {REQUEST_SECONDS:g} s") from None
 

@@ -29,6 +29,7 @@ pub mod sequence;
 pub mod sse;
 pub mod sse_inputs;
 pub mod sse_stream;
+mod sse_typed;
 pub mod stats;
 pub mod tap;
 pub mod telemetry_stream;

@@ -217,8 +217,9 @@ impl EventParser {
         if self.too_large {
             out.push(Err(SseError::EventTooLarge { line: self.line_no }));
         } else if self.has_data {
-            let mut data = std::mem::take(&mut self.data);
-            data.pop();
+            // Copied out at its size (without the last line's `\n`): the
+            // buffer keeps its capacity for the next event.
+            let data = self.data[..self.data.len() - 1].to_owned();
             out.push(Ok(RawEvent {
                 event: std::mem::take(&mut self.event),
                 data,
@@ -372,6 +373,15 @@ fn server_error(error: &Value) -> SseError {
 
 /// Extract a chunk from an event's `data:` payload.
 pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
+    match crate::sse_typed::parse_chunk_typed(data) {
+        Some(chunk) => Ok(chunk),
+        None => parse_chunk_value(data),
+    }
+}
+
+/// [`parse_chunk`] through a `serde_json::Value`: the path that decides
+/// every chunk the typed path gives up on, and every error message.
+pub fn parse_chunk_value(data: &str) -> Result<Chunk, SseError> {
     let v: Value = serde_json::from_str(data).map_err(|e| SseError::Json {
         message: e.to_string(),
     })?;

@@ -59,6 +59,19 @@ impl SpanText {
         }
     }
 
+    /// Append `tail` in place (inline while it fits: no allocation, and
+    /// no copy of the whole value, which a span being extended would cost).
+    pub fn push_str(&mut self, tail: &str) {
+        match &mut self.0 {
+            Repr::Inline { len, buf } if usize::from(*len) + tail.len() <= INLINE => {
+                let at = usize::from(*len);
+                buf[at..at + tail.len()].copy_from_slice(tail.as_bytes());
+                *len += tail.len() as u8;
+            }
+            _ => *self = self.concat(tail),
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Inline { len, buf } => {
@@ -71,6 +84,15 @@ impl SpanText {
             }
             Repr::Heap(s) => s,
         }
+    }
+}
+
+impl Default for SpanText {
+    fn default() -> Self {
+        SpanText(Repr::Inline {
+            len: 0,
+            buf: [0; INLINE],
+        })
     }
 }
 
@@ -124,6 +146,11 @@ mod tests {
             assert_eq!(&*t, s);
             for tail in ["", "b", "\u{e9}", &"z".repeat(29)] {
                 assert_eq!(&*t.concat(tail), format!("{s}{tail}"));
+                let mut pushed = t.clone();
+                pushed.push_str(tail);
+                assert_eq!(&*pushed, format!("{s}{tail}"));
+                pushed.push_str(tail);
+                assert_eq!(&*pushed, format!("{s}{tail}{tail}"));
             }
             assert_eq!(t, SpanText::from(s));
             assert_eq!(format!("{t}"), s);

@@ -45,8 +45,9 @@ pub struct TextToken {
     pub token_id: u32,
     pub frag_len: u16,
     pub span_back: u8,
-    /// Bytes at the start of the fragment from the span_back predecessors
-    /// ([`LEAD_UNKNOWN`] when not known).
+    /// With a fragment: bytes at its start from the span_back predecessors.
+    /// With an empty fragment: the token's give count, how many of its bytes
+    /// the next non-empty fragment carries. [`LEAD_UNKNOWN`]: not known.
     pub lead_len: u16,
 }
 
@@ -123,24 +124,45 @@ fn record_count(r: &mut Reader<'_>) -> Result<usize, DecodeError> {
     Ok(n as usize)
 }
 
-/// Streams seen in this frame (65 536 possible values, one bit each).
-struct SeenStreams([u64; 1024]);
+/// Streams seen in this frame. Records normally come in increasing stream
+/// order, which proves each new without a set; the first record that does
+/// not switches to a bitmap (65 536 values, one bit each) of the streams
+/// before it, so the common frame never zeroes those 8 KiB.
+struct SeenStreams {
+    last: Option<u16>,
+    bits: Option<Box<[u64; 1024]>>,
+}
 
 impl SeenStreams {
     fn new() -> Self {
-        SeenStreams([0u64; 1024])
+        SeenStreams {
+            last: None,
+            bits: None,
+        }
     }
 
-    /// Read a record's stream field and check it is not reserved nor repeated.
-    fn check(&mut self, stream: u16) -> Result<(), DecodeError> {
-        let (w, b) = (stream as usize / 64, stream as usize % 64);
-        if self.0[w] & (1 << b) != 0 {
-            return Err(DecodeError::RepeatedStream { stream });
+    /// Check a record's stream field is not repeated nor reserved;
+    /// `before` are the streams of the frame's earlier records.
+    fn check(&mut self, stream: u16, before: impl Iterator<Item = u16>) -> Result<(), DecodeError> {
+        let increasing = self.bits.is_none() && self.last.is_none_or(|last| stream > last);
+        if !increasing {
+            let bits = self.bits.get_or_insert_with(|| {
+                let mut bits = Box::new([0u64; 1024]);
+                for s in before {
+                    bits[s as usize / 64] |= 1 << (s % 64);
+                }
+                bits
+            });
+            let (w, b) = (stream as usize / 64, stream as usize % 64);
+            if bits[w] & (1 << b) != 0 {
+                return Err(DecodeError::RepeatedStream { stream });
+            }
+            bits[w] |= 1 << b;
         }
         if stream == ALL_STREAMS {
             return Err(DecodeError::ReservedStream);
         }
-        self.0[w] |= 1 << b;
+        self.last = Some(stream);
         Ok(())
     }
 }
@@ -224,7 +246,7 @@ pub(super) fn decode_provenance<'a>(
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let stream = r.u16()?;
-        seen.check(stream)?;
+        seen.check(stream, out.iter().map(|o: &ProvRecord<'_>| o.stream))?;
         let flags = r.u8()?;
         if flags & !(FLAG_FINISHED | FLAG_TRIMMED) != 0 {
             return Err(DecodeError::InvalidFlags { stream, flags });
@@ -275,7 +297,7 @@ pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>,
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let stream = r.u16()?;
-        seen.check(stream)?;
+        seen.check(stream, out.iter().map(|o: &TextRecord<'_>| o.stream))?;
         let flags = r.u8()?;
         let finished = flags & FLAG_FINISHED != 0;
         let all = FLAG_FINISHED | FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED;
@@ -362,12 +384,16 @@ pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>,
 /// The per-token rules of a text token entry (docs/PROTOCOL.md "text").
 #[inline]
 fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), DecodeError> {
-    if t.frag_len == 0 && t.span_back != 0 {
-        return Err(DecodeError::SpanBackOnEmpty {
-            stream,
-            span_back: t.span_back,
-            index,
-        });
+    if t.frag_len == 0 {
+        // An empty fragment claims nothing; its lead_len is its give count (any value).
+        if t.span_back != 0 {
+            return Err(DecodeError::SpanBackOnEmpty {
+                stream,
+                span_back: t.span_back,
+                index,
+            });
+        }
+        return Ok(());
     }
     if t.span_back == 0 && t.lead_len != 0 {
         return Err(DecodeError::LeadWithoutSpanBack {
@@ -381,15 +407,6 @@ fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), Deco
             stream,
             lead_len: t.lead_len,
             frag_len: t.frag_len,
-            index,
-        });
-    }
-    // Each predecessor it names gave at least one byte (it ended inside a character).
-    if t.lead_len != LEAD_UNKNOWN && t.lead_len < u16::from(t.span_back) {
-        return Err(DecodeError::LeadBelowSpanBack {
-            stream,
-            lead_len: t.lead_len,
-            span_back: t.span_back,
             index,
         });
     }
