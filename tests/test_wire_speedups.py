@@ -6,8 +6,8 @@ runs wire.py's. Both must give the same bytes for every step the hooks can
 build and refuse the same unrepresentable ones, so these compare them on
 random steps: multi-byte and empty fragments, tokens never decoded (beyond
 n_fragments), span_backs with and without lead_lens, the unknown lead
-0xFFFF, and leads on tokens whose fragment is empty (lead_len is written as
-given wherever span_back > 0, whatever the fragment's length).
+0xFFFF, and leads on tokens whose fragment is empty (protocol 3: a record's
+lead_lens are written as given for every token, whatever the fragment's length).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def random_text_step(rng: random.Random) -> tuple[Any, ...]:
         if rng.random() < 0.5:
             span_backs[record] = [rng.choice([0, 0, 1, 2, 255]) for _ in range(count)]
             if rng.random() < 0.7:
-                # Any u16 where span_back > 0, the unknown lead among them; the
-                # values where span_back is 0 are never written (0 on the wire).
+                # Any u16, the unknown lead among them, on any token (give counts
+                # on empty fragments included).
                 leads[record] = [rng.choice([0, 1, 3, 0xFFFE, wire.LEAD_UNKNOWN])
                                  for _ in range(count)]  # fmt: skip
         elif rng.random() < 0.2:
-            leads[record] = [7] * count  # lead_lens without span_backs: never read
+            leads[record] = [7] * count  # lead_lens without span_backs: passed through (protocol 3)
     step: tuple[Any, ...] = (meta, ids, texts, fragments, span_backs)
     return (*step, leads) if rng.random() < 0.9 else step
 
