@@ -218,7 +218,9 @@ def _script(rng: random.Random) -> list[wire.TextToken]:
         try:
             pending.decode()
         except UnicodeDecodeError:
-            tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0))
+            # Its give count (protocol 3): mostly its own bytes, sometimes not known.
+            give = len(piece) if rng.random() < 0.8 else wire.LEAD_UNKNOWN
+            tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0, give))
             count += 1
             continue
         lead = len(pending) - len(piece) if count else 0
@@ -327,6 +329,12 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                           for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
                 if faulty() and tokens and tokens[-1].fragment:
                     tokens[-1].span_back += 1
+                if faulty() and tokens and not tokens[0].fragment:
+                    tokens[0].lead_len = rng.choice((0, 1, 2, 7, wire.LEAD_UNKNOWN))
+                if faulty() and tokens and tokens[-1].span_back:
+                    tokens[-1].span_back -= 1  # its first predecessor's bytes: unclaimed
+                    if not tokens[-1].span_back:
+                        tokens[-1].lead_len = 0
                 finished = offset + len(tokens) >= len(script) or faulty()
                 http = b"".join(t.fragment for t in tokens)
                 if faulty():
@@ -452,6 +460,7 @@ def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
     # The chaos must keep producing exact streams (not only failures) and hit the rules.
     exact = 0
     reasons: set[str] = set()
+    full: list[str] = []
     for seed in range(400):
         run_id, streams, inputs = chaotic_inputs(seed)
         rec = ReferenceReconciler(run_id, streams)
@@ -462,8 +471,12 @@ def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
             exact += verdict == "exact"
             if reason:
                 reasons.add(reason.split(": ", 1)[-1].split(" ")[0])
+                full.append(reason)
     assert exact >= 40
     assert {"two", "SSE", "provenance", "text", "no"} <= reasons, reasons
+    # Protocol 3's give-count rules.
+    assert any("bytes that no fragment carries" in reason for reason in full)
+    assert any("bytes, its lead_len says" in reason for reason in full)
 
 
 @pytest.mark.parametrize("case", range(len(test_reference.LIES)), ids=lambda i: f"lie{i}")
@@ -477,3 +490,22 @@ def test_the_lie_table_gives_the_same_events_in_both_reconcilers(case: int) -> N
         runs.append((run.events(), _snapshot(run.rec, 2)))
     assert runs[0] == runs[1], name
     assert reason in [event[2] for event in runs[0][0] if event[0] == "failed"]
+
+
+@pytest.mark.parametrize("cls", [ReferenceReconciler, NativeReconciler], ids=["python", "rust"])
+def test_the_last_sequence_number_is_not_released_twice(cls: Any) -> None:
+    # A source jumps to the top of the u64 sequence space (a gap), then sends seq
+    # 2^64 - 1 again with other content: a duplicate that differs, not a new frame
+    # (the next expected seq must not saturate at 2^64 - 1).
+    top = 2**64 - 1
+    run = test_reference.Run(num_streams=1, cls=cls)
+
+    def foreign(token_id: int, seq: int) -> bytes:  # a record for a stream not in the run
+        return run.prov(wire.ProvenanceRecord(3, 0, [token_id], [wire.ROLE_PLAIN], 0), seq=seq)
+
+    run.push(*[foreign(1, seq) for seq in range(top - 64, top + 1)])
+    run.push(foreign(2, top))
+    events = run.events()
+    assert ("run", f"source {test_reference.SCHED:016x}: seq {top} received twice with different "
+            "content") in events, events  # fmt: skip
+    assert run.rec.counters()["duplicate_frames"] == 1

@@ -13,8 +13,8 @@
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
  *   texts, fragments, span_backs): a step's record bytes as wire.py's
- *   functions of the same names; the text encoder writes protocol 2's entry
- *   (lead_len), so neither is used before protocol 2 is on main.
+ *   functions of the same names; the text encoder writes protocol 3's entry
+ *   (lead_len: a fragment's split, or an empty fragment's give count).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,7 +30,7 @@
 #define ROW_WIDTH 7
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 1
+#define SPEEDUPS_ABI 2
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -173,18 +173,20 @@ fail:
     return NULL;
 }
 
-/* encode_text_step(meta, ids, texts, fragments, span_backs) -> list[bytes] */
+/* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes] */
 static PyObject *
 encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
-        !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4])) {
+    if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4]) ||
+        (nargs == 6 && !PyDict_Check(args[5]))) {
         PyErr_SetString(PyExc_TypeError,
-                        "encode_text_step(meta, ids, texts, fragments, span_backs)");
+                        "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *texts = args[2], *fragments = args[3];
     PyObject *span_backs = args[4];
+    PyObject *leads_of = nargs == 6 ? args[5] : NULL;
     static const unsigned long long limits[ROW_WIDTH] = {
         0xFFFF, 0xFF, 0xFF, 0xFFFFFFFFULL, MAX_TOKENS_PER_RECORD, MAX_TOKENS_PER_RECORD, 0xFFFF};
     Py_ssize_t records = PyList_GET_SIZE(texts);
@@ -226,6 +228,23 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             }
             if (backs != NULL && (!PyList_Check(backs) || PyList_GET_SIZE(backs) != count)) {
                 PyErr_Format(PyExc_ValueError, "text record: span_backs for %zd tokens needed",
+                             count);
+                goto fail;
+            }
+        }
+        PyObject *leads = NULL; /* lead_lens of this record, for every token (NULL: none) */
+        if (leads_of != NULL && PyDict_GET_SIZE(leads_of)) {
+            PyObject *key = PyLong_FromSsize_t(r);
+            if (key == NULL) {
+                goto fail;
+            }
+            leads = PyDict_GetItemWithError(leads_of, key);
+            Py_DECREF(key);
+            if (leads == NULL && PyErr_Occurred()) {
+                goto fail;
+            }
+            if (leads != NULL && (!PyList_Check(leads) || PyList_GET_SIZE(leads) != count)) {
+                PyErr_Format(PyExc_ValueError, "text record: lead_lens for %zd tokens needed",
                              count);
                 goto fail;
             }
@@ -278,25 +297,36 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         unsigned char *data = entry + TEXT_ENTRY * count;
         for (Py_ssize_t i = 0; i < count; i++, entry += TEXT_ENTRY) {
             long long id = field(PyList_GET_ITEM(ids, first_id + i), 0xFFFFFFFFULL, "text");
-            long long back = 0;
+            long long back = 0, lead = 0;
             if (id >= 0 && backs != NULL) {
                 back = field(PyList_GET_ITEM(backs, i), 0xFF, "text");
             }
-            if (id < 0 || back < 0) {
+            Py_ssize_t length = 0;
+            const char *bytes = NULL;
+            if (i < fed) {
+                bytes = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i),
+                                                &length);
+            }
+            /* wire.encode_text_step: lead_lens pass through for every token (a give
+               count on an empty fragment); without them only a fragment's own bytes
+               need no split. */
+            if (id >= 0 && back >= 0 && leads != NULL) {
+                lead = field(PyList_GET_ITEM(leads, i), 0xFFFF, "text");
+            } else if (back > 0 || length == 0) {
+                lead = LEAD_UNKNOWN;
+            }
+            if (id < 0 || back < 0 || lead < 0) {
                 Py_DECREF(out);
                 goto fail;
             }
-            Py_ssize_t length = 0;
-            if (i < fed) {
-                const char *bytes =
-                    PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+            if (length > 0) {
                 memcpy(data, bytes, (size_t)length);
                 data += length;
             }
             put32(entry, (unsigned long)id);
             put16(entry + 4, (unsigned long)length);
             entry[6] = (unsigned char)back;
-            put16(entry + 7, back ? LEAD_UNKNOWN : 0);
+            put16(entry + 7, (unsigned long)lead);
         }
         memcpy(data, http, (size_t)http_len);
         PyList_SET_ITEM(encoded, r, out);
@@ -492,8 +522,9 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
     PyObject *fragments = self->fragments;
     /* The common row: not finished (only a finished step can have been trimmed
-       after a stop string), every token decoded (a token that ended inside a
-       character decoded to "", and the next fragment claims it: span_back). */
+       after a stop string), every token decoded, and no fragment claims a
+       token that decoded to "" (span_back): such a row needs lead_lens from the
+       tokenizer (attribution.py), so it goes to `special` in Python. */
     int common = finish == Py_None && at == self->index && !overflow && count > 0 &&
                  count <= MAX_TOKENS_PER_RECORD && PyList_GET_SIZE(fragments) == count &&
                  PyUnicode_Check(text);
@@ -508,23 +539,9 @@ capture_output(QueueCapture *self, PyObject *output)
             continue;
         }
         if (pending > 0) {
-            if (backs == NULL) {
-                backs = PyList_New(count);
-                if (backs == NULL) {
-                    goto done;
-                }
-                for (Py_ssize_t k = 0; k < count; k++) {
-                    PyList_SET_ITEM(backs, k, PyLong_FromLong(0));
-                }
-            }
-            PyObject *back = PyLong_FromLongLong(pending < 255 ? pending : 255);
-            if (back == NULL) {
-                Py_DECREF(backs);
-                goto done;
-            }
-            PyList_SetItem(backs, i, back); /* steals `back`, drops the 0 it replaces */
+            common = 0; /* span_back > 0: the Python special row computes its lead_len */
+            break;
         }
-        pending = 0;
     }
     if (!common) {
         PyErr_Clear();

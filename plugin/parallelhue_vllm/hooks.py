@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from . import __version__, accelerator, wire
+from . import __version__, accelerator, attribution, traps, wire
 from .emitter import Emitter
 
 # The optional C versions of the hottest loops (_speedups.c), or None: this
@@ -234,11 +234,12 @@ class _Bucket:
 
     `meta` holds wire.ROW_WIDTH ints per row, `ids` every row's token ids,
     `extra` one object per row (provenance: the roles; text: the HTTP text);
-    text also keeps the fragments and the rows' span_backs. Flat lists of ints
+    text also keeps the fragments, the rows' span_backs and their lead_lens
+    (`leads`, only for rows with span_backs; see attribution.py). Flat lists of ints
     and strings: building a row allocates nothing the garbage collector tracks.
     """
 
-    __slots__ = ("extra", "fragments", "ids", "meta", "span_backs")
+    __slots__ = ("extra", "fragments", "ids", "leads", "meta", "span_backs")
 
     def __init__(self) -> None:
         self.meta: list[int] = []
@@ -246,14 +247,16 @@ class _Bucket:
         self.extra: list[Any] = []
         self.fragments: list[str] = []
         self.span_backs: dict[int, list[int]] = {}
+        self.leads: dict[int, list[int]] = {}
 
     def take(self, kind: int) -> Any:
         step: Any
         if kind == wire.KIND_TEXT:
             step = (self.meta[:], self.ids[:], self.extra[:], self.fragments[:],
-                    dict(self.span_backs))  # fmt: skip
+                    dict(self.span_backs), dict(self.leads))  # fmt: skip
             self.fragments.clear()
             self.span_backs.clear()
+            self.leads.clear()
         else:
             step = (self.meta[:], self.ids[:], self.extra[:])
         self.meta.clear()
@@ -284,6 +287,8 @@ class SchedulerTelemetry(_Base):
         super().__init__(engine_version)
         self.requests: dict[str, _SchedRequest] = {}
         self.is_async = False
+        # traps.roles_unverifiable: roles are not derivable on this engine (notice 6).
+        self.roles_problem: str | None = None
 
     def _ensure_emitter(self, scheduler: Any) -> Emitter:
         if self.emitter is None:
@@ -297,6 +302,7 @@ class SchedulerTelemetry(_Base):
             verification = _VERIFICATION.get(
                 str(getattr(spec, "rejection_sample_method", "standard")), wire.VERIFICATION_UNKNOWN
             )
+            self.roles_problem = traps.roles_unverifiable(spec)
             if not method or tokens == 0:
                 method, tokens, derivation = "", 0, wire.DERIVATION_NONE
                 verification = wire.VERIFICATION_NONE
@@ -341,7 +347,13 @@ class SchedulerTelemetry(_Base):
             found = parse_ours(rid, skip_children=True)
             if found is None:
                 continue
-            self._ensure_emitter(scheduler)
+            emitter = self._ensure_emitter(scheduler)
+            if self.roles_problem is not None:
+                # traps: refuse roles rather than guess them (no provenance for it).
+                self.disable(rid)
+                emitter.notice(found[0], found[1], wire.NOTICE_ROLES_UNVERIFIABLE,
+                               self.roles_problem)  # fmt: skip
+                continue
             make = _speedups.SchedRequest if _speedups is not None else _SchedRequest
             requests[rid] = make(found[0], found[1], self.track(found[0], rid))
 
@@ -447,6 +459,13 @@ class SchedulerTelemetry(_Base):
             tokens = output.new_token_ids
             count = len(tokens)
             if not count:
+                if reason is not None and finish_code(reason) == wire.FINISH_ERROR:
+                    # traps: an engine error in a step without tokens (no record closes it).
+                    problem = traps.finished_without_tokens(output, True)
+                    if problem is not None and self.emitter is not None:
+                        self.emitter.notice(
+                            state.run, state.stream, wire.NOTICE_HOOK_BYPASSED, problem
+                        )
                 return reason is not None
             index = index_of.get(rid)
             generated = lengths[index] if lengths and index is not None else 0
@@ -789,10 +808,11 @@ class FrontendTelemetry(_Base):
         if fed > count:
             used = used[:count]  # decoded, then deleted after a stop string
         capture = state.capture
-        span_backs = None
+        span_backs = leads = None
         pending = capture.pending_empty
         if pending or "" in used:
             span_backs, pending = _span_backs(used, count, pending)
+            leads = _leads(state.detokenizer, capture.offset, token_ids, used, span_backs)
         if not finished:
             if not count:
                 if text:
@@ -813,14 +833,17 @@ class FrontendTelemetry(_Base):
         capture.pending_empty = pending
         bucket = state.bucket
         if span_backs is not None:
-            bucket.span_backs[len(bucket.meta) // wire.ROW_WIDTH] = span_backs
+            record = len(bucket.meta) // wire.ROW_WIDTH
+            bucket.span_backs[record] = span_backs
+            if leads is not None:
+                bucket.leads[record] = leads
         bucket.meta.extend(meta)
         bucket.ids.extend(token_ids)
         bucket.fragments.extend(used)
         bucket.extra.append(text)
         capture.offset += count
 
-    def end_step(self, processor: Any) -> None:
+    def end_step(self, processor: Any, engine_core_outputs: Any = ()) -> None:
         """At the end of process_outputs: hand the step's rows to the sender."""
         self.step += 1
         self.flush_rows(wire.KIND_TEXT)
@@ -828,9 +851,39 @@ class FrontendTelemetry(_Base):
             finished, self.finished = self.finished, []
             for rid in finished:
                 self._forget(rid)
+        states = processor.request_states
+        vanished = [rid for rid in self.requests if rid not in states]
+        if vanished:
+            self._vanished(vanished, engine_core_outputs)
         if self.step % PRUNE_EVERY == 0:
             self._prune(processor.request_states)
         self.end_emptied_runs()
+
+    def _vanished(self, request_ids: list[str], engine_core_outputs: Any) -> None:
+        """Requests of ours vLLM dropped without a finished row (rare).
+
+        traps.engine_error: vLLM finished it with an error outside
+        make_request_output: notice 7 naming the error. Otherwise (aborted by
+        the client) it is forgotten, as the periodic prune would.
+        """
+        errors: dict[str, str] = {}
+        gone = set(request_ids)
+        for output in engine_core_outputs:
+            rid = getattr(output, "request_id", None)
+            if rid in gone:
+                bypass = traps.engine_error(output)
+                if bypass is not None:
+                    errors[rid] = bypass
+        for rid in request_ids:
+            state = self.requests.get(rid)
+            bypass = errors.get(rid)
+            if bypass is not None and state is not None:
+                self._ensure_emitter().notice(
+                    state.run, state.stream, wire.NOTICE_HOOK_BYPASSED, bypass
+                )
+                self._forget(rid, keep_disabled=True)
+            else:
+                self._forget(rid)
 
     def idle_step(self, processor: Any) -> None:
         """A call without requests of ours in this process."""
@@ -894,6 +947,9 @@ def _refusal(req_state: Any) -> tuple[int, str] | None:
     kind = getattr(req_state.output_kind, "name", "DELTA")
     if kind == "CUMULATIVE":
         return wire.NOTICE_OTHER, "cumulative output mode is not supported"
+    bypass = traps.streaming_input(req_state)
+    if bypass is not None:
+        return wire.NOTICE_HOOK_BYPASSED, bypass
     if kind == "FINAL_ONLY" or req_state.queue is None:
         return wire.NOTICE_OTHER, "only streamed requests are tracked (this one is not)"
     if not hasattr(req_state.detokenizer, "decode_next"):
@@ -930,6 +986,31 @@ def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[in
         else:
             pending += 1
     return span_backs, pending
+
+
+def _leads(
+    detokenizer: Any, offset: int, token_ids: list[int], fragments: list[str], span_backs: list[int]
+) -> list[int] | None:
+    """Per token of a row with span_backs: its lead_len (0 for a fragment without
+    span_back; LEAD_UNKNOWN as the give count of an empty fragment: protocol 3).
+
+    Only the tokens with span_back > 0 cost anything (attribution.lead_len,
+    which never raises and says LEAD_UNKNOWN rather than guess); None when no
+    token of the row claims a predecessor.
+    """
+    leads = None
+    for position, back in enumerate(span_backs):
+        if back:
+            if leads is None:
+                leads = [
+                    0 if index < len(fragments) and fragments[index] else wire.LEAD_UNKNOWN
+                    for index in range(len(span_backs))
+                ]
+            leads[position] = attribution.lead_len(
+                detokenizer, offset + position, token_ids[position], back,
+                fragments[position].encode("utf-8"),
+            )  # fmt: skip
+    return leads
 
 
 def _own_dict(obj: Any) -> None:

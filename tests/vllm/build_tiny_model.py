@@ -99,7 +99,21 @@ def train_tokenizer(kind: str) -> object:
             show_progress=False,
         )
     tokenizer.train_from_iterator(training_text(), trainer=trainer)
+    if kind == "byte-fallback":
+        tokenizer = _byte_tokens_as_vocab(tokenizer)
     return tokenizer
+
+
+def _byte_tokens_as_vocab(tokenizer: Any) -> Any:
+    """The trainer adds <0xNN> as special tokens, which decoding with
+    skip_special_tokens (vLLM's default) would drop; in a Llama-2 tokenizer they
+    are ordinary vocabulary entries. Keep their ids, drop them from added_tokens."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tokenizer.to_str())
+    bytes_ = set(BYTE_TOKENS)
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in bytes_]
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def build(out_dir: Path, kind: str = "byte-level") -> None:

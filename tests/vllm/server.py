@@ -72,14 +72,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def build_model(out_dir: Path) -> Path:
-    """Build the tiny model once into out_dir (reused when already built)."""
+def build_model(out_dir: Path, tokenizer: str = "byte-level") -> Path:
+    """Build the tiny model once into out_dir (reused when already built);
+    `tokenizer`: "byte-level" or "byte-fallback" (see build_tiny_model.py)."""
     if not (out_dir / "BUILT").exists():
         subprocess.run(
             [
                 str(vllm_python()),
                 str(REPO / "tests" / "vllm" / "build_tiny_model.py"),
                 str(out_dir),
+                tokenizer,
             ],
             check=True,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -201,7 +201,7 @@ def _wrap_process_outputs(
             return original(self, engine_core_outputs, *args, **kwargs)
         finally:
             try:
-                telemetry.end_step(self)
+                telemetry.end_step(self, engine_core_outputs)
             except Exception as error:
                 telemetry.fail_step(engine_core_outputs, "OutputProcessor.process_outputs", error)
 

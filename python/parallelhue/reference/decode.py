@@ -59,7 +59,7 @@ _HEADER = struct.Struct("<4sBBH16sQQQQII")
 
 
 class FrameError(ValueError):
-    """A datagram that is not a valid protocol-2 frame; str() is the protocol's message."""
+    """A datagram that is not a valid protocol-3 frame; str() is the protocol's message."""
 
 
 @dataclass(slots=True)
@@ -164,6 +164,12 @@ def _decode_hello(reader: _Reader) -> Hello:
     if async_scheduling not in (0, 1):
         raise FrameError(f"hello: invalid async_scheduling {async_scheduling}")
     num_speculative_tokens = reader.u16()
+    # A step of K accepted drafts and a bonus token must fit one record.
+    if num_speculative_tokens > MAX_TOKENS_PER_RECORD - 1:
+        raise FrameError(
+            f"hello: num_speculative_tokens {num_speculative_tokens} exceeds 255 "
+            "(a step of K + 1 tokens must fit one record)"
+        )
     verification = reader.u16()
     if verification > VERIFICATION_UNKNOWN:
         raise FrameError(f"hello: unknown verification {verification}")
@@ -381,10 +387,14 @@ def _decode_text(reader: _Reader, frame: Frame) -> None:
 def _check_token_entry(
     stream: int, index: int, frag_len: int, span_back: int, lead_len: int
 ) -> None:
-    if frag_len == 0 and span_back != 0:
-        raise FrameError(
-            f"record for stream {stream}: span_back {span_back} on empty fragment at token {index}"
-        )
+    if frag_len == 0:
+        # An empty fragment claims nothing; its lead_len is its give count (any value).
+        if span_back != 0:
+            raise FrameError(
+                f"record for stream {stream}: span_back {span_back} on empty fragment "
+                f"at token {index}"
+            )
+        return
     if span_back == 0 and lead_len != 0:
         raise FrameError(
             f"record for stream {stream}: lead_len {lead_len} without span_back at token {index}"
@@ -393,12 +403,6 @@ def _check_token_entry(
         raise FrameError(
             f"record for stream {stream}: lead_len {lead_len} exceeds the {frag_len}-byte "
             f"fragment at token {index}"
-        )
-    # Each predecessor it names gave at least one byte (it ended inside a character).
-    if lead_len != LEAD_UNKNOWN and lead_len < span_back:
-        raise FrameError(
-            f"record for stream {stream}: lead_len {lead_len} below span_back {span_back} "
-            f"at token {index}"
         )
 
 

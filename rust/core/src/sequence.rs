@@ -28,7 +28,10 @@ pub enum Offer {
 /// Sequence state of one source.
 #[derive(Debug)]
 pub struct SeqTracker<T> {
-    next: u64,
+    /// The next sequence number expected: 2^64 once seq 2^64 − 1 was
+    /// released (every later frame is then a duplicate, never saturating
+    /// back to a number already released).
+    next: u128,
     buffered: BTreeMap<u64, T>,
     window: usize,
 }
@@ -48,9 +51,9 @@ impl<T> SeqTracker<T> {
         }
     }
 
-    /// The next sequence number expected.
+    /// The next sequence number expected (u64::MAX also after it was released).
     pub fn next_expected(&self) -> u64 {
-        self.next
+        u64::try_from(self.next).unwrap_or(u64::MAX)
     }
 
     /// Frames waiting for a missing one.
@@ -61,18 +64,18 @@ impl<T> SeqTracker<T> {
     /// Offer the frame with sequence number `seq`; `keep` makes the owned
     /// copy to buffer, and is called only when the frame must wait.
     pub fn offer(&mut self, seq: u64, keep: impl FnOnce() -> T) -> Offer {
-        if seq < self.next || self.buffered.contains_key(&seq) {
+        if u128::from(seq) < self.next || self.buffered.contains_key(&seq) {
             return Offer::Duplicate;
         }
-        if seq == self.next {
-            self.next = self.next.saturating_add(1);
+        if u128::from(seq) == self.next {
+            self.next += 1;
             return Offer::Release;
         }
         self.buffered.insert(seq, keep());
         if self.buffered.len() > self.window {
-            let missing = self.next;
+            let missing = self.next_expected();
             if let Some((&first, _)) = self.buffered.first_key_value() {
-                self.next = first;
+                self.next = u128::from(first);
             }
             return Offer::Gap { missing };
         }
@@ -82,10 +85,10 @@ impl<T> SeqTracker<T> {
     /// The next buffered frame if it is the next expected one.
     pub fn pop_ready(&mut self) -> Option<T> {
         let entry = self.buffered.first_entry()?;
-        if *entry.key() != self.next {
+        if u128::from(*entry.key()) != self.next {
             return None;
         }
-        self.next = self.next.saturating_add(1);
+        self.next += 1;
         Some(entry.remove())
     }
 }
@@ -93,6 +96,15 @@ impl<T> SeqTracker<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_sequence_number_is_released_once() {
+        let mut t: SeqTracker<u64> = SeqTracker::new(0);
+        assert!(matches!(t.offer(u64::MAX, || 1), Offer::Gap { missing: 0 }));
+        assert_eq!(drain(&mut t), vec![1]);
+        assert!(matches!(t.offer(u64::MAX, || 2), Offer::Duplicate));
+        assert_eq!(t.next_expected(), u64::MAX);
+    }
 
     fn drain(t: &mut SeqTracker<u64>) -> Vec<u64> {
         std::iter::from_fn(|| t.pop_ready()).collect()

@@ -51,7 +51,7 @@ fn check(events: Vec<Event>, seen: &mut [Seen; 3], finalized: bool) {
 }
 
 // Input: a sequence of operations. Op byte: 0 frame (u16 len + bytes, the run
-// id and version patched in so frames are admitted), 1 SSE delta (stream, n
+// id and the protocol version patched in so frames are admitted), 1 SSE delta (stream, n
 // ids, ids as u8, text bytes as lossy UTF-8), 2 finish SSE (stream, reason),
 // 3 chunk id (stream, right or wrong), 4 another choice, 5 usage (stream,
 // completion tokens, per-step lists).
@@ -80,7 +80,8 @@ fuzz_target!(|data: &[u8]| {
                 if f.len() >= 64 {
                     let body = (f.len() - 64) as u32;
                     f[60..64].copy_from_slice(&body.to_le_bytes());
-                    f[0..5].copy_from_slice(b"PHUE\x02");
+                    f[0..4].copy_from_slice(b"PHUE");
+                    f[4] = parallelhue_core::protocol::PROTOCOL_VERSION;
                     f[6] = 0;
                     f[7] = 0;
                 }

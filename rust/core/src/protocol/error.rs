@@ -110,12 +110,6 @@ pub enum DecodeError {
         frag_len: u16,
         index: usize,
     },
-    LeadBelowSpanBack {
-        stream: u16,
-        lead_len: u16,
-        span_back: u8,
-        index: usize,
-    },
     InvalidUtf8Fragment {
         stream: u16,
         index: usize,
@@ -141,6 +135,9 @@ pub enum DecodeError {
     },
     HelloUnknownVerification {
         verification: u16,
+    },
+    HelloSpeculativeTokens {
+        k: u16,
     },
     HelloInconsistent {
         method: String,
@@ -287,16 +284,6 @@ impl fmt::Display for DecodeError {
                 "record for stream {stream}: lead_len {lead_len} exceeds the {frag_len}-byte \
                  fragment at token {index}"
             ),
-            LeadBelowSpanBack {
-                stream,
-                lead_len,
-                span_back,
-                index,
-            } => write!(
-                f,
-                "record for stream {stream}: lead_len {lead_len} below span_back {span_back} \
-                 at token {index}"
-            ),
             InvalidUtf8Fragment { stream, index } => write!(
                 f,
                 "record for stream {stream}: invalid UTF-8 in fragment of token {index}"
@@ -319,6 +306,10 @@ impl fmt::Display for DecodeError {
             HelloUnknownVerification { verification } => {
                 write!(f, "hello: unknown verification {verification}")
             }
+            HelloSpeculativeTokens { k } => write!(
+                f,
+                "hello: num_speculative_tokens {k} exceeds 255 (a step of K + 1 tokens must fit one record)"
+            ),
             HelloInconsistent {
                 method,
                 k,

@@ -1,7 +1,7 @@
 //! The hello frame (kind 1): what a sending source announces.
 
 use super::reader::Reader;
-use super::{DecodeError, VERIFICATION_NONE, VERIFICATION_UNKNOWN};
+use super::{DecodeError, MAX_TOKENS_PER_RECORD, VERIFICATION_NONE, VERIFICATION_UNKNOWN};
 
 /// `hello` body.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +41,10 @@ pub(super) fn decode_hello<'a>(r: &mut Reader<'a>) -> Result<Hello<'a>, DecodeEr
         return Err(DecodeError::HelloAsyncScheduling { value: async_byte });
     }
     let k = r.u16()?;
+    // A step of K accepted drafts and a bonus token must fit one record.
+    if usize::from(k) > MAX_TOKENS_PER_RECORD - 1 {
+        return Err(DecodeError::HelloSpeculativeTokens { k });
+    }
     let verification = r.u16()?;
     if verification > VERIFICATION_UNKNOWN {
         return Err(DecodeError::HelloUnknownVerification { verification });
@@ -138,7 +142,7 @@ impl HelloFields {
             async_scheduling: false,
             num_speculative_tokens: k,
             verification: if k == 0 { 0 } else { 1 },
-            plugin_version: "0.2.0".into(),
+            plugin_version: "0.3.0".into(),
             engine_version: "sim-1".into(),
             spec_method: if k == 0 {
                 String::new()
