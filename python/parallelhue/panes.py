@@ -292,7 +292,11 @@ def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list
     )
 
 
-def _clean(pieces: Iterable[Piece]) -> Line:
+def _clean(pieces: Sequence[Piece]) -> Line:
+    # The common case, one test for the whole tail: every piece printable (as a
+    # joined string is exactly when each of its pieces is), only empty ones go.
+    if "".join([text for text, _ in pieces]).isprintable():
+        return [piece for piece in pieces if piece[0]]
     out: Line = []
     for text, key in pieces:
         clean = text if text.isprintable() else sanitize(text)

@@ -408,23 +408,29 @@ class StreamState:
             if tail:
                 pieces.append((tail, "unproven" if colorize else None))
                 total = len(tail)
-        spans = self.spans
-        index = len(spans) - 1
+        # The hot path of every redraw: _Spans.text/step/role inlined on the packed
+        # records (two words a span), the key computed here, not by _span_key.
+        records = self.span_records
+        data = self.sse_utf8
         by_role = color_by == "role"
         steps = len(STEP_KEYS)
-        # The hot path of every redraw: the key is computed inline, not by _span_key.
-        while index >= 0 and (limit < 0 or total < limit):
-            text = spans.text(index)
+        position = len(records) - 2
+        end = records[position] if position >= 0 else 0
+        while position >= 0 and (limit < 0 or total < limit):
+            start = records[position - 2] if position else 0
+            text = data[start:end].decode("utf-8", "replace")
             if not colorize:
                 key = None
             elif by_role:
-                key = _span_key(None, spans.role(index), color_by, roles_known)
+                role = (records[position + 1] >> 32) & _NO_ROLE
+                key = _span_key(None, None if role == _NO_ROLE else role, color_by, roles_known)
             else:
-                step = spans.step(index)
-                key = STEP_KEYS[step % steps] if step is not None else "mixed"
+                step = records[position + 1] & _NO_STEP
+                key = STEP_KEYS[step % steps] if step != _NO_STEP else "mixed"
             pieces.append((text, key))
             total += len(text)
-            index -= 1
+            position -= 2
+            end = start
         pieces.reverse()
         return pieces
 
