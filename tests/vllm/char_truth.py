@@ -119,6 +119,20 @@ def pieces(fragment: str, lead: int) -> list[str]:
     return out
 
 
+def install_recorder(hooks: Any, detok: Any, fragments: list[str]) -> Any:
+    """Record each token's fragment as FrontendTelemetry._install does: a recorder in
+    place of the decode stream (the C one when the hooks use it), else a per-instance
+    decode_next. Returns the recorder, or None for the decode_next path."""
+    if detok.spaces_between_special_tokens is True and detok.stream is not None:
+        speedups = hooks._speedups
+        make = speedups.StreamRecorder if speedups is not None else hooks._StreamRecorder
+        recorder = make(detok.stream, fragments)
+        detok.stream = recorder
+        return recorder
+    hooks._record_decode_next(detok, fragments)
+    return None
+
+
 def detok_main(request: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "plugin"))
     from vllm.sampling_params import SamplingParams
@@ -148,9 +162,10 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
         ids = [rng.choice(vocab) for _ in range(request["length"])]
         sequences.append({"prompt": prompt, "steps": cut(ids)})
     cls = vdetok.FastIncrementalDetokenizer
-    if not getattr(cls.decode_next, "__parallelhue__", False):
-        cls.decode_next = hooks.wrap_decode_next(cls.decode_next)  # type: ignore[method-assign]
-    counts = {"tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0}
+    counts = {
+        "tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0,
+        "resets": 0,
+    }  # fmt: skip
     wrong: list[Any] = []
     for index, sequence in enumerate(sequences):
         params = SamplingParams(max_tokens=1024, skip_special_tokens=True)
@@ -162,15 +177,20 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
         )
         detok = vdetok.IncrementalDetokenizer.from_new_request(hf, req)
         assert isinstance(detok, cls), type(detok)
+        fragments: list[str] = []
+        recorder = install_recorder(hooks, detok, fragments)
         pending = 0
         position = 0
         carriers: list[tuple[int, int, str, int]] = []  # token index, span_back, fragment, lead
         for step in sequence["steps"]:
-            fragments: list[tuple[int, str]] = []
-            detok.__dict__[hooks.FRAGMENTS_ATTR] = fragments
             detok.update(list(step), False)
-            detok.__dict__.pop(hooks.FRAGMENTS_ATTR, None)
-            for token_id, piece in fragments:
+            if recorder is not None and detok.stream is not recorder:
+                # vLLM replaced the decode stream (its "invalid prefix" recovery):
+                # the hooks' recorder is gone, as it would be on a server.
+                counts["resets"] += 1
+                break
+            assert len(fragments) == len(step), (len(fragments), step)
+            for token_id, piece in zip(step, fragments, strict=True):
                 if piece:
                     if pending:
                         raw = piece.encode()
@@ -180,6 +200,7 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
                 else:
                     pending += 1
                 position += 1
+            fragments.clear()
         ids = [token_id for step in sequence["steps"] for token_id in step]
         counts["tokens"] += len(ids)
         for token_position, span_back, piece, lead in carriers:
