@@ -28,6 +28,8 @@ turned off and a notice frame sent so the client knows why.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import re
 from collections.abc import Iterable
@@ -572,19 +574,78 @@ class _StreamRecorder:
     vLLM's FastIncrementalDetokenizer.decode_next returns `stream.step(...) or ""`
     (when spaces_between_special_tokens holds): recording that here gives each
     token's string without touching the detokenizer object's attributes.
+
+    `recover` (see _reset_stream) does vLLM's own recovery from the error after
+    which vLLM would replace the stream with a new one: the recorder stays in
+    place and keeps recording. After any other error the token is recorded as
+    "" (what decode_next returns when vLLM survives the error) and the error
+    goes on to vLLM unchanged.
     """
 
-    __slots__ = ("_append", "_step", "stream")
+    __slots__ = ("_append", "_recover", "_step", "stream")
 
-    def __init__(self, stream: Any, fragments: list[str]) -> None:
+    def __init__(self, stream: Any, fragments: list[str], recover: Any = None) -> None:
         self.stream = stream
         self._step = stream.step
         self._append = fragments.append
+        self._recover = recover
 
     def step(self, tokenizer: Any, token_id: int) -> Any:
-        text = self._step(tokenizer, token_id)
+        try:
+            text = self._step(tokenizer, token_id)
+        except Exception as error:
+            stream: Any = None
+            step: Any = None
+            if self._recover is not None:
+                try:
+                    stream = self._recover(error)
+                    step = stream.step if stream is not None else None
+                except Exception:
+                    step = None  # recover's own failure: as if it gave nothing
+            if step is None:
+                self._append("")
+                raise
+            self.stream, self._step = stream, step
+            try:
+                text = step(tokenizer, token_id)
+            except Exception:
+                self._append("")
+                raise
         self._append(text or "")
         return text
+
+
+def stream_recorder(detokenizer: Any, fragments: list[str]) -> Any:
+    """The recorder (the C one when built) to put in place of a fast detokenizer's stream."""
+    make = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
+    recover = functools.partial(
+        _reset_stream, getattr(detokenizer, "skip_special_tokens", True),
+        getattr(detokenizer, "request_id", None),
+    )  # fmt: skip
+    return make(detokenizer.stream, fragments, recover)
+
+
+# tokenizers' error after which vLLM's FastIncrementalDetokenizer starts a new
+# DecodeStream (vLLM's INVALID_PREFIX_ERR_MSG, the same in 0.26 to 0.33).
+_INVALID_PREFIX = "Invalid prefix encountered"
+
+
+def _reset_stream(skip_special_tokens: Any, request_id: Any, error: BaseException) -> Any:
+    """The new decode stream vLLM would make after `error`, or None (another error).
+
+    vLLM 0.26-0.33 (`_protected_step`): a DecodeStream without the prompt, looked
+    up on the module as vLLM does. Done by the recorder, vLLM would replace the
+    recorder itself and the rest of the request's fragments would go unrecorded.
+    """
+    if not str(error).startswith(_INVALID_PREFIX):
+        return None
+    decoders = importlib.import_module("tokenizers.decoders")
+    log.warning(
+        "Encountered invalid prefix detokenization error for request %s, resetting decode "
+        "stream (done by the ParallelHue recorder, as vLLM does).",
+        request_id,
+    )
+    return decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
 
 
 class _QueueCapture:
@@ -748,8 +809,7 @@ class FrontendTelemetry(_Base):
             and getattr(detokenizer, "spaces_between_special_tokens", False) is True
             and getattr(detokenizer, "stream", None) is not None
         ):
-            make_recorder = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
-            state.recorder = make_recorder(detokenizer.stream, fragments)
+            state.recorder = stream_recorder(detokenizer, fragments)
             detokenizer.stream = state.recorder
         else:
             _record_decode_next(detokenizer, fragments)

@@ -124,9 +124,7 @@ def install_recorder(hooks: Any, detok: Any, fragments: list[str]) -> Any:
     place of the decode stream (the C one when the hooks use it), else a per-instance
     decode_next. Returns the recorder, or None for the decode_next path."""
     if detok.spaces_between_special_tokens is True and detok.stream is not None:
-        speedups = hooks._speedups
-        make = speedups.StreamRecorder if speedups is not None else hooks._StreamRecorder
-        recorder = make(detok.stream, fragments)
+        recorder = hooks.stream_recorder(detok, fragments)
         detok.stream = recorder
         return recorder
     hooks._record_decode_next(detok, fragments)
@@ -164,7 +162,7 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
     cls = vdetok.FastIncrementalDetokenizer
     counts = {
         "tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0,
-        "resets": 0,
+        "resets": 0, "recovered": 0,
     }  # fmt: skip
     wrong: list[Any] = []
     for index, sequence in enumerate(sequences):
@@ -183,7 +181,10 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
         position = 0
         carriers: list[tuple[int, int, str, int]] = []  # token index, span_back, fragment, lead
         for step in sequence["steps"]:
+            inner = recorder.stream if recorder is not None else None
             detok.update(list(step), False)
+            if recorder is not None and recorder.stream is not inner:
+                counts["recovered"] += 1  # the recorder did vLLM's stream reset itself
             if recorder is not None and detok.stream is not recorder:
                 # vLLM replaced the decode stream (its "invalid prefix" recovery):
                 # the hooks' recorder is gone, as it would be on a server.
