@@ -20,10 +20,12 @@ ids[a..c] up to and including character j. (A U+FFFD is given the shortest windo
 
 `detok`: token sequences (each text encoded, plus N random ones of L token
 ids, cut into steps of 1..4 tokens), vLLM's own FastIncrementalDetokenizer
-fed step by step, the plugin's
-decode_next wrapper recording the fragments, span_back counted as the
-frontend hook counts it, and `attribution.lead_len` for every fragment with
-span_back > 0; each known lead_len's split is checked against `ranges`.
+fed step by step, the hooks' stream recorder recording the fragments (vLLM's
+decode-stream resets included), span_back counted as the frontend hook counts
+it, and `attribution.lead_and_gives` for every fragment with span_back > 0;
+each known lead_len's split is checked against `ranges`, and where every give
+count of a fragment is known, the characters they attribute to each token
+range and their sum (= lead_len) too.
 """
 
 from __future__ import annotations
@@ -162,7 +164,8 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
     cls = vdetok.FastIncrementalDetokenizer
     counts = {
         "tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0,
-        "resets": 0, "recovered": 0,
+        "resets": 0, "recovered": 0, "gives": 0, "gives_known": 0, "carriers_all_gives": 0,
+        "gives_wrong": 0,
     }  # fmt: skip
     wrong: list[Any] = []
     for index, sequence in enumerate(sequences):
@@ -195,8 +198,10 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
                 if piece:
                     if pending:
                         raw = piece.encode()
-                        lead = attribution.lead_len(detok, position, token_id, pending, raw)
-                        carriers.append((position, pending, piece, lead))
+                        lead, gives = attribution.lead_and_gives(
+                            detok, position, token_id, pending, raw
+                        )
+                        carriers.append((position, pending, piece, lead, gives))
                     pending = 0
                 else:
                     pending += 1
@@ -204,8 +209,9 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
             fragments.clear()
         ids = [token_id for step in sequence["steps"] for token_id in step]
         counts["tokens"] += len(ids)
-        for token_position, span_back, piece, lead in carriers:
+        for token_position, span_back, piece, lead, gives in carriers:
             counts["carriers"] += 1
+            counts["gives"] += span_back
             if lead == wire.LEAD_UNKNOWN:
                 counts["unknown"] += 1
                 continue
@@ -222,7 +228,36 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
             if pieces(piece, lead) != truth:
                 counts["wrong"] += 1
                 wrong.append([index, token_position, span_back, piece, lead, truth])
+            known = [give for give in gives if give != wire.LEAD_UNKNOWN]
+            counts["gives_known"] += len(known)
+            if len(known) == span_back:  # what the reconciler uses: all of them
+                counts["carriers_all_gives"] += 1
+                if sum(gives) != lead:
+                    counts["gives_wrong"] += 1
+                    wrong.append([index, token_position, "sum", piece, lead, gives])
+                owned = give_owners(piece, token_position - span_back, gives)
+                if owned != [tuple(r) for r in ranges]:
+                    counts["gives_wrong"] += 1
+                    window = ids[token_position - span_back : token_position + 1]
+                    wrong.append([index, token_position, piece, gives, ranges, window])
     return {"counts": counts, "wrong": wrong[:20]}
+
+
+def give_owners(fragment: str, first: int, gives: list[int]) -> list[tuple[int, int]]:
+    """(first, last) token of each character as the give counts attribute it: the
+    predecessors own their gives' bytes in order, the carrier the rest; a
+    character's tokens are those owning any of its bytes."""
+    owner: list[int] = []
+    for index, give in enumerate(gives):
+        owner += [first + index] * give
+    size = len(fragment.encode())
+    owner += [first + len(gives)] * (size - len(owner))
+    out, at = [], 0
+    for char in fragment:
+        width = len(char.encode())
+        out.append((owner[at], owner[at + width - 1]))
+        at += width
+    return out
 
 
 def main() -> int:
