@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parallelhue.reference import Reconciler, decode_frame
-from parallelhue_vllm import attribution, hooks, wire
+from parallelhue_vllm import __version__, attribution, hooks, wire
 from parallelhue_vllm.attribution import KIND_BYTE_FALLBACK, KIND_BYTE_LEVEL, split_lead
 
 UNKNOWN = wire.LEAD_UNKNOWN
@@ -511,7 +511,7 @@ def reconcile(
         wire.encode_hello(
             wire.Header(run, source, 0, 0, 0),
             wire.Hello(wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_DRAFT_IDS, False,
-                       3, "0.2.0", "0.32.0", "ngram", wire.VERIFICATION_STANDARD),
+                       3, __version__, "0.32.0", "ngram", wire.VERIFICATION_STANDARD),
         )
     )  # fmt: skip
     offset = 0

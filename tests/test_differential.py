@@ -218,7 +218,9 @@ def _script(rng: random.Random) -> list[wire.TextToken]:
         try:
             pending.decode()
         except UnicodeDecodeError:
-            tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0))
+            # Its give count (protocol 3): mostly its own bytes, sometimes not known.
+            give = len(piece) if rng.random() < 0.8 else wire.LEAD_UNKNOWN
+            tokens.append(wire.TextToken(rng.randint(1, 6), b"", 0, give))
             count += 1
             continue
         lead = len(pending) - len(piece) if count else 0
@@ -327,6 +329,12 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
                           for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
                 if faulty() and tokens and tokens[-1].fragment:
                     tokens[-1].span_back += 1
+                if faulty() and tokens and not tokens[0].fragment:
+                    tokens[0].lead_len = rng.choice((0, 1, 2, 7, wire.LEAD_UNKNOWN))
+                if faulty() and tokens and tokens[-1].span_back:
+                    tokens[-1].span_back -= 1  # its first predecessor's bytes: unclaimed
+                    if not tokens[-1].span_back:
+                        tokens[-1].lead_len = 0
                 finished = offset + len(tokens) >= len(script) or faulty()
                 http = b"".join(t.fragment for t in tokens)
                 if faulty():
@@ -452,6 +460,7 @@ def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
     # The chaos must keep producing exact streams (not only failures) and hit the rules.
     exact = 0
     reasons: set[str] = set()
+    full: list[str] = []
     for seed in range(400):
         run_id, streams, inputs = chaotic_inputs(seed)
         rec = ReferenceReconciler(run_id, streams)
@@ -462,8 +471,12 @@ def test_chaotic_inputs_reach_exact_streams_and_the_new_rules() -> None:
             exact += verdict == "exact"
             if reason:
                 reasons.add(reason.split(": ", 1)[-1].split(" ")[0])
+                full.append(reason)
     assert exact >= 40
     assert {"two", "SSE", "provenance", "text", "no"} <= reasons, reasons
+    # Protocol 3's give-count rules.
+    assert any("bytes that no fragment carries" in reason for reason in full)
+    assert any("bytes, its lead_len says" in reason for reason in full)
 
 
 @pytest.mark.parametrize("case", range(len(test_reference.LIES)), ids=lambda i: f"lie{i}")

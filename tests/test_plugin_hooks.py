@@ -25,7 +25,7 @@ import pytest
 
 from parallelhue.reference import decode_frame
 from parallelhue.reference.decode import Frame
-from parallelhue_vllm import hooks, wire
+from parallelhue_vllm import __version__, hooks, wire
 from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs, _wrap_scheduler
 
 RUN = "0123456789abcdef0123456789abcdef"
@@ -212,7 +212,7 @@ def test_provenance_roles_offsets_and_trim(receiver: socket.socket) -> None:
     assert frames[0].kind == wire.KIND_HELLO
     assert frames[0].hello == wire.Hello(
         wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_DRAFT_IDS, False, 3,
-        "0.2.0", "0.32.0", "ngram", wire.VERIFICATION_STANDARD,
+        __version__, "0.32.0", "ngram", wire.VERIFICATION_STANDARD,
     )  # fmt: skip
     records = [[(r.stream, r.offset, r.token_ids, r.roles) for r in f.records] for f in frames[1:]]
     assert records == [

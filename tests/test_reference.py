@@ -1017,6 +1017,22 @@ def _frontend_hello(engine_version: str) -> bytes:
     )  # fmt: skip
 
 
+def _gives(gives: list[int], span_back: int, lead: int, before: int = 0) -> Any:
+    """'日' (3 bytes) split over len(gives) empty tokens and a carrier; `before` empty
+    tokens with a give of 1 come first (unclaimed when span_back does not reach them)."""
+
+    def lie(run: Run) -> None:
+        empties = [wire.TextToken(20, b"", 0, 1) for _ in range(before)]
+        empties += [wire.TextToken(21 + i, b"", 0, g) for i, g in enumerate(gives)]
+        carrier = wire.TextToken(30, "日".encode(), span_back, lead)
+        # The predecessors in earlier records (a frame each) than their carrier.
+        for at in range(0, len(empties), 200):
+            run.push(run.text(text(0, at, empties[at : at + 200], "")))
+        run.push(run.text(text(0, len(empties), [carrier], "日", **FIN)))
+
+    return lie
+
+
 def _lie_step_repeat(run: Run) -> None:
     honest(run, second_p_step=1)  # the hello was step 0, the first record step 1
 
@@ -1247,6 +1263,16 @@ LIES = [
     ("SSE data after the end", _lie_sse_after_finish, f"{S0}SSE data after the stream finished"),
     ("an SSE chunk ending inside a step", _lie_chunk_inside_step,
      f"{S0}an SSE chunk ends at offset 1 (byte 4), inside a text record"),
+    ("give counts above the carrier's lead_len", _gives([2, 2], 2, 3),
+     f"{S0}the 2 tokens before offset 2 give 4 bytes, its lead_len says 3"),
+    ("give counts below the carrier's lead_len", _gives([1, 0], 2, 2),
+     f"{S0}the 2 tokens before offset 2 give 1 bytes, its lead_len says 2"),
+    ("known give counts above lead_len beside an unknown one", _gives([3, 0xFFFF], 2, 2),
+     f"{S0}the 2 tokens before offset 2 give 3 bytes, its lead_len says 2"),
+    ("a give no span_back claims", _gives([2], 1, 2, before=1),
+     f"{S0}token at offset 0 gave 1 bytes that no fragment carries"),
+    ("a give beyond the reach of span_back", _gives([0] * 254 + [2], 255, 2, before=1),
+     f"{S0}token at offset 0 gave 1 bytes that no fragment carries"),
     ("a second hello that differs", _lie_second_hello,
      f"source {SCHED:016x}: a second hello that differs from its first"),
     ("a loss after the verdict", _lie_loss_after_verdict,

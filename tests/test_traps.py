@@ -19,7 +19,7 @@ import pytest
 
 from parallelhue.reference import Reconciler
 from parallelhue.reference.decode import Frame
-from parallelhue_vllm import hooks, traps, wire
+from parallelhue_vllm import __version__, hooks, traps, wire
 from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs
 from test_plugin_hooks import (  # the shared vLLM stand-ins
     FakeDetokenizer,
@@ -272,7 +272,7 @@ def _scheduler_hello(source: int, method: str = "ngram") -> bytes:
     return wire.encode_hello(
         wire.Header(bytes.fromhex(RUN), source, 0, 0, 0),
         wire.Hello(wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_DRAFT_IDS, False, 3,
-                   "0.2.0", "0.32.0", method, wire.VERIFICATION_STANDARD),
+                   __version__, "0.32.0", method, wire.VERIFICATION_STANDARD),
     )  # fmt: skip
 
 
@@ -320,7 +320,7 @@ def test_client_fails_every_adaptive_stream_with_the_notice(
         wire.encode_hello(
             wire.Header(run, front, 0, 0, 0),
             wire.Hello(wire.SOURCE_FRONTEND, wire.ENGINE_VLLM, wire.DERIVATION_NONE, False, 0,
-                       "0.2.0", "0.32.0", "", wire.VERIFICATION_NONE),
+                       __version__, "0.32.0", "", wire.VERIFICATION_NONE),
         )
     )  # fmt: skip
     tokens = [wire.TextToken(t, PIECES.get(t, "x").encode()) for t in (1, 4, 10, 11, 12)]

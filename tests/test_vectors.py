@@ -106,7 +106,7 @@ ERROR_TABLE = {
     "fewer than 64 bytes": r"truncated frame: \d+ bytes, header needs 64",
     "more than 65536 bytes": r"oversized frame: \d+ bytes, limit 65536",
     "wrong magic": r"bad magic: expected 50485545, got [0-9a-f]{8}",
-    "version": r"unsupported protocol version \d+ \(this build speaks 2\)",
+    "version": r"unsupported protocol version \d+ \(this build speaks 3\)",
     "unknown kind": r"unknown frame kind \d+",
     "flags": r"reserved header flags set: \d+",
     "source id 0": r"source id 0 is reserved",
@@ -134,8 +134,6 @@ ERROR_TABLE = {
     r"at token \d+",
     "lead_len > frag_len": r"record for stream \d+: lead_len \d+ exceeds the \d+-byte "
     r"fragment at token \d+",
-    "lead_len < span_back": r"record for stream \d+: lead_len \d+ below span_back \d+ "
-    r"at token \d+",
     "bad flags": r"record for stream \d+: invalid flags \d+",
     "finish/flags mismatch": r"record for stream \d+: finish reason \d+ with finished=[01]",
     "span_back": r"record for stream \d+: span_back \d+ on empty fragment at token \d+",
@@ -176,19 +174,21 @@ def test_every_invalid_vector_matches_a_table_row() -> None:
     assert unmatched == []
 
 
-# --------------------------------------------------------- an old (0.1) sender
-
-V1_MESSAGE = "rejected frame: unsupported protocol version 1 (this build speaks 2)"
+# ------------------------------------------------ older senders (0.1, 0.2)
 
 
-def _version_1_frames() -> list[bytes]:
-    """A parallelhue-vllm 0.1 scheduler's hello and first provenance frame (version byte 1)."""
+def _old_message(version: int) -> str:
+    return f"rejected frame: unsupported protocol version {version} (this build speaks 3)"
+
+
+def _old_frames(version: int) -> list[bytes]:
+    """A parallelhue-vllm 0.{version} scheduler's hello and first provenance frame."""
     generator = _generator()
     hello = generator.raw_frame(
-        wire.KIND_HELLO, generator.hello_body(verification=0), seq=0, version=1
+        wire.KIND_HELLO, generator.hello_body(verification=0), seq=0, version=version
     )
     record = generator.records_body(generator.prov_record(ids=[7], roles=[0], scheduled=0))
-    return [hello, generator.raw_frame(wire.KIND_PROVENANCE, record, seq=1, version=1)]
+    return [hello, generator.raw_frame(wire.KIND_PROVENANCE, record, seq=1, version=version)]
 
 
 def _reconciler_classes() -> list[Any]:
@@ -202,18 +202,20 @@ def _reconciler_classes() -> list[Any]:
     return [*classes, _native.Reconciler]
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("cls", _reconciler_classes(), ids=lambda c: c.__module__)
-def test_a_version_1_sender_gets_one_exact_error_per_frame(cls: Any) -> None:
+def test_an_old_sender_gets_one_exact_error_per_frame(cls: Any, version: int) -> None:
     generator = _generator()
     rec = cls(generator.RUN_ID.hex(), 1)
-    rec.push_frames(_version_1_frames())
-    assert rec.drain() == [("run", V1_MESSAGE), ("run", V1_MESSAGE)]
+    rec.push_frames(_old_frames(version))
+    assert rec.drain() == [("run", _old_message(version))] * 2
     assert rec.counters()["rejected_frames"] == 2
     rec.finalize()
     assert rec.verdict(0) == ("failed", "missing telemetry: no frames received for this run")
 
 
-def test_the_client_names_the_plugin_version_to_install_once() -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_client_names_the_plugin_version_to_install_once(version: int) -> None:
     from parallelhue.backend import detect_backend
     from parallelhue.feed import Feed
     from parallelhue.reference import Reconciler
@@ -223,9 +225,9 @@ def test_the_client_names_the_plugin_version_to_install_once() -> None:
     generator = _generator()
     model = RunModel([StreamState(0, "exact")], "exact", detect_backend("auto", [], None), True)
     driver = RunDriver(model, Feed(model, timeout=1.0), Reconciler(generator.RUN_ID.hex(), 1))
-    driver.frames(_version_1_frames())
+    driver.frames(_old_frames(version))
     driver.apply_events()
     assert model.run_messages == [
-        f"{V1_MESSAGE}: the server's parallelhue-vllm plugin is too old; "
-        "run pip install 'parallelhue-vllm>=0.2' in the server's vLLM environment"
+        f"{_old_message(version)}: the server's parallelhue-vllm plugin is too old; "
+        "run pip install 'parallelhue-vllm>=0.3' in the server's vLLM environment"
     ]

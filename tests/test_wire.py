@@ -18,7 +18,7 @@ HEADER = wire.Header(RUN, 0xABCDEF, 5, 9, 123456789, 2)
 def test_header_layout_matches_protocol_offsets() -> None:
     frame = wire.encode_records(wire.KIND_NOTICE, HEADER, [wire.NoticeRecord(1, 5, "hi")])
     assert frame[0:4] == b"PHUE"
-    assert frame[4] == 2
+    assert frame[4] == 3
     assert frame[5] == wire.KIND_NOTICE
     assert frame[6:8] == b"\x00\x00"
     assert frame[8:24] == RUN

@@ -301,14 +301,16 @@ class _StreamSim:
 
     def _decode(self, token_id: int, piece: bytes) -> wire.TextToken:
         if token_id == EOS_ID:
-            return wire.TextToken(token_id, b"", 0)  # never passed to decode_next
+            # Never passed to decode_next: it gives nothing (give count 0).
+            return wire.TextToken(token_id, b"", 0, 0)
         lead = len(self.pending_bytes)
         self.pending_bytes += piece
         try:
             text = self.pending_bytes.decode("utf-8")
         except UnicodeDecodeError:
             self.pending_tokens += 1
-            return wire.TextToken(token_id, b"", 0)
+            # Its give count: all of its bytes go to the fragment that completes them.
+            return wire.TextToken(token_id, b"", 0, len(piece))
         # lead_len: the fragment's first bytes are the pending tokens' own.
         token = wire.TextToken(token_id, self.pending_bytes, self.pending_tokens, lead)
         self.unreleased += text
@@ -594,10 +596,12 @@ def _fill_truth(
 ) -> None:
     token_ids: list[int] = []
     fragments: list[tuple[int, wire.TextToken, int]] = []  # (offset, token, byte start)
+    all_tokens: list[wire.TextToken] = []
     http = b""
     fragment_end = 0
     for record in texts:
         for token in record.tokens:
+            all_tokens.append(token)
             if token.fragment:
                 fragments.append((len(token_ids), token, fragment_end))
                 fragment_end += len(token.fragment)
@@ -614,20 +618,22 @@ def _fill_truth(
         if record.offset < len(token_ids):
             truth.steps += 1
     for offset, token, start in fragments:
-        # Each character, by which tokens gave its bytes: the span_back predecessors
-        # gave the first lead_len bytes of the fragment, the token itself the rest.
+        # Each character, by which tokens gave its bytes: each span_back predecessor
+        # its give count of the fragment's first bytes, the token itself the rest.
+        first = offset - token.span_back
+        owned, at = [], 0  # (token, byte start, byte end)
+        for predecessor in range(first, offset):
+            give = all_tokens[predecessor].lead_len
+            owned.append((predecessor, at, at + give))
+            at += give
+        owned.append((offset, at, len(token.fragment)))
         position = 0
         for character in token.fragment.decode("utf-8"):
             end = position + len(character.encode("utf-8"))
             if start + position >= len(http):
                 break  # cut off by the stop string
-            group = list(range(offset - token.span_back, offset + 1))
-            tokens = group
-            if token.span_back and token.lead_len != wire.LEAD_UNKNOWN:
-                if end <= token.lead_len:
-                    tokens = group[:-1]
-                elif position >= token.lead_len:
-                    tokens = group[-1:]
+            hit = [o for o, low, high in owned if low < end and high > position]
+            tokens = list(range(hit[0], hit[-1] + 1))
             steps = {ordinals[t] for t in tokens}
             roles = {truth.roles[t] for t in tokens}
             truth.char_steps.append(steps.pop() if len(steps) == 1 else None)
@@ -675,6 +681,9 @@ HARMFUL_MUTATIONS = (
     "sse_split",
     "hello_differs",
     "loss_after_verdict",
+    # Protocol 3's give counts.
+    "give_sum",
+    "give_uncarried",
 )
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
@@ -1261,7 +1270,59 @@ def _loss_after_verdict(workload: Workload, rng: random.Random) -> Workload | No
     return _with(workload, "loss_after_verdict", inputs, range(workload.num_streams), False)
 
 
+def _carriers(workload: Workload, known_lead: bool) -> list[tuple[int, int, int, int]]:
+    """(input index, record position, token position, stream) of every token whose
+    fragment claims span_back > 0 predecessors (with a known lead_len if asked)."""
+    options = []
+    for index, frame in _record_frames(workload):
+        for position, record in enumerate(frame.records):
+            if not isinstance(record, wire.TextRecord):
+                continue
+            for at, token in enumerate(record.tokens):
+                if token.span_back and (not known_lead or token.lead_len != wire.LEAD_UNKNOWN):
+                    options.append((index, position, at, record.stream))
+    return options
+
+
+def _give_sum(workload: Workload, rng: random.Random) -> Workload | None:
+    # A carrier's lead_len one byte short of what its predecessors say they gave
+    # (protocol 3: the give counts must add up to it).
+    options = _carriers(workload, True)
+    if not options:
+        return None
+    index, position, at, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        token = records[position].tokens[at]
+        token.lead_len = token.lead_len - 1 if token.lead_len else 1
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "give_sum", inputs, {stream}, False)
+
+
+def _give_uncarried(workload: Workload, rng: random.Random) -> Workload | None:
+    # A carrier claims one predecessor fewer: that token's bytes (its give count)
+    # are in no fragment's claim.
+    options = _carriers(workload, False)
+    if not options:
+        return None
+    index, position, at, stream = rng.choice(options)
+
+    def edit(records: list[Any]) -> None:
+        token = records[position].tokens[at]
+        token.span_back -= 1
+        if token.span_back == 0:
+            token.lead_len = 0
+
+    inputs = list(workload.inputs)
+    inputs[index] = ("frame", _reencode(inputs[index][1], edit))
+    return _with(workload, "give_uncarried", inputs, {stream}, False)
+
+
 _MUTATORS = {
+    "give_sum": _give_sum,
+    "give_uncarried": _give_uncarried,
     "sse_split": _sse_split,
     "hello_differs": _hello_differs,
     "loss_after_verdict": _loss_after_verdict,

@@ -13,8 +13,8 @@
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
  *   texts, fragments, span_backs): a step's record bytes as wire.py's
- *   functions of the same names; the text encoder writes protocol 2's entry
- *   (lead_len), so neither is used before protocol 2 is on main.
+ *   functions of the same names; the text encoder writes protocol 3's entry
+ *   (lead_len: a fragment's split, or an empty fragment's give count).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -232,8 +232,8 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 goto fail;
             }
         }
-        PyObject *leads = NULL; /* lead_lens of this record (NULL: LEAD_UNKNOWN) */
-        if (backs != NULL && leads_of != NULL && PyDict_GET_SIZE(leads_of)) {
+        PyObject *leads = NULL; /* lead_lens of this record, for every token (NULL: none) */
+        if (leads_of != NULL && PyDict_GET_SIZE(leads_of)) {
             PyObject *key = PyLong_FromSsize_t(r);
             if (key == NULL) {
                 goto fail;
@@ -301,18 +301,25 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             if (id >= 0 && backs != NULL) {
                 back = field(PyList_GET_ITEM(backs, i), 0xFF, "text");
             }
-            if (back > 0) {
-                lead = leads != NULL ? field(PyList_GET_ITEM(leads, i), 0xFFFF, "text")
-                                     : LEAD_UNKNOWN;
+            Py_ssize_t length = 0;
+            const char *bytes = NULL;
+            if (i < fed) {
+                bytes = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i),
+                                                &length);
+            }
+            /* wire.encode_text_step: lead_lens pass through for every token (a give
+               count on an empty fragment); without them only a fragment's own bytes
+               need no split. */
+            if (id >= 0 && back >= 0 && leads != NULL) {
+                lead = field(PyList_GET_ITEM(leads, i), 0xFFFF, "text");
+            } else if (back > 0 || length == 0) {
+                lead = LEAD_UNKNOWN;
             }
             if (id < 0 || back < 0 || lead < 0) {
                 Py_DECREF(out);
                 goto fail;
             }
-            Py_ssize_t length = 0;
-            if (i < fed) {
-                const char *bytes =
-                    PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+            if (length > 0) {
                 memcpy(data, bytes, (size_t)length);
                 data += length;
             }

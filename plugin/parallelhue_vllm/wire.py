@@ -1,4 +1,4 @@
-"""Frame encoder for the ParallelHue telemetry protocol, version 2 (docs/PROTOCOL.md).
+"""Frame encoder for the ParallelHue telemetry protocol, version 3 (docs/PROTOCOL.md).
 
 Shared by the vLLM plugin and the embedded simulated engine. Pure standard
 library and cheap: it runs inside vLLM's scheduler and output-processor loops.
@@ -75,7 +75,7 @@ __all__ = [
     "split_for_frames",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAGIC = b"PHUE"
 
 KIND_HELLO, KIND_PROVENANCE, KIND_TEXT, KIND_NOTICE = 1, 2, 3, 4
@@ -103,7 +103,8 @@ ALL_STREAMS = 0xFFFF
 # Hello `verification`: how the engine verifies drafts.
 VERIFICATION_NONE, VERIFICATION_STANDARD, VERIFICATION_SYNTHETIC = 0, 1, 2
 VERIFICATION_FLY, VERIFICATION_UNKNOWN = 3, 4
-# Text token `lead_len` when the sender does not know the byte split.
+# Text token `lead_len` when the sender does not know the byte split (a token with a
+# fragment) or its give count (a token with an empty fragment).
 LEAD_UNKNOWN = 0xFFFF
 
 MAX_FRAME_BYTES = 65536
@@ -190,8 +191,10 @@ class TextToken:
     token_id: int
     fragment: bytes
     span_back: int = 0
-    # Bytes at the start of `fragment` that came from the span_back predecessors:
-    # 0 when span_back is 0, LEAD_UNKNOWN when the sender cannot tell.
+    # With a fragment: bytes at its start that came from the span_back predecessors
+    # (0 when span_back is 0). With an empty fragment: the token's give count, how
+    # many of its bytes the detokenizer carried into the next non-empty fragment
+    # (0 when it gave nothing, e.g. a skipped special token). LEAD_UNKNOWN: not known.
     lead_len: int = 0
 
 
@@ -471,9 +474,10 @@ ProvenanceStep = tuple[list[int], list[int], list[bytes]]
 # trimmed_tokens; token ids; each record's HTTP text; fragments (a record owns
 # the next n_fragments, those of its first n_fragments tokens; its other
 # tokens' are empty); span_backs of the records that have any (record index ->
-# one per token; other records: all 0); optionally (a sixth element) the
-# lead_lens of records with span_backs (record index -> one per token, read
-# where span_back > 0; a record with span_backs but no lead_lens: LEAD_UNKNOWN).
+# one per token; other records: all 0); optionally (a sixth element) lead_lens
+# (record index -> one per token, passed through for every token: the split of
+# a fragment with span_back, the give count of an empty fragment). A token of a
+# record without lead_lens: 0 with a fragment and no span_back, else LEAD_UNKNOWN.
 TextStep = (
     tuple[list[int], list[int], list[str], list[str], dict[int, list[int]]]
     | tuple[list[int], list[int], list[str], list[str], dict[int, list[int]], dict[int, list[int]]]
@@ -532,16 +536,19 @@ def encode_text_step(step: TextStep) -> list[bytes]:
         at = ROW_WIDTH * record
         stream, flags, finish, offset, count, fed, trimmed = meta[at : at + ROW_WIDTH]
         backs = span_backs.get(record)
-        leads = leads_of.get(record) if backs is not None else None
+        leads = leads_of.get(record)
         if leads is not None and len(leads) != count:
             raise ValueError(f"text record: lead_lens for {count} tokens needed")
         tokens = []
         for position in range(count):
             piece = fragments[first_fragment + position].encode("utf-8") if position < fed else b""
             back = backs[position] if backs is not None else 0
-            # The byte split inside a fragment with span_back: the hooks' lead_len
-            # (attribution.py), LEAD_UNKNOWN when they computed none.
-            lead = (leads[position] if leads is not None else LEAD_UNKNOWN) if back else 0
+            # The hooks' lead_len (attribution.py) as given; without one, a fragment's
+            # own bytes need no split and anything else is not known.
+            if leads is not None:
+                lead = leads[position]
+            else:
+                lead = 0 if piece and not back else LEAD_UNKNOWN
             tokens.append(TextToken(ids[first_id + position], piece, back, lead))
         first_id += count
         first_fragment += fed

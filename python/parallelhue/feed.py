@@ -33,10 +33,12 @@ def reconciler_line(message: str) -> str:
     found = _PROTOCOL_VERSION.search(line)
     if found is None:
         return line
-    if int(found.group(1)) < int(found.group(2)):
+    sent, spoken = int(found.group(1)), int(found.group(2))
+    if sent < spoken:
+        # Protocol N is spoken by parallelhue-vllm 0.N (0.2 for protocol 2, 0.3 for 3).
         return (
             f"{line}: the server's parallelhue-vllm plugin is too old; "
-            "run pip install 'parallelhue-vllm>=0.2' in the server's vLLM environment"
+            f"run pip install 'parallelhue-vllm>=0.{spoken}' in the server's vLLM environment"
         )
     return f"{line}: the server's parallelhue-vllm plugin is newer than this client; upgrade it"
 

@@ -569,6 +569,26 @@ def _text_span_back_less(t: Transcript) -> None:
     token.span_back, token.lead_len = 0, 0  # 🙂's first bytes (step 4) now unclaimed
 
 
+def _text_give_sum(t: Transcript) -> None:
+    t.text(0, 2).tokens[1].lead_len = 5  # 220 gave 4 bytes to 日本 (its lead_len 4)
+
+
+def _text_give_unclaimed(t: Transcript) -> None:
+    # 🙂 claims only 231 (1 byte): 230's 2 bytes are in no fragment's claim.
+    token = t.text(0, 4).tokens[0]
+    token.span_back, token.lead_len = 1, 2
+
+
+def _text_give_split_moved(t: Transcript) -> None:
+    # 220 says it gave 3 bytes (日), 221's lead_len 3: 本 looks like step 3's own.
+    t.text(0, 2).tokens[1].lead_len = 3
+    t.text(0, 3).tokens[0].lead_len = 3
+
+
+def _text_give_at_finish(t: Transcript) -> None:
+    t.text(0, 5).tokens[1].lead_len = 3  # EOS, the last token, "gives" 3 bytes
+
+
 def _text_span_back_empty(t: Transcript) -> None:
     t.text(0, 1).tokens[1].span_back = 1
 
@@ -940,6 +960,7 @@ def _boundary_shift_frontend(t: Transcript) -> None:
     six.tokens[0].fragment = b" ok. Bye"
     six.tokens[0].span_back = 2
     six.tokens[0].lead_len = 4  # " ok." from the two tokens before it
+    five.tokens[1].lead_len, five.tokens[2].lead_len = 3, 1  # their give counts
     six.http_delta = b" ok. Bye"
 
 
@@ -2010,8 +2031,46 @@ CASES: list[Case] = [
         "🙂's fragment claims no earlier tokens (its first bytes came in step 4)",
         "frontend",
         _text_span_back_less,
+        reasons={0: "stream 0: token at offset 8 gave 2 bytes that no fragment carries"},
+        rule="protocol 3: an unclaimed empty token must give 0 bytes (a skipped special token)",
+    ),
+    _C(
+        "text.lead_len.give_sum",
+        "text.lead_len",
+        "220 (step 2) says it gave 5 bytes to 日本, whose lead_len is 4",
+        "frontend",
+        _text_give_sum,
+        reasons={0: "stream 0: the 1 tokens before offset 6 give 5 bytes, its lead_len says 4"},
+        rule="protocol 3: the predecessors' give counts add up to the carrier's lead_len",
+    ),
+    _C(
+        "text.lead_len.give_unclaimed",
+        "text.lead_len",
+        "🙂 claims one predecessor (231) with lead_len 2; 230 still says it gave 2 bytes",
+        "frontend",
+        _text_give_unclaimed,
+        reasons={0: "stream 0: token at offset 8 gave 2 bytes that no fragment carries"},
+        rule="protocol 3: a give no fragment's span_back claims is a contradiction",
+    ),
+    _C(
+        "text.lead_len.split_moved",
+        "text.lead_len",
+        "220 gives 3 bytes and 日本's lead_len is 3: 本 (really mixed) shows as step 3's",
+        "frontend",
+        _text_give_split_moved,
         expect="limit",
-        rule="the detokenizer's statement: unclaimed empty tokens look like skipped special tokens",
+        rule="the byte split inside a fragment (give counts, lead_len) is the detokenizer's "
+        "statement: a consistent re-split cannot be caught",
+    ),
+    _C(
+        "text.lead_len.give_at_finish",
+        "text.lead_len",
+        "the last token (EOS, nothing after it) says it gave 3 bytes",
+        "frontend",
+        _text_give_at_finish,
+        expect="claim",
+        rule="no evidence: bytes held back when the request ends are dropped (the sender "
+        "cannot know at that step); nothing shown depends on them",
     ),
     _C(
         "text.span_back.empty_fragment",

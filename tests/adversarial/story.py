@@ -264,8 +264,8 @@ class _Frontend:
         for token_id in step.ids:
             kept_ids.append(token_id)
             raw = VOCAB[token_id]
-            if not raw:  # a skipped special token
-                tokens.append(wire.TextToken(token_id, b"", 0))
+            if not raw:  # a skipped special token: gives nothing (give count 0)
+                tokens.append(wire.TextToken(token_id, b"", 0, 0))
                 continue
             lead = len(self.pending)  # bytes from the pending predecessors (C1's lead_len)
             self.pending += raw
@@ -273,7 +273,8 @@ class _Frontend:
                 text = self.pending.decode("utf-8")
             except UnicodeDecodeError:
                 self.pending_tokens += 1
-                tokens.append(wire.TextToken(token_id, b"", 0))
+                # Its give count (protocol 3): its bytes go to the fragment that completes them.
+                tokens.append(wire.TextToken(token_id, b"", 0, len(raw)))
                 continue
             tokens.append(wire.TextToken(token_id, self.pending, self.pending_tokens, lead))
             self.pending, self.pending_tokens = b"", 0

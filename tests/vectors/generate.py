@@ -50,7 +50,7 @@ def raw_frame(
     body: bytes,
     *,
     magic: bytes = b"PHUE",
-    version: int = 2,
+    version: int = wire.PROTOCOL_VERSION,
     flags: int = 0,
     source: int = SCHEDULER,
     seq: int = 1,
@@ -85,7 +85,7 @@ def hello_body(
     async_scheduling: int = 0,
     k: int = 3,
     verification: int = 1,
-    plugin_version: bytes = b"0.2.0",
+    plugin_version: bytes = b"0.3.0",
     engine_version: bytes = b"0.32.0+cpu",
     spec_method: bytes = b"ngram",
 ) -> bytes:
@@ -128,10 +128,16 @@ def text_record(
     http_len: int | None = None,
 ) -> bytes:
     """Tokens are (id, fragment, span_back[, lead_len]); lead_len defaults to 0
-    without span_back and to unknown (0xFFFF) with it."""
+    for a fragment without span_back and to unknown (0xFFFF) otherwise (a split
+    with span_back, a give count on an empty fragment)."""
     tokens = [(201, b"Hi", 0), (202, b" there", 0)] if tokens is None else tokens
     entries = [
-        (t[0], t[1], t[2], t[3] if len(t) > 3 else (0 if t[2] == 0 else wire.LEAD_UNKNOWN))
+        (
+            t[0],
+            t[1],
+            t[2],
+            t[3] if len(t) > 3 else (0 if t[2] == 0 and t[1] else wire.LEAD_UNKNOWN),
+        )
         for t in tokens
     ]
     http = b"".join(entry[1] for entry in entries) if http is None else http
@@ -215,22 +221,27 @@ def header_vectors() -> dict[str, list[Vector]]:
         invalid(
             "version 0",
             raw_frame(NOTICE, body, version=0),
-            "unsupported protocol version 0 (this build speaks 2)",
+            "unsupported protocol version 0 (this build speaks 3)",
         ),
         invalid(
             "version 1 (a parallelhue-vllm 0.1 sender)",
             raw_frame(NOTICE, body, version=1),
-            "unsupported protocol version 1 (this build speaks 2)",
+            "unsupported protocol version 1 (this build speaks 3)",
         ),
         invalid(
-            "version 1 wins over kind",
-            raw_frame(9, body, version=1),
-            "unsupported protocol version 1 (this build speaks 2)",
+            "version 2 (a parallelhue-vllm 0.2 sender)",
+            raw_frame(NOTICE, body, version=2),
+            "unsupported protocol version 2 (this build speaks 3)",
         ),
         invalid(
-            "version 3",
-            raw_frame(NOTICE, body, version=3),
-            "unsupported protocol version 3 (this build speaks 2)",
+            "version 2 wins over kind",
+            raw_frame(9, body, version=2),
+            "unsupported protocol version 2 (this build speaks 3)",
+        ),
+        invalid(
+            "version 4",
+            raw_frame(NOTICE, body, version=4),
+            "unsupported protocol version 4 (this build speaks 3)",
         ),
         invalid("kind 0", raw_frame(0, body), "unknown frame kind 0"),
         invalid("kind 5", raw_frame(5, body), "unknown frame kind 5"),
@@ -278,7 +289,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
         return wire.encode_hello(
             header(seq=0, step=3),
             wire.Hello(wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, derivation, is_async, k,
-                       "0.2.0", "0.32.0+cpu", method, verification),
+                       "0.3.0", "0.32.0+cpu", method, verification),
         )  # fmt: skip
 
     good = [
@@ -292,7 +303,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_DRAFT_IDS,
                     False,
                     3,
-                    "0.2.0",
+                    "0.3.0",
                     "0.32.0+cpu",
                     "ngram",
                     wire.VERIFICATION_STANDARD,
@@ -309,7 +320,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_NONE,
                     False,
                     0,
-                    "0.2.0",
+                    "0.3.0",
                     "0.26.0",
                     "",
                     wire.VERIFICATION_NONE,
@@ -326,7 +337,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_COUNTS,
                     True,
                     7,
-                    "0.2.0",
+                    "0.3.0",
                     "0.33.0",
                     "eagle3",
                     wire.VERIFICATION_UNKNOWN,
@@ -353,7 +364,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
                     wire.DERIVATION_DRAFT_IDS,
                     False,
                     65535,
-                    "0.2.0-β",
+                    "0.3.0-β",
                     "sim-1",
                     "m" * 255,
                     wire.VERIFICATION_FLY,
@@ -837,6 +848,34 @@ def text_vectors() -> dict[str, list[Vector]]:
             ),
         ),
         valid(
+            "give counts: 'Ġthe\\xe6' gives 5 bytes, '\\x97' gives 1, "
+            "the carrier ' the日x' has lead_len 6",
+            encode(
+                wire.TextRecord(
+                    1,
+                    4,
+                    [tok(300, b"", 0, 5), tok(301, b"", 0, 1), tok(302, b" the" + ni + b"x", 2, 6)],
+                    b" the" + ni + b"x",
+                )
+            ),
+        ),
+        valid(
+            "give count 0 (a skipped special token between byte tokens), lead_len below span_back",
+            encode(
+                wire.TextRecord(1, 0, [tok(1, b"", 0, 1), tok(2, b"", 0, 0), tok(3, ni, 2, 1)], ni)
+            ),
+        ),
+        valid(
+            "give count unknown, and a give count on an empty fragment of its own record",
+            encode(
+                wire.TextRecord(1, 0, [tok(1, b"", 0, wire.LEAD_UNKNOWN), tok(2, b"", 0, 2)], b"")
+            ),
+        ),
+        valid(
+            "lead_len 0 with span_back (the predecessors gave nothing)",
+            encode(wire.TextRecord(1, 0, [tok(1, b"", 0, 0), tok(2, b"ab", 1, 0)], b"ab")),
+        ),
+        valid(
             "lead_len unknown",
             encode(wire.TextRecord(1, 0, [tok(1, b""), tok(2, ni, 1, wire.LEAD_UNKNOWN)], ni)),
         ),
@@ -1008,23 +1047,9 @@ def text_vectors() -> dict[str, list[Vector]]:
             "record for stream 1: lead_len 65535 without span_back at token 0",
         ),
         invalid(
-            "lead_len on an empty fragment",
-            text(text_record(stream=1, tokens=[(1, b"", 0, 2)], http=b"")),
-            "record for stream 1: lead_len 2 without span_back at token 0",
-        ),
-        invalid(
             "lead_len exceeds the fragment",
             text(text_record(stream=1, tokens=[(1, b"", 0), (2, b"ab", 1, 3)], http=b"ab")),
             "record for stream 1: lead_len 3 exceeds the 2-byte fragment at token 1",
-        ),
-        invalid(
-            "lead_len below span_back",
-            text(
-                text_record(
-                    stream=1, tokens=[(1, b"", 0), (2, b"", 0), (3, b"abc", 2, 1)], http=b"abc"
-                )
-            ),
-            "record for stream 1: lead_len 1 below span_back 2 at token 2",
         ),
         invalid(
             "span_back on empty fragment wins over lead_len",

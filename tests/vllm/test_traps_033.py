@@ -28,7 +28,7 @@ from test_signatures import WHEEL_CACHE, wheel
 
 from parallelhue import _native  # type: ignore[attr-defined]
 from parallelhue.reference import Reconciler, decode_frame
-from parallelhue_vllm import wire
+from parallelhue_vllm import __version__, wire
 
 pytestmark = pytest.mark.vllm
 
@@ -146,7 +146,7 @@ def test_the_client_fails_each_trapped_stream_with_its_reason(
         wire.encode_hello(
             wire.Header(run, source, 0, 0, 0),
             wire.Hello(wire.SOURCE_SCHEDULER, wire.ENGINE_VLLM, wire.DERIVATION_NONE, False, 0,
-                       "0.2.0", "0.33.0", "", wire.VERIFICATION_NONE),
+                       __version__, "0.33.0", "", wire.VERIFICATION_NONE),
         )
     )  # fmt: skip
     text_ids: dict[int, list[int]] = {0: [], 1: []}

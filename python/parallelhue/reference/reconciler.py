@@ -133,6 +133,8 @@ class _Fragment:
     start: int  # byte positions in the stream's text
     end: int
     lead_len: int  # bytes from the span_back predecessors (LEAD_UNKNOWN: not known)
+    # Each predecessor's give count, when all are known and add up to lead_len.
+    gives: list[int] | None = None
 
 
 @dataclass
@@ -180,7 +182,9 @@ class _Stream:
     t_step: int | None = None
     trim_checked: bool = False  # a stop-string finish checked against the scheduler's step
     metrics_checked: bool = False  # vLLM's per-request metrics matched the records
-    pending_empty: int = 0
+    # Give counts of the empty-fragment tokens since the last fragment (the tokens
+    # just before t's end), in offset order.
+    pending_gives: list[int] = field(default_factory=list)
     fragments: list[_Fragment] = field(default_factory=list)
     proven_fragments: int = 0
     proven_bytes: int = 0
@@ -923,19 +927,20 @@ class Reconciler:
             state.t_ids.append(token.token_id)
             self._check_text_token(state, offset)
             if not token.fragment:
-                state.pending_empty += 1
+                state.pending_gives.append(token.lead_len)
                 continue
-            if token.span_back > state.pending_empty:
-                raise self._fail(
-                    state,
-                    f"stream {stream}: span_back {token.span_back} at offset {offset} "
-                    f"exceeds {state.pending_empty} pending tokens",
-                )
-            state.pending_empty = 0
+            gives = self._claim_gives(state, offset, token.span_back, token.lead_len)
             start = len(state.fragment_bytes)
             state.fragment_bytes += token.fragment
             state.fragments.append(
-                _Fragment(offset, token.span_back, start, len(state.fragment_bytes), token.lead_len)
+                _Fragment(
+                    offset,
+                    token.span_back,
+                    start,
+                    len(state.fragment_bytes),
+                    token.lead_len,
+                    gives,
+                )
             )
         state.http_bytes += record.http_delta
         state.t_ends.append((len(state.t_ids), len(state.http_bytes)))
@@ -952,6 +957,42 @@ class Reconciler:
             state.t_stop_string = record.text_truncated or record.tokens_trimmed
             state.t_trimmed_tokens = record.trimmed_tokens
             self._t_end_rules(state)
+
+    def _claim_gives(
+        self, state: _Stream, offset: int, span_back: int, lead: int
+    ) -> list[int] | None:
+        """A fragment at `offset` claims its `span_back` predecessors among the pending
+        empty tokens: none of the others gave bytes (no fragment will carry them), and
+        the predecessors' known give counts add up to at most its lead_len, exactly
+        when all are known. Returns the gives when all are known and lead_len is."""
+        stream, pending = state.index, state.pending_gives
+        if span_back > len(pending):
+            raise self._fail(
+                state,
+                f"stream {stream}: span_back {span_back} at offset {offset} "
+                f"exceeds {len(pending)} pending tokens",
+            )
+        unclaimed = len(pending) - span_back
+        for index, give in enumerate(pending[:unclaimed]):
+            if give != LEAD_UNKNOWN and give > 0:
+                raise self._fail(
+                    state,
+                    f"stream {stream}: token at offset {offset - len(pending) + index} gave "
+                    f"{give} bytes that no fragment carries",
+                )
+        claimed = pending[unclaimed:]
+        state.pending_gives = []
+        if lead == LEAD_UNKNOWN or not claimed:
+            return None
+        known = [give for give in claimed if give != LEAD_UNKNOWN]
+        total = sum(known)
+        if total > lead or (len(known) == len(claimed) and total != lead):
+            raise self._fail(
+                state,
+                f"stream {stream}: the {span_back} tokens before offset {offset} give "
+                f"{total} bytes, its lead_len says {lead}",
+            )
+        return claimed if len(known) == len(claimed) else None
 
     def _t_end_rules(self, state: _Stream) -> None:
         """The detokenizer finished the request: how it ended must agree with its own
@@ -1159,46 +1200,49 @@ class Reconciler:
         return values[0] if values and len(set(values)) == 1 else None
 
     def _pieces(self, state: _Stream, fragment: _Fragment, available: int) -> list[_Piece]:
-        """A proven fragment's characters in runs attributed alike: those whose bytes
-        all come from the span_back predecessors, the one with bytes from both, the
-        carrier's own. Only the first `available` bytes are output."""
+        """A proven fragment's characters in runs attributed alike ("Spans"). The
+        fragment's bytes are owned by units (token ranges): with every give count
+        known, each predecessor its gives and the carrier the rest; with only
+        lead_len known, the predecessors together the first lead_len bytes and the
+        carrier the rest; else all its tokens the whole fragment. A character's
+        tokens are those of the units overlapping it, first to last. Only the first
+        `available` bytes are output."""
         carrier, first = fragment.offset, fragment.offset - fragment.span_back
-        group = range(first, carrier + 1)
-        step = self._shared([state.p_ordinals[o] for o in group])
-        role = self._shared([state.p_roles[o] for o in group])
         size = fragment.end - fragment.start
+        # (first token, token count, byte start, byte end) per unit, in order.
+        units: list[tuple[int, int, int, int]]
         if fragment.span_back == 0 or fragment.lead_len == LEAD_UNKNOWN:
-            return [_Piece(0, available, step, role, first, fragment.span_back + 1)]
+            units = [(first, fragment.span_back + 1, 0, size)]
+        elif fragment.gives is not None:
+            units, at = [], 0
+            for index, give in enumerate(fragment.gives):
+                units.append((first + index, 1, at, at + give))
+                at += give
+            units.append((carrier, 1, at, size))
+        else:
+            lead = fragment.lead_len
+            units = [(first, fragment.span_back, 0, lead), (carrier, 1, lead, size)]
         data = state.fragment_bytes[fragment.start : fragment.end]
-        lead = fragment.lead_len
-
-        def continuation(position: int) -> bool:
-            return position < size and data[position] & 0xC0 == 0x80
-
-        low = lead  # the start of the character holding byte `lead` (or `lead` itself)
-        while 0 < low < size and continuation(low):
-            low -= 1
-        high = lead  # the end of that character
-        while high < size and continuation(high):
-            high += 1
-        before = range(first, carrier)
-        candidates = [
-            _Piece(
-                0,
-                low,
-                self._shared([state.p_ordinals[o] for o in before]),
-                self._shared([state.p_roles[o] for o in before]),
-                first,
-                fragment.span_back,
-            ),
-            _Piece(low, high, step, role, first, fragment.span_back + 1),
-            _Piece(high, size, state.p_ordinals[carrier], state.p_roles[carrier], carrier, 1),
-        ]
-        pieces = []
-        for piece in candidates:
-            piece.end = min(piece.end, available)
-            if piece.start < piece.end:
-                pieces.append(piece)
+        pieces: list[_Piece] = []
+        position = 0
+        while position < available:
+            end = position + 1  # the end of this character
+            while end < size and data[end] & 0xC0 == 0x80:
+                end += 1
+            # A unit overlaps [position, end) (an empty unit: lies strictly inside it).
+            owners = [u for u in units if u[2] < end and u[3] > position]
+            low = owners[0][0]
+            high = owners[-1][0] + owners[-1][1]
+            end = min(end, available)
+            last = pieces[-1] if pieces else None
+            if last is not None and (last.first, last.count) == (low, high - low):
+                last.end = end
+            else:
+                group = range(low, high)
+                step = self._shared([state.p_ordinals[o] for o in group])
+                role = self._shared([state.p_roles[o] for o in group])
+                pieces.append(_Piece(position, end, step, role, low, high - low))
+            position = end
         return pieces
 
     def _emit_span(self, state: _Stream, fragment_start: int, piece: _Piece) -> None:

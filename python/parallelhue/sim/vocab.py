@@ -60,7 +60,9 @@ class Vocabulary:
     when the token ends inside a character), that fragment as str,
     `span_back`, the number of immediately preceding tokens whose bytes the
     fragment also holds, and `lead_len`, how many of the fragment's first
-    bytes are theirs. `starts` lists positions that begin a character.
+    bytes are theirs (for a token with an empty fragment: its give count, how
+    many bytes it hands to that later fragment). `starts` lists positions that
+    begin a character.
     """
 
     token_bytes: tuple[bytes, ...]
@@ -150,7 +152,9 @@ def build_vocabulary(corpus: str = CORPUS) -> Vocabulary:
         else:
             fragments.append(b"")
             span_back.append(0)
-            lead_len.append(0)
+            # An empty fragment's lead_len is its give count (protocol 3): all of its
+            # bytes go into the fragment of the token that completes the character.
+            lead_len.append(len(piece))
             pending_tokens += 1
     if pending:  # pragma: no cover - the corpus is valid UTF-8 and ends on a boundary
         raise AssertionError("corpus must end on a character boundary")

@@ -20,7 +20,9 @@ pub struct ProvRec {
 }
 
 /// One token of a text record to encode: id, fragment bytes, span_back,
-/// lead_len (0 without span_back; [`crate::protocol::LEAD_UNKNOWN`] when unknown).
+/// lead_len: with a fragment, the bytes from its span_back predecessors (0 without
+/// span_back); with an empty fragment, its give count ([`crate::protocol::LEAD_UNKNOWN`]:
+/// not known).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TextTok {
     pub token_id: u32,

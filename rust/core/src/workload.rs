@@ -106,13 +106,14 @@ struct Detok {
 }
 
 impl Detok {
-    /// Feed a token's bytes: its fragment, span_back and lead_len.
+    /// Feed a token's bytes: its fragment, span_back and lead_len (for an
+    /// empty fragment its give count: all its bytes go to the next fragment).
     fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, u8, u16) {
         let lead = self.pending.len() as u16;
         self.pending.extend_from_slice(bytes);
         if std::str::from_utf8(&self.pending).is_err() {
             self.empties = self.empties.saturating_add(1);
-            return (Vec::new(), 0, 0);
+            return (Vec::new(), 0, bytes.len() as u16);
         }
         let frag = std::mem::take(&mut self.pending);
         let back = std::mem::take(&mut self.empties);

@@ -1494,6 +1494,8 @@ fn per_character_attribution_from_lead_len() {
     let toks = vec![
         TextTok {
             token_id: 1,
+            // Its give count not known: the v2 split by lead_len alone.
+            lead_len: LEAD_UNKNOWN,
             ..TextTok::default()
         },
         TextTok {
@@ -1536,4 +1538,214 @@ fn per_character_attribution_from_lead_len() {
         (st.drafts_by_pos.clone(), st.accepted_by_pos.clone()),
         (vec![1, 1], vec![1, 0])
     );
+}
+
+/// A text token: (id, fragment, span_back, lead_len or give count).
+fn tt(token_id: u32, fragment: &[u8], span_back: u8, lead_len: u16) -> TextTok {
+    TextTok {
+        token_id,
+        fragment: fragment.to_vec(),
+        span_back,
+        lead_len,
+    }
+}
+
+impl Run {
+    /// One text record of stream 0 with explicit token entries.
+    fn text_toks(&mut self, offset: u32, tokens: Vec<TextTok>, http: &[u8], finished: bool) {
+        let rec = TextRec {
+            stream: 0,
+            flags: u8::from(finished),
+            finish_reason: u8::from(finished),
+            offset,
+            tokens,
+            http: http.to_vec(),
+            ..TextRec::default()
+        };
+        let f = self.front.text(self.t_step, &[rec]);
+        self.t_step += 1;
+        self.r.push_frame(&f);
+    }
+
+    fn failed(&mut self) -> Vec<String> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Failed { reason, .. } => Some(reason),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn give_counts_attribute_each_predecessor_its_own_bytes_across_records() {
+    // Issue 9's case: 'Ġthe\xe6' (step 0) gives 5 bytes, '\x97' (step 1) gives 1,
+    // the carrier (step 1) returns " the日x" with span_back 2 and lead_len 6. Each
+    // empty token comes in its own record (predecessors from earlier steps).
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.prov(0, 1, &[11, 12], &[A, B], 1, 1);
+    run.text_toks(0, vec![tt(10, b"", 0, 5)], b"", false);
+    run.text_toks(1, vec![tt(11, b"", 0, 1)], b"", false);
+    run.text_toks(
+        2,
+        vec![tt(12, " the\u{65e5}x".as_bytes(), 2, 6)],
+        " the\u{65e5}x".as_bytes(),
+        true,
+    );
+    run.sse(0, "", &[10]);
+    run.sse(0, "", &[11]);
+    run.sse(0, " the\u{65e5}x", &[12]);
+    run.finish(0, "stop");
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, " the", Some(0), 0, 1, Some(P)),
+            span(0, 4, "\u{65e5}", None, 0, 3, None),
+            span(0, 7, "x", Some(1), 2, 1, Some(B)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    assert_eq!(run.r.stream_stats(0).mixed_spans, 1);
+}
+
+#[test]
+fn a_zero_give_inside_a_character_joins_its_tokens_and_lead_may_be_below_span_back() {
+    // '\xe6' gives 1 (step 0), a skipped special token gives 0 (step 1), the carrier
+    // '\x97\xa5' + "z" (step 1) has span_back 2 and lead_len 1 (below span_back).
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[20], &[P], 0, 0);
+    run.prov(0, 1, &[21, 22], &[A, T], 2, 1);
+    let frag = "\u{65e5}z".as_bytes();
+    run.text_toks(
+        0,
+        vec![tt(20, b"", 0, 1), tt(21, b"", 0, 0), tt(22, frag, 2, 1)],
+        frag,
+        true,
+    );
+    run.sse(0, "\u{65e5}z", &[20, 21, 22]);
+    run.finish(0, "stop");
+    assert_eq!(
+        run.events(),
+        vec![
+            span(0, 0, "\u{65e5}", None, 0, 3, None),
+            span(0, 3, "z", Some(1), 2, 1, Some(T)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+}
+
+#[test]
+fn gives_that_do_not_add_up_to_lead_len_fail_the_stream() {
+    for (gives, lead, reason) in [
+        (
+            [5u16, 2],
+            6u16,
+            "stream 0: the 2 tokens before offset 2 give 7 bytes, its lead_len says 6",
+        ),
+        (
+            [4, 1],
+            6,
+            "stream 0: the 2 tokens before offset 2 give 5 bytes, its lead_len says 6",
+        ),
+        (
+            [7, LEAD_UNKNOWN],
+            6,
+            "stream 0: the 2 tokens before offset 2 give 7 bytes, its lead_len says 6",
+        ),
+    ] {
+        let mut run = Run::new(1);
+        run.prov(0, 0, &[10, 11, 12], &[A, A, B], 2, 1);
+        let frag = " the\u{65e5}x".as_bytes();
+        run.text_toks(
+            0,
+            vec![
+                tt(10, b"", 0, gives[0]),
+                tt(11, b"", 0, gives[1]),
+                tt(12, frag, 2, lead),
+            ],
+            frag,
+            true,
+        );
+        assert_eq!(run.failed(), vec![reason.to_owned()]);
+    }
+    // Some gives unknown and the known ones within lead_len: the v2 split, exact.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10, 11, 12], &[A, A, B], 2, 1);
+    let frag = " the\u{65e5}x".as_bytes();
+    run.text_toks(
+        0,
+        vec![
+            tt(10, b"", 0, 5),
+            tt(11, b"", 0, LEAD_UNKNOWN),
+            tt(12, frag, 2, 6),
+        ],
+        frag,
+        true,
+    );
+    run.sse(0, " the\u{65e5}x", &[10, 11, 12]);
+    run.finish(0, "stop");
+    assert!(run.events().contains(&Event::Exact { stream: 0 }));
+}
+
+#[test]
+fn a_give_no_fragment_claims_fails_the_stream() {
+    // The carrier claims one predecessor; the token before it gave 5 bytes.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10, 11, 12], &[A, A, B], 2, 1);
+    let frag = "\u{65e5}x".as_bytes();
+    run.text_toks(0, vec![tt(10, b"", 0, 5)], b"", false);
+    run.text_toks(1, vec![tt(11, b"", 0, 2), tt(12, frag, 1, 2)], frag, true);
+    assert_eq!(
+        run.failed(),
+        vec!["stream 0: token at offset 0 gave 5 bytes that no fragment carries".to_owned()]
+    );
+    // A skipped token (give 0) or an unknown give left unclaimed is fine.
+    for give in [0, LEAD_UNKNOWN] {
+        let mut run = Run::new(1);
+        run.prov(0, 0, &[10, 11, 12], &[A, A, B], 2, 1);
+        run.text_toks(
+            0,
+            vec![tt(10, b"", 0, give), tt(11, b"", 0, 2), tt(12, frag, 1, 2)],
+            frag,
+            true,
+        );
+        run.sse(0, "\u{65e5}x", &[10, 11, 12]);
+        run.finish(0, "stop");
+        assert!(
+            run.events().contains(&Event::Exact { stream: 0 }),
+            "give {give}"
+        );
+    }
+}
+
+#[test]
+fn a_give_beyond_the_reach_of_span_back_fails_the_stream() {
+    // Token 0 gives a byte, then 255 tokens give nothing: no span_back (at most
+    // 255) reaches token 0 from the carrier at offset 256.
+    let mut run = Run::new(1);
+    let mut toks = vec![tt(1, b"", 0, 1)];
+    toks.extend((0..255).map(|_| tt(2, b"", 0, 0)));
+    run.text_toks(0, toks, b"", false);
+    run.text_toks(256, vec![tt(3, b"ab", 255, 0)], b"ab", true);
+    assert_eq!(
+        run.failed(),
+        vec!["stream 0: token at offset 0 gave 1 bytes that no fragment carries".to_owned()]
+    );
+}
+
+#[test]
+fn pending_gives_at_the_finish_are_held_back_bytes_not_a_contradiction() {
+    // The request ends inside a character: vLLM drops the held-back bytes; the
+    // sender could not know, at that token's step, that no carrier would come.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[10], &[P], 0, 0);
+    run.prov(0, 1, &[11], &[P], 0, 1);
+    run.text_toks(0, vec![tt(10, b"a", 0, 0)], b"a", false);
+    run.text_toks(1, vec![tt(11, b"", 0, 1)], b"", true);
+    run.sse(0, "a", &[10]);
+    run.sse(0, "", &[11]);
+    run.finish(0, "stop");
+    assert!(run.events().contains(&Event::Exact { stream: 0 }));
 }

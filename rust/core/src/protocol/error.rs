@@ -110,12 +110,6 @@ pub enum DecodeError {
         frag_len: u16,
         index: usize,
     },
-    LeadBelowSpanBack {
-        stream: u16,
-        lead_len: u16,
-        span_back: u8,
-        index: usize,
-    },
     InvalidUtf8Fragment {
         stream: u16,
         index: usize,
@@ -286,16 +280,6 @@ impl fmt::Display for DecodeError {
                 f,
                 "record for stream {stream}: lead_len {lead_len} exceeds the {frag_len}-byte \
                  fragment at token {index}"
-            ),
-            LeadBelowSpanBack {
-                stream,
-                lead_len,
-                span_back,
-                index,
-            } => write!(
-                f,
-                "record for stream {stream}: lead_len {lead_len} below span_back {span_back} \
-                 at token {index}"
             ),
             InvalidUtf8Fragment { stream, index } => write!(
                 f,

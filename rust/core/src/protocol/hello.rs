@@ -138,7 +138,7 @@ impl HelloFields {
             async_scheduling: false,
             num_speculative_tokens: k,
             verification: if k == 0 { 0 } else { 1 },
-            plugin_version: "0.2.0".into(),
+            plugin_version: "0.3.0".into(),
             engine_version: "sim-1".into(),
             spec_method: if k == 0 {
                 String::new()

@@ -1,5 +1,5 @@
 //! Frame decoding, exactly per docs/PROTOCOL.md ("ParallelHue telemetry
-//! protocol, version 2"). Decoding never panics: every malformed input yields a
+//! protocol, version 3"). Decoding never panics: every malformed input yields a
 //! [`DecodeError`] whose `Display` is the message from the protocol's error
 //! table. Checks run in the table's order for the header, then field by field
 //! in layout order, so that the first violation found is the one reported.
@@ -25,7 +25,7 @@ use records::{decode_notice, decode_provenance, decode_text};
 /// `"PHUE"`.
 pub const MAGIC: [u8; 4] = *b"PHUE";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 2;
+pub const PROTOCOL_VERSION: u8 = 3;
 /// Bytes in the common header.
 pub const HEADER_LEN: usize = 64;
 /// Whole datagram, header included.
@@ -38,7 +38,8 @@ pub const MAX_TOKENS_PER_RECORD: usize = 256;
 pub const MAX_NOTICE_BYTES: usize = 1_024;
 /// Stream index reserved for "every stream of the run" (notices only).
 pub const ALL_STREAMS: u16 = 0xFFFF;
-/// Text token `lead_len` when the sender does not know the byte split.
+/// Text token `lead_len` when the sender does not know the byte split (or,
+/// on an empty fragment, its give count).
 pub const LEAD_UNKNOWN: u16 = 0xFFFF;
 /// Hello `verification` values.
 pub const VERIFICATION_NONE: u16 = 0;
@@ -212,7 +213,7 @@ mod tests {
     fn header(kind: u8, body: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(b"PHUE");
-        v.push(2);
+        v.push(3);
         v.push(kind);
         v.extend_from_slice(&0u16.to_le_bytes());
         v.extend_from_slice(&[0xab; 16]);
@@ -243,10 +244,10 @@ mod tests {
             "bad magic: expected 50485545, got 58485545"
         );
         let mut f = header(9, &[]);
-        f[4] = 1;
+        f[4] = 2;
         assert_eq!(
             decode(&f).unwrap_err().to_string(),
-            "unsupported protocol version 1 (this build speaks 2)"
+            "unsupported protocol version 2 (this build speaks 3)"
         );
         assert_eq!(
             decode(&header(9, &[])).unwrap_err().to_string(),

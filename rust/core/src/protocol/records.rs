@@ -45,8 +45,9 @@ pub struct TextToken {
     pub token_id: u32,
     pub frag_len: u16,
     pub span_back: u8,
-    /// Bytes at the start of the fragment from the span_back predecessors
-    /// ([`LEAD_UNKNOWN`] when not known).
+    /// With a fragment: bytes at its start from the span_back predecessors.
+    /// With an empty fragment: the token's give count, how many of its bytes
+    /// the next non-empty fragment carries. [`LEAD_UNKNOWN`]: not known.
     pub lead_len: u16,
 }
 
@@ -362,12 +363,16 @@ pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>,
 /// The per-token rules of a text token entry (docs/PROTOCOL.md "text").
 #[inline]
 fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), DecodeError> {
-    if t.frag_len == 0 && t.span_back != 0 {
-        return Err(DecodeError::SpanBackOnEmpty {
-            stream,
-            span_back: t.span_back,
-            index,
-        });
+    if t.frag_len == 0 {
+        // An empty fragment claims nothing; its lead_len is its give count (any value).
+        if t.span_back != 0 {
+            return Err(DecodeError::SpanBackOnEmpty {
+                stream,
+                span_back: t.span_back,
+                index,
+            });
+        }
+        return Ok(());
     }
     if t.span_back == 0 && t.lead_len != 0 {
         return Err(DecodeError::LeadWithoutSpanBack {
@@ -381,15 +386,6 @@ fn check_token_entry(stream: u16, index: usize, t: TextToken) -> Result<(), Deco
             stream,
             lead_len: t.lead_len,
             frag_len: t.frag_len,
-            index,
-        });
-    }
-    // Each predecessor it names gave at least one byte (it ended inside a character).
-    if t.lead_len != LEAD_UNKNOWN && t.lead_len < u16::from(t.span_back) {
-        return Err(DecodeError::LeadBelowSpanBack {
-            stream,
-            lead_len: t.lead_len,
-            span_back: t.span_back,
             index,
         });
     }

@@ -44,6 +44,9 @@ use crate::stats::{Counters, Stats};
 use crate::text::SpanText;
 use crate::window::ByteWindow;
 
+/// Largest `span_back` (a `u8`): how far back a fragment can claim tokens.
+const MAX_SPAN_BACK: usize = 255;
+
 /// Largest `num_streams`.
 pub const MAX_STREAMS: u32 = 65_535;
 
@@ -104,6 +107,8 @@ struct Tok {
     q: u32,
     has: u8,
     role: u8,
+    /// An empty-fragment token's give count (text `lead_len`; [`LEAD_UNKNOWN`]: not known).
+    give: u16,
     ord: u32,
 }
 
@@ -127,6 +132,9 @@ struct Frag {
     len: u32,
     /// Bytes from the span_back predecessors ([`LEAD_UNKNOWN`]: not known).
     lead: u16,
+    /// Every predecessor's give count is known (and they add up to `lead`):
+    /// each predecessor owns its own bytes.
+    gives: bool,
 }
 
 /// A provenance record with drafts, for the cross-check with vLLM's
@@ -187,7 +195,13 @@ struct Stream {
     t_stop_string: bool,
     /// The final HTTP text stops inside or before the fragments.
     t_truncated: bool,
+    /// Empty-fragment tokens since the last fragment (the tokens just before
+    /// `t_end`); the give counts of the last [`MAX_SPAN_BACK`] of them (the
+    /// only ones a fragment's span_back can reach), and the first earlier one
+    /// that gave bytes (offset, give): no fragment can carry those.
     pending_empty: u32,
+    pending_gives: VecDeque<u16>,
+    unreachable_give: Option<(u64, u16)>,
     frags: VecDeque<Frag>,
     f: ByteWindow,
     h: ByteWindow,
@@ -233,6 +247,7 @@ impl Stream {
         self.recs = VecDeque::new();
         self.spec_steps = Vec::new();
         self.frags = VecDeque::new();
+        self.pending_gives = VecDeque::new();
         self.t_ends = VecDeque::new();
         self.q_ends = VecDeque::new();
         self.f.clear();
@@ -260,6 +275,8 @@ pub struct Reconciler {
     /// Index of the first event produced by the input being processed: only
     /// spans of the same input are merged, so merging never depends on drains.
     input_start: usize,
+    /// Scratch buffer of a fragment's pieces (kept: no allocation per fragment).
+    pieces: Vec<prove::Piece>,
 }
 
 impl Reconciler {
@@ -288,6 +305,7 @@ impl Reconciler {
             finalized: false,
             digest: FrameDigest::new(),
             input_start: 0,
+            pieces: Vec::new(),
         }
     }
 

@@ -56,18 +56,11 @@ impl Reconciler {
                 self.fail(s, reason);
                 return;
             }
-            let mut pieces = [Piece {
-                from: 0,
-                to: 0,
-                step: None,
-                role: None,
-                first: 0,
-                n: 0,
-            }; 3];
-            let n_pieces = st.pieces(&fr, (limit - fr.byte_start) as usize, &mut pieces);
+            let mut pieces = std::mem::take(&mut self.pieces);
+            st.pieces(&fr, (limit - fr.byte_start) as usize, &mut pieces);
             st.proven = limit;
             st.frags.pop_front();
-            for p in &pieces[..n_pieces] {
+            for p in &pieces {
                 let st = &mut self.streams[s];
                 let bytes =
                     st.h.slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
@@ -85,6 +78,7 @@ impl Reconciler {
                 let start = fr.byte_start + p.from as u64;
                 self.emit_span(s, start, text, p);
             }
+            self.pieces = pieces;
         }
         let st = &mut self.streams[s];
         if let Err(reason) = st.chunk_rule(s, c) {
@@ -175,111 +169,131 @@ impl Reconciler {
 
 impl Stream {
     /// Cut a proven fragment (its first `avail` bytes are output) into runs
-    /// of characters attributed alike (docs/PROTOCOL.md "Spans"): the
-    /// characters whose bytes all come from the span_back predecessors, the
-    /// one character with bytes from both, and the carrier's own characters.
-    /// Returns the number of pieces written.
+    /// of characters attributed alike (docs/PROTOCOL.md "Spans"), written to
+    /// `out`. The fragment's bytes are owned by units (token ranges): with
+    /// every give count known, each predecessor its gives and the carrier the
+    /// rest; with only lead_len known, the predecessors together the first
+    /// lead_len bytes and the carrier the rest; else all its tokens the whole
+    /// fragment. A character's tokens are those of the units overlapping it,
+    /// first to last; a piece is a maximal run of characters with the same
+    /// tokens.
     #[inline]
-    pub(super) fn pieces(&self, fr: &Frag, avail: usize, out: &mut [Piece; 3]) -> usize {
-        let carrier = self.tok(fr.tok);
-        let (c_step, c_role) = (carrier.ord, carrier.role);
+    pub(super) fn pieces(&self, fr: &Frag, avail: usize, out: &mut Vec<Piece>) {
+        out.clear();
         let len = fr.len as usize;
         let span_back = (fr.tok - fr.first) as u32;
         if span_back == 0 {
             // The common case: the token's own bytes only.
-            out[0] = Piece {
+            let carrier = self.tok(fr.tok);
+            out.push(Piece {
                 from: 0,
                 to: avail,
-                step: Some(c_step),
-                role: Some(c_role),
+                step: Some(carrier.ord),
+                role: Some(carrier.role),
                 first: fr.tok,
                 n: 1,
-            };
-            return 1;
+            });
+            return;
         }
-        // What the predecessors share (all tokens of the group when the split is unknown).
-        let mut g_step = Some(c_step);
-        let mut g_role = Some(c_role);
-        let mut p_step: Option<u32> = None;
-        let mut p_role: Option<u8> = None;
-        for (i, o) in (fr.first..fr.tok).enumerate() {
-            let t = self.tok(o);
-            if i == 0 {
-                p_step = Some(t.ord);
-                p_role = Some(t.role);
-            } else {
-                if p_step != Some(t.ord) {
-                    p_step = None;
-                }
-                if p_role != Some(t.role) {
-                    p_role = None;
-                }
-            }
-        }
-        if span_back > 0 {
-            if p_step != g_step {
-                g_step = None;
-            }
-            if p_role != g_role {
-                g_role = None;
-            }
-        }
-        if span_back == 0 || fr.lead == LEAD_UNKNOWN {
-            out[0] = Piece {
+        if fr.lead == LEAD_UNKNOWN {
+            let (step, role) = self.shared(fr.first, fr.tok + 1);
+            out.push(Piece {
                 from: 0,
                 to: avail,
-                step: g_step,
-                role: g_role,
+                step,
+                role,
                 first: fr.first,
                 n: span_back + 1,
-            };
-            return 1;
+            });
+            return;
         }
         let frag = self.f.slice(fr.byte_start, fr.byte_start + len as u64);
         let lead = usize::from(fr.lead);
-        let mut a = lead;
-        while a > 0 && a < len && is_continuation(frag[a]) {
-            a -= 1;
+        // The unit owning byte position `at`..: (first token, token end, byte end),
+        // found by walking the units in order.
+        let unit_count = if fr.gives { span_back as usize + 1 } else { 2 };
+        let unit = |u: usize| -> (u64, u64, usize, usize) {
+            if !fr.gives {
+                return if u == 0 {
+                    (fr.first, fr.tok, 0, lead)
+                } else {
+                    (fr.tok, fr.tok + 1, lead, len)
+                };
+            }
+            if u == span_back as usize {
+                return (fr.tok, fr.tok + 1, lead, len);
+            }
+            (fr.first + u as u64, fr.first + u as u64 + 1, 0, 0)
+        };
+        // Byte ranges of the per-token units: running sums of the gives.
+        let mut starts = [0usize; 257];
+        if fr.gives {
+            let mut at = 0usize;
+            for (i, o) in (fr.first..fr.tok).enumerate() {
+                starts[i] = at;
+                at += usize::from(self.tok(o).give);
+            }
+            starts[span_back as usize] = at;
+            starts[span_back as usize + 1] = len;
         }
-        let mut b = lead;
-        while b < len && is_continuation(frag[b]) {
-            b += 1;
+        let range = |u: usize| -> (u64, u64, usize, usize) {
+            let (a, b, from, to) = unit(u);
+            if fr.gives {
+                (a, b, starts[u], starts[u + 1])
+            } else {
+                (a, b, from, to)
+            }
+        };
+        let mut first_unit = 0usize;
+        let mut pos = 0usize;
+        while pos < avail {
+            let mut end = pos + 1;
+            while end < len && is_continuation(frag[end]) {
+                end += 1;
+            }
+            // Skip the units that end at or before this character.
+            while first_unit + 1 < unit_count && range(first_unit).3 <= pos {
+                first_unit += 1;
+            }
+            let mut last_unit = first_unit;
+            while last_unit + 1 < unit_count && range(last_unit + 1).2 < end {
+                last_unit += 1;
+            }
+            let low = range(first_unit).0;
+            let high = range(last_unit).1;
+            let end = end.min(avail);
+            match out.last_mut() {
+                Some(p) if p.first == low && u64::from(p.n) == high - low => p.to = end,
+                _ => {
+                    let (step, role) = self.shared(low, high);
+                    out.push(Piece {
+                        from: pos,
+                        to: end,
+                        step,
+                        role,
+                        first: low,
+                        n: (high - low) as u32,
+                    });
+                }
+            }
+            pos = end;
         }
-        let candidates = [
-            Piece {
-                from: 0,
-                to: a,
-                step: p_step,
-                role: p_role,
-                first: fr.first,
-                n: span_back,
-            },
-            Piece {
-                from: a,
-                to: b,
-                step: g_step,
-                role: g_role,
-                first: fr.first,
-                n: span_back + 1,
-            },
-            Piece {
-                from: b,
-                to: len,
-                step: Some(c_step),
-                role: Some(c_role),
-                first: fr.tok,
-                n: 1,
-            },
-        ];
-        let mut n = 0;
-        for mut p in candidates {
-            p.to = p.to.min(avail);
-            if p.from < p.to {
-                out[n] = p;
-                n += 1;
+    }
+
+    /// The step and role shared by every token in `from..to`, else None.
+    fn shared(&self, from: u64, to: u64) -> (Option<u32>, Option<u8>) {
+        let t0 = self.tok(from);
+        let (mut step, mut role) = (Some(t0.ord), Some(t0.role));
+        for o in from + 1..to {
+            let t = self.tok(o);
+            if step != Some(t.ord) {
+                step = None;
+            }
+            if role != Some(t.role) {
+                role = None;
             }
         }
-        n
+        (step, role)
     }
 }
 

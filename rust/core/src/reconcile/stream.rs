@@ -204,24 +204,18 @@ impl Stream {
             self.t_end = o + 1;
             let len = t.frag_len as usize;
             if len == 0 {
-                self.pending_empty += 1;
+                self.toks[(o - self.base) as usize].give = t.lead_len;
+                self.push_pending(o, t.lead_len);
                 continue;
             }
-            let b = u32::from(t.span_back);
-            if b > self.pending_empty {
-                return Err(format!(
-                    "stream {s}: span_back {b} at offset {o} exceeds {} pending tokens",
-                    self.pending_empty
-                ));
-            }
-            // Earlier empty fragments are claimed by this one or never will be.
-            self.pending_empty = 0;
+            let gives = self.claim_gives(s, o, t.span_back, t.lead_len)?;
             self.frags.push_back(Frag {
                 tok: o,
-                first: o - u64::from(b),
+                first: o - u64::from(t.span_back),
                 byte_start: byte,
                 len: len as u32,
                 lead: t.lead_len,
+                gives,
             });
             byte += len as u64;
         }
@@ -287,6 +281,73 @@ impl Stream {
 }
 
 impl Stream {
+    /// An empty-fragment token at `o` with give count `give` waits for the
+    /// fragment that carries its bytes.
+    fn push_pending(&mut self, o: u64, give: u16) {
+        self.pending_empty += 1;
+        self.pending_gives.push_back(give);
+        if self.pending_gives.len() > MAX_SPAN_BACK {
+            // No span_back reaches it any more.
+            let lost = self.pending_gives.pop_front().unwrap_or(0);
+            if lost != LEAD_UNKNOWN && lost > 0 && self.unreachable_give.is_none() {
+                self.unreachable_give = Some((o - MAX_SPAN_BACK as u64, lost));
+            }
+        }
+    }
+
+    /// A fragment at `o` claims its `span_back` predecessors among the pending
+    /// empty tokens: none of the others gave bytes (no fragment will carry
+    /// them), and the predecessors' known give counts add up to at most its
+    /// lead_len, exactly when all are known. Returns whether every give is
+    /// known (with lead_len known): then each predecessor owns its own bytes.
+    fn claim_gives(&mut self, s: usize, o: u64, span_back: u8, lead: u16) -> Result<bool, String> {
+        let b = usize::from(span_back);
+        if b as u64 > u64::from(self.pending_empty) {
+            return Err(format!(
+                "stream {s}: span_back {b} at offset {o} exceeds {} pending tokens",
+                self.pending_empty
+            ));
+        }
+        if let Some((at, give)) = self.unreachable_give {
+            return Err(format!(
+                "stream {s}: token at offset {at} gave {give} bytes that no fragment carries"
+            ));
+        }
+        let held = self.pending_gives.len();
+        let unclaimed = held - b;
+        if let Some(i) = self
+            .pending_gives
+            .iter()
+            .take(unclaimed)
+            .position(|&g| g != LEAD_UNKNOWN && g > 0)
+        {
+            return Err(format!(
+                "stream {s}: token at offset {} gave {} bytes that no fragment carries",
+                o - held as u64 + i as u64,
+                self.pending_gives[i]
+            ));
+        }
+        let (mut total, mut known) = (0u32, 0usize);
+        for &g in self.pending_gives.iter().skip(unclaimed) {
+            if g != LEAD_UNKNOWN {
+                total += u32::from(g);
+                known += 1;
+            }
+        }
+        // Earlier empty fragments are claimed by this one or never will be.
+        self.pending_empty = 0;
+        self.pending_gives.clear();
+        if lead == LEAD_UNKNOWN || b == 0 {
+            return Ok(false);
+        }
+        if total > u32::from(lead) || (known == b && total != u32::from(lead)) {
+            return Err(format!(
+                "stream {s}: the {b} tokens before offset {o} give {total} bytes, its lead_len says {lead}"
+            ));
+        }
+        Ok(known == b)
+    }
+
     /// Each SSE chunk carries whole steps: it ends where a text record ends
     /// (several records when the HTTP writer merged steps). A chunk is held
     /// against the first text record that ends at or after it once that
