@@ -3,9 +3,10 @@ against wire.encode_text_step (the one encoder, pure Python).
 
 For random steps (records with and without span_backs, lead_lens known, 0 and
 0xFFFF, lead_len lists on records that have no span_backs), both give the same
-record bytes and so byte-identical frames; the frames decode to the lead_lens
-the hooks gave (LEAD_UNKNOWN where they gave none); both refuse the same bad
-columns with the same error.
+record bytes and so byte-identical frames; the entries carry the lead_lens the
+hooks gave, for every token (protocol 3: an empty fragment's give count too),
+and without them 0 or LEAD_UNKNOWN; both refuse the same bad columns with the
+same error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from parallelhue.reference import decode_frame
-from parallelhue_vllm import wire
+from parallelhue_vllm import attribution, wire
 from test_plugin_speedups import load_speedups
 
 RUN = bytes(range(16))
@@ -100,20 +101,29 @@ def test_a_sensible_step_decodes_to_its_lead_lens() -> None:
 
 
 def expected_leads(step: tuple[Any, ...], with_leads: bool) -> list[list[tuple[int, int]]]:
-    """What the receiver must read: the hooks' lead_len where span_back > 0, 0 where
-    span_back is 0, LEAD_UNKNOWN for a record with span_backs and no lead_lens."""
-    meta, _ids, texts, _fragments, span_backs, leads = step
+    """What the receiver must read (protocol 3): a record's lead_lens as the hooks gave
+    them, for every token (a carrier's split, an empty fragment's give count); a
+    record without them: 0 for a fragment without span_back, else LEAD_UNKNOWN."""
+    meta, _ids, texts, fragments, span_backs, leads = step
     out = []
+    first_fragment = 0
     for record in range(len(texts)):
-        count = meta[wire.ROW_WIDTH * record + 4]
+        count, fed = meta[wire.ROW_WIDTH * record + 4], meta[wire.ROW_WIDTH * record + 5]
         backs = span_backs.get(record, [0] * count)
         given = leads.get(record) if with_leads else None
+        pieces = fragments[first_fragment : first_fragment + fed] + [""] * (count - fed)
         out.append(
             [
-                (back, (given[i] if given is not None else wire.LEAD_UNKNOWN) if back else 0)
+                (
+                    back,
+                    given[i]
+                    if given is not None
+                    else (0 if pieces[i] and not back else wire.LEAD_UNKNOWN),
+                )
                 for i, back in enumerate(backs)
             ]
         )
+        first_fragment += fed
     return out
 
 
@@ -132,23 +142,29 @@ def test_c_and_python_give_identical_frames_with_and_without_lead_lens() -> None
             leads = decoded_leads(c)
             assert leads == expected_leads(step, with_leads)
             for record in leads:
-                for back, lead in record:
-                    if back:
-                        seen_unknown += lead == wire.LEAD_UNKNOWN
-                        seen_known += lead != wire.LEAD_UNKNOWN
+                for _back, lead in record:
+                    seen_unknown += lead == wire.LEAD_UNKNOWN
+                    seen_known += lead != wire.LEAD_UNKNOWN
     # The random steps did exercise both known and unknown splits.
     assert seen_known > 100 and seen_unknown > 100
 
 
-def test_all_unknown_lead_lens_are_the_same_bytes_as_none() -> None:
+def test_default_lead_lens_are_the_same_bytes_as_none() -> None:
+    """attribution.record_leads (what a held record starts with) is what the encoders
+    write for a record without lead_lens: 0 for a fragment without span_back, else
+    unknown."""
     module = load_speedups()
     rng = random.Random(7)
     for _ in range(100):
         meta, ids, texts, fragments, span_backs, _ = random_step(rng)
-        unknown = {record: [wire.LEAD_UNKNOWN] * len(backs) for record, backs in span_backs.items()}
+        rows = (meta, ids, texts, fragments, span_backs, {})
+        defaults, first = {}, 0
+        for record in range(len(texts)):
+            defaults[record] = attribution.record_leads(rows, record, first)
+            first += meta[wire.ROW_WIDTH * record + 5]
         without = wire.encode_text_step((meta, ids, texts, fragments, span_backs))
-        assert module.encode_text_step(meta, ids, texts, fragments, span_backs, unknown) == without
-        assert wire.encode_text_step((meta, ids, texts, fragments, span_backs, unknown)) == without
+        assert module.encode_text_step(meta, ids, texts, fragments, span_backs, defaults) == without
+        assert wire.encode_text_step((*rows[:5], defaults)) == without
 
 
 ONE_RECORD = ([0, 0, 0, 0, 2, 2, 0], [5, 6], ["ab"], ["", "ab"], {0: [0, 1]})
