@@ -1,4 +1,5 @@
-"""`lead_len` for a text token: how many leading bytes of its fragment its predecessors gave.
+"""`lead_len` for a text token: how many leading bytes of its fragment its predecessors
+gave, and (protocol 3) each predecessor's give count; the frontend's held text records.
 
 A token that ends inside a UTF-8 character returns an empty fragment; the
 token that completes the character returns the character together with its
@@ -25,6 +26,12 @@ leading space the decoder stripped, a split that breaks the protocol's
 `span_back <= lead_len <= frag_len` — gives `LEAD_UNKNOWN`: the reconciler
 then attributes the whole fragment to the whole group, as before. Never a
 guess.
+
+Give counts (split_gives): how many bytes of the carrier's fragment stand
+for each predecessor's bytes, from the same decoding; unknown where a U+FFFD
+stands for bytes of several tokens. They are known only when the carrier
+arrives, so the frontend holds a stream's text records back until then
+(HeldText, at the end of this file).
 
 Cost: nothing per token; the work runs only for a fragment with
 `span_back > 0`, and each token's bytes are cached per tokenizer.
