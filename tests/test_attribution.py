@@ -9,6 +9,7 @@ coloring per character from them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -202,6 +203,78 @@ def test_split_lead_is_unknown_rather_than_a_guess(
     assert split_lead(kind, parts, fragment.encode()) == UNKNOWN, why
 
 
+@pytest.mark.parametrize(
+    ("kind", "parts", "fragment", "lead", "gives"),
+    [
+        # " the" and the first byte of 東 from one token, the rest of 東 from the next two.
+        (KIND_BYTE_LEVEL, bl(b" the\xe6", b"\x9d", b"\xb1!"), " the東!", 6, [5, 1]),
+        (KIND_BYTE_LEVEL, bl(DONG[:1], DONG[1:2], DONG[2:]), "東", 2, [1, 1]),
+        # A U+FFFD of one predecessor's own bytes: its three bytes are its give.
+        (KIND_BYTE_LEVEL, bl(b"a\xe6", b"\xe6\x9d", b"\xb1"), "a\ufffd東", 6, [4, 2]),
+        # One U+FFFD for bytes of two predecessors: theirs unknown, lead_len known.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x9d", b"!"), "\ufffd!", 3, [UNKNOWN, UNKNOWN]),
+        (KIND_BYTE_LEVEL, bl(b"x", b"\xe6", b"\x9d", b"!"), "x\ufffd!", 4, [1, UNKNOWN, UNKNOWN]),
+        (KIND_BYTE_FALLBACK, bf(EMOJI[:1], EMOJI[1:2], EMOJI[2:3], EMOJI[3:]), "😀", 3, [1, 1, 1]),
+        (KIND_BYTE_FALLBACK, bf(DONG[:1], DONG[1:2], DONG[2:], "京"), "東京", 3, [1, 1, 1]),
+        # Byte fallback's invalid run: one U+FFFD per byte token, each standing for the
+        # whole run (a valid byte in it is replaced too): lead_len only.
+        (KIND_BYTE_FALLBACK, bf(b"\xe6", b"\x9d", " ken"), "\ufffd\ufffd ken", 6, [UNKNOWN] * 2),
+        (KIND_BYTE_FALLBACK, bf(b"\xbc", b"\x03", "(b"), "\ufffd\ufffd(b", 6, [UNKNOWN] * 2),
+        (
+            KIND_BYTE_FALLBACK,
+            bf("x", b"\xbc", b"\x03", "(b"),
+            "x\ufffd\ufffd(b",
+            7,
+            [1, UNKNOWN, UNKNOWN],
+        ),
+        # ... and a run that the carrier ends: no honest split.
+        (KIND_BYTE_FALLBACK, bf(b"\xe6", b"A"), "\ufffd\ufffd", UNKNOWN, [UNKNOWN]),
+        # Unknown split: unknown give counts.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", UNKNOWN, [UNKNOWN]),
+        (KIND_BYTE_LEVEL, bl(b" ", b"a"), "a", UNKNOWN, [UNKNOWN]),
+        ("sentencepiece", bl(DONG[:1], DONG[1:]), "東", UNKNOWN, [UNKNOWN]),
+    ],
+)
+def test_split_gives_names_each_predecessors_bytes(
+    kind: str, parts: list[tuple[bytes, bool]], fragment: str, lead: int, gives: list[int]
+) -> None:
+    assert attribution.split_gives(kind, parts, fragment.encode()) == (lead, gives)
+    assert split_lead(kind, parts, fragment.encode()) == lead
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=4), min_size=2, max_size=5),
+    st.sampled_from([KIND_BYTE_LEVEL, KIND_BYTE_FALLBACK]),
+)
+@settings(max_examples=400, deadline=None)
+def test_known_give_counts_add_up_and_own_their_bytes(chunks: list[bytes], kind: str) -> None:
+    """For any token bytes decoded as the tokenizer would: known give counts are
+    each >= 1 and, when all are known, add up to lead_len; without U+FFFD in the
+    fragment each predecessor's give is exactly its own bytes."""
+    if kind == KIND_BYTE_LEVEL:
+        parts = [(chunk, False) for chunk in chunks]
+        fragment = b"".join(chunks).decode("utf-8", "replace").encode()
+    else:
+        parts = [(bytes((b,)), True) for chunk in chunks for b in chunk[:1]]
+        run = b"".join(part[0] for part in parts)
+        try:
+            fragment = run.decode("utf-8").encode()
+        except UnicodeDecodeError:
+            fragment = "\ufffd".encode() * len(parts)
+    lead, gives = attribution.split_gives(kind, parts, fragment)
+    assert len(gives) == len(parts) - 1
+    if lead == UNKNOWN:
+        assert gives == [UNKNOWN] * (len(parts) - 1)
+        return
+    assert len(parts) - 1 <= lead <= len(fragment)
+    known = [give for give in gives if give != UNKNOWN]
+    assert all(give >= 1 for give in known)
+    if len(known) == len(gives):
+        assert sum(gives) == lead
+    if REPLACEMENT not in fragment:
+        assert gives == [len(part[0]) for part in parts[:-1]]
+
+
 # ------------------------------------------------------- a tokenizer stand-in
 class FakeDecoder:
     def __init__(self, state: bytes) -> None:
@@ -232,7 +305,16 @@ class FakeTokenizer:
 # Byte-fallback vocabulary: <0xNN> byte tokens 100+NN, text tokens below 100.
 BF_VOCAB = {**{100 + b: f"<0x{b:02X}>" for b in range(256)}, 1: "\u2581a", 2: "京", 3: "</s>"}
 # Byte-level vocabulary: 東's bytes e6 | 9d b1 as "æ" and "Ŀ±" plus x, and 中.
-BL_VOCAB = {10: "æ", 11: "Ŀ±x", 12: "ä\u00b8Ń", 13: "Ġthe", 14: "</s>"}
+BL_VOCAB = {
+    10: "æ",
+    11: "Ŀ±x",
+    12: "ä\u00b8Ń",
+    13: "Ġthe",
+    14: "</s>",
+    15: "Ġtheæ",
+    16: "Ŀ",
+    17: "±x",
+}
 
 
 class FakeDetokenizer:
@@ -343,9 +425,11 @@ def frontend_text_frames(
     tokenizer: FakeTokenizer,
     steps: list[list[int]],
     decode_with: FakeTokenizer | None = None,
+    submitted: list[tuple[int, list[tuple[int, Any]]]] | None = None,
 ) -> list[bytes]:
     """Run the frontend hook over `steps` (token ids per engine step) of stream 0; the
-    text frames it sent, in order (hello first)."""
+    text frames it sent, in order (hello first). `submitted`: gets, after each engine
+    step, (that step, the (frontend step, TextStep) pairs handed to the emitter in it)."""
     from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs
 
     telemetry = hooks.FrontendTelemetry("0.32.0")
@@ -357,6 +441,16 @@ def frontend_text_frames(
         self.request_states[request.request_id] = state
 
     _wrap_add_request(add_request, telemetry)(processor, SimpleNamespace(request_id=request_id))
+    handed: list[tuple[int, Any]] = []
+    if submitted is not None:
+        assert telemetry.emitter is not None
+        submit = telemetry.emitter.submit_rows
+
+        def spy(kind: int, step: int, by_run: Any, records: int) -> bool:
+            handed.append((step, copy.deepcopy(by_run[RUN])))
+            return submit(kind, step, by_run, records)
+
+        telemetry.emitter.submit_rows = spy  # type: ignore[method-assign]
 
     def process_outputs(self: Any, outputs: list[Any], *args: Any) -> None:
         # vLLM's order: the detokenizer takes the step's ids, then the output is queued.
@@ -379,6 +473,9 @@ def frontend_text_frames(
         finish = SimpleNamespace(name="STOP") if last else None
         process(processor, [SimpleNamespace(request_id=request_id, new_token_ids=list(ids),
                                             finish_reason=finish)])  # fmt: skip
+        if submitted is not None:
+            submitted.append((index, handed[:]))
+            handed.clear()
     assert telemetry.emitter is not None
     telemetry.emitter.close(5.0)
     receiver.setblocking(False)
@@ -505,3 +602,105 @@ def test_without_lead_len_the_whole_fragment_stays_uncolored(
     assert leads == [UNKNOWN]
     events = reconcile(cls, frames, [[10], [11, 13]], "東x the")
     assert [(e[3], e[4]) for e in events if e[0] == "span"] == [("東x", None), (" the", 1)]
+
+
+# ------------------------------------------------- give counts (held text steps)
+def leads_of(handed: list[tuple[int, Any]]) -> list[tuple[int, dict[int, list[int]]]]:
+    return [(step, rows[5]) for step, rows in handed]
+
+
+def test_the_frontend_holds_text_until_the_carrier_gives_the_give_counts(
+    receiver: socket.socket,
+) -> None:
+    """ " the" and the first byte of 東 (token 15, engine step 0) end inside a
+    character: its text step waits, as does step 1's (token 16: 9d), until the
+    carrier (token 17, step 2: b1 x) arrives; then both held steps go out, in order, with
+    their own step numbers, and each empty token carries its give count."""
+    tokenizer = FakeTokenizer(BYTE_LEVEL_STATE, BL_VOCAB, added=(14,))
+    submitted: list[tuple[int, list[tuple[int, Any]]]] = []
+    steps = [[15], [16], [17], [13]]
+    frames = frontend_text_frames(receiver, tokenizer, steps, submitted=submitted)
+    handed = {index: leads_of(rows) for index, rows in submitted}
+    assert handed[0] == [] and handed[1] == []  # held: tokens 15 and 16 are unclaimed
+    # Step 2's fragment " the東x": 15 gave 5 bytes (" the" + e6), 16 gave 1 (9d), lead 6.
+    assert handed[2] == [(1, {0: [5]}), (2, {0: [1]}), (3, {0: [6]})]
+    assert handed[3] == [(4, {})]
+    steps_sent = [decode_frame(f).header.step for f in frames[1:]]
+    assert steps_sent == [1, 2, 3, 4]  # the frames keep their steps, in order
+
+
+def test_give_counts_of_a_step_sent_before_its_carrier_stay_unknown(
+    receiver: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_HELD_STEPS the oldest held step goes out as it is: its give counts
+    stay unknown; the carrier's lead_len and the later gives are still sent."""
+    monkeypatch.setattr(attribution, "MAX_HELD_STEPS", 1)
+    tokenizer = FakeTokenizer(BYTE_LEVEL_STATE, BL_VOCAB, added=(14,))
+    submitted: list[tuple[int, list[tuple[int, Any]]]] = []
+    frontend_text_frames(receiver, tokenizer, [[15], [16], [17], [13]], submitted=submitted)
+    handed = {index: leads_of(rows) for index, rows in submitted}
+    assert handed[0] == []
+    assert handed[1] == [(1, {})]  # sent without knowing token 15's give
+    assert handed[2] == [(2, {0: [1]}), (3, {0: [6]})]
+
+
+def test_a_step_whose_carrier_is_in_the_same_row_is_not_held(receiver: socket.socket) -> None:
+    tokenizer = FakeTokenizer(BYTE_LEVEL_STATE, BL_VOCAB, added=(14,))
+    submitted: list[tuple[int, list[tuple[int, Any]]]] = []
+    frontend_text_frames(receiver, tokenizer, [[15, 16, 17], [13]], submitted=submitted)
+    handed = {index: leads_of(rows) for index, rows in submitted}
+    assert handed[0] == [(1, {0: [5, 1, 6]})]
+
+
+def test_a_request_that_finishes_with_unclaimed_tokens_releases_its_run(
+    receiver: socket.socket,
+) -> None:
+    tokenizer = FakeTokenizer(BYTE_LEVEL_STATE, BL_VOCAB, added=(14,))
+    submitted: list[tuple[int, list[tuple[int, Any]]]] = []
+    frontend_text_frames(receiver, tokenizer, [[13], [15]], submitted=submitted)
+    handed = {index: leads_of(rows) for index, rows in submitted}
+    assert handed[0] == [(1, {})] and [step for step, _ in handed[1]] == [2]
+
+
+def text_rows(records: list[tuple[int, int, list[str]]]) -> attribution.TextRows:
+    """A text step of (stream, offset, fragments) records, one token per fragment."""
+    meta: list[int] = []
+    ids: list[int] = []
+    texts: list[str] = []
+    fragments: list[str] = []
+    for stream, offset, pieces in records:
+        meta += [stream, 0, 0, offset, len(pieces), len(pieces), 0]
+        ids += [100 + offset + i for i in range(len(pieces))]
+        texts.append("".join(pieces))
+        fragments += pieces
+    return meta, ids, texts, fragments, {}, {}
+
+
+def test_held_text_holds_only_the_dangling_streams_and_keeps_each_streams_order() -> None:
+    held = attribution.HeldText()
+    step1 = text_rows([(0, 0, ["a", ""]), (1, 0, ["x"])])
+    sent = held.pass_step(1, step1, {0})
+    assert [(step, rows[0][::7], rows[2]) for step, rows in sent] == [(1, [1], ["x"])]
+    step2 = text_rows([(1, 1, ["y"]), (0, 2, [""])])
+    sent = held.pass_step(2, step2, {0})
+    assert [(step, rows[2]) for step, rows in sent] == [(2, ["y"])]
+    assert held.set_give(0, 1, 2) and held.set_give(0, 2, 1)
+    assert not held.set_give(1, 0, 1)  # stream 1's record went out already
+    step3 = text_rows([(0, 3, ["日b"])])
+    sent = held.pass_step(3, step3, set())
+    # Stream 0's held records first, in order, each with its own step and give counts.
+    assert [(step, rows[2], rows[5]) for step, rows in sent] == [
+        (1, ["a"], {0: [0, 2]}),
+        (2, [""], {0: [1]}),
+        (3, ["日b"], {}),
+    ]
+    assert not held
+
+
+def test_held_text_sends_the_oldest_step_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attribution, "MAX_HELD_STEPS", 2)
+    held = attribution.HeldText()
+    for step in range(1, 4):
+        sent = held.pass_step(step, text_rows([(0, step - 1, [""])]), {0})
+    assert [step for step, _ in sent] == [1]
+    assert [step for step, _ in held.release()] == [2, 3] and not held

@@ -73,7 +73,60 @@ def test_recorder_passes_the_stream_through_and_records(kinds: tuple[type, type]
     assert fragments == ["a", "", "", "日"]
     with pytest.raises(OverflowError, match="bad id"):
         recorder.step(None, 5)  # the stream's own error reaches vLLM as it would without us
-    assert fragments == ["a", "", "", "日"]
+    # vLLM's decode_next then returns "" (it survives this error): recorded as such.
+    assert fragments == ["a", "", "", "日", ""]
+
+
+def test_recorder_does_vllms_stream_reset_and_keeps_recording(kinds: tuple[type, type]) -> None:
+    """After tokenizers' "invalid prefix" error vLLM replaces its decode stream; the
+    recorder makes the same new stream (recover) so it stays in place."""
+    recorder_type, _ = kinds
+    fragments: list[str] = []
+    errors: list[BaseException] = []
+    fresh = Stream(["b", "c"])
+
+    def recover(error: BaseException) -> Any:
+        errors.append(error)
+        return fresh if str(error).startswith("Invalid prefix") else None
+
+    broken = RuntimeError("Invalid prefix encountered while decoding")
+    stream = Stream(["a", broken, ValueError("other")])
+    recorder = recorder_type(stream, fragments, recover)
+    assert recorder.step(None, 1) == "a"
+    assert recorder.step(None, 2) == "b"  # the new stream's step for the same token
+    assert recorder.stream is fresh and errors == [broken]
+    assert recorder.step(None, 3) == "c"
+    assert fragments == ["a", "b", "c"]
+    other = Stream([ValueError("not a reset")])
+    recorder = recorder_type(other, fragments, recover)
+    with pytest.raises(ValueError, match="not a reset"):
+        recorder.step(None, 4)  # recover gave nothing: the error goes on, "" recorded
+    assert recorder.stream is other and fragments[-1] == ""
+
+    def failing(error: BaseException) -> Any:
+        raise KeyError("recover broke")
+
+    recorder = recorder_type(Stream([broken]), fragments, failing)
+    with pytest.raises(RuntimeError, match="Invalid prefix"):
+        recorder.step(None, 5)  # recover's own failure: the stream's error, unchanged
+    after_reset = Stream([OverflowError("after reset")])
+    recorder = recorder_type(Stream([broken]), fragments, lambda error: after_reset)
+    with pytest.raises(OverflowError, match="after reset"):
+        recorder.step(None, 6)  # the new stream's own error goes on to vLLM
+    assert recorder.stream is after_reset and fragments[-2:] == ["", ""]
+
+
+def test_reset_stream_is_vllms_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hooks._reset_stream: a new DecodeStream, as vLLM makes it, only after the
+    invalid-prefix error."""
+    made: list[Any] = []
+    fake = SimpleNamespace(DecodeStream=lambda **kwargs: made.append(kwargs) or "stream")
+    monkeypatch.setattr(
+        hooks.importlib, "import_module", lambda name: {"tokenizers.decoders": fake}[name]
+    )
+    assert hooks._reset_stream(False, "r1", ValueError("Invalid prefix encountered")) == "stream"
+    assert hooks._reset_stream(True, "r1", ValueError("something else")) is None
+    assert made == [{"skip_special_tokens": False}]
 
 
 class Queue:
@@ -377,14 +430,14 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 2)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 3)",
         ),
         (
             SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 2)",
+            "pure Python (the C accelerator has ABI None, this plugin needs 3)",
         ),
         (
-            SimpleNamespace(ABI=2, QueueCapture=None, SchedRequest=None),
+            SimpleNamespace(ABI=3, QueueCapture=None, SchedRequest=None),
             "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
             "encode_text_step, sampled_lengths, scheduler_rows)",
         ),

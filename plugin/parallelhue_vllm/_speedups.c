@@ -8,7 +8,7 @@
  *
  * - SchedRequest, scheduler_rows(...): the EngineCore loop over a step's
  *   outputs (hooks.SchedulerTelemetry.after / _python_rows).
- * - StreamRecorder(stream, fragments), QueueCapture(...): the API server's
+ * - StreamRecorder(stream, fragments, recover), QueueCapture(...): the API server's
  *   stand-ins for a detokenizer's decode stream and a request's output queue
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
@@ -35,7 +35,7 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 2
+#define SPEEDUPS_ABI 3
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -435,22 +435,69 @@ fail:
 
 /* ------------------------------------------------------- StreamRecorder */
 /* Stands in for a fast detokenizer's `stream` (hooks._StreamRecorder): step()
- * calls the real stream's step and appends `result or ""` to `fragments`. */
+ * calls the real stream's step and appends `result or ""` to `fragments`;
+ * after an error, `recover(error)` may give the new stream vLLM would make
+ * (hooks._reset_stream), else "" is recorded and the error goes on to vLLM. */
 typedef struct {
     PyObject_HEAD
     PyObject *stream;
     PyObject *step;      /* stream.step, bound once */
     PyObject *fragments;
+    PyObject *recover;   /* recover(error) -> new stream or None; NULL: none */
 } StreamRecorder;
 
 static PyObject *str_step, *str_put, *str_empty, *str_finish_reason;
+
+/* The step after an error: the new stream's step when `recover` gives one
+ * (it replaces the old stream here), else NULL with the error as it was. */
+static PyObject *
+recorder_recover(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value != NULL && traceback != NULL) {
+        PyException_SetTraceback(value, traceback);
+    }
+    PyObject *stream = PyObject_CallOneArg(self->recover, value != NULL ? value : Py_None);
+    PyObject *step = NULL;
+    if (stream != NULL && stream != Py_None) {
+        step = PyObject_GetAttr(stream, str_step);
+    }
+    if (step == NULL) {
+        PyErr_Clear(); /* recover's own failure: as if it gave nothing */
+        Py_XDECREF(stream);
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    PyObject *old_stream = self->stream, *old_step = self->step;
+    self->stream = stream;
+    self->step = step;
+    Py_DECREF(old_stream);
+    Py_DECREF(old_step);
+    return PyObject_Vectorcall(self->step, args, (size_t)nargs, NULL);
+}
 
 static PyObject *
 recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *text = PyObject_Vectorcall(self->step, args, (size_t)nargs, NULL);
+    if (text == NULL && self->recover != NULL) {
+        text = recorder_recover(self, args, nargs);
+    }
     if (text == NULL) {
-        return NULL; /* the stream's own error, as without the plugin */
+        /* the stream's own error, as without the plugin; decode_next returns "" when
+           vLLM survives it, so that is what is recorded */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyList_Append(self->fragments, str_empty) < 0) {
+            PyErr_Clear();
+        }
+        PyErr_Restore(type, value, traceback);
+        return NULL;
     }
     PyObject *piece = text;
     if (text == Py_None || (PyUnicode_Check(text) && PyUnicode_GET_LENGTH(text) == 0)) {
@@ -471,10 +518,10 @@ recorder_step(StreamRecorder *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"stream", "fragments", NULL};
-    PyObject *stream, *fragments;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!:StreamRecorder", names, &stream,
-                                     &PyList_Type, &fragments)) {
+    static char *names[] = {"stream", "fragments", "recover", NULL};
+    PyObject *stream, *fragments, *recover = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!|O:StreamRecorder", names, &stream,
+                                     &PyList_Type, &fragments, &recover)) {
         return NULL;
     }
     PyObject *step = PyObject_GetAttr(stream, str_step);
@@ -491,6 +538,10 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->stream = stream;
     self->step = step;
     self->fragments = fragments;
+    if (recover != Py_None) {
+        Py_INCREF(recover);
+        self->recover = recover;
+    }
     return (PyObject *)self;
 }
 
@@ -500,6 +551,7 @@ recorder_traverse(StreamRecorder *self, visitproc visit, void *arg)
     Py_VISIT(self->stream);
     Py_VISIT(self->step);
     Py_VISIT(self->fragments);
+    Py_VISIT(self->recover);
     return 0;
 }
 
@@ -509,6 +561,7 @@ recorder_clear(StreamRecorder *self)
     Py_CLEAR(self->stream);
     Py_CLEAR(self->step);
     Py_CLEAR(self->fragments);
+    Py_CLEAR(self->recover);
     return 0;
 }
 
@@ -534,7 +587,7 @@ static PyMemberDef recorder_members[] = {
 static PyTypeObject StreamRecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "parallelhue_vllm._speedups.StreamRecorder",
-    .tp_doc = "StreamRecorder(stream, fragments): see hooks._StreamRecorder.",
+    .tp_doc = "StreamRecorder(stream, fragments, recover=None): see hooks._StreamRecorder.",
     .tp_basicsize = sizeof(StreamRecorder),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = recorder_new,

@@ -19,7 +19,7 @@ from typing import Any
 
 ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
 # The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
-EXPECTED_ABI = 2
+EXPECTED_ABI = 3
 # What the hooks call on it.
 REQUIRED = (
     "QueueCapture",

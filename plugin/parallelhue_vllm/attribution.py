@@ -1,4 +1,5 @@
-"""`lead_len` for a text token: how many leading bytes of its fragment its predecessors gave.
+"""`lead_len` for a text token: how many leading bytes of its fragment its predecessors
+gave, and (protocol 3) each predecessor's give count; the frontend's held text records.
 
 A token that ends inside a UTF-8 character returns an empty fragment; the
 token that completes the character returns the character together with its
@@ -26,6 +27,12 @@ leading space the decoder stripped, a split that breaks the protocol's
 then attributes the whole fragment to the whole group, as before. Never a
 guess.
 
+Give counts (split_gives): how many bytes of the carrier's fragment stand
+for each predecessor's bytes, from the same decoding; unknown where a U+FFFD
+stands for bytes of several tokens. They are known only when the carrier
+arrives, so the frontend holds a stream's text records back until then
+(HeldText, at the end of this file).
+
 Cost: nothing per token; the work runs only for a fragment with
 `span_back > 0`, and each token's bytes are cached per tokenizer.
 """
@@ -37,7 +44,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .wire import LEAD_UNKNOWN
+from .wire import LEAD_UNKNOWN, ROW_WIDTH
 
 KIND_BYTE_LEVEL = "byte-level"
 KIND_BYTE_FALLBACK = "byte-fallback"
@@ -225,18 +232,45 @@ def lossy_utf8(data: bytes, boundary: int) -> tuple[bytes, int] | None:
     return bytes(out), lead
 
 
-def _decode_byte_fallback(parts: Sequence[TokenPart], boundary_token: int) -> tuple[bytes, int]:
-    """tokenizers' ByteFallback + Fuse: each run of `<0xNN>` tokens is its bytes when
-    they are valid UTF-8 as a whole, else one U+FFFD per byte token; other tokens
-    are their text. Returns the output and its length before token `boundary_token`."""
+# Who an output byte stands for: (first, last) token index in `parts`; first < last
+# for a U+FFFD that stands for bytes of several tokens.
+Owner = tuple[int, int]
+
+
+def _owners_byte_level(parts: Sequence[TokenPart]) -> tuple[bytes, list[Owner]]:
+    """ByteLevel decoding of the tokens' bytes (one U+FFFD per maximal ill-formed
+    subpart) and who each output byte stands for."""
+    data = b"".join(part[0] for part in parts)
+    source: list[int] = []
+    for index, part in enumerate(parts):
+        source += [index] * len(part[0])
     out = bytearray()
-    lead = 0
+    owners: list[Owner] = []
+    position = 0
+    while position < len(data):
+        end, valid = _unit_end(data, position)
+        if valid:
+            out += data[position:end]
+            owners += [(token, token) for token in source[position:end]]
+        else:
+            out += _REPLACEMENT
+            owners += [(source[position], source[end - 1])] * len(_REPLACEMENT)
+        position = end
+    return bytes(out), owners
+
+
+def _owners_byte_fallback(parts: Sequence[TokenPart]) -> tuple[bytes, list[Owner]]:
+    """tokenizers' ByteFallback + Fuse: each run of `<0xNN>` tokens is its bytes when
+    they are valid UTF-8 as a whole, else one U+FFFD per byte token (standing for
+    the whole run); other tokens are their text. The output and who each output
+    byte stands for."""
+    out = bytearray()
+    owners: list[Owner] = []
     index = 0
     while index < len(parts):
         if not parts[index][1]:
-            if index == boundary_token:
-                lead = len(out)
             out += parts[index][0]
+            owners += [(index, index)] * len(parts[index][0])
             index += 1
             continue
         end = index
@@ -248,64 +282,230 @@ def _decode_byte_fallback(parts: Sequence[TokenPart], boundary_token: int) -> tu
             valid = True
         except UnicodeDecodeError:
             valid = False
-        if index <= boundary_token < end:
-            before = boundary_token - index  # byte tokens of the run before the carrier
-            lead = len(out) + (before if valid else before * len(_REPLACEMENT))
-        out += run if valid else _REPLACEMENT * (end - index)
+        for token in range(index, end):
+            # Each U+FFFD of an invalid run exists because of the whole run (a valid
+            # byte in it is replaced too): it stands for all of the run's tokens.
+            piece, owner = (
+                (parts[token][0], (token, token)) if valid else (_REPLACEMENT, (index, end - 1))
+            )
+            out += piece
+            owners += [owner] * len(piece)
         index = end
-    return bytes(out), lead
+    return bytes(out), owners
+
+
+def split_gives(
+    kind: str | None, parts: Sequence[TokenPart], fragment: bytes
+) -> tuple[int, list[int]]:
+    """`lead_len` of `fragment` and each predecessor's give count, from each of its
+    tokens' own bytes, in order (`parts` = the span_back predecessors, then the carrier).
+
+    A predecessor's give count is how many bytes of the fragment stand for its
+    bytes. Everything is LEAD_UNKNOWN unless decoding the tokens as the
+    tokenizer's decoder does gives exactly `fragment`, no U+FFFD stands for
+    bytes of a predecessor and of the carrier, and the protocol's bounds hold
+    (`span_back <= lead_len <= frag_len`, each predecessor giving at least one
+    byte). A U+FFFD that stands for bytes of two predecessors makes their give
+    counts unknown; lead_len stays known. Known give counts of all
+    predecessors add up to lead_len.
+    """
+    carrier = len(parts) - 1
+    unknown = (LEAD_UNKNOWN, [LEAD_UNKNOWN] * max(carrier, 0))
+    if carrier < 1 or any(not part[0] for part in parts[:-1]):
+        return unknown
+    if kind == KIND_BYTE_LEVEL:
+        out, owners = _owners_byte_level(parts)
+    elif kind == KIND_BYTE_FALLBACK:
+        out, owners = _owners_byte_fallback(parts)
+    else:
+        return unknown
+    if out != fragment:
+        return unknown
+    # The carrier's own bytes come last: lead_len is where they start.
+    lead = next((at for at, (_, last) in enumerate(owners) if last == carrier), len(owners))
+    if any(first != carrier for first, _ in owners[lead:]) or not carrier <= lead <= len(out):
+        return unknown  # a U+FFFD of a predecessor and the carrier: no honest split
+    gives = [0] * carrier
+    shared: set[int] = set()
+    for first, last in owners[:lead]:
+        gives[first] += 1
+        if first != last:
+            shared.update(range(first, last + 1))
+    if any(give == 0 and token not in shared for token, give in enumerate(gives)):
+        return unknown  # each predecessor named by span_back gives a byte
+    for token in shared:
+        gives[token] = LEAD_UNKNOWN
+    return lead, gives
 
 
 def split_lead(kind: str | None, parts: Sequence[TokenPart], fragment: bytes) -> int:
-    """`lead_len` of `fragment` given each of its tokens' own bytes, in order.
-
-    `parts` = the span_back predecessors, then the carrier. LEAD_UNKNOWN unless
-    decoding them as the tokenizer's decoder does gives exactly `fragment` and
-    the split is unambiguous and within the protocol's bounds.
-    """
-    if len(parts) < 2 or any(not part[0] for part in parts[:-1]):
-        return LEAD_UNKNOWN
-    if kind == KIND_BYTE_LEVEL:
-        raw = b"".join(part[0] for part in parts)
-        decoded = lossy_utf8(raw, len(raw) - len(parts[-1][0]))
-        if decoded is None:
-            return LEAD_UNKNOWN
-        out, lead = decoded
-    elif kind == KIND_BYTE_FALLBACK:
-        out, lead = _decode_byte_fallback(parts, len(parts) - 1)
-    else:
-        return LEAD_UNKNOWN
-    if out != fragment or not len(parts) - 1 <= lead <= len(fragment):
-        return LEAD_UNKNOWN
-    return lead
+    """`lead_len` of `fragment` given each of its tokens' own bytes, in order
+    (split_gives without the give counts)."""
+    return split_gives(kind, parts, fragment)[0]
 
 
 def lead_len(detokenizer: Any, index: int, token_id: int, span_back: int, fragment: bytes) -> int:
-    """`lead_len` for the token at output index `index` of a vLLM detokenizer.
+    """`lead_len` for the token at output index `index` of a vLLM detokenizer
+    (lead_and_gives without the give counts)."""
+    return lead_and_gives(detokenizer, index, token_id, span_back, fragment)[0]
+
+
+def lead_and_gives(
+    detokenizer: Any, index: int, token_id: int, span_back: int, fragment: bytes
+) -> tuple[int, list[int]]:
+    """`lead_len` for the token at output index `index` of a vLLM detokenizer, and
+    the give count of each of its `span_back` predecessors (split_gives).
 
     `index` is the token's position among the request's output tokens (the
     text record's offset plus its position in the record); the predecessors
     are the `span_back` tokens before it in `detokenizer.output_token_ids`.
     Never raises: anything unexpected is LEAD_UNKNOWN.
     """
+    unknown = (LEAD_UNKNOWN, [LEAD_UNKNOWN] * max(span_back, 0))
     try:
         if span_back <= 0 or index < span_back:
-            return LEAD_UNKNOWN
+            return unknown
         tokenizer = getattr(detokenizer, "tokenizer", None)
         if tokenizer is None or not hasattr(tokenizer, "id_to_token"):
-            return LEAD_UNKNOWN  # the slow (Python) detokenizer: no per-token bytes here
+            return unknown  # the slow (Python) detokenizer: no per-token bytes here
         ids = detokenizer.output_token_ids
         if index >= len(ids) or ids[index] != token_id:
-            return LEAD_UNKNOWN
+            return unknown
         table = for_tokenizer(tokenizer)
         if table.kind is None:
-            return LEAD_UNKNOWN
+            return unknown
         parts: list[TokenPart] = []
         for position in range(index - span_back, index + 1):
             part = table.get(ids[position])
             if part is None:
-                return LEAD_UNKNOWN
+                return unknown
             parts.append(part)
-        return split_lead(table.kind, parts, fragment)
+        return split_gives(table.kind, parts, fragment)
     except Exception:
-        return LEAD_UNKNOWN
+        return unknown
+
+
+# ------------------------------------------------------------ held text steps
+# A stream's text records wait at most this many held steps for give counts.
+MAX_HELD_STEPS = 16
+
+# wire.TextStep with its lead_lens (what the frontend's bucket hands over).
+TextRows = tuple[
+    list[int], list[int], list[str], list[str], dict[int, list[int]], dict[int, list[int]]
+]
+
+
+class HeldText:
+    """One run's text records that the frontend holds back, per stream.
+
+    A token that decoded to "" gives its bytes to a later fragment; its give
+    count (protocol 3) is known only when that fragment arrives (split_gives),
+    usually in a later engine step. So while a stream has such tokens that no
+    fragment has claimed yet ("dangling"), its text records wait here, and the
+    carrier's row writes its predecessors' give counts into them. The other
+    streams' records go out as usual. Only the sending is later: each record
+    keeps its step (the frame's header step) and its place in the stream's
+    order. At most MAX_HELD_STEPS steps wait; past that the oldest is sent as
+    it is (its give counts stay LEAD_UNKNOWN).
+    """
+
+    __slots__ = ("steps", "streams")
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, TextRows]] = []  # (frontend step, held records)
+        self.streams: set[int] = set()  # the streams whose records wait
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.streams)
+
+    def pass_step(
+        self, step: int, rows: TextRows | None, dangling: set[int]
+    ) -> list[tuple[int, TextRows]]:
+        """This step's rows, given the streams dangling now: the (step, rows) to send
+        now, in order (a released stream's held records before its new one)."""
+        out: list[tuple[int, TextRows]] = []
+        released = self.streams - dangling
+        if released:
+            kept = []
+            for held_step, held_rows in self.steps:
+                going, staying = split_rows(held_rows, released)
+                if going is not None:
+                    out.append((held_step, going))
+                if staying is not None:
+                    kept.append((held_step, staying))
+            self.steps = kept
+        self.streams = set(dangling)
+        if rows is not None:
+            staying, going = split_rows(rows, dangling)
+            if going is not None:
+                out.append((step, going))
+            if staying is not None:
+                self.steps.append((step, staying))
+        while len(self.steps) > MAX_HELD_STEPS:
+            out.append(self.steps.pop(0))
+        return out
+
+    def release(self) -> list[tuple[int, TextRows]]:
+        """Everything held, in order (the run ends)."""
+        out, self.steps, self.streams = self.steps, [], set()
+        return out
+
+    def set_give(self, stream: int, offset: int, give: int) -> bool:
+        """Write the give count of `stream`'s token at `offset` into the held record
+        that holds it; False when no held step holds it (already sent)."""
+        for _step, rows in reversed(self.steps):
+            meta, texts = rows[0], rows[2]
+            first_fragment = 0
+            for record in range(len(texts)):
+                at = ROW_WIDTH * record
+                start, count, fed = meta[at + 3], meta[at + 4], meta[at + 5]
+                if meta[at] == stream and start <= offset < start + count:
+                    leads = rows[5].get(record)
+                    if leads is None:
+                        leads = rows[5][record] = record_leads(rows, record, first_fragment)
+                    leads[offset - start] = give
+                    return True
+                first_fragment += fed
+        return False
+
+
+def split_rows(rows: TextRows, streams: set[int]) -> tuple[TextRows | None, TextRows | None]:
+    """A text step's records of `streams` and the others, each in order (None: none)."""
+    meta, ids, texts, fragments, span_backs, leads = rows
+    parts: tuple[TextRows, TextRows] = (([], [], [], [], {}, {}), ([], [], [], [], {}, {}))
+    first_id = first_fragment = 0
+    for record, text in enumerate(texts):
+        at = ROW_WIDTH * record
+        row = meta[at : at + ROW_WIDTH]
+        count, fed = row[4], row[5]
+        part = parts[0] if row[0] in streams else parts[1]
+        index = len(part[2])
+        part[0].extend(row)
+        part[1].extend(ids[first_id : first_id + count])
+        part[2].append(text)
+        part[3].extend(fragments[first_fragment : first_fragment + fed])
+        if record in span_backs:
+            part[4][index] = span_backs[record]
+        if record in leads:
+            part[5][index] = leads[record]
+        first_id += count
+        first_fragment += fed
+    inside, outside = parts
+    return (inside if inside[2] else None), (outside if outside[2] else None)
+
+
+def record_leads(rows: TextRows, record: int, first_fragment: int) -> list[int]:
+    """A record's lead_len column before anything is known: 0 for a fragment
+    without span_back (nothing to split), LEAD_UNKNOWN otherwise."""
+    meta, fragments, span_backs = rows[0], rows[3], rows[4]
+    at = ROW_WIDTH * record
+    count, fed = meta[at + 4], meta[at + 5]
+    backs = span_backs.get(record)
+    return [
+        0
+        if position < fed
+        and fragments[first_fragment + position]
+        and not (backs is not None and backs[position])
+        else LEAD_UNKNOWN
+        for position in range(count)
+    ]

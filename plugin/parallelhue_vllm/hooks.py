@@ -28,6 +28,8 @@ turned off and a notice frame sent so the client knows why.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import re
 from collections.abc import Iterable
@@ -589,19 +591,78 @@ class _StreamRecorder:
     vLLM's FastIncrementalDetokenizer.decode_next returns `stream.step(...) or ""`
     (when spaces_between_special_tokens holds): recording that here gives each
     token's string without touching the detokenizer object's attributes.
+
+    `recover` (see _reset_stream) does vLLM's own recovery from the error after
+    which vLLM would replace the stream with a new one: the recorder stays in
+    place and keeps recording. After any other error the token is recorded as
+    "" (what decode_next returns when vLLM survives the error) and the error
+    goes on to vLLM unchanged.
     """
 
-    __slots__ = ("_append", "_step", "stream")
+    __slots__ = ("_append", "_recover", "_step", "stream")
 
-    def __init__(self, stream: Any, fragments: list[str]) -> None:
+    def __init__(self, stream: Any, fragments: list[str], recover: Any = None) -> None:
         self.stream = stream
         self._step = stream.step
         self._append = fragments.append
+        self._recover = recover
 
     def step(self, tokenizer: Any, token_id: int) -> Any:
-        text = self._step(tokenizer, token_id)
+        try:
+            text = self._step(tokenizer, token_id)
+        except Exception as error:
+            stream: Any = None
+            step: Any = None
+            if self._recover is not None:
+                try:
+                    stream = self._recover(error)
+                    step = stream.step if stream is not None else None
+                except Exception:
+                    step = None  # recover's own failure: as if it gave nothing
+            if step is None:
+                self._append("")
+                raise
+            self.stream, self._step = stream, step
+            try:
+                text = step(tokenizer, token_id)
+            except Exception:
+                self._append("")
+                raise
         self._append(text or "")
         return text
+
+
+def stream_recorder(detokenizer: Any, fragments: list[str]) -> Any:
+    """The recorder (the C one when built) to put in place of a fast detokenizer's stream."""
+    make = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
+    recover = functools.partial(
+        _reset_stream, getattr(detokenizer, "skip_special_tokens", True),
+        getattr(detokenizer, "request_id", None),
+    )  # fmt: skip
+    return make(detokenizer.stream, fragments, recover)
+
+
+# tokenizers' error after which vLLM's FastIncrementalDetokenizer starts a new
+# DecodeStream (vLLM's INVALID_PREFIX_ERR_MSG, the same in 0.26 to 0.33).
+_INVALID_PREFIX = "Invalid prefix encountered"
+
+
+def _reset_stream(skip_special_tokens: Any, request_id: Any, error: BaseException) -> Any:
+    """The new decode stream vLLM would make after `error`, or None (another error).
+
+    vLLM 0.26-0.33 (`_protected_step`): a DecodeStream without the prompt, looked
+    up on the module as vLLM does. Done by the recorder, vLLM would replace the
+    recorder itself and the rest of the request's fragments would go unrecorded.
+    """
+    if not str(error).startswith(_INVALID_PREFIX):
+        return None
+    decoders = importlib.import_module("tokenizers.decoders")
+    log.warning(
+        "Encountered invalid prefix detokenization error for request %s, resetting decode "
+        "stream (done by the ParallelHue recorder, as vLLM does).",
+        request_id,
+    )
+    return decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
 
 
 class _QueueCapture:
@@ -714,6 +775,8 @@ class FrontendTelemetry(_Base):
         self.noticed: set[tuple[str, int]] = set()
         self.finished: list[str] = []
         self.stream_detokenizers = stream_detokenizers
+        # run -> its text steps held back for give counts (attribution.HeldText).
+        self.held: dict[str, attribution.HeldText] = {}
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -767,8 +830,7 @@ class FrontendTelemetry(_Base):
             and getattr(detokenizer, "spaces_between_special_tokens", False) is True
             and getattr(detokenizer, "stream", None) is not None
         ):
-            make_recorder = _speedups.StreamRecorder if _speedups is not None else _StreamRecorder
-            state.recorder = make_recorder(detokenizer.stream, fragments)
+            state.recorder = stream_recorder(detokenizer, fragments)
             detokenizer.stream = state.recorder
         else:
             _record_decode_next(detokenizer, fragments)
@@ -828,10 +890,11 @@ class FrontendTelemetry(_Base):
             used = used[:count]  # decoded, then deleted after a stop string
         capture = state.capture
         span_backs = leads = None
+        earlier: list[tuple[int, int]] = []
         pending = capture.pending_empty
         if pending or "" in used:
             span_backs, pending = _span_backs(used, count, pending)
-            leads = _leads(state.detokenizer, capture.offset, token_ids, used, span_backs)
+            leads, earlier = _leads(state.detokenizer, capture.offset, token_ids, used, span_backs)
         if not finished:
             if not count:
                 if text:
@@ -848,8 +911,14 @@ class FrontendTelemetry(_Base):
             code = _FINISH_NAMES.get(str(finish_reason), wire.FINISH_ERROR)
             meta = (state.stream, flags, code, capture.offset, count, len(used), trimmed)
             self.finished.append(state.req_state.request_id)
+            pending = 0  # no fragment will claim them: nothing holds the run's text back
         # Nothing can fail from here on: the row's columns go in together.
         capture.pending_empty = pending
+        if earlier:
+            held = self.held.get(state.run)
+            for offset, give in earlier:
+                if held is not None:
+                    held.set_give(state.stream, offset, give)
         bucket = state.bucket
         if span_backs is not None:
             record = len(bucket.meta) // wire.ROW_WIDTH
@@ -861,6 +930,65 @@ class FrontendTelemetry(_Base):
         bucket.fragments.extend(used)
         bucket.extra.append(text)
         capture.offset += count
+
+    def flush_rows(self, kind: int) -> None:
+        """Hand this step's text rows of every run to the emitter, except the records of
+        streams that have tokens that decoded to "" and that no fragment has claimed
+        yet: those wait (attribution.HeldText) for their give counts, which come with
+        the fragment that carries their bytes."""
+        by_run = None
+        records = 0
+        for run, bucket in self.buckets.items():
+            held = self.held.get(run)
+            if not bucket.meta and held is None:
+                continue
+            rows = bucket.take(kind) if bucket.meta else None
+            if held is not None or (rows is not None and "" in rows[3]):
+                if held is None:
+                    held = self.held[run] = attribution.HeldText()
+                sending = held.pass_step(self.step, rows, self._dangling(run))
+                if not held:
+                    del self.held[run]
+                rows = None
+                for step, part in sending:
+                    if step == self.step:
+                        rows = part  # this step's: with the other runs' below
+                    else:
+                        self._send_held(run, step, part)
+            if rows is not None:
+                if by_run is None:
+                    by_run = {}
+                records += len(rows[2])
+                by_run[run] = rows
+        if by_run is not None and self.emitter is not None:
+            self.emitter.submit_rows(kind, self.step, by_run, records)
+
+    def _dangling(self, run: str) -> set[int]:
+        """The run's streams with tokens that decoded to "" that no fragment claimed."""
+        requests = self.requests
+        streams = set()
+        for rid in self.active.get(run, ()):
+            state = requests.get(rid)
+            if state is not None and state.capture is not None and state.capture.pending_empty:
+                streams.add(state.stream)
+        return streams
+
+    def _send_held(self, run: str, step: int, rows: Any) -> None:
+        if self.emitter is not None:
+            self.emitter.submit_rows(wire.KIND_TEXT, step, {run: rows}, len(rows[2]))
+
+    def _release(self, run: str) -> None:
+        """Send a run's held text records, in order."""
+        held = self.held.pop(run, None)
+        if held is not None:
+            for step, rows in held.release():
+                self._send_held(run, step, rows)
+
+    def end_emptied_runs(self) -> None:
+        for run in self.emptied:
+            if not self.active.get(run):
+                self._release(run)  # before the emitter ends the run
+        super().end_emptied_runs()
 
     def end_step(self, processor: Any, engine_core_outputs: Any = ()) -> None:
         """At the end of process_outputs: hand the step's rows to the sender."""
@@ -1009,15 +1137,18 @@ def _span_backs(fragments: list[str], count: int, pending: int) -> tuple[list[in
 
 def _leads(
     detokenizer: Any, offset: int, token_ids: list[int], fragments: list[str], span_backs: list[int]
-) -> list[int] | None:
+) -> tuple[list[int] | None, list[tuple[int, int]]]:
     """Per token of a row with span_backs: its lead_len (0 for a fragment without
-    span_back; LEAD_UNKNOWN as the give count of an empty fragment: protocol 3).
+    span_back; for a token that decoded to "", its give count, LEAD_UNKNOWN until
+    known: protocol 3), and the give counts of earlier rows' tokens, as
+    (offset, give) pairs.
 
-    Only the tokens with span_back > 0 cost anything (attribution.lead_len,
+    Only the tokens with span_back > 0 cost anything (attribution.lead_and_gives,
     which never raises and says LEAD_UNKNOWN rather than guess); None when no
     token of the row claims a predecessor.
     """
     leads = None
+    earlier: list[tuple[int, int]] = []
     for position, back in enumerate(span_backs):
         if back:
             if leads is None:
@@ -1025,11 +1156,17 @@ def _leads(
                     0 if index < len(fragments) and fragments[index] else wire.LEAD_UNKNOWN
                     for index in range(len(span_backs))
                 ]
-            leads[position] = attribution.lead_len(
+            leads[position], gives = attribution.lead_and_gives(
                 detokenizer, offset + position, token_ids[position], back,
                 fragments[position].encode("utf-8"),
             )  # fmt: skip
-    return leads
+            for index, give in enumerate(gives):
+                at = position - back + index  # the predecessor's position in this row
+                if at >= 0:
+                    leads[at] = give
+                else:
+                    earlier.append((offset + at, give))
+    return leads, earlier
 
 
 def _own_dict(obj: Any) -> None:

@@ -20,10 +20,12 @@ ids[a..c] up to and including character j. (A U+FFFD is given the shortest windo
 
 `detok`: token sequences (each text encoded, plus N random ones of L token
 ids, cut into steps of 1..4 tokens), vLLM's own FastIncrementalDetokenizer
-fed step by step, the plugin's
-decode_next wrapper recording the fragments, span_back counted as the
-frontend hook counts it, and `attribution.lead_len` for every fragment with
-span_back > 0; each known lead_len's split is checked against `ranges`.
+fed step by step, the hooks' stream recorder recording the fragments (vLLM's
+decode-stream resets included), span_back counted as the frontend hook counts
+it, and `attribution.lead_and_gives` for every fragment with span_back > 0;
+each known lead_len's split is checked against `ranges`, and where every give
+count of a fragment is known, the characters they attribute to each token
+range and their sum (= lead_len) too.
 """
 
 from __future__ import annotations
@@ -119,6 +121,18 @@ def pieces(fragment: str, lead: int) -> list[str]:
     return out
 
 
+def install_recorder(hooks: Any, detok: Any, fragments: list[str]) -> Any:
+    """Record each token's fragment as FrontendTelemetry._install does: a recorder in
+    place of the decode stream (the C one when the hooks use it), else a per-instance
+    decode_next. Returns the recorder, or None for the decode_next path."""
+    if detok.spaces_between_special_tokens is True and detok.stream is not None:
+        recorder = hooks.stream_recorder(detok, fragments)
+        detok.stream = recorder
+        return recorder
+    hooks._record_decode_next(detok, fragments)
+    return None
+
+
 def detok_main(request: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "plugin"))
     from vllm.sampling_params import SamplingParams
@@ -148,9 +162,11 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
         ids = [rng.choice(vocab) for _ in range(request["length"])]
         sequences.append({"prompt": prompt, "steps": cut(ids)})
     cls = vdetok.FastIncrementalDetokenizer
-    if not getattr(cls.decode_next, "__parallelhue__", False):
-        cls.decode_next = hooks.wrap_decode_next(cls.decode_next)  # type: ignore[method-assign]
-    counts = {"tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0}
+    counts = {
+        "tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0,
+        "resets": 0, "recovered": 0, "gives": 0, "gives_known": 0, "carriers_all_gives": 0,
+        "gives_wrong": 0,
+    }  # fmt: skip
     wrong: list[Any] = []
     for index, sequence in enumerate(sequences):
         params = SamplingParams(max_tokens=1024, skip_special_tokens=True)
@@ -162,28 +178,40 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
         )
         detok = vdetok.IncrementalDetokenizer.from_new_request(hf, req)
         assert isinstance(detok, cls), type(detok)
+        fragments: list[str] = []
+        recorder = install_recorder(hooks, detok, fragments)
         pending = 0
         position = 0
         carriers: list[tuple[int, int, str, int]] = []  # token index, span_back, fragment, lead
         for step in sequence["steps"]:
-            fragments: list[tuple[int, str]] = []
-            detok.__dict__[hooks.FRAGMENTS_ATTR] = fragments
+            inner = recorder.stream if recorder is not None else None
             detok.update(list(step), False)
-            detok.__dict__.pop(hooks.FRAGMENTS_ATTR, None)
-            for token_id, piece in fragments:
+            if recorder is not None and recorder.stream is not inner:
+                counts["recovered"] += 1  # the recorder did vLLM's stream reset itself
+            if recorder is not None and detok.stream is not recorder:
+                # vLLM replaced the decode stream (its "invalid prefix" recovery):
+                # the hooks' recorder is gone, as it would be on a server.
+                counts["resets"] += 1
+                break
+            assert len(fragments) == len(step), (len(fragments), step)
+            for token_id, piece in zip(step, fragments, strict=True):
                 if piece:
                     if pending:
                         raw = piece.encode()
-                        lead = attribution.lead_len(detok, position, token_id, pending, raw)
-                        carriers.append((position, pending, piece, lead))
+                        lead, gives = attribution.lead_and_gives(
+                            detok, position, token_id, pending, raw
+                        )
+                        carriers.append((position, pending, piece, lead, gives))
                     pending = 0
                 else:
                     pending += 1
                 position += 1
+            fragments.clear()
         ids = [token_id for step in sequence["steps"] for token_id in step]
         counts["tokens"] += len(ids)
-        for token_position, span_back, piece, lead in carriers:
+        for token_position, span_back, piece, lead, gives in carriers:
             counts["carriers"] += 1
+            counts["gives"] += span_back
             if lead == wire.LEAD_UNKNOWN:
                 counts["unknown"] += 1
                 continue
@@ -200,7 +228,36 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
             if pieces(piece, lead) != truth:
                 counts["wrong"] += 1
                 wrong.append([index, token_position, span_back, piece, lead, truth])
+            known = [give for give in gives if give != wire.LEAD_UNKNOWN]
+            counts["gives_known"] += len(known)
+            if len(known) == span_back:  # what the reconciler uses: all of them
+                counts["carriers_all_gives"] += 1
+                if sum(gives) != lead:
+                    counts["gives_wrong"] += 1
+                    wrong.append([index, token_position, "sum", piece, lead, gives])
+                owned = give_owners(piece, token_position - span_back, gives)
+                if owned != [tuple(r) for r in ranges]:
+                    counts["gives_wrong"] += 1
+                    window = ids[token_position - span_back : token_position + 1]
+                    wrong.append([index, token_position, piece, gives, ranges, window])
     return {"counts": counts, "wrong": wrong[:20]}
+
+
+def give_owners(fragment: str, first: int, gives: list[int]) -> list[tuple[int, int]]:
+    """(first, last) token of each character as the give counts attribute it: the
+    predecessors own their gives' bytes in order, the carrier the rest; a
+    character's tokens are those owning any of its bytes."""
+    owner: list[int] = []
+    for index, give in enumerate(gives):
+        owner += [first + index] * give
+    size = len(fragment.encode())
+    owner += [first + len(gives)] * (size - len(owner))
+    out, at = [], 0
+    for char in fragment:
+        width = len(char.encode())
+        out.append((owner[at], owner[at + width - 1]))
+        at += width
+    return out
 
 
 def main() -> int:

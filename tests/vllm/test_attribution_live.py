@@ -1,12 +1,14 @@
 """Per-character attribution on real vLLM: 0 wrongly colored, and every character the
-protocol's one split per fragment can color is colored.
+protocol's byte split can color is colored.
 
 One server per (tokenizer, speculative method): the tiny model with the
 byte-level BPE tokenizer and with the Llama-2-style byte-fallback tokenizer,
 under ngram and draft_model speculative decoding. A 16-stream run is recorded
 (every telemetry frame and every SSE input, in arrival order) and replayed into
-both reconcilers, once as sent and once with every `lead_len` replaced by
-0xFFFF (unknown, the protocol-1 behaviour) for the side-by-side figure.
+both reconcilers three times, for the side-by-side figure: as sent (protocol 3:
+lead_len and each empty fragment's give count), with every give count replaced
+by 0xFFFF (protocol 2's one boundary per fragment), and with every lead_len
+unknown too (protocol 1: a fragment attributed to all of its tokens).
 
 Ground truth per character (tests/vllm/char_truth.py, in the vLLM venv): the
 tokens whose bytes it holds, from the tokenizer's own decoding of token
@@ -51,7 +53,7 @@ PROMPTS = [
 ]
 STREAMS = 16
 MAX_TOKENS = 96
-UNKNOWN_LIMIT = 0.01  # single-step characters left uncolored by an unknown split
+UNKNOWN_LIMIT = 0.01  # single-step characters left uncolored by an unknown split or give
 COMBOS = [
     ("byte-level", "ngram"),
     ("byte-fallback", "ngram"),
@@ -132,8 +134,10 @@ def record_run(url: str, socket_dir: str) -> tuple[str, list[tuple[Any, ...]]]:
         return run_id, list(recorder.inputs)
 
 
-def without_lead_len(inputs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The same inputs with every known lead_len replaced by 0xFFFF (unknown)."""
+def without(inputs: list[tuple[Any, ...]], leads: bool) -> list[tuple[Any, ...]]:
+    """The same inputs with every give count (an empty fragment's lead_len) and, with
+    `leads`, every carrier's lead_len replaced by 0xFFFF (unknown): protocol 2's
+    attribution, and protocol 1's."""
     out = []
     for item in inputs:
         if item[0] == "frame":
@@ -142,7 +146,7 @@ def without_lead_len(inputs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
                 for record in frame.records:
                     assert isinstance(record, wire.TextRecord)
                     for token in record.tokens:
-                        if token.span_back:
+                        if not token.fragment or (leads and token.span_back):
                             token.lead_len = wire.LEAD_UNKNOWN
                 item = ("frame", wire.encode_records(wire.KIND_TEXT, frame.header, frame.records))
         out.append(item)
@@ -165,7 +169,7 @@ def replay(cls: Any, run_id: str, inputs: list[tuple[Any, ...]]) -> tuple[list[A
 def stream_facts(inputs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """Per stream: SSE ids, each token's step ordinal (provenance), fragments, leads."""
     facts = [
-        {"ids": [], "ordinal": {}, "fragments": [], "carriers": 0, "known": 0}
+        {"ids": [], "ordinal": {}, "fragments": [], "carriers": 0, "known": 0, "gives": {}}
         for _ in range(STREAMS)
     ]
     last_step: dict[int, int] = {}
@@ -186,6 +190,8 @@ def stream_facts(inputs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
                     if token.fragment:
                         fact["fragments"].append([record.offset + i, token.fragment.decode()])
                         fact.setdefault("splits", []).append((token.span_back, token.lead_len))
+                    else:
+                        fact.setdefault("gives", {})[record.offset + i] = token.lead_len
                     if token.span_back:
                         fact["carriers"] += 1
                         fact["known"] += token.lead_len != wire.LEAD_UNKNOWN
@@ -213,34 +219,55 @@ def ground_truth(model: Path, facts: list[dict[str, Any]]) -> list[list[list[lis
     return result
 
 
-def piece_tokens(text: str, char_index: int, carrier: int, span_back: int, lead: int) -> range:
+def piece_tokens(
+    text: str, char_index: int, carrier: int, span_back: int, lead: int, gives: list[int] | None
+) -> range:
     """The tokens the protocol's rule ("Spans") attributes character `char_index` of a
-    fragment to, given its span_back and lead_len."""
+    fragment to, given its span_back, lead_len and (when all known) its predecessors'
+    give counts: the units overlapping the character, first to last."""
+    size = len(text.encode())
     if span_back == 0:
-        return range(carrier, carrier + 1)
-    if lead == wire.LEAD_UNKNOWN:
-        return range(carrier - span_back, carrier + 1)
+        units = [(carrier, carrier, 0, size)]
+    elif lead == wire.LEAD_UNKNOWN:
+        units = [(carrier - span_back, carrier, 0, size)]
+    elif gives is not None:
+        units, at = [], 0
+        for index, give in enumerate(gives):
+            units.append((carrier - span_back + index, carrier - span_back + index, at, at + give))
+            at += give
+        units.append((carrier, carrier, lead, size))
+    else:
+        units = [(carrier - span_back, carrier - 1, 0, lead), (carrier, carrier, lead, size)]
     start = len(text[:char_index].encode())
     end = start + len(text[char_index].encode())
-    if end <= lead:
-        return range(carrier - span_back, carrier)  # the predecessors' own characters
-    if start < lead:
-        return range(carrier - span_back, carrier + 1)  # the character from both
-    return range(carrier, carrier + 1)  # the carrier's own
+    owners = [(first, last) for first, last, a, b in units if a < end and b > start]
+    return range(owners[0][0], owners[-1][1] + 1)
+
+
+def claimed_gives(fact: dict[str, Any], carrier: int, span_back: int) -> list[int] | None:
+    """The carrier's predecessors' give counts as sent, when all are known."""
+    gives = [fact["gives"].get(offset) for offset in range(carrier - span_back, carrier)]
+    if span_back == 0 or any(g is None or g == wire.LEAD_UNKNOWN for g in gives):
+        return None
+    return [g for g in gives if g is not None]
 
 
 def figure(
     events: list[Any],
     facts: list[dict[str, Any]],
     truth: list[list[list[list[int]]]],
-    leads_stripped: bool = False,
+    stripped: str = "",
 ) -> dict[str, int]:
+    """`stripped`: "gives" or "leads" when the replayed inputs had those replaced by
+    0xFFFF (without()), so each character's cause is judged on what was sent."""
     counts = {"chars": 0, "single_step": 0, "uncolored": 0, "wrong": 0, "misaligned": 0}
-    # Why a single-step character stays uncolored: the split is unknown, or the
-    # tokens the protocol's one boundary per fragment gives it span steps although
-    # its own do not (granularity), or neither (a fault: must not happen).
-    why = {"lead_unknown": 0, "granularity": 0, "other": 0}
+    # Why a single-step character stays uncolored: the split is unknown; or only
+    # lead_len is known (a give count is not) and the tokens its one boundary
+    # gives the character span steps although its own do not; or neither (all
+    # give counts known, or no predecessor): a fault, must not happen.
+    why = {"lead_unknown": 0, "gives_unknown": 0, "other": 0}
     for stream in range(STREAMS):
+        fact = facts[stream]
         shown = [
             (char, event[4])
             for event in events
@@ -250,11 +277,11 @@ def figure(
         expected = [
             (char, ranges, carrier, text, index, split)
             for (carrier, text), fragment_ranges, split in zip(
-                facts[stream]["fragments"], truth[stream], facts[stream]["splits"], strict=True
+                fact["fragments"], truth[stream], fact["splits"], strict=True
             )
             for index, (char, ranges) in enumerate(zip(text, fragment_ranges, strict=True))
         ]
-        ordinal = facts[stream]["ordinal"]
+        ordinal = fact["ordinal"]
         for (char, step), (true_char, (first, last), carrier, text, index, split) in zip(
             shown, expected, strict=False
         ):
@@ -268,14 +295,17 @@ def figure(
             if step is None and single:
                 counts["uncolored"] += 1
                 span_back, lead = split
-                if leads_stripped and span_back:
+                if stripped == "leads" and span_back:
                     lead = wire.LEAD_UNKNOWN
-                    split = (span_back, lead)
-                given = {ordinal.get(t) for t in piece_tokens(text, index, carrier, *split)}
+                gives = None if stripped else claimed_gives(fact, carrier, span_back)
+                given = {
+                    ordinal.get(t)
+                    for t in piece_tokens(text, index, carrier, span_back, lead, gives)
+                }
                 if span_back and lead == wire.LEAD_UNKNOWN:
                     why["lead_unknown"] += 1
-                elif len(given) > 1:
-                    why["granularity"] += 1
+                elif span_back and gives is None and len(given) > 1:
+                    why["gives_unknown"] += 1
                 else:
                     why["other"] += 1
             elif step is not None and (not single or step not in steps):
@@ -333,33 +363,39 @@ def test_characters_are_colored_per_character_and_never_wrongly(
         "tokens": sum(len(f["ids"]) for f in facts),
         "carriers": sum(f["carriers"] for f in facts),
         "lead_known": sum(f["known"] for f in facts),
+        "predecessors": sum(len(f["gives"]) for f in facts),
+        "gives_known": sum(g != wire.LEAD_UNKNOWN for f in facts for g in f["gives"].values()),
     }
-    baseline_inputs = without_lead_len(inputs)
+    lead_only, protocol_1 = without(inputs, leads=False), without(inputs, leads=True)
     for cls in reconcilers():
         name = "reference" if cls is Reconciler else "native"
-        events, verdicts = replay(cls, run_id, inputs)
-        assert verdicts == [("exact", None)] * STREAMS, (name, verdicts)
-        with_lead = figure(events, facts, truth)
-        base_events, base_verdicts = replay(cls, run_id, baseline_inputs)
-        assert base_verdicts == verdicts
-        baseline = figure(base_events, facts, truth, leads_stripped=True)
-        summary[name] = {"lead_len": with_lead, "lead_unknown": baseline}
+        figures = {}
+        for label, replayed, stripped in (
+            ("gives", inputs, ""), ("lead_len", lead_only, "gives"),
+            ("lead_unknown", protocol_1, "leads"),
+        ):  # fmt: skip
+            events, verdicts = replay(cls, run_id, replayed)
+            assert verdicts == [("exact", None)] * STREAMS, (name, label, verdicts)
+            figures[label] = figure(events, facts, truth, stripped)
+        summary[name] = figures
     print(json.dumps(summary))
     log = os.environ.get("PARALLELHUE_ATTRIBUTION_LOG")
     if log:
         with open(log, "a") as handle:
             handle.write(json.dumps(summary) + "\n")
     assert summary["reference"] == summary["native"]  # both reconcilers, same figure
-    result = summary["native"]["lead_len"]
+    result = summary["native"]["gives"]
+    lead = summary["native"]["lead_len"]
     base = summary["native"]["lead_unknown"]
-    assert result["misaligned"] == 0 and base["misaligned"] == 0
+    for each in (result, lead, base):
+        assert each["misaligned"] == 0 and each["wrong"] == 0, summary
     assert result["chars"] > 500 and result["single_step"] > 0
-    assert result["wrong"] == 0 and base["wrong"] == 0
-    # Every single-step character that one lead boundary per fragment can express is
-    # colored; unknown splits stay rare. What else remains is the protocol's
-    # granularity (a fragment whose predecessors span steps shows their whole
-    # characters uncolored). The figures: docs/benchmarks/attribution.md.
+    # Every single-step character whose predecessors' give counts are known is
+    # colored; what stays uncolored is an unknown split (the bytes did not add up)
+    # or an unknown give count, and both stay rare. The figures:
+    # docs/benchmarks/attribution.md.
     assert result["uncolored_other"] == 0, summary
     assert result["uncolored_lead_unknown"] <= UNKNOWN_LIMIT * result["single_step"], summary
-    # lead_len is what makes the difference: without it many more stay uncolored.
-    assert base["uncolored"] > result["uncolored"], summary
+    assert result["uncolored_gives_unknown"] <= UNKNOWN_LIMIT * result["single_step"], summary
+    # The give counts and lead_len are what make the difference.
+    assert result["uncolored"] <= lead["uncolored"] < base["uncolored"], summary

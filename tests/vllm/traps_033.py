@@ -109,10 +109,12 @@ def main() -> int:
     )
 
     # (3) the scheduler hook under real 0.33 SpeculativeConfigs (adaptive verification
-    # on; fly rejection), real ModelRunnerOutput and EngineCoreOutputs; the Scheduler
+    # on; fly rejection), real SchedulerOutputs (the request new in a prefill step,
+    # then three drafts), ModelRunnerOutputs and EngineCoreOutputs; the Scheduler
     # itself is a stand-in (a real one needs a whole VllmConfig and KV cache).
     from types import SimpleNamespace
 
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutputs
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -137,21 +139,33 @@ def main() -> int:
         )
         rid = f"cmpl-ph1_{RUN}_{stream}-0a1b2c3d"
         scheduler.requests[rid] = object()
+        new = NewRequestData(
+            req_id=rid, prompt_token_ids=list(prompt), mm_features=[],
+            sampling_params=SamplingParams(max_tokens=16), pooling_params=None,
+            block_ids=([0],), num_computed_tokens=0, lora_request=None,
+        )  # fmt: skip
+        # (new requests, scheduled tokens, drafts, sampled tokens) per step.
+        steps = [([new], len(prompt), [], [6]), ([], 4, [7, 8, 9], [7, 8, 9, 10])]
+        for new_requests, scheduled, drafts, sampled in steps:
+            scheduler_output = SchedulerOutput.make_empty()
+            scheduler_output.scheduled_new_reqs = new_requests
+            scheduler_output.num_scheduled_tokens = {rid: scheduled}
+            scheduler_output.total_num_scheduled_tokens = scheduled
+            scheduler_output.scheduled_spec_decode_tokens = {rid: drafts} if drafts else {}
+            runner = ModelRunnerOutput(
+                req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[list(sampled)]
+            )
 
-        def update(
-            self: object, scheduler_output: object, runner: object, rid: str = rid
-        ) -> object:
-            return {0: EngineCoreOutputs(outputs=[EngineCoreOutput(rid, [7, 8, 9, 10])])}
+            def update(
+                self: object,
+                scheduler_output: object,
+                runner: object,
+                out: list[int] = sampled,
+                rid: str = rid,
+            ) -> object:
+                return {0: EngineCoreOutputs(outputs=[EngineCoreOutput(rid, list(out))])}
 
-        scheduler_output = SimpleNamespace(
-            num_scheduled_tokens={rid: 4},
-            scheduled_spec_decode_tokens={rid: [7, 8, 9]},
-            num_invalid_spec_tokens=None,
-        )
-        runner = ModelRunnerOutput(
-            req_ids=[rid], req_id_to_index={rid: 0}, sampled_token_ids=[[7, 8, 9, 10]]
-        )
-        adapters._wrap_scheduler(update, telemetry)(scheduler, scheduler_output, runner)
+            adapters._wrap_scheduler(update, telemetry)(scheduler, scheduler_output, runner)
         assert telemetry.emitter is not None
         telemetry.emitter.close(5.0)
     facts["adaptive_message"] = traps.roles_unverifiable(configs[2])
