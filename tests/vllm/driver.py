@@ -70,6 +70,9 @@ class RunResult:
     sources: list[dict[str, Any]]
     seconds: float
     reconciler_kind: str
+    # The recording's reconciler inputs, in the order applied, as `push_inputs`
+    # items ("frame", b), ("sse", s, text, ids), ("sse_id", ...), ... ("finish", s, r).
+    inputs: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def scrape_metrics(url: str) -> dict[str, float]:
@@ -169,4 +172,9 @@ def run(
         sources=[dict(s) for s in run_model.sources],
         seconds=seconds,
         reconciler_kind="python" if kind == "python" else "native",
+        inputs=[tuple(e[1:]) for e in recording.events if e[1] in _INPUT_KINDS],
     )
+
+
+# Recorded events that are reconciler inputs (the rest: start, end, reject, lost, finalize).
+_INPUT_KINDS = frozenset(("frame", "sse", "sse_id", "sse_choice", "sse_usage", "finish"))

@@ -23,24 +23,19 @@ $PARALLELHUE_ATTRIBUTION_LOG when set (docs/benchmarks/attribution.md).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import secrets
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import driver
-import httpx
 import pytest
 import server
 
 from parallelhue.reference import Reconciler, decode_frame
-from parallelhue_vllm import paths, wire
+from parallelhue_vllm import wire
 
 pytestmark = pytest.mark.vllm
 
@@ -77,61 +72,14 @@ def shapes() -> list[driver.Shape]:
     ]
 
 
-class Recorder:
-    """Stands in for the reconciler in driver._stream and the socket reader: keeps every
-    input in arrival order, to replay into both reconcilers afterwards."""
-
-    def __init__(self) -> None:
-        self.inputs: list[tuple[Any, ...]] = []
-        self.lock = threading.Lock()
-        self.last_frame = time.monotonic()
-
-    def push_frame(self, frame: bytes) -> None:
-        self.inputs.append(("frame", bytes(frame)))
-        self.last_frame = time.monotonic()
-
-    def push_inputs(self, items: list[tuple[Any, ...]]) -> None:
-        self.inputs.extend(items)
-
-    def finish_sse(self, stream: int, reason: str | None) -> None:
-        self.inputs.append(("finish", stream, reason))
-
-
 def record_run(url: str, socket_dir: str) -> tuple[str, list[tuple[Any, ...]]]:
-    run_id = secrets.token_hex(16)
-    directory = paths.ensure_socket_dir(socket_dir, create=True)
-    path = paths.socket_path(directory, run_id)
-    recorder = Recorder()
-    receiver = driver._PyReceiver(path, recorder, recorder.lock)
-    results = [driver.StreamResult() for _ in range(STREAMS)]
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=STREAMS + 4)
-        timeout = httpx.Timeout(600.0, connect=10.0)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            await asyncio.gather(
-                *(
-                    driver._stream(client, url, i, run_id, shape, "tiny", recorder,
-                                   recorder.lock, results[i], True)
-                    for i, shape in enumerate(shapes())
-                )
-            )  # fmt: skip
-
-    try:
-        asyncio.run(main())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and time.monotonic() - recorder.last_frame < 1.0:
-            time.sleep(0.1)
-    finally:
-        receiver.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    errors = [(i, r.error) for i, r in enumerate(results) if r.error]
+    """One 16-stream run through the real client; its recorded reconciler inputs, to
+    replay into both reconcilers with and without the give counts."""
+    result = driver.run(url, shapes(), socket_dir)
+    errors = [(i, r.error) for i, r in enumerate(result.streams) if r.error]
     assert not errors, errors
-    with recorder.lock:
-        return run_id, list(recorder.inputs)
+    assert any(item[0] == "frame" for item in result.inputs), "no telemetry frames recorded"
+    return result.run_id, result.inputs
 
 
 def without(inputs: list[tuple[Any, ...]], leads: bool) -> list[tuple[Any, ...]]:
