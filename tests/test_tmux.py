@@ -354,10 +354,19 @@ def test_tmux_inside_tmux_says_how_to_return_and_removes_finished_sessions(
             lambda _text: f"{old.group(1)} 0" in _sessions_attached().splitlines(),
             "the client back on work",
         )
+        # And until the first run's process has exited (the prompt is back): keys typed
+        # while it still runs may go to it, not to the shell.
+        _wait_until(
+            work,
+            lambda text: text.rstrip().splitlines()[-1] == PROMPT.rstrip(),
+            "the prompt after the first run",
+        )
         _type(work, "clear; echo SECOND-RUN", "Enter", command, "Enter")
         second = _wait_until(
             work,
-            lambda text: "stays for reading" in text.split("SECOND-RUN")[-1],
+            lambda text: (
+                "SECOND-RUN" in text and "stays for reading" in text.split("SECOND-RUN")[-1]
+            ),
             "the second run",
         )
         assert f"removed the finished tmux session {old.group(1)}" in second
