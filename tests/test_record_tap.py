@@ -20,13 +20,10 @@ from typing import Any
 import pytest
 
 from parallelhue.headless import HeadlessResult, run_headless
-from parallelhue.record import read_recording
+from parallelhue.record import RECONCILER_INPUT_KINDS, read_recording
 from parallelhue.sim import SimConfig, SimServer
 
 native = pytest.importorskip("parallelhue._native")
-
-# Recorded items that are reconciler inputs, as push_inputs takes them (without the time).
-INPUT_KINDS = ("frame", "sse", "sse_id", "sse_choice", "sse_usage", "finish")
 
 
 @pytest.fixture
@@ -78,7 +75,7 @@ def test_refeeding_the_recording_in_order_gives_the_live_spans(
     again = native.Reconciler(recording.header["run_id"], 8)
     for event in recording.events:
         kind = event[1]
-        if kind in INPUT_KINDS:
+        if kind in RECONCILER_INPUT_KINDS:
             again.push_inputs([tuple(event[1:])])
         elif kind == "finalize":
             again.finalize()
@@ -102,7 +99,7 @@ def _events_after(recording_path: Path, run_id: str, n: int, order: Any = None) 
     again = native.Reconciler(run_id, n)
     for event in events:
         kind = event[1]
-        if kind in INPUT_KINDS:
+        if kind in RECONCILER_INPUT_KINDS:
             again.push_inputs([tuple(event[1:])])
         elif kind == "finalize":
             again.finalize()

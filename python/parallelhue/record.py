@@ -109,6 +109,13 @@ def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
     return _Recorder(writer)
 
 
+# SSE inputs other than a delta: the C2 tuple (kind, stream, ...) as recorded.
+SSE_FIELD_KINDS = frozenset(("sse_id", "sse_choice", "sse_usage"))
+# Recorded events the reconciler applied; the rest (start, end, reject, lost,
+# finalize) are the run's own events.
+RECONCILER_INPUT_KINDS = frozenset(("frame", "sse", "finish")) | SSE_FIELD_KINDS
+
+
 @dataclass
 class Recording:
     header: dict[str, Any]
@@ -118,6 +125,10 @@ class Recording:
     # ("lost", frames | None) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     footer: dict[str, Any] | None = None
+
+    def reconciler_inputs(self) -> list[tuple[Any, ...]]:
+        """The inputs in the order the reconciler applied them, without times."""
+        return [tuple(e[1:]) for e in self.events if e[1] in RECONCILER_INPUT_KINDS]
 
 
 def _json_object(text: str, what: str, shown: str) -> dict[str, Any]:

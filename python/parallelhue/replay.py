@@ -19,7 +19,7 @@ from .backend import detect_backend
 from .feed import Feed
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
-from .record import Recording, RecordingError, read_recording
+from .record import SSE_FIELD_KINDS, Recording, RecordingError, read_recording
 from .sanitize import one_line
 from .session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
@@ -106,7 +106,7 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
             pass  # failed as in the live run; its reason is on the model
         except Exception as error:  # as the live run's reader did: this stream only
             driver.on_end(stream, "internal", 0, f"{type(error).__name__}: {error}")
-    elif kind in ("sse_id", "sse_choice", "sse_usage"):
+    elif kind in SSE_FIELD_KINDS:
         stream = int(event[2])
         try:
             driver.on_sse_input(stream, tuple(event[1:]))

@@ -172,9 +172,5 @@ def run(
         sources=[dict(s) for s in run_model.sources],
         seconds=seconds,
         reconciler_kind="python" if kind == "python" else "native",
-        inputs=[tuple(e[1:]) for e in recording.events if e[1] in _INPUT_KINDS],
+        inputs=recording.reconciler_inputs(),
     )
-
-
-# Recorded events that are reconciler inputs (the rest: start, end, reject, lost, finalize).
-_INPUT_KINDS = frozenset(("frame", "sse", "sse_id", "sse_choice", "sse_usage", "finish"))
