@@ -22,6 +22,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARALLELHUE_SOCKET_DIR", tempfile.mkdtemp(prefix="phc", dir="/tmp"))
 
 
+def refused_replay(path: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """Replay a file the CLI must refuse: exit code 2, nothing on stdout; the error line."""
+    code = cli.main(["replay", path, "--view", "plain"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    return err
+
+
 def test_demo_records_exports_and_measures(
     tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -92,9 +100,7 @@ def test_replay_rejects_a_file_that_is_not_a_recording(
     path = os.path.join(str(tmp_path), "junk.phr")
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("hello")
-    code = cli.main(["replay", path, "--view", "plain"])
-    _out, err = capsys.readouterr()
-    assert code == 2
+    err = refused_replay(path, capsys)
     assert err == (
         f"parallelhue: error: replay: {path} is not a ParallelHue recording "
         "(Not a gzipped file (b'he'))\n"
@@ -184,9 +190,7 @@ def test_a_version_1_recording_is_refused_in_one_line(
     with gzip.open(path, "wt", encoding="utf-8") as handle:
         handle.write(json.dumps({"parallelhue_recording": 1, "run_id": "0" * 32}) + "\n")
         handle.write(json.dumps([0.0, "start", 0]) + "\n")
-    code = cli.main(["replay", path, "--view", "plain"])
-    _out, err = capsys.readouterr()
-    assert code == 2
+    err = refused_replay(path, capsys)
     assert err == (
         f"parallelhue: error: replay: {path} has recording format 1 (JSON lines), "
         "this build reads 3: record the run again\n"
@@ -207,9 +211,7 @@ def test_a_recording_cut_short_is_refused_in_one_line(
     cut = os.path.join(str(tmp_path), "cut.phr")
     with gzip.open(cut, "wb") as handle:
         handle.write(data[:-3])
-    code = cli.main(["replay", cut, "--view", "plain"])
-    _out, err = capsys.readouterr()
-    assert code == 2
+    err = refused_replay(cut, capsys)
     assert re.fullmatch(
         rf"parallelhue: error: replay: {re.escape(cut)}: the recording is cut short "
         r"inside the item at byte \d+\n",
