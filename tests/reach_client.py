@@ -25,6 +25,14 @@ from parallelhue_vllm import telemetry_stream as ts
 
 RUNS_PATH = "/v1/parallelhue/runs"
 PROBE_PATH = "/v1/parallelhue"
+# Prompts whose output mixes CJK, Hangul, emoji, accented Latin and code (multi-byte
+# characters split across tokens), shared by the live reach tests.
+MIXED_SCRIPT_PROMPTS = (
+    "東京は日本の首都です。北京是中国的首都。 def add(x, y): return x + y",
+    "絵文字 😀🚀🌈 and text: import os, sys; print(sys.argv)",
+    "서울은 한국의 수도입니다. class Foo: pass # comment 🎉",
+    "Ünïcödé façade — “quotes” … for i in range(10): yield i",
+)
 
 
 def _connect(url: str, cafile: str | None, rcvbuf: int | None, timeout: float) -> socket.socket:

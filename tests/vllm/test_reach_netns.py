@@ -43,12 +43,7 @@ KEY = "reach-netns-key"
 PORT = 8000
 UID = 65534
 CLIENT_PYTHON = sys.executable
-PROMPTS = [
-    "東京は日本の首都です。北京是中国的首都。 def add(x, y): return x + y",
-    "絵文字 😀🚀🌈 and text: import os, sys; print(sys.argv)",
-    "서울은 한국의 수도입니다. class Foo: pass # comment 🎉",
-    "Ünïcödé façade — “quotes” … for i in range(10): yield i",
-]
+PROMPTS = rc.MIXED_SCRIPT_PROMPTS
 
 
 @pytest.fixture(scope="module")
