@@ -284,8 +284,12 @@ impl Reconciler {
             (None, Some(t)) => self.hello_pair(s, src, t),
             _ => None,
         };
+        let before = self.streams[s].confirmed_end();
         if let Err(reason) = self.streams[s].add_provenance(s, src, step, k, pair, r) {
             return self.fail(s, reason);
+        }
+        if self.streams[s].advance_is_noop_after_provenance(before) {
+            return;
         }
         self.advance(s);
     }

@@ -277,6 +277,8 @@ pub struct Reconciler {
     input_start: usize,
     /// Scratch buffer of a fragment's pieces (kept: no allocation per fragment).
     pieces: Vec<prove::Piece>,
+    /// Scratch buffer of a fragment's unit byte starts (kept, like `pieces`).
+    unit_starts: Vec<usize>,
 }
 
 impl Reconciler {
@@ -306,6 +308,7 @@ impl Reconciler {
             digest: FrameDigest::new(),
             input_start: 0,
             pieces: Vec::new(),
+            unit_starts: Vec::new(),
         }
     }
 
@@ -341,10 +344,15 @@ impl Reconciler {
         std::mem::take(&mut self.events)
     }
 
-    /// Append the events since the previous call to `out`; the reconciler
-    /// keeps its buffer (no allocation in steady state).
+    /// Append the events since the previous call to `out` (no allocation in
+    /// steady state: an empty `out` trades buffers with the reconciler
+    /// instead of copying every event, so both keep their capacity).
     pub fn drain_into(&mut self, out: &mut Vec<Event>) {
-        out.append(&mut self.events);
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.events);
+        } else {
+            out.append(&mut self.events);
+        }
     }
 
     /// Events waiting to be drained.
