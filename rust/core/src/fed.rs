@@ -92,8 +92,8 @@ pub struct Batch {
 
 #[derive(Default)]
 struct Shown {
-    /// The batch's spans in event order: (stream, end, step | role << 32).
-    span_scratch: Vec<(u16, u64, u64)>,
+    /// Each stream's span end while counting a batch's records.
+    span_cursor: Vec<u64>,
     /// Spans per stream in the batch being built, then where each goes.
     span_count: Vec<usize>,
     texts: HashMap<u16, StreamText>,
@@ -411,7 +411,50 @@ impl Fed {
         }
         batch.ends = std::mem::take(&mut shown.ends);
         self.rec.drain_into(&mut self.scratch);
-        let spans = &mut shown.span_scratch;
+        // Two passes over the events, no list of spans in between: the first
+        // counts each stream's records (a span starting beyond the stream's
+        // last end adds an uncolored gap record before it), the second writes
+        // them straight to their place in the grouped buffer.
+        let ends = &mut shown.span_cursor;
+        ends.clone_from(&shown.span_end);
+        for event in &self.scratch {
+            if let Event::Span {
+                stream,
+                byte_start,
+                text,
+                ..
+            } = event
+            {
+                let s = *stream as usize;
+                if s >= ends.len() {
+                    continue;
+                }
+                // Spans cover the text contiguously (PROTOCOL.md); should one
+                // ever start further on, the bytes between stay uncolored.
+                if *byte_start > ends[s] {
+                    shown.span_count[s] += 1;
+                }
+                shown.span_count[s] += 1;
+                ends[s] = ends[s].max(byte_start + text.len() as u64);
+            }
+        }
+        // Group by stream (a counting sort keeps each stream's order).
+        let mut start = 0;
+        for (s, count) in shown.span_count.iter_mut().enumerate() {
+            if *count > 0 {
+                let bytes = *count * SPAN_RECORD_BYTES;
+                batch.span_index.push((s as u16, start, start + bytes));
+                *count = start; // from here on: where the stream's next record goes
+                start += bytes;
+            }
+        }
+        batch.spans = vec![0; start];
+        let out = &mut batch.spans;
+        let mut put = |at: &mut usize, end: u64, word: u64| {
+            out[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
+            out[*at + 8..*at + SPAN_RECORD_BYTES].copy_from_slice(&word.to_le_bytes());
+            *at += SPAN_RECORD_BYTES;
+        };
         for event in self.scratch.drain(..) {
             let Event::Span {
                 stream,
@@ -429,35 +472,14 @@ impl Fed {
             if s >= shown.span_end.len() {
                 continue;
             }
-            // Spans cover the text contiguously (PROTOCOL.md); should one
-            // ever start further on, the bytes between stay uncolored.
+            let at = &mut shown.span_count[s];
             if byte_start > shown.span_end[s] {
-                spans.push((stream, byte_start, span_word(None, None)));
-                shown.span_count[s] += 1;
+                put(at, byte_start, span_word(None, None));
             }
             let end = byte_start + text.len() as u64;
-            spans.push((stream, end, span_word(step, role)));
-            shown.span_count[s] += 1;
+            put(at, end, span_word(step, role));
             shown.span_end[s] = shown.span_end[s].max(end);
         }
-        // Group by stream (a counting sort keeps each stream's order).
-        let mut start = 0;
-        for (s, count) in shown.span_count.iter_mut().enumerate() {
-            if *count > 0 {
-                let bytes = *count * SPAN_RECORD_BYTES;
-                batch.span_index.push((s as u16, start, start + bytes));
-                *count = start; // from here on: where the stream's next record goes
-                start += bytes;
-            }
-        }
-        batch.spans = vec![0; start];
-        for &(stream, end, word) in spans.iter() {
-            let at = &mut shown.span_count[stream as usize];
-            batch.spans[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
-            batch.spans[*at + 8..*at + 16].copy_from_slice(&word.to_le_bytes());
-            *at += SPAN_RECORD_BYTES;
-        }
-        spans.clear();
         for &(s, _, _) in &batch.span_index {
             shown.span_count[s as usize] = 0;
         }
@@ -511,5 +533,74 @@ mod tests {
         // The next delta's chunk end continues the stream's byte count.
         fed.sse_delta(2, "ab", &[9], 2.0);
         assert_eq!(fed.take().texts[0].1.chunk_ends, vec![6]);
+    }
+
+    /// The packed spans of every take, stream by stream, are the span events
+    /// of the same inputs drained from a plain reconciler: ends and
+    /// step/role words in order, for every batch size.
+    #[test]
+    fn take_packs_exactly_the_drained_spans() {
+        use crate::workload::{generate, Input, WorkloadConfig};
+        for (coalesce, per_take) in [(1, 1), (1, 37), (2, 256), (1, usize::MAX)] {
+            let w = generate(&WorkloadConfig {
+                streams: 8,
+                tokens_per_stream: 300,
+                coalesce,
+                seed: 7,
+                ..WorkloadConfig::default()
+            });
+            let mut plain = Reconciler::with_run_id(w.run_id, 8);
+            crate::workload::feed_inputs(&w.inputs, &mut plain);
+            let mut expected = vec![Vec::new(); 8];
+            for e in plain.drain() {
+                if let Event::Span {
+                    stream,
+                    byte_start,
+                    text,
+                    step,
+                    role,
+                    ..
+                } = e
+                {
+                    let end = byte_start + text.len() as u64;
+                    expected[stream as usize].push((end, step, role));
+                }
+            }
+            let mut fed = Fed::new(Reconciler::with_run_id(w.run_id, 8));
+            let mut got = vec![Vec::new(); 8];
+            let mut collect = |fed: &mut Fed| {
+                let batch = fed.take();
+                let mut at = 0;
+                for &(s, start, end) in &batch.span_index {
+                    assert_eq!(start, at, "streams' records tile the buffer");
+                    at = end;
+                    got[s as usize].extend(unpack_spans(&batch.spans[start..end]));
+                }
+                assert_eq!(at, batch.spans.len());
+            };
+            for (i, input) in w.inputs.iter().enumerate() {
+                match input {
+                    Input::Frame(f) => fed.push_frame(f),
+                    Input::Sse {
+                        stream,
+                        text,
+                        token_ids,
+                    } => fed.push_sse(*stream, text, token_ids),
+                    Input::SseId { stream, id } => fed.push_sse_id(*stream, id),
+                    Input::FinishSse { stream, reason } => {
+                        fed.finish_sse(*stream, reason.as_deref())
+                    }
+                }
+                if (i + 1) % per_take.min(w.inputs.len()) == 0 {
+                    collect(&mut fed);
+                }
+            }
+            collect(&mut fed);
+            assert!(expected.iter().all(|spans| !spans.is_empty()));
+            assert_eq!(
+                got, expected,
+                "coalesce {coalesce}, {per_take} inputs per take"
+            );
+        }
     }
 }
