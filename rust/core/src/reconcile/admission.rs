@@ -303,8 +303,14 @@ impl Reconciler {
             (Some(p), None) => self.hello_pair(s, p, src),
             _ => None,
         };
+        let st = &self.streams[s];
+        let before = st.confirmed_end();
+        let waiting_for_bytes = st.frags.front().is_some_and(|f| f.tok < before);
         if let Err(reason) = self.streams[s].add_text(s, src, step, pair, r) {
             return self.fail(s, reason);
+        }
+        if !waiting_for_bytes && self.streams[s].advance_is_noop_after_text(before) {
+            return;
         }
         self.advance(s);
     }
