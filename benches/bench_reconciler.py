@@ -188,6 +188,18 @@ class _Noop:
     def push_sse_id(self, stream: int, chunk_id: str) -> None:
         pass
 
+    def push_sse_choice(self, stream: int, index: int) -> None:
+        pass
+
+    def push_sse_usage(
+        self,
+        stream: int,
+        completion_tokens: int | None,
+        per_step_accepted: list[int] | None,
+        per_step_drafted: list[int] | None,
+    ) -> None:
+        pass
+
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
         pass
 
@@ -314,7 +326,9 @@ def test_side_by_side_report() -> None:
             "frames": sum(1 for item in workload.inputs if item[0] == "frame"),
             "frame_bytes": sum(len(item[1]) for item in workload.inputs if item[0] == "frame"),
             "sse": sum(1 for item in workload.inputs if item[0] == "sse"),
-            "mixed": sum(t.mixed_spans for t in workload.truth),
+            # Counted by the reconciler itself (the workload's truth gives the
+            # attribution per character, not the spans).
+            "mixed": run(ReferenceReconciler, workload, "batched")[0].totals()["mixed_spans"],
         }
         for mode in all_modes:
             rows[mode].append({**shape_info, **_measure(workload, mode)})
