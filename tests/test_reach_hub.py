@@ -91,9 +91,11 @@ def test_each_subscriber_gets_only_its_own_runs_frames(base: str) -> None:
         sent_a = [frame(a.run_id, 100 + i, i) for i in range(5)]
         sent_b = [frame(b.run_id, 300 + i, 0x80 + i) for i in range(3)]
         stranger = bytes(range(16))
+        # Each stranger's frame goes before a's: once a has its fifth frame, the hub's
+        # one reader has counted all five strangers (it reads one socket in order).
         for i in range(5):
-            sock.send(sent_a[i])
             sock.send(frame(stranger, 120))
+            sock.send(sent_a[i])
             if i < 3:
                 sock.send(sent_b[i])
         da, db = ts.StreamDecoder(), ts.StreamDecoder()
