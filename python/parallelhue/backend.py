@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .metrics import MetricsSnapshot
 from .sanitize import one_line
-from .shapes import SourceInfo
+from .shapes import MetricsSnapshot, SourceInfo
 
 __all__ = ["Backend", "detect_backend"]
 

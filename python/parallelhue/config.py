@@ -42,6 +42,7 @@ from .settings import (
     VIEWS,
     ReplayConfig,
     RunConfig,
+    dumb_terminal,
 )
 
 __all__ = [
@@ -302,11 +303,6 @@ def _run_parser() -> Parser:
     parser.add_argument("--accept-uid", action="append")
     common_flags(parser)
     return parser
-
-
-def dumb_terminal(env: Mapping[str, str] | None = None) -> bool:
-    """TERM=dumb (or unknown): no cursor movement, no alternate screen, no colors."""
-    return (os.environ if env is None else env).get("TERM", "") in ("dumb", "unknown")
 
 
 def _default_view(concurrency: int, stdout_tty: bool, env: Mapping[str, str]) -> str:

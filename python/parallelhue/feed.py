@@ -14,11 +14,18 @@ from collections.abc import Callable, Iterable
 from typing import cast
 
 from .backend import detect_backend
-from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerLike
 from .results import DRAFTS_BY_POSITION
 from .sanitize import one_line
-from .shapes import EndKind, Event, ExactEvent, FailedEvent, SpanEvent, Usage
+from .shapes import (
+    EndKind,
+    Event,
+    ExactEvent,
+    FailedEvent,
+    MetricsSnapshot,
+    SpanEvent,
+    Usage,
+)
 from .state import RunModel
 from .stream_errors import end_message
 

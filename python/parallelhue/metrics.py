@@ -7,13 +7,14 @@ shows them apart from the run's own figures and says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .endpoint import server_root
+from .shapes import MetricsSnapshot
 
+# MetricsSnapshot lives in shapes.py (the screen model reads it without httpx);
+# it is re-exported here for the callers that scrape.
 __all__ = [
     "MetricsSnapshot",
     "fetch_metrics",
@@ -21,8 +22,6 @@ __all__ = [
     "parse_metrics",
     "server_deltas",
 ]
-
-SPEC_DECODE_PREFIX = "vllm:spec_decode"
 
 # (sample name, label shown in the summary)
 _DELTA_COUNTERS = (
@@ -33,16 +32,6 @@ _DELTA_COUNTERS = (
     ("vllm:spec_decode_num_draft_tokens_total", "draft tokens"),
     ("vllm:spec_decode_num_accepted_tokens_total", "accepted draft tokens"),
 )
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    samples: dict[str, float]  # counter sample name -> value summed over label sets
-    families: frozenset[str]
-
-    @property
-    def has_spec_decode(self) -> bool:
-        return any(name.startswith(SPEC_DECODE_PREFIX) for name in self.families)
 
 
 def metrics_url(endpoint: str) -> str:

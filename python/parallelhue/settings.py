@@ -9,6 +9,8 @@ the demo (`demo.py`).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "VIEWS",
     "ReplayConfig",
     "RunConfig",
+    "dumb_terminal",
 ]
 
 # Where a run goes without --endpoint, PARALLELHUE_ENDPOINT or OPENAI_BASE_URL.
@@ -120,3 +123,8 @@ class ReplayConfig:
     @property
     def stdout_reserved(self) -> bool:
         return self.json_output
+
+
+def dumb_terminal(env: Mapping[str, str] | None = None) -> bool:
+    """TERM=dumb (or unknown): no cursor movement, no alternate screen, no colors."""
+    return (os.environ if env is None else env).get("TERM", "") in ("dumb", "unknown")

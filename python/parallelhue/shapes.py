@@ -6,11 +6,14 @@ events and stream ends. The Rust side exports its key lists
 (`_native.STAT_KEYS`, `COUNTER_KEYS`, `SOURCE_KEYS`, `RECEIVER_KEYS`,
 `END_KINDS`); tests/test_native_types.py holds them equal to the keys here,
 and the reference builds its dicts from these keys, so no list is copied by
-hand. Nothing here imports anything of the client.
+hand. Also the plain data the screen model shares with the fetchers
+(`MetricsSnapshot`, filled by metrics.py). Nothing here imports anything of
+the client, so the screen model can import it without the HTTP client.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, TypeAlias, TypedDict, get_args
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "Event",
     "ExactEvent",
     "FailedEvent",
+    "MetricsSnapshot",
     "ReceiverStats",
     "RunEvent",
     "SourceInfo",
@@ -30,6 +34,21 @@ __all__ = [
     "TelemetryState",
     "Usage",
 ]
+
+# Prometheus families of vLLM's speculative decoding share this prefix.
+SPEC_DECODE_PREFIX = "vllm:spec_decode"
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The counters of one /metrics page (metrics.py scrapes and parses it)."""
+
+    samples: dict[str, float]  # counter sample name -> value summed over label sets
+    families: frozenset[str]
+
+    @property
+    def has_spec_decode(self) -> bool:
+        return any(name.startswith(SPEC_DECODE_PREFIX) for name in self.families)
 
 
 class StreamStats(TypedDict):

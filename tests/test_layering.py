@@ -1,0 +1,94 @@
+"""The screen model stays below the HTTP client (issue 10, D4).
+
+Each module is imported alone in a fresh interpreter, and the client's own
+modules it pulls in are compared with the exact list its layer allows: the
+screen model (state, panes, painters, style) and the views must never reach
+the transports, the session, the fetchers or their libraries. A new import
+that crosses the line fails here with the module that brought it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+
+# Libraries of the network side: the HTTP client, its stack, the /metrics parser.
+NETWORK_LIBRARIES = ("httpx", "httpcore", "h11", "anyio", "prometheus_client")
+
+# module -> every parallelhue module importing it loads (itself included)
+_MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "parallelhue.shapes")
+_STATE = (*_MODEL, "parallelhue.state", "parallelhue.style")
+_PANES = (*_STATE, "parallelhue.panes")
+_PAINT = (*_PANES, "parallelhue.paint")
+_SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "parallelhue.shapes": ("parallelhue", "parallelhue.shapes"),
+    "parallelhue.sanitize": ("parallelhue", "parallelhue.sanitize"),
+    "parallelhue.style": ("parallelhue", "parallelhue.style"),
+    "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
+    "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
+    "parallelhue.backend": _MODEL,
+    "parallelhue.state": _STATE,
+    "parallelhue.panes": _PANES,
+    "parallelhue.paint": _PAINT,
+    "parallelhue.results": (*_STATE, "parallelhue.endpoint", "parallelhue.results"),
+    "parallelhue.summary": _SUMMARY,
+    "parallelhue.export": (*_SUMMARY, "parallelhue.export"),
+    "parallelhue.measurement": (*_SUMMARY, "parallelhue.measurement", "parallelhue.settings"),
+    # views.py reads dumb_terminal from config.py (argparse, no network).
+    "parallelhue.views": (
+        *_SUMMARY,
+        "parallelhue.config",
+        "parallelhue.keys",
+        "parallelhue.request",
+        "parallelhue.settings",
+        "parallelhue.views",
+    ),
+}
+
+_PROBE = """
+import importlib, json, sys
+importlib.import_module(sys.argv[1])
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _imported(module: str) -> list[str]:
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, module],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = json.loads(done.stdout)
+    return loaded
+
+
+@pytest.mark.parametrize("module", sorted(EXPECTED))
+def test_screen_side_imports_nothing_of_the_network(module: str) -> None:
+    loaded = _imported(module)
+    ours = sorted(name for name in loaded if name.split(".")[0] == "parallelhue")
+    assert ours == sorted(EXPECTED[module])
+    network = sorted({name.split(".")[0] for name in loaded} & set(NETWORK_LIBRARIES))
+    assert network == []
+
+
+def test_the_fetcher_is_where_httpx_comes_in() -> None:
+    # The check above can fail: metrics.py, the /metrics scraper, does load httpx
+    # and the Prometheus parser, and the type it fills lives in shapes.py.
+    loaded = set(_imported("parallelhue.metrics"))
+    assert {"httpx", "prometheus_client", "parallelhue.shapes"} <= loaded
+    from parallelhue.metrics import MetricsSnapshot as Fetched
+    from parallelhue.shapes import MetricsSnapshot
+
+    assert Fetched is MetricsSnapshot
