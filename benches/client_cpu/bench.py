@@ -206,6 +206,11 @@ def main():
             load0 = os.getloadavg()[0]
             r = run_client(pypath, port, sdir, a.max_tokens, a.concurrency, rec, [])
             r["load"] = f"{load0:.1f}-{os.getloadavg()[0]:.1f}"
+            if r["tokens"] is None:
+                # The summary no longer prints "confirmed tokens="; the engine's
+                # own counter is the run's token count (one client per engine).
+                counted = engine_tokens(port)
+                r["tokens"] = int(counted) if counted else None
             sim.terminate()
             sim.wait()
             r["name"] = name

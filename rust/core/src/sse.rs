@@ -95,7 +95,15 @@ pub struct EventParser {
     too_large: bool,
     event: String,
     id: Option<String>,
+    /// Data buffers of dispatched events handed back by their reader
+    /// ([`EventParser::recycle`]): the next events' data goes into them, so a
+    /// steady stream of events allocates nothing for its data.
+    spares: Vec<String>,
 }
+
+/// Spare data buffers kept at most (one engine step's events of one stream
+/// arrive in one read, rarely more than this).
+const MAX_SPARES: usize = 8;
 
 impl EventParser {
     pub fn new() -> Self {
@@ -111,10 +119,16 @@ impl EventParser {
             }
         }
         while !bytes.is_empty() {
-            match memchr2(bytes) {
+            match memchr::memchr2(b'\n', b'\r', bytes) {
                 Some(i) => {
-                    self.push_line_bytes(&bytes[..i], out);
-                    self.end_line(out);
+                    if self.line.is_empty() && !self.skipping && i <= MAX_LINE_BYTES {
+                        // The whole line is in this read: parse it in place.
+                        self.line_no += 1;
+                        self.parse_line(&bytes[..i], out);
+                    } else {
+                        self.push_line_bytes(&bytes[..i], out);
+                        self.end_line(out);
+                    }
                     if bytes[i] == b'\r' {
                         match bytes.get(i + 1) {
                             Some(b'\n') => bytes = &bytes[i + 2..],
@@ -169,13 +183,19 @@ impl EventParser {
             self.line.clear();
             return;
         }
-        let line = std::mem::take(&mut self.line);
-        let mut text = match std::str::from_utf8(&line) {
+        let mut line = std::mem::take(&mut self.line);
+        self.parse_line(&line, out);
+        // Reuse the line's allocation.
+        line.clear();
+        self.line = line;
+    }
+
+    /// One complete line (without its end), `line_no` already counted.
+    fn parse_line(&mut self, line: &[u8], out: &mut Vec<Result<RawEvent, SseError>>) {
+        let mut text = match std::str::from_utf8(line) {
             Ok(t) => t,
             Err(_) => {
                 out.push(Err(SseError::InvalidUtf8 { line: self.line_no }));
-                self.line = line;
-                self.line.clear();
                 return;
             }
         };
@@ -208,18 +228,17 @@ impl EventParser {
                 _ => {}
             }
         }
-        // Reuse the line's allocation.
-        self.line = line;
-        self.line.clear();
     }
 
     fn dispatch(&mut self, out: &mut Vec<Result<RawEvent, SseError>>) {
         if self.too_large {
             out.push(Err(SseError::EventTooLarge { line: self.line_no }));
         } else if self.has_data {
-            // Copied out at its size (without the last line's `\n`): the
-            // buffer keeps its capacity for the next event.
-            let data = self.data[..self.data.len() - 1].to_owned();
+            // The buffer itself goes out (without the last line's `\n`); a
+            // spare one handed back by an earlier event's reader takes its place.
+            let spare = self.spares.pop().unwrap_or_default();
+            let mut data = std::mem::replace(&mut self.data, spare);
+            data.pop();
             out.push(Ok(RawEvent {
                 event: std::mem::take(&mut self.event),
                 data,
@@ -229,17 +248,21 @@ impl EventParser {
         self.reset_event();
     }
 
+    /// Hand back the data of an event that has been read: its buffer holds
+    /// the data of a later event.
+    pub fn recycle(&mut self, mut data: String) {
+        if self.spares.len() < MAX_SPARES && data.capacity() > 0 {
+            data.clear();
+            self.spares.push(data);
+        }
+    }
+
     fn reset_event(&mut self) {
         self.data.clear();
         self.has_data = false;
         self.too_large = false;
         self.event.clear();
     }
-}
-
-#[inline]
-fn memchr2(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n' || c == b'\r')
 }
 
 /// One choice of a streaming chunk.
@@ -511,33 +534,54 @@ impl SseParser {
 
     /// Feed bytes; returns the events completed by them, in order.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Result<SseEvent, SseError>> {
-        self.events.feed(bytes, &mut self.raw);
-        self.convert()
+        let mut out = Vec::new();
+        self.feed_into(bytes, &mut out);
+        out
     }
 
     /// The body ended.
     pub fn finish(&mut self) -> Vec<Result<SseEvent, SseError>> {
-        self.events.finish(&mut self.raw);
-        self.convert()
+        let mut out = Vec::new();
+        self.finish_into(&mut out);
+        out
     }
 
-    fn convert(&mut self) -> Vec<Result<SseEvent, SseError>> {
-        self.raw
-            .drain(..)
-            .map(|r| {
-                let ev = r?;
-                if !ev.event.is_empty() && ev.event != "message" {
-                    return Ok(SseEvent::Other {
-                        event: ev.event,
-                        data: ev.data,
-                    });
+    /// [`SseParser::feed`], appending to `out` (a reader's reused buffer).
+    pub fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<Result<SseEvent, SseError>>) {
+        self.events.feed(bytes, &mut self.raw);
+        self.convert(out);
+    }
+
+    /// [`SseParser::finish`], appending to `out`.
+    pub fn finish_into(&mut self, out: &mut Vec<Result<SseEvent, SseError>>) {
+        self.events.finish(&mut self.raw);
+        self.convert(out);
+    }
+
+    fn convert(&mut self, out: &mut Vec<Result<SseEvent, SseError>>) {
+        for r in self.raw.drain(..) {
+            let ev = match r {
+                Ok(ev) => ev,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
                 }
-                if ev.data.trim() == "[DONE]" {
-                    return Ok(SseEvent::Done);
-                }
+            };
+            if !ev.event.is_empty() && ev.event != "message" {
+                out.push(Ok(SseEvent::Other {
+                    event: ev.event,
+                    data: ev.data,
+                }));
+                continue;
+            }
+            let parsed = if ev.data.trim() == "[DONE]" {
+                Ok(SseEvent::Done)
+            } else {
                 parse_chunk(&ev.data).map(SseEvent::Chunk)
-            })
-            .collect()
+            };
+            out.push(parsed);
+            self.events.recycle(ev.data);
+        }
     }
 }
 
@@ -632,6 +676,63 @@ mod tests {
                 "SSE stream ended inside an event (no blank line after its data)",
             ]
         );
+    }
+
+    #[test]
+    fn recycled_buffers_and_in_place_lines_keep_every_event_exact() {
+        // Events of falling and rising sizes, whole lines and lines split
+        // across reads, their buffers handed back as a reader does: no event
+        // may show bytes of an earlier one, and line numbers stay counted.
+        let datas: Vec<String> = (0..40)
+            .map(|i| "x".repeat([90, 3, 40, 1, 200][i % 5]) + &i.to_string())
+            .collect();
+        let mut stream = String::new();
+        for (i, d) in datas.iter().enumerate() {
+            if i % 3 == 0 {
+                stream.push_str(&format!(": comment {i}\r\n"));
+            }
+            stream.push_str(&format!("data: {d}\n"));
+            if i % 4 == 0 {
+                stream.push_str("data: second line\n");
+            }
+            stream.push('\n');
+        }
+        let bytes = stream.as_bytes();
+        for step in [1, 7, 64, bytes.len()] {
+            let mut p = EventParser::new();
+            let mut got = Vec::new();
+            for part in bytes.chunks(step) {
+                let mut out = Vec::new();
+                p.feed(part, &mut out);
+                for ev in out {
+                    let ev = ev.unwrap();
+                    got.push(ev.data.clone());
+                    p.recycle(ev.data);
+                }
+            }
+            let want: Vec<String> = datas
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    if i % 4 == 0 {
+                        format!("{d}\nsecond line")
+                    } else {
+                        d.clone()
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "reads of {step} bytes");
+        }
+        // A line that is not UTF-8 is named by its number, read whole or split.
+        let bad = b"data: a\n\n: c\ndata: \xff\n\n";
+        for step in [1, bad.len()] {
+            let mut p = EventParser::new();
+            let mut out = Vec::new();
+            for part in bad.chunks(step) {
+                p.feed(part, &mut out);
+            }
+            assert_eq!(out[1], Err(SseError::InvalidUtf8 { line: 4 }), "{step}");
+        }
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct StreamBody {
     body: BodyDecoder,
     sse: SseParser,
     decoded: Vec<u8>,
+    /// The events of one read (kept for its capacity).
+    events: Vec<Result<SseEvent, SseError>>,
     inputs: ChunkInputs,
     /// The last non-null finish_reason of choice 0.
     pub finish_reason: Option<String>,
@@ -45,6 +47,7 @@ impl StreamBody {
             body: BodyDecoder::new(framing),
             sse: SseParser::new(),
             decoded: Vec::new(),
+            events: Vec::new(),
             inputs: ChunkInputs::new(),
             finish_reason: None,
             usage: None,
@@ -60,8 +63,10 @@ impl StreamBody {
         }
         self.decoded.clear();
         let framing = self.body.feed(input, &mut self.decoded);
-        let events = self.sse.feed(&self.decoded);
-        self.apply(events, on_input);
+        let mut events = std::mem::take(&mut self.events);
+        self.sse.feed_into(&self.decoded, &mut events);
+        self.apply(&mut events, on_input);
+        self.events = events;
         if self.end.is_some() {
             return;
         }
@@ -86,20 +91,23 @@ impl StreamBody {
     /// A last event without its blank line still counts, as in the reference
     /// reader; an event cut off inside its data is an error.
     fn finish_events(&mut self, on_input: &mut impl FnMut(SseInput)) {
-        let mut events = self.sse.feed(b"\n\n");
-        events.extend(self.sse.finish());
-        self.apply(events, on_input);
+        let mut events = std::mem::take(&mut self.events);
+        self.sse.feed_into(b"\n\n", &mut events);
+        self.sse.finish_into(&mut events);
+        self.apply(&mut events, on_input);
+        self.events = events;
         if self.end.is_none() {
             self.end = Some(StreamEnd::BodyEnded);
         }
     }
 
+    /// Apply the events in order (all of them leave `events`, also after an end).
     fn apply(
         &mut self,
-        events: Vec<Result<SseEvent, SseError>>,
+        events: &mut Vec<Result<SseEvent, SseError>>,
         on_input: &mut impl FnMut(SseInput),
     ) {
-        for event in events {
+        for event in events.drain(..) {
             match event {
                 Ok(SseEvent::Chunk(chunk)) => {
                     if chunk.usage.is_some() {
