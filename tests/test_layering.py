@@ -41,12 +41,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.summary": _SUMMARY,
     "parallelhue.export": (*_SUMMARY, "parallelhue.export"),
     "parallelhue.measurement": (*_SUMMARY, "parallelhue.measurement", "parallelhue.settings"),
-    # views.py reads dumb_terminal from config.py (argparse, no network).
     "parallelhue.views": (
         *_SUMMARY,
-        "parallelhue.config",
         "parallelhue.keys",
-        "parallelhue.request",
         "parallelhue.settings",
         "parallelhue.views",
     ),

@@ -18,7 +18,6 @@ from typing import Protocol
 from rich.console import Console
 from rich.live import Live
 
-from .config import dumb_terminal
 from .keys import KeyReader
 from .paint import RESET, ansi_line, rich_text, theme_for
 from .panes import (
@@ -32,6 +31,7 @@ from .panes import (
     plain_listing,
     stream_screen,
 )
+from .settings import dumb_terminal
 from .state import RunModel
 from .summary import summary_block
 
