@@ -789,3 +789,19 @@ def test_the_accelerator_and_the_python_code_send_the_same_bytes(
         wire.KIND_HELLO
     ] + [wire.KIND_TEXT] * 5
     assert accelerated == pure
+
+
+def test_the_empty_fragment_test_is_pythons_in() -> None:
+    """hooks._has_empty (the C one and the Python one) answers `"" in fragments`, the
+    per-step test that sends a run's text through attribution.HeldText."""
+
+    class EqualsEverything:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = object.__hash__
+
+    cases: list[list[Any]] = [[], ["a"], ["a", ""], ["", "b"], ["ab", "c", "d"],
+                              ["a", str("x")[:0]], [EqualsEverything()], [1, None, "z"]]  # fmt: skip
+    for fragments in cases:
+        assert hooks._has_empty(fragments) == ("" in fragments), fragments
