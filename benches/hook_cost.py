@@ -24,6 +24,11 @@ output_text, make_request_output building CompletionOutput/RequestOutput.
 
     .venv/bin/python benches/hook_cost.py            # 64 requests x 4 tokens, + scale
     .venv/bin/python benches/hook_cost.py --quick    # fewer rounds
+    .venv/bin/python benches/hook_cost.py --instructions --before REF   # callgrind
+
+The 64 x 4 figures of the last line are measured first, each run (--runs, 3) in
+a fresh process; the line gives each figure's median over those runs, the
+line before it every run's figures.
 
 The last line is comparable across changes:
 `plugin cost per request-step: total X us, critical path Y us, idle Z us (64 requests x 4 tokens)`
@@ -554,7 +559,9 @@ class Pair:
 
     def step(self, name: str) -> Callable[[], Any]:
         """One step; the hooked one also takes its queue item, as the sender thread does
-        right away (items left queued would hold memory and skew the GC's work)."""
+        right away (items left queued would hold memory and skew the GC's work). The
+        items are kept until flush(), outside the timing: freeing them is the sender
+        thread's work (Sender counts it), not the hooks'."""
         engine = self.plain if name == "plain" else self.hooked
         if self.side == "scheduler":
             if name == "plain":
@@ -581,8 +588,6 @@ class Pair:
                 if item is None:
                     return
                 items.append(item)
-                if len(items) > 32:
-                    del items[:16]
 
         return hooked_step
 
@@ -637,6 +642,7 @@ class Sender:
         self.emitter = telemetry.emitter
         self.items = pair.items
         self.index = 0
+        self.fresh: list[Any] = []
         self.frames: list[bytes] = []
         real_send = self.emitter._send
 
@@ -646,10 +652,19 @@ class Sender:
 
         self.emitter._send = recording_send  # type: ignore[method-assign]
 
+    def prepare(self, steps: int) -> None:
+        """Fresh copies of queued items for the next `steps` steps (outside any timing):
+        step() drops each after sending it, so freeing a step's columns is counted here,
+        on the sender thread, where the plugin frees them."""
+        items = self.items
+        self.fresh = [copy_item(items[i % len(items)]) for i in range(steps)]
+        self.fresh.reverse()
+
     def step(self) -> None:
-        item = self.items[self.index % len(self.items)]
+        item = self.fresh.pop() if self.fresh else self.items[self.index % len(self.items)]
         self.index += 1
         process_item(self.emitter, item)
+        del item
         if len(self.frames) > 64:
             del self.frames[:32]
 
@@ -672,8 +687,25 @@ class Sender:
             getattr(emitter_module, "encode_rows", wire.encode_rows)(item[1], item[4][RUN])
 
 
-def median_seconds(function: Callable[[], Any], rounds: int, repeat: int) -> float:
-    return statistics.median(thread_seconds(function, repeat) for _ in range(rounds))
+def copy_item(item: Any) -> Any:
+    """A queued rows item with columns of its own (the values themselves shared)."""
+    if item[0] != getattr(emitter_module, "_ITEM_ROWS", None):
+        return item
+    by_run = {run: tuple(type(column)(column) for column in rows)
+              for run, rows in item[4].items()}  # fmt: skip
+    return (*item[:4], by_run, *item[5:])
+
+
+def median_seconds(
+    function: Callable[[], Any], rounds: int, repeat: int,
+    prepare: Callable[[int], None] | None = None,
+) -> float:  # fmt: skip
+    times = []
+    for _ in range(rounds):
+        if prepare is not None:
+            prepare(repeat)
+        times.append(thread_seconds(function, repeat))
+    return statistics.median(times)
 
 
 @dataclass
@@ -710,7 +742,7 @@ def measure(requests: int, tokens: int, rounds: int, repeat: int) -> Costs:
             pair = Pair(side, requests, tokens, requests, drain)
             plain, extra = side_by_side(pair, rounds, repeat)
             sender = Sender(pair)
-            total = median_seconds(sender.step, rounds, repeat)
+            total = median_seconds(sender.step, rounds, repeat, sender.prepare)
             sends = median_seconds(sender.resend, rounds, repeat)
             encode = median_seconds(sender.encode, rounds, repeat)
             if side == "scheduler":
@@ -765,6 +797,7 @@ def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
             pair.step("hooked")()
         pair.flush()
         sender = Sender(pair)
+        sender.prepare(16 + steps)
         for _ in range(16):
             sender.step()
         function = {"sender": sender.step, "resend": sender.resend, "encode": sender.encode}[what]
@@ -1043,11 +1076,63 @@ def print_costs(costs: Costs) -> None:
     )
 
 
-def final_line(costs: Costs) -> str:
+def fresh_process_costs(requests: int, tokens: int, rounds: int, repeat: int) -> Costs:
+    """measure() in a process of its own: no heap, cache or allocator state left by
+    other phases (the stalled-client phase grows the heap to ~77 MiB, which slowed
+    the stand-ins without the plugin 1.5x when this line was measured after it)."""
+    import dataclasses
+    import json
+    import subprocess
+
+    command = [
+        sys.executable, __file__, "--measure-json", "--requests", str(requests),
+        "--tokens", str(tokens), "--rounds", str(rounds), "--repeat", str(repeat),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"the fresh-process measurement failed: {result.stderr[-600:]}")
+    values = json.loads(result.stdout.strip().splitlines()[-1])
+    names = {f.name for f in dataclasses.fields(Costs)}
+    return Costs(**{name: value for name, value in values.items() if name in names})
+
+
+def median_costs(runs: list[Costs]) -> Costs:
+    """Each figure's median over runs (of the same shape)."""
+    import dataclasses
+
+    first = runs[0]
+    medians = {
+        f.name: statistics.median(getattr(run, f.name) for run in runs)
+        for f in dataclasses.fields(Costs)
+        if f.type in (float, "float")
+    }
+    return Costs(first.requests, first.tokens, first.instructions, **medians)
+
+
+def final_figures(costs: Costs) -> tuple[float, float, float]:
+    """The final line's figures per request-step: total, critical path, idle."""
     n = costs.requests
-    total = costs.total / n
-    critical = costs.scheduler / n
-    idle = max(costs.idle_scheduler, costs.idle_frontend) / n
+    return (costs.total / n, costs.scheduler / n,
+            max(costs.idle_scheduler, costs.idle_frontend) / n)  # fmt: skip
+
+
+def spread_line(runs: list[Costs]) -> str:
+    """Each process's final figures and the stand-ins' own time beside them (how fast
+    the machine was in that run), so the spread between processes is on record."""
+    n = runs[0].requests
+    figures = [final_figures(run) for run in runs]
+    totals = " ".join(f"{total:.2f}" for total, _, _ in figures)
+    criticals = " ".join(f"{critical:.2f}" for _, critical, _ in figures)
+    idles = " ".join(f"{idle:.3f}" for _, _, idle in figures)
+    plain = " ".join(f"{(run.scheduler_plain + run.frontend_plain) / n:.2f}" for run in runs)
+    return (f"  per process (us per request-step): total {totals}; critical path {criticals}; "
+            f"idle {idles}; the stand-ins without the plugin {plain}")  # fmt: skip
+
+
+def final_line(costs: Costs, figures: tuple[float, float, float] | None = None) -> str:
+    """The comparable line; `figures` (total, critical, idle) when not costs' own."""
+    n = costs.requests
+    total, critical, idle = figures if figures is not None else final_figures(costs)
     if costs.instructions:
         return (
             f"plugin instructions per request-step: total {total:.0f}, critical path "
@@ -1078,11 +1163,25 @@ def main() -> int:
     parser.add_argument(
         "--no-compare", action="store_true", help="--instructions for this plugin only"
     )
+    parser.add_argument(
+        "--runs", type=int, default=3,
+        help="fresh processes that measure the final line (its figures: their medians)",
+    )  # fmt: skip
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=100, help="steps per callgrind phase")
     args = parser.parse_args()
     if args.phase:
         run_phase(args.phase, args.requests, args.tokens, args.steps)
+        return 0
+    if args.measure_json:
+        import dataclasses
+        import json
+
+        costs = measure(args.requests, args.tokens, args.rounds, args.repeat)
+        print(json.dumps(dataclasses.asdict(costs)))
         return 0
     load = os.getloadavg()[0]
     print(f"python {sys.version.split()[0]}, load average {load:.2f}, {os.cpu_count()} CPUs")
@@ -1098,6 +1197,10 @@ def main() -> int:
         return 0
     rounds, repeat = (5, 100) if args.quick else (15, 200)
     print(f"{rounds} alternating rounds of {repeat} steps; medians")
+    # The comparable line first, each run in a fresh process, before this process
+    # has run anything else.
+    runs = [fresh_process_costs(args.requests, args.tokens, rounds, repeat)
+            for _ in range(max(args.runs, 1))]  # fmt: skip
     if not args.no_scale:
         for requests, tokens in ((args.requests, 1), (256, args.tokens)):
             costs = measure(requests, tokens, rounds, max(repeat * args.requests // requests, 20))
@@ -1119,9 +1222,14 @@ def main() -> int:
             f"traced, {dropped} frames counted as dropped (queue bound "
             f"{emitter_module.MAX_QUEUED_RECORDS} records)"
         )
-    costs = measure(args.requests, args.tokens, rounds, repeat)
-    print_costs(costs)
-    print(final_line(costs))
+    print(f"final line: medians over {len(runs)} fresh processes, each {rounds} "
+          f"alternating rounds (plugin / no plugin) of {repeat} steps; the table: each "
+          "row's median")  # fmt: skip
+    print_costs(median_costs(runs))
+    print(spread_line(runs))
+    figures = [final_figures(run) for run in runs]
+    medians = tuple(statistics.median(column) for column in zip(*figures, strict=True))
+    print(final_line(runs[0], medians))  # type: ignore[arg-type]
     return 0
 
 

@@ -801,7 +801,8 @@ def test_the_empty_fragment_test_is_pythons_in() -> None:
 
         __hash__ = object.__hash__
 
-    cases: list[list[Any]] = [[], ["a"], ["a", ""], ["", "b"], ["ab", "c", "d"],
-                              ["a", str("x")[:0]], [EqualsEverything()], [1, None, "z"]]  # fmt: skip
+    cases: list[list[Any]] = [
+        [], ["a"], ["a", ""], ["", "b"], ["ab", "c", "d"], [EqualsEverything()], [1, None, "z"]
+    ]  # fmt: skip
     for fragments in cases:
         assert hooks._has_empty(fragments) == ("" in fragments), fragments
