@@ -30,13 +30,16 @@ PIECES = ["", "", "a", " the", "é", "€", "😀", "\u0301", "ing", "x" * 40, "
 ONE_RECORD = ([0, 0, 0, 0, 2, 2, 0], [5, 6], ["ab"], ["", "ab"], {0: [0, 1]})
 
 
+def empty_text_columns() -> tuple[
+    list[int], list[int], list[str], list[str], dict[int, list[int]], dict[int, list[int]]
+]:
+    """A text step's six columns (wire.TextStep), empty: meta, ids, texts, fragments,
+    span_backs, leads."""
+    return [], [], [], [], {}, {}
+
+
 def random_text_step(rng: random.Random) -> tuple[Any, ...]:
-    meta: list[int] = []
-    ids: list[int] = []
-    texts: list[str] = []
-    fragments: list[str] = []
-    span_backs: dict[int, list[int]] = {}
-    leads: dict[int, list[int]] = {}
+    meta, ids, texts, fragments, span_backs, leads = empty_text_columns()
     for record in range(rng.randint(1, 12)):
         count = rng.choice([0, 1, 2, 4, 7, rng.randint(0, wire.MAX_TOKENS_PER_RECORD)])
         # A record may own fragments beyond its tokens (deleted after a stop
@@ -216,12 +219,7 @@ FLAGS = [
 def decodable_text_step(rng: random.Random) -> tuple[Any, ...]:
     """A text step as the hooks' bucket hands it over (wire.TextStep, six elements), one
     the receiver can read: fragments only for fed tokens, finish flags as the hooks set."""
-    meta: list[int] = []
-    ids: list[int] = []
-    texts: list[str] = []
-    fragments: list[str] = []
-    span_backs: dict[int, list[int]] = {}
-    leads: dict[int, list[int]] = {}
+    meta, ids, texts, fragments, span_backs, leads = empty_text_columns()
     for record in range(rng.randint(1, 6)):
         count = rng.randint(0, 8)
         flags, finish = rng.choice(FLAGS)
