@@ -59,6 +59,11 @@ if PLUGIN_UNDER_TEST:
 from parallelhue_vllm import adapters, hooks, wire  # noqa: E402
 from parallelhue_vllm import emitter as emitter_module  # noqa: E402
 
+# vLLM's output classes and make_request_output: the plugin tests' stand-ins.
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path.append(TESTS)  # after the plugin under test: it must not shadow it
+from plugin_standins import FakeRequestState  # noqa: E402
+
 # The predecessor (before issue 13) wrapped make_request_output and decode_next
 # on vLLM's classes, for every request; the current plugin wraps add_request
 # and stands in for two values on its own requests only.
@@ -257,27 +262,6 @@ class Detokenizer:
         return ""
 
 
-class CompletionOutput:
-    def __init__(self, index: int, text: str, token_ids: list[int], finish_reason: Any) -> None:
-        self.index = index
-        self.text = text
-        self.token_ids = token_ids
-        self.cumulative_logprob = None
-        self.logprobs = None
-        self.finish_reason = finish_reason
-        self.stop_reason = None
-
-
-class RequestOutput:
-    def __init__(self, request_id: str, outputs: list[CompletionOutput], finished: bool) -> None:
-        self.request_id = request_id
-        self.prompt = None
-        self.prompt_token_ids = [1, 2, 3]
-        self.outputs = outputs
-        self.finished = finished
-        self.metrics = None
-
-
 class Collector:
     """RequestOutputCollector.put: keep the newest output (the consumer drains it)."""
 
@@ -288,40 +272,23 @@ class Collector:
         self.output = output
 
 
-class RequestState:
+class RequestState(FakeRequestState):
+    """RequestState with vLLM's attributes (its make_request_output: the tests' stand-in)."""
+
     detokenizer_class: type = Detokenizer
 
     def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
+        super().__init__(request_id, self.detokenizer_class())
         self.external_req_id = request_id[:-9]
-        self.parent_req = None
-        self.request_index = 0
         self.lora_request = None
         self.output_kind = type("K", (), {"name": "DELTA"})()
         self.prompt = None
         self.prompt_token_ids = [1, 2, 3]
         self.logprobs_processor = None
-        self.detokenizer = self.detokenizer_class()
         self.is_prefilling = False
         self.queue = Collector()
-        self.stream_interval = 1
         self.sent_tokens_offset = 0
         self.stats = None
-
-    def make_request_output(
-        self,
-        new_token_ids: list[int],
-        pooling_output: Any,
-        finish_reason: Any,
-        stop_reason: Any,
-        kv_transfer_params: Any = None,
-        ec_transfer_params: Any = None,
-        error: Any = None,
-    ) -> Any:
-        finished = finish_reason is not None
-        text = self.detokenizer.get_next_output_text(finished, True)
-        completion = CompletionOutput(self.request_index, text, new_token_ids, finish_reason)
-        return RequestOutput(self.external_req_id, [completion], finished)
 
 
 class OutputProcessor:
@@ -560,8 +527,8 @@ class Pair:
     def step(self, name: str) -> Callable[[], Any]:
         """One step; the hooked one also takes its queue item, as the sender thread does
         right away (items left queued would hold memory and skew the GC's work). The
-        items are kept until flush(), outside the timing: freeing them is the sender
-        thread's work (Sender counts it), not the hooks'."""
+        oldest items go to a thread of their own that drops them: freeing them is the
+        sender thread's work (Sender counts it), not the hooks'."""
         engine = self.plain if name == "plain" else self.hooked
         if self.side == "scheduler":
             if name == "plain":
@@ -588,8 +555,30 @@ class Pair:
                 if item is None:
                     return
                 items.append(item)
+                if len(items) > 32:
+                    FREER.put(items[:16])
+                    del items[:16]
 
         return hooked_step
+
+
+class Freer:
+    """Drops what it is handed on a thread of its own, as the sender thread drops each
+    item after sending it (thread_time and callgrind count the measuring thread only)."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._queue: Any = queue.SimpleQueue()
+        self.put = self._queue.put
+        threading.Thread(target=self._drop, daemon=True).start()
+
+    def _drop(self) -> None:
+        while True:
+            self._queue.get()
+
+
+FREER = Freer()
 
 
 def drain_queue(emitter: emitter_module.Emitter | None, keep: list[Any] | None) -> None:
