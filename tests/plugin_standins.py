@@ -8,8 +8,9 @@ surplus tokens after a stop string, then calls make_request_output, whose
 output goes to the request's queue. The real classes are exercised by
 tests/vllm (signatures and the live server).
 
-The plugin is imported by module (`adapters._wrap_...` looked up when called),
-so that the bench can run these stand-ins against an older plugin.
+The plugin is imported by module (`adapters._wrap_...` looked up when called)
+and the client's reference decoder only where used, so that the bench can run
+these stand-ins against an older plugin (whose wire.py the decoder may not know).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from parallelhue.reference import Reconciler, decode_frame
-from parallelhue.reference.decode import Frame
 from parallelhue_vllm import adapters, hooks
+
+if TYPE_CHECKING:
+    from parallelhue.reference.decode import Frame
 
 RUN = "0123456789abcdef0123456789abcdef"
 
@@ -69,11 +71,15 @@ def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
 
 
 def frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[Frame]:
+    from parallelhue.reference import decode_frame
+
     return [decode_frame(frame) for frame in raw_frames(sock, telemetry)]
 
 
 def reconcilers() -> list[Any]:
     """The reference reconciler and, where built, the Rust one (required in CI)."""
+    from parallelhue.reference import Reconciler
+
     found: list[Any] = [Reconciler]
     try:
         from parallelhue import _native  # type: ignore[attr-defined]
