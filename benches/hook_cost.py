@@ -556,26 +556,38 @@ class Pair:
                     return
                 items.append(item)
                 if len(items) > 32:
-                    FREER.put(items[:16])
-                    del items[:16]
+                    FREER.drop_oldest(items, 16)
 
         return hooked_step
 
 
 class Freer:
     """Drops what it is handed on a thread of its own, as the sender thread drops each
-    item after sending it (thread_time and callgrind count the measuring thread only)."""
+    item after sending it (thread_time and callgrind count the measuring thread only).
+
+    The hand-over waits until the batch is dropped: where and how often the
+    measuring thread gives up the GIL is then the same in every run (callgrind
+    counts stay deterministic), and at most 32 items are ever kept alive."""
 
     def __init__(self) -> None:
         import queue
 
-        self._queue: Any = queue.SimpleQueue()
-        self.put = self._queue.put
+        self._batches: Any = queue.SimpleQueue()
+        self._dropped: Any = queue.SimpleQueue()
         threading.Thread(target=self._drop, daemon=True).start()
+
+    def drop_oldest(self, items: list[Any], count: int) -> None:
+        """Move the first `count` items out of `items` and drop them on the thread."""
+        batch = items[:count]
+        del items[:count]
+        self._batches.put(batch)
+        del batch  # the queue holds the last reference
+        self._dropped.get()
 
     def _drop(self) -> None:
         while True:
-            self._queue.get()
+            self._batches.get()  # the batch is freed here, on this thread
+            self._dropped.put(None)
 
 
 FREER = Freer()
@@ -813,12 +825,17 @@ HOOKED_PHASES = (
 def callgrind_counts(
     phases: tuple[str, ...], requests: int, tokens: int, steps: int, env: dict[str, str]
 ) -> dict[str, float]:
-    """Instructions per step of each phase, each in a process of its own under callgrind."""
+    """Instructions per step of each phase, each in a process of its own under callgrind
+    (as many at once as there are CPUs: each count is its own process's).
+
+    PYTHONHASHSEED is fixed: with random hashing the same phase moves by about 50
+    instructions per request-step from process to process (dict and set layouts);
+    with a fixed seed it repeats to within a few hundred instructions per run."""
     import re
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
-    counts: dict[str, float] = {}
-    for phase in phases:
+    def count(phase: str) -> float:
         with tempfile.TemporaryDirectory(prefix="phcg") as directory:
             out = os.path.join(directory, "callgrind.out")
             command = [
@@ -827,15 +844,18 @@ def callgrind_counts(
                 "--requests", str(requests), "--tokens", str(tokens), "--steps", str(steps),
             ]  # fmt: skip
             result = subprocess.run(
-                command, capture_output=True, text=True, check=False, env={**os.environ, **env}
-            )
+                command, capture_output=True, text=True, check=False,
+                env={**os.environ, "PYTHONHASHSEED": "0", **env},
+            )  # fmt: skip
             if result.returncode != 0:
                 raise SystemExit(f"callgrind run of {phase} failed: {result.stderr[-600:]}")
             with open(out) as dump:
                 found = re.search(r"^totals:\s+(\d+)", dump.read(), re.M)
             assert found, "no totals in the callgrind output"
-            counts[phase] = int(found.group(1)) / steps
-    return counts
+            return int(found.group(1)) / steps
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(phases, pool.map(count, phases), strict=True))
 
 
 def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
