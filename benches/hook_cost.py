@@ -24,6 +24,11 @@ output_text, make_request_output building CompletionOutput/RequestOutput.
 
     .venv/bin/python benches/hook_cost.py            # 64 requests x 4 tokens, + scale
     .venv/bin/python benches/hook_cost.py --quick    # fewer rounds
+    .venv/bin/python benches/hook_cost.py --instructions --before REF   # callgrind
+
+The 64 x 4 figures of the last line are measured first, each run (--runs, 3) in
+a fresh process; the line gives each figure's median over those runs, the
+line before it every run's figures.
 
 The last line is comparable across changes:
 `plugin cost per request-step: total X us, critical path Y us, idle Z us (64 requests x 4 tokens)`
@@ -53,6 +58,11 @@ if PLUGIN_UNDER_TEST:
 
 from parallelhue_vllm import adapters, hooks, wire  # noqa: E402
 from parallelhue_vllm import emitter as emitter_module  # noqa: E402
+
+# vLLM's output classes and make_request_output: the plugin tests' stand-ins.
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path.append(TESTS)  # after the plugin under test: it must not shadow it
+from plugin_standins import FakeRequestState  # noqa: E402
 
 # The predecessor (before issue 13) wrapped make_request_output and decode_next
 # on vLLM's classes, for every request; the current plugin wraps add_request
@@ -252,27 +262,6 @@ class Detokenizer:
         return ""
 
 
-class CompletionOutput:
-    def __init__(self, index: int, text: str, token_ids: list[int], finish_reason: Any) -> None:
-        self.index = index
-        self.text = text
-        self.token_ids = token_ids
-        self.cumulative_logprob = None
-        self.logprobs = None
-        self.finish_reason = finish_reason
-        self.stop_reason = None
-
-
-class RequestOutput:
-    def __init__(self, request_id: str, outputs: list[CompletionOutput], finished: bool) -> None:
-        self.request_id = request_id
-        self.prompt = None
-        self.prompt_token_ids = [1, 2, 3]
-        self.outputs = outputs
-        self.finished = finished
-        self.metrics = None
-
-
 class Collector:
     """RequestOutputCollector.put: keep the newest output (the consumer drains it)."""
 
@@ -283,40 +272,23 @@ class Collector:
         self.output = output
 
 
-class RequestState:
+class RequestState(FakeRequestState):
+    """RequestState with vLLM's attributes (its make_request_output: the tests' stand-in)."""
+
     detokenizer_class: type = Detokenizer
 
     def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
+        super().__init__(request_id, self.detokenizer_class())
         self.external_req_id = request_id[:-9]
-        self.parent_req = None
-        self.request_index = 0
         self.lora_request = None
         self.output_kind = type("K", (), {"name": "DELTA"})()
         self.prompt = None
         self.prompt_token_ids = [1, 2, 3]
         self.logprobs_processor = None
-        self.detokenizer = self.detokenizer_class()
         self.is_prefilling = False
         self.queue = Collector()
-        self.stream_interval = 1
         self.sent_tokens_offset = 0
         self.stats = None
-
-    def make_request_output(
-        self,
-        new_token_ids: list[int],
-        pooling_output: Any,
-        finish_reason: Any,
-        stop_reason: Any,
-        kv_transfer_params: Any = None,
-        ec_transfer_params: Any = None,
-        error: Any = None,
-    ) -> Any:
-        finished = finish_reason is not None
-        text = self.detokenizer.get_next_output_text(finished, True)
-        completion = CompletionOutput(self.request_index, text, new_token_ids, finish_reason)
-        return RequestOutput(self.external_req_id, [completion], finished)
 
 
 class OutputProcessor:
@@ -554,7 +526,9 @@ class Pair:
 
     def step(self, name: str) -> Callable[[], Any]:
         """One step; the hooked one also takes its queue item, as the sender thread does
-        right away (items left queued would hold memory and skew the GC's work)."""
+        right away (items left queued would hold memory and skew the GC's work). The
+        oldest items go to a thread of their own that drops them: freeing them is the
+        sender thread's work (Sender counts it), not the hooks'."""
         engine = self.plain if name == "plain" else self.hooked
         if self.side == "scheduler":
             if name == "plain":
@@ -582,9 +556,41 @@ class Pair:
                     return
                 items.append(item)
                 if len(items) > 32:
-                    del items[:16]
+                    FREER.drop_oldest(items, 16)
 
         return hooked_step
+
+
+class Freer:
+    """Drops what it is handed on a thread of its own, as the sender thread drops each
+    item after sending it (thread_time and callgrind count the measuring thread only).
+
+    The hand-over waits until the batch is dropped: where and how often the
+    measuring thread gives up the GIL is then the same in every run (callgrind
+    counts stay deterministic), and at most 32 items are ever kept alive."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._batches: Any = queue.SimpleQueue()
+        self._dropped: Any = queue.SimpleQueue()
+        threading.Thread(target=self._drop, daemon=True).start()
+
+    def drop_oldest(self, items: list[Any], count: int) -> None:
+        """Move the first `count` items out of `items` and drop them on the thread."""
+        batch = items[:count]
+        del items[:count]
+        self._batches.put(batch)
+        del batch  # the queue holds the last reference
+        self._dropped.get()
+
+    def _drop(self) -> None:
+        while True:
+            self._batches.get()  # the batch is freed here, on this thread
+            self._dropped.put(None)
+
+
+FREER = Freer()
 
 
 def drain_queue(emitter: emitter_module.Emitter | None, keep: list[Any] | None) -> None:
@@ -637,6 +643,7 @@ class Sender:
         self.emitter = telemetry.emitter
         self.items = pair.items
         self.index = 0
+        self.fresh: list[Any] = []
         self.frames: list[bytes] = []
         real_send = self.emitter._send
 
@@ -646,10 +653,19 @@ class Sender:
 
         self.emitter._send = recording_send  # type: ignore[method-assign]
 
+    def prepare(self, steps: int) -> None:
+        """Fresh copies of queued items for the next `steps` steps (outside any timing):
+        step() drops each after sending it, so freeing a step's columns is counted here,
+        on the sender thread, where the plugin frees them."""
+        items = self.items
+        self.fresh = [copy_item(items[i % len(items)]) for i in range(steps)]
+        self.fresh.reverse()
+
     def step(self) -> None:
-        item = self.items[self.index % len(self.items)]
+        item = self.fresh.pop() if self.fresh else self.items[self.index % len(self.items)]
         self.index += 1
         process_item(self.emitter, item)
+        del item
         if len(self.frames) > 64:
             del self.frames[:32]
 
@@ -672,8 +688,25 @@ class Sender:
             getattr(emitter_module, "encode_rows", wire.encode_rows)(item[1], item[4][RUN])
 
 
-def median_seconds(function: Callable[[], Any], rounds: int, repeat: int) -> float:
-    return statistics.median(thread_seconds(function, repeat) for _ in range(rounds))
+def copy_item(item: Any) -> Any:
+    """A queued rows item with columns of its own (the values themselves shared)."""
+    if item[0] != getattr(emitter_module, "_ITEM_ROWS", None):
+        return item
+    by_run = {run: tuple(type(column)(column) for column in rows)
+              for run, rows in item[4].items()}  # fmt: skip
+    return (*item[:4], by_run, *item[5:])
+
+
+def median_seconds(
+    function: Callable[[], Any], rounds: int, repeat: int,
+    prepare: Callable[[int], None] | None = None,
+) -> float:  # fmt: skip
+    times = []
+    for _ in range(rounds):
+        if prepare is not None:
+            prepare(repeat)
+        times.append(thread_seconds(function, repeat))
+    return statistics.median(times)
 
 
 @dataclass
@@ -710,7 +743,7 @@ def measure(requests: int, tokens: int, rounds: int, repeat: int) -> Costs:
             pair = Pair(side, requests, tokens, requests, drain)
             plain, extra = side_by_side(pair, rounds, repeat)
             sender = Sender(pair)
-            total = median_seconds(sender.step, rounds, repeat)
+            total = median_seconds(sender.step, rounds, repeat, sender.prepare)
             sends = median_seconds(sender.resend, rounds, repeat)
             encode = median_seconds(sender.encode, rounds, repeat)
             if side == "scheduler":
@@ -765,6 +798,7 @@ def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
             pair.step("hooked")()
         pair.flush()
         sender = Sender(pair)
+        sender.prepare(16 + steps)
         for _ in range(16):
             sender.step()
         function = {"sender": sender.step, "resend": sender.resend, "encode": sender.encode}[what]
@@ -791,12 +825,17 @@ HOOKED_PHASES = (
 def callgrind_counts(
     phases: tuple[str, ...], requests: int, tokens: int, steps: int, env: dict[str, str]
 ) -> dict[str, float]:
-    """Instructions per step of each phase, each in a process of its own under callgrind."""
+    """Instructions per step of each phase, each in a process of its own under callgrind
+    (as many at once as there are CPUs: each count is its own process's).
+
+    PYTHONHASHSEED is fixed: with random hashing the same phase moves by about 50
+    instructions per request-step from process to process (dict and set layouts);
+    with a fixed seed it repeats to within a few hundred instructions per run."""
     import re
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
-    counts: dict[str, float] = {}
-    for phase in phases:
+    def count(phase: str) -> float:
         with tempfile.TemporaryDirectory(prefix="phcg") as directory:
             out = os.path.join(directory, "callgrind.out")
             command = [
@@ -805,15 +844,18 @@ def callgrind_counts(
                 "--requests", str(requests), "--tokens", str(tokens), "--steps", str(steps),
             ]  # fmt: skip
             result = subprocess.run(
-                command, capture_output=True, text=True, check=False, env={**os.environ, **env}
-            )
+                command, capture_output=True, text=True, check=False,
+                env={**os.environ, "PYTHONHASHSEED": "0", **env},
+            )  # fmt: skip
             if result.returncode != 0:
                 raise SystemExit(f"callgrind run of {phase} failed: {result.stderr[-600:]}")
             with open(out) as dump:
                 found = re.search(r"^totals:\s+(\d+)", dump.read(), re.M)
             assert found, "no totals in the callgrind output"
-            counts[phase] = int(found.group(1)) / steps
-    return counts
+            return int(found.group(1)) / steps
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(phases, pool.map(count, phases), strict=True))
 
 
 def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
@@ -1043,11 +1085,63 @@ def print_costs(costs: Costs) -> None:
     )
 
 
-def final_line(costs: Costs) -> str:
+def fresh_process_costs(requests: int, tokens: int, rounds: int, repeat: int) -> Costs:
+    """measure() in a process of its own: no heap, cache or allocator state left by
+    other phases (the stalled-client phase grows the heap to ~77 MiB, which slowed
+    the stand-ins without the plugin 1.5x when this line was measured after it)."""
+    import dataclasses
+    import json
+    import subprocess
+
+    command = [
+        sys.executable, __file__, "--measure-json", "--requests", str(requests),
+        "--tokens", str(tokens), "--rounds", str(rounds), "--repeat", str(repeat),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"the fresh-process measurement failed: {result.stderr[-600:]}")
+    values = json.loads(result.stdout.strip().splitlines()[-1])
+    names = {f.name for f in dataclasses.fields(Costs)}
+    return Costs(**{name: value for name, value in values.items() if name in names})
+
+
+def median_costs(runs: list[Costs]) -> Costs:
+    """Each figure's median over runs (of the same shape)."""
+    import dataclasses
+
+    first = runs[0]
+    medians = {
+        f.name: statistics.median(getattr(run, f.name) for run in runs)
+        for f in dataclasses.fields(Costs)
+        if f.type in (float, "float")
+    }
+    return Costs(first.requests, first.tokens, first.instructions, **medians)
+
+
+def final_figures(costs: Costs) -> tuple[float, float, float]:
+    """The final line's figures per request-step: total, critical path, idle."""
     n = costs.requests
-    total = costs.total / n
-    critical = costs.scheduler / n
-    idle = max(costs.idle_scheduler, costs.idle_frontend) / n
+    return (costs.total / n, costs.scheduler / n,
+            max(costs.idle_scheduler, costs.idle_frontend) / n)  # fmt: skip
+
+
+def spread_line(runs: list[Costs]) -> str:
+    """Each process's final figures and the stand-ins' own time beside them (how fast
+    the machine was in that run), so the spread between processes is on record."""
+    n = runs[0].requests
+    figures = [final_figures(run) for run in runs]
+    totals = " ".join(f"{total:.2f}" for total, _, _ in figures)
+    criticals = " ".join(f"{critical:.2f}" for _, critical, _ in figures)
+    idles = " ".join(f"{idle:.3f}" for _, _, idle in figures)
+    plain = " ".join(f"{(run.scheduler_plain + run.frontend_plain) / n:.2f}" for run in runs)
+    return (f"  per process (us per request-step): total {totals}; critical path {criticals}; "
+            f"idle {idles}; the stand-ins without the plugin {plain}")  # fmt: skip
+
+
+def final_line(costs: Costs, figures: tuple[float, float, float] | None = None) -> str:
+    """The comparable line; `figures` (total, critical, idle) when not costs' own."""
+    n = costs.requests
+    total, critical, idle = figures if figures is not None else final_figures(costs)
     if costs.instructions:
         return (
             f"plugin instructions per request-step: total {total:.0f}, critical path "
@@ -1078,11 +1172,25 @@ def main() -> int:
     parser.add_argument(
         "--no-compare", action="store_true", help="--instructions for this plugin only"
     )
+    parser.add_argument(
+        "--runs", type=int, default=3,
+        help="fresh processes that measure the final line (its figures: their medians)",
+    )  # fmt: skip
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=100, help="steps per callgrind phase")
     args = parser.parse_args()
     if args.phase:
         run_phase(args.phase, args.requests, args.tokens, args.steps)
+        return 0
+    if args.measure_json:
+        import dataclasses
+        import json
+
+        costs = measure(args.requests, args.tokens, args.rounds, args.repeat)
+        print(json.dumps(dataclasses.asdict(costs)))
         return 0
     load = os.getloadavg()[0]
     print(f"python {sys.version.split()[0]}, load average {load:.2f}, {os.cpu_count()} CPUs")
@@ -1098,6 +1206,10 @@ def main() -> int:
         return 0
     rounds, repeat = (5, 100) if args.quick else (15, 200)
     print(f"{rounds} alternating rounds of {repeat} steps; medians")
+    # The comparable line first, each run in a fresh process, before this process
+    # has run anything else.
+    runs = [fresh_process_costs(args.requests, args.tokens, rounds, repeat)
+            for _ in range(max(args.runs, 1))]  # fmt: skip
     if not args.no_scale:
         for requests, tokens in ((args.requests, 1), (256, args.tokens)):
             costs = measure(requests, tokens, rounds, max(repeat * args.requests // requests, 20))
@@ -1119,9 +1231,14 @@ def main() -> int:
             f"traced, {dropped} frames counted as dropped (queue bound "
             f"{emitter_module.MAX_QUEUED_RECORDS} records)"
         )
-    costs = measure(args.requests, args.tokens, rounds, repeat)
-    print_costs(costs)
-    print(final_line(costs))
+    print(f"final line: medians over {len(runs)} fresh processes, each {rounds} "
+          f"alternating rounds (plugin / no plugin) of {repeat} steps; the table: each "
+          "row's median")  # fmt: skip
+    print_costs(median_costs(runs))
+    print(spread_line(runs))
+    figures = [final_figures(run) for run in runs]
+    medians = tuple(statistics.median(column) for column in zip(*figures, strict=True))
+    print(final_line(runs[0], medians))  # type: ignore[arg-type]
     return 0
 
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import socket
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,12 +19,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parallelhue.reference import Reconciler, decode_frame
+from parallelhue.reference import decode_frame
 from parallelhue_vllm import __version__, attribution, hooks, wire
 from parallelhue_vllm.attribution import KIND_BYTE_FALLBACK, KIND_BYTE_LEVEL, split_lead
+from plugin_standins import (
+    RUN,
+    CompletionOutput,
+    FakeRequestState,
+    RequestOutput,
+    raw_frames,
+    receiver,
+    reconcilers,
+)
+
+__all__ = ["receiver"]  # the fixture, imported for pytest
 
 UNKNOWN = wire.LEAD_UNKNOWN
-RUN = "0123456789abcdef0123456789abcdef"
 REPLACEMENT = "\ufffd".encode()
 
 # The decoder states the real tiny tokenizers report (tests/vllm/build_tiny_model.py),
@@ -360,19 +366,6 @@ def test_lead_len_is_unknown_for_unknown_tokenizers_and_never_raises() -> None:
 
 
 # ------------------------------------------- the frontend hook and the reconcilers
-@pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    with tempfile.TemporaryDirectory(prefix="pha", dir="/tmp") as directory:
-        os.chmod(directory, 0o700)
-        monkeypatch.setenv("PARALLELHUE_SOCKET_DIR", directory)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        path = Path(directory) / f"{RUN}.sock"
-        sock.bind(str(path))
-        os.chmod(path, 0o600)
-        yield sock
-        sock.close()
-
-
 class StreamDetokenizer:
     """A detokenizer with vLLM's surface: decode_next (wrapped by the plugin) returns ""
     while the bytes so far end inside a character, else the new text."""
@@ -399,27 +392,6 @@ class StreamDetokenizer:
         return text
 
 
-class RequestState:
-    def __init__(self, request_id: str, detokenizer: StreamDetokenizer) -> None:
-        self.request_id = request_id
-        self.detokenizer = detokenizer
-        self.parent_req = None
-        self.stream_interval = 1
-        self.output_kind = SimpleNamespace(name="DELTA")
-        self.request_index = 0
-        self.queue = Collector()
-
-
-class Collector:
-    """vLLM's RequestOutputCollector, as far as the hooks see it."""
-
-    def __init__(self) -> None:
-        self.outputs: list[Any] = []
-
-    def put(self, output: Any) -> None:
-        self.outputs.append(output)
-
-
 def frontend_text_frames(
     receiver: socket.socket,
     tokenizer: FakeTokenizer,
@@ -434,7 +406,7 @@ def frontend_text_frames(
 
     telemetry = hooks.FrontendTelemetry("0.32.0")
     request_id = f"cmpl-ph1_{RUN}_0-00000000"
-    state = RequestState(request_id, StreamDetokenizer(tokenizer, decode_with))
+    state = FakeRequestState(request_id, StreamDetokenizer(tokenizer, decode_with))
     processor = SimpleNamespace(request_states={})
 
     def add_request(self: Any, request: Any, *args: Any) -> None:
@@ -461,9 +433,8 @@ def frontend_text_frames(
                 detokenizer.token_ids.append(token_id)
                 text += detokenizer.decode_next(token_id)
             finish = "stop" if out.finish_reason is not None else None
-            completion = SimpleNamespace(index=0, text=text, token_ids=list(out.new_token_ids),
-                                         finish_reason=finish, stop_reason=None)  # fmt: skip
-            state.queue.put(SimpleNamespace(outputs=[completion]))
+            completion = CompletionOutput(0, text, list(out.new_token_ids), finish)
+            state.queue.put(RequestOutput(request_id, [completion], finish is not None))
             if finish is not None:
                 self.request_states.pop(out.request_id, None)
 
@@ -476,27 +447,7 @@ def frontend_text_frames(
         if submitted is not None:
             submitted.append((index, handed[:]))
             handed.clear()
-    assert telemetry.emitter is not None
-    telemetry.emitter.close(5.0)
-    receiver.setblocking(False)
-    frames = []
-    while True:
-        try:
-            frames.append(receiver.recv(1 << 17))
-        except BlockingIOError:
-            return frames
-
-
-def reconcilers() -> list[Any]:
-    found: list[Any] = [Reconciler]
-    try:
-        from parallelhue import _native  # type: ignore[attr-defined]
-    except ImportError:
-        if os.environ.get("PH_REQUIRE_NATIVE") == "1":
-            raise
-        return found
-    found.append(_native.Reconciler)
-    return found
+    return raw_frames(receiver, telemetry)
 
 
 def reconcile(

@@ -1,46 +1,45 @@
-"""The plugin's hook logic (plugin/parallelhue_vllm/hooks.py) against stand-ins for vLLM objects.
-
-The stand-ins follow the vLLM 0.32 code paths the hooks rely on: the scheduler
-trims a request's sampled-token list in place at a stop, the output processor
-feeds tokens to the detokenizer's decode_next (the stop token excluded), may
-delete surplus tokens after a stop string, then calls make_request_output. The
-real classes are exercised by tests/vllm (signatures and the live server).
+"""The plugin's hook logic (plugin/parallelhue_vllm/hooks.py) against stand-ins for vLLM
+objects (tests/plugin_standins.py: the vLLM 0.32 code paths the hooks rely on; the
+real classes are exercised by tests/vllm, signatures and the live server).
 """
 
 from __future__ import annotations
 
-import enum
 import importlib
 import os
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from parallelhue.reference import decode_frame
-from parallelhue.reference.decode import Frame
 from parallelhue_vllm import __version__, hooks, wire
 from parallelhue_vllm import emitter as emitter_module
-from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs, _wrap_scheduler
+from parallelhue_vllm.adapters import _wrap_process_outputs, _wrap_scheduler
+from plugin_standins import (  # the shared vLLM stand-ins
+    RUN,
+    FakeCollector,
+    FakeDetokenizer,
+    FakeProcessor,
+    FakeRequestState,
+    FakeSlowDetokenizer,
+    FinishReason,
+    frames_of,
+    make_frontend,
+    make_scheduler,
+    output,
+    raw_frames,
+    receiver,
+    rid,
+    sched_step,
+)
 
-RUN = "0123456789abcdef0123456789abcdef"
+__all__ = ["receiver"]  # the fixture, imported for pytest
+
 A, T, B, P = wire.ROLE_ACCEPTED, wire.ROLE_TARGET, wire.ROLE_BONUS, wire.ROLE_PLAIN
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-
-
-def rid(stream: int, prefix: str = "chatcmpl-") -> str:
-    return f"{prefix}ph1_{RUN}_{stream}-1a2b3c4d"
 
 
 def speedups() -> Any:
@@ -75,102 +74,6 @@ def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hooks, "_speedups", module)
     monkeypatch.setattr(emitter_module, "_speedups", module)
     return "c"
-
-
-@pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
-    with tempfile.TemporaryDirectory(prefix="phh", dir="/tmp") as directory:
-        os.chmod(directory, 0o700)
-        monkeypatch.setenv("PARALLELHUE_SOCKET_DIR", directory)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        path = Path(directory) / f"{RUN}.sock"
-        sock.bind(str(path))
-        os.chmod(path, 0o600)
-        yield sock
-        sock.close()
-
-
-def frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[Frame]:
-    assert telemetry.emitter is not None
-    telemetry.emitter.close(5.0)
-    sock.setblocking(False)
-    frames = []
-    while True:
-        try:
-            frames.append(decode_frame(sock.recv(1 << 17)))
-        except BlockingIOError:
-            return frames
-
-
-# ----------------------------------------------------------------- scheduler side
-class FakeScheduler:
-    """update_from_output as vLLM does it: stop checks trim the sampled list in place."""
-
-    def __init__(self, *, method: str = "ngram", k: int = 3, is_async: bool = False) -> None:
-        spec = SimpleNamespace(method=method, num_speculative_tokens=k) if method else None
-        self.vllm_config = SimpleNamespace(speculative_config=spec)
-        self.scheduler_config = SimpleNamespace(async_scheduling=is_async)
-        self.requests: dict[str, object] = {}
-        self.keep: dict[str, int] = {}
-        self.finish: dict[str, FinishReason] = {}
-        self.scheduled: set[str] = set()  # ids scheduled before (not "new" any more)
-        self.finished_since: set[str] = set()  # finished or aborted since the last step
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        outputs = []
-        for request_id in scheduler_output.num_scheduled_tokens:
-            index = model_runner_output.req_id_to_index[request_id]
-            tokens = model_runner_output.sampled_token_ids[index]
-            if request_id in self.keep:
-                del tokens[self.keep[request_id] :]
-            reason = self.finish.get(request_id)
-            if reason is not None:
-                self.finished_since.add(request_id)
-                self.requests.pop(request_id, None)
-            outputs.append(
-                SimpleNamespace(request_id=request_id, new_token_ids=tokens, finish_reason=reason)
-            )
-        return {0: SimpleNamespace(outputs=outputs)}
-
-    def abort(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-        self.finished_since.add(request_id)
-
-
-def sched_step(
-    scheduler: FakeScheduler,
-    update: Any,
-    requests: dict[str, tuple[list[int], list[int]]],
-) -> Any:
-    """One engine step: request id -> (sampled tokens, scheduled drafts).
-
-    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs,
-    and the ids finished or aborted since the previous step are in finished_req_ids.
-    """
-    ids = list(requests)
-    scheduler_output = SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in ids if r not in scheduler.scheduled],
-        num_scheduled_tokens={r: 1 + len(requests[r][1]) for r in ids},
-        scheduled_spec_decode_tokens={r: list(requests[r][1]) for r in ids if requests[r][1]},
-        num_invalid_spec_tokens=None,
-        finished_req_ids=set(scheduler.finished_since),
-    )
-    scheduler.finished_since.clear()
-    model_runner_output = SimpleNamespace(
-        sampled_token_ids=[list(requests[r][0]) for r in ids],
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-    )
-    for r in ids:
-        scheduler.requests.setdefault(r, object())
-        scheduler.scheduled.add(r)
-    return update(scheduler, scheduler_output, model_runner_output)
-
-
-def make_scheduler(**options: Any) -> tuple[FakeScheduler, Any, hooks.SchedulerTelemetry]:
-    telemetry = hooks.SchedulerTelemetry("0.32.0")
-    scheduler = FakeScheduler(**options)
-    update = _wrap_scheduler(FakeScheduler.update_from_output, telemetry)
-    return scheduler, update, telemetry
 
 
 @pytest.mark.parametrize(
@@ -315,171 +218,6 @@ def test_broken_engine_objects_never_reach_vllm(receiver: socket.socket) -> None
     update = _wrap_scheduler(original, telemetry)
     # Outputs without the attributes the hook reads.
     assert update(object(), SimpleNamespace(), SimpleNamespace()) == "vllm result"
-
-
-# ------------------------------------------------------------------ frontend side
-class FakeStream:
-    """tokenizers.decoders.DecodeStream: step() is None until a token completes text."""
-
-    def __init__(self, pieces: dict[int, str]) -> None:
-        self.pieces = pieces
-
-    def step(self, tokenizer: Any, token_id: int) -> str | None:
-        return self.pieces[token_id] or None
-
-
-class FakeDetokenizer:
-    """vLLM 0.32's FastIncrementalDetokenizer: update / get_next_output_text, decode_next
-    returning `stream.step(...) or ""`."""
-
-    def __init__(self, pieces: dict[int, str], stop: list[str] | None = None) -> None:
-        self.stream = FakeStream(pieces)
-        self.tokenizer = object()
-        self.spaces_between_special_tokens = True
-        self.stop = stop or []
-        self.include_stop_str_in_output = False
-        self.stop_buffer_length = max((len(s) for s in self.stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.output_text = ""
-        self.sent = 0
-
-    def decode_next(self, next_token_id: int) -> str:
-        return self._protected_step(next_token_id) or ""
-
-    def _protected_step(self, next_token_id: int) -> str | None:
-        return self.stream.step(self.tokenizer, next_token_id)
-
-    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
-        if not new_token_ids:
-            return None
-        fed = new_token_ids
-        if stop_terminated and not self.include_stop_str_in_output:
-            fed = new_token_ids[:-1]  # the stop token is kept out of the text
-        first = len(self.token_ids)
-        ends = [len(self.output_text)]
-        for token in fed:
-            self.token_ids.append(token)
-            self.output_text += self.decode_next(token)
-            ends.append(len(self.output_text))
-        if len(fed) < len(new_token_ids):
-            self.token_ids.append(new_token_ids[-1])
-        for stop in self.stop:
-            at = self.output_text.find(stop, ends[0] - len(stop) + 1 if ends[0] else 0)
-            if at >= 0:
-                # Keep the tokens up to the one that completes the stop string.
-                kept = next(i for i, end in enumerate(ends) if end >= at + len(stop))
-                del self.token_ids[first + kept :]
-                self.output_text = self.output_text[:at]
-                return stop
-        return None
-
-    def get_next_output_text(self, finished: bool, delta: bool) -> str:
-        length = len(self.output_text) - (0 if finished else self.stop_buffer_length)
-        text = self.output_text[self.sent : length] if self.sent < length else ""
-        self.sent = max(self.sent, length)
-        return text
-
-
-class FakeSlowDetokenizer(FakeDetokenizer):
-    """A detokenizer that decodes without a stream (vLLM's SlowIncrementalDetokenizer)."""
-
-    def __init__(self, pieces: dict[int, str], stop: list[str] | None = None) -> None:
-        super().__init__(pieces, stop)
-        del self.stream
-        self.pieces = pieces
-
-    def decode_next(self, next_token_id: int) -> str:
-        return self.pieces[next_token_id]
-
-
-class FakeCollector:
-    """RequestOutputCollector: what the HTTP side would read."""
-
-    def __init__(self) -> None:
-        self.outputs: list[Any] = []
-
-    def put(self, output: Any) -> None:
-        self.outputs.append(output)
-
-
-class FakeRequestState:
-    def __init__(self, request_id: str, detokenizer: Any, **extra: Any) -> None:
-        self.request_id = request_id
-        self.detokenizer = detokenizer
-        self.parent_req = extra.get("parent_req")
-        self.stream_interval = extra.get("stream_interval", 1)
-        self.output_kind = SimpleNamespace(name=extra.get("output_kind", "DELTA"))
-        self.request_index = 0
-        self.queue = FakeCollector()
-
-    def make_request_output(
-        self,
-        new_token_ids: list[int],
-        pooling_output: Any,
-        finish_reason: Any,
-        stop_reason: Any,
-        kv_transfer_params: Any = None,
-        ec_transfer_params: Any = None,
-        error: Any = None,
-    ) -> Any:
-        finished = finish_reason is not None
-        text = self.detokenizer.get_next_output_text(finished, True)
-        completion = SimpleNamespace(
-            index=self.request_index,
-            text=text,
-            token_ids=new_token_ids,
-            finish_reason=finish_reason.name.lower() if finished else None,
-            stop_reason=stop_reason if finished else None,
-        )
-        return SimpleNamespace(outputs=[completion], finished=finished)
-
-
-class FakeProcessor:
-    """OutputProcessor.add_request / process_outputs as vLLM 0.32 does them (n = 1)."""
-
-    def __init__(self) -> None:
-        self.request_states: dict[str, FakeRequestState] = {}
-
-    def add_request(self, request: Any, prompt: Any, parent_req: Any = None,
-                    request_index: int = 0, queue: Any = None) -> None:  # fmt: skip
-        self.request_states[request.request_id] = request.state
-
-    def process_outputs(self, engine_core_outputs: list[Any], *args: Any) -> None:
-        for output in engine_core_outputs:
-            state = self.request_states.get(output.request_id)
-            if state is None:
-                continue
-            finish, stop_reason = output.finish_reason, None
-            detokenizer = state.detokenizer
-            before = len(detokenizer.token_ids)
-            stop = detokenizer.update(output.new_token_ids, finish == FinishReason.STOP)
-            if stop:
-                finish, stop_reason = FinishReason.STOP, stop
-                del output.new_token_ids[len(detokenizer.token_ids) - before :]
-            request_output = state.make_request_output(
-                output.new_token_ids, None, finish, stop_reason, None, None, error=None
-            )
-            if request_output is not None:
-                state.queue.put(request_output)
-            if finish is not None:
-                del self.request_states[output.request_id]
-
-
-def make_frontend() -> tuple[FakeProcessor, Any, hooks.FrontendTelemetry]:
-    telemetry = hooks.FrontendTelemetry("0.32.0", stream_detokenizers=(FakeDetokenizer,))
-    processor = FakeProcessor()
-    process = _wrap_process_outputs(FakeProcessor.process_outputs, telemetry)
-    add = _wrap_add_request(FakeProcessor.add_request, telemetry)
-
-    def add_request(request_id: str, state: FakeRequestState) -> None:
-        add(processor, SimpleNamespace(request_id=request_id, state=state), None)
-
-    processor.add = add_request  # type: ignore[attr-defined]
-    return processor, process, telemetry
-
-
-def output(request_id: str, tokens: list[int], *, finish: FinishReason | None = None) -> Any:
-    return SimpleNamespace(request_id=request_id, new_token_ids=list(tokens), finish_reason=finish)
 
 
 PIECES = {1: "a", 2: "", 3: "日", 4: "b", 5: "", 6: "", 7: "😀", 9: "</s>", 10: "c", 11: "d"}
@@ -713,18 +451,13 @@ def test_a_request_never_listed_as_new_is_not_ours(receiver: socket.socket) -> N
 def raw_frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
     """Every datagram the telemetry sent, with the two header fields that differ
     between any two runs (the random source id, the send timestamp) zeroed."""
-    assert telemetry.emitter is not None
-    telemetry.emitter.close(5.0)
-    sock.setblocking(False)
     frames = []
-    while True:
-        try:
-            frame = bytearray(sock.recv(1 << 17))
-        except BlockingIOError:
-            return frames
+    for raw in raw_frames(sock, telemetry):
+        frame = bytearray(raw)
         frame[24:32] = bytes(8)  # source_id
         frame[48:56] = bytes(8)  # timestamp
         frames.append(bytes(frame))
+    return frames
 
 
 def mixed_workload(receiver: socket.socket) -> list[bytes]:
@@ -789,3 +522,20 @@ def test_the_accelerator_and_the_python_code_send_the_same_bytes(
         wire.KIND_HELLO
     ] + [wire.KIND_TEXT] * 5
     assert accelerated == pure
+
+
+def test_the_empty_fragment_test_is_pythons_in() -> None:
+    """hooks._has_empty (the C one and the Python one) answers `"" in fragments`, the
+    per-step test that sends a run's text through attribution.HeldText."""
+
+    class EqualsEverything:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = object.__hash__
+
+    cases: list[list[Any]] = [
+        [], ["a"], ["a", ""], ["", "b"], ["ab", "c", "d"], [EqualsEverything()], [1, None, "z"]
+    ]  # fmt: skip
+    for fragments in cases:
+        assert hooks._has_empty(fragments) == ("" in fragments), fragments

@@ -430,16 +430,16 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 3)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 4)",
         ),
         (
             SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 3)",
+            "pure Python (the C accelerator has ABI None, this plugin needs 4)",
         ),
         (
-            SimpleNamespace(ABI=3, QueueCapture=None, SchedRequest=None),
+            SimpleNamespace(ABI=4, QueueCapture=None, SchedRequest=None),
             "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
-            "encode_text_step, sampled_lengths, scheduler_rows)",
+            "encode_text_step, has_empty, sampled_lengths, scheduler_rows)",
         ),
     ],
 )

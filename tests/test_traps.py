@@ -10,7 +10,6 @@ stream with the notice's precise reason in both reconcilers.
 
 from __future__ import annotations
 
-import os
 import socket
 from types import SimpleNamespace
 from typing import Any
@@ -19,9 +18,10 @@ import pytest
 
 from parallelhue.reference import Reconciler
 from parallelhue.reference.decode import Frame
-from parallelhue_vllm import __version__, hooks, traps, wire
+from parallelhue_vllm import __version__, traps, wire
 from parallelhue_vllm.adapters import _wrap_add_request, _wrap_process_outputs
-from test_plugin_hooks import (  # the shared vLLM stand-ins
+from plugin_standins import (  # the shared vLLM stand-ins
+    RUN,
     FakeDetokenizer,
     FakeProcessor,
     FakeRequestState,
@@ -29,39 +29,16 @@ from test_plugin_hooks import (  # the shared vLLM stand-ins
     frames_of,
     make_frontend,
     make_scheduler,
+    raw_frames,
     receiver,
+    reconcilers,
     rid,
     sched_step,
 )
 
 __all__ = ["receiver"]  # the fixture, imported for pytest
 
-RUN = "0123456789abcdef0123456789abcdef"
 PIECES = {1: "a", 4: "b", 10: "c"}
-
-
-def reconcilers() -> list[Any]:
-    found: list[Any] = [Reconciler]
-    try:
-        from parallelhue import _native  # type: ignore[attr-defined]
-    except ImportError:
-        if os.environ.get("PH_REQUIRE_NATIVE") == "1":
-            raise
-        return found
-    found.append(_native.Reconciler)
-    return found
-
-
-def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
-    assert telemetry.emitter is not None
-    telemetry.emitter.close(5.0)
-    sock.setblocking(False)
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(1 << 17))
-        except BlockingIOError:
-            return out
 
 
 # ------------------------------------------------------------ pure functions

@@ -35,7 +35,7 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 3
+#define SPEEDUPS_ABI 4
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -433,6 +433,46 @@ fail:
     return NULL;
 }
 
+/* The three types below hold their object references in one run of PyObject *
+ * fields (first..last, nothing else between them): one traverse, clear and
+ * dealloc over that run serves each of them. */
+static int
+visit_fields(PyObject **fields, size_t count, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < count; i++) {
+        Py_VISIT(fields[i]);
+    }
+    return 0;
+}
+
+static void
+clear_fields(PyObject **fields, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        Py_CLEAR(fields[i]);
+    }
+}
+
+#define FIELD_COUNT(Type, first, last) \
+    ((offsetof(Type, last) - offsetof(Type, first)) / sizeof(PyObject *) + 1)
+
+#define OBJECT_FIELDS_GC(prefix, Type, first, last)                                        \
+    static int prefix##_traverse(Type *self, visitproc visit, void *arg)                   \
+    {                                                                                      \
+        return visit_fields(&self->first, FIELD_COUNT(Type, first, last), visit, arg);     \
+    }                                                                                      \
+    static int prefix##_clear(Type *self)                                                  \
+    {                                                                                      \
+        clear_fields(&self->first, FIELD_COUNT(Type, first, last));                        \
+        return 0;                                                                          \
+    }                                                                                      \
+    static void prefix##_dealloc(Type *self)                                               \
+    {                                                                                      \
+        PyObject_GC_UnTrack(self);                                                         \
+        prefix##_clear(self);                                                              \
+        Py_TYPE(self)->tp_free((PyObject *)self);                                          \
+    }
+
 /* ------------------------------------------------------- StreamRecorder */
 /* Stands in for a fast detokenizer's `stream` (hooks._StreamRecorder): step()
  * calls the real stream's step and appends `result or ""` to `fragments`;
@@ -545,33 +585,7 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-static int
-recorder_traverse(StreamRecorder *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->stream);
-    Py_VISIT(self->step);
-    Py_VISIT(self->fragments);
-    Py_VISIT(self->recover);
-    return 0;
-}
-
-static int
-recorder_clear(StreamRecorder *self)
-{
-    Py_CLEAR(self->stream);
-    Py_CLEAR(self->step);
-    Py_CLEAR(self->fragments);
-    Py_CLEAR(self->recover);
-    return 0;
-}
-
-static void
-recorder_dealloc(StreamRecorder *self)
-{
-    PyObject_GC_UnTrack(self);
-    recorder_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+OBJECT_FIELDS_GC(recorder, StreamRecorder, stream, recover)
 
 static PyMethodDef recorder_methods[] = {
     {"step", (PyCFunction)(void (*)(void))recorder_step, METH_FASTCALL,
@@ -610,7 +624,6 @@ typedef struct {
     PyObject *ids;
     PyObject *texts;
     PyObject *all_fragments;
-    PyObject *span_backs;    /* dict: record index -> span_backs */
     PyObject *stream;        /* int */
     PyObject *special;       /* special(token_ids, finish_reason, stop_reason, text, index) */
     PyObject *failed;        /* failed(exception) */
@@ -759,7 +772,6 @@ capture_output(QueueCapture *self, PyObject *output)
     for (Py_ssize_t i = 0; common && i < count; i++) {
         common = PyUnicode_Check(PyList_GET_ITEM(fragments, i));
     }
-    PyObject *backs = NULL;
     long long pending = self->pending_empty;
     for (Py_ssize_t i = 0; common && i < count; i++) {
         if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(fragments, i)) == 0) {
@@ -799,27 +811,13 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
     Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
     Py_ssize_t texts_before = PyList_GET_SIZE(self->texts);
-    PyObject *record = NULL;
-    int failed = 0;
-    if (backs != NULL) {
-        record = PyLong_FromSsize_t(texts_before);
-        failed = record == NULL || PyDict_SetItem(self->span_backs, record, backs) < 0;
-    }
-    failed = failed ||
-             extend_list(self->ids, PySequence_Fast_ITEMS(token_ids), count) < 0 ||
+    int failed = extend_list(self->ids, PySequence_Fast_ITEMS(token_ids), count) < 0 ||
              extend_list(self->all_fragments, PySequence_Fast_ITEMS(fragments), count) < 0 ||
              extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0;
     Py_DECREF(offset);
     Py_DECREF(n);
     Py_DECREF(zero);
     if (failed) {
-        if (record != NULL) {
-            PyObject *type, *value, *traceback;
-            PyErr_Fetch(&type, &value, &traceback);
-            PyDict_DelItem(self->span_backs, record);
-            PyErr_Clear();
-            PyErr_Restore(type, value, traceback);
-        }
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyList_SetSlice(self->ids, ids_before, PyList_GET_SIZE(self->ids), NULL);
@@ -827,12 +825,8 @@ capture_output(QueueCapture *self, PyObject *output)
                         PyList_GET_SIZE(self->all_fragments), NULL);
         PyList_SetSlice(self->texts, texts_before, PyList_GET_SIZE(self->texts), NULL);
         PyErr_Restore(type, value, traceback);
-        Py_XDECREF(record);
-        Py_XDECREF(backs);
         goto done;
     }
-    Py_XDECREF(record);
-    Py_XDECREF(backs);
     self->pending_empty = pending;
     clear_keeping_room(fragments);
     self->offset += count;
@@ -884,19 +878,17 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     PyObject *ids = PyObject_GetAttrString(bucket, "ids");
     PyObject *texts = PyObject_GetAttrString(bucket, "extra");
     PyObject *all_fragments = PyObject_GetAttrString(bucket, "fragments");
-    PyObject *span_backs = PyObject_GetAttrString(bucket, "span_backs");
     if (meta == NULL || ids == NULL || texts == NULL || all_fragments == NULL ||
-        span_backs == NULL || !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
-        !PyList_Check(all_fragments) || !PyDict_Check(span_backs)) {
+        !PyList_Check(meta) || !PyList_Check(ids) || !PyList_Check(texts) ||
+        !PyList_Check(all_fragments)) {
         Py_XDECREF(meta);
         Py_XDECREF(ids);
         Py_XDECREF(texts);
         Py_XDECREF(all_fragments);
-        Py_XDECREF(span_backs);
         Py_DECREF(put);
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError,
-                            "QueueCapture: bucket.meta/ids/extra/fragments lists, span_backs dict");
+                            "QueueCapture: bucket.meta/ids/extra/fragments must be lists");
         }
         return NULL;
     }
@@ -906,7 +898,6 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(ids);
         Py_DECREF(texts);
         Py_DECREF(all_fragments);
-        Py_DECREF(span_backs);
         Py_DECREF(put);
         return NULL;
     }
@@ -922,7 +913,6 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->ids = ids;
     self->texts = texts;
     self->all_fragments = all_fragments;
-    self->span_backs = span_backs;
     self->stream = stream;
     self->special = special;
     self->failed = failed;
@@ -930,47 +920,7 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-static int
-capture_traverse(QueueCapture *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->queue);
-    Py_VISIT(self->put);
-    Py_VISIT(self->fragments);
-    Py_VISIT(self->meta);
-    Py_VISIT(self->ids);
-    Py_VISIT(self->texts);
-    Py_VISIT(self->all_fragments);
-    Py_VISIT(self->span_backs);
-    Py_VISIT(self->stream);
-    Py_VISIT(self->special);
-    Py_VISIT(self->failed);
-    return 0;
-}
-
-static int
-capture_clear(QueueCapture *self)
-{
-    Py_CLEAR(self->queue);
-    Py_CLEAR(self->put);
-    Py_CLEAR(self->fragments);
-    Py_CLEAR(self->meta);
-    Py_CLEAR(self->ids);
-    Py_CLEAR(self->texts);
-    Py_CLEAR(self->all_fragments);
-    Py_CLEAR(self->span_backs);
-    Py_CLEAR(self->stream);
-    Py_CLEAR(self->special);
-    Py_CLEAR(self->failed);
-    return 0;
-}
-
-static void
-capture_dealloc(QueueCapture *self)
-{
-    PyObject_GC_UnTrack(self);
-    capture_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+OBJECT_FIELDS_GC(capture, QueueCapture, queue, failed)
 
 static PyMethodDef capture_methods[] = {
     {"put", (PyCFunction)capture_put, METH_O,
@@ -1051,35 +1001,7 @@ sched_request_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-static int
-sched_request_traverse(SchedRequest *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->run);
-    Py_VISIT(self->stream);
-    Py_VISIT(self->meta);
-    Py_VISIT(self->ids);
-    Py_VISIT(self->extra);
-    return 0;
-}
-
-static int
-sched_request_clear(SchedRequest *self)
-{
-    Py_CLEAR(self->run);
-    Py_CLEAR(self->stream);
-    Py_CLEAR(self->meta);
-    Py_CLEAR(self->ids);
-    Py_CLEAR(self->extra);
-    return 0;
-}
-
-static void
-sched_request_dealloc(SchedRequest *self)
-{
-    PyObject_GC_UnTrack(self);
-    sched_request_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+OBJECT_FIELDS_GC(sched_request, SchedRequest, run, extra)
 
 static PyMemberDef sched_request_members[] = {
     {"run", T_OBJECT, offsetof(SchedRequest, run), READONLY, "the run id"},
@@ -1223,6 +1145,38 @@ sampled_lengths(PyObject *Py_UNUSED(module), PyObject *sampled)
         PyList_SET_ITEM(lengths, i, value);
     }
     return lengths;
+}
+
+/* has_empty(fragments) -> bool: whether any item is an empty str (`"" in fragments`
+ * without a rich comparison per item: the text hook's per-step test for fragments
+ * that decoded to "", hooks.FrontendTelemetry.flush_rows). */
+static PyObject *
+has_empty(PyObject *Py_UNUSED(module), PyObject *fragments)
+{
+    if (!PyList_Check(fragments)) {
+        PyErr_SetString(PyExc_TypeError, "has_empty(fragments): a list");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fragments); i++) {
+        PyObject *item = PyList_GET_ITEM(fragments, i);
+        if (PyUnicode_Check(item)) {
+            if (PyUnicode_GET_LENGTH(item) == 0) {
+                Py_RETURN_TRUE;
+            }
+            continue;
+        }
+        /* not a str (never one the hooks append): the comparison `in` makes */
+        Py_INCREF(item);
+        int equal = PyObject_RichCompareBool(item, str_empty, Py_EQ);
+        Py_DECREF(item);
+        if (equal < 0) {
+            return NULL;
+        }
+        if (equal) {
+            Py_RETURN_TRUE;
+        }
+    }
+    Py_RETURN_FALSE;
 }
 
 /* ------------------------------------------------------ scheduler_rows */
@@ -1392,6 +1346,8 @@ static PyMethodDef methods[] = {
      "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
     {"take_lists", (PyCFunction)(void (*)(void))take_lists, METH_FASTCALL,
      "Each list's items moved into a new list; the lists left empty with their room."},
+    {"has_empty", (PyCFunction)has_empty, METH_O,
+     "Whether a list holds an empty str (`\"\" in fragments`, without a comparison per item)."},
     {"sampled_lengths", (PyCFunction)sampled_lengths, METH_O,
      "len() of each of a step's sampled token lists (hooks.SchedulerTelemetry.before)."},
     {"encode_provenance_step", (PyCFunction)(void (*)(void))encode_provenance_step,
@@ -1444,23 +1400,12 @@ PyInit__speedups(void)
     if (module == NULL) {
         return NULL;
     }
-    Py_INCREF(&StreamRecorderType);
-    if (PyModule_AddObject(module, "StreamRecorder", (PyObject *)&StreamRecorderType) < 0) {
-        Py_DECREF(&StreamRecorderType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&SchedRequestType);
-    if (PyModule_AddObject(module, "SchedRequest", (PyObject *)&SchedRequestType) < 0) {
-        Py_DECREF(&SchedRequestType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&QueueCaptureType);
-    if (PyModule_AddObject(module, "QueueCapture", (PyObject *)&QueueCaptureType) < 0) {
-        Py_DECREF(&QueueCaptureType);
-        Py_DECREF(module);
-        return NULL;
+    PyTypeObject *types[] = {&StreamRecorderType, &SchedRequestType, &QueueCaptureType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyModule_AddType(module, types[i]) < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     /* accelerator.py uses this module only when ABI is the one it was written for. */
     if (PyModule_AddIntConstant(module, "ABI", SPEEDUPS_ABI) < 0) {

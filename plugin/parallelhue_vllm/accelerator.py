@@ -19,7 +19,7 @@ from typing import Any
 
 ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
 # The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
-EXPECTED_ABI = 3
+EXPECTED_ABI = 4
 # What the hooks call on it.
 REQUIRED = (
     "QueueCapture",
@@ -27,6 +27,7 @@ REQUIRED = (
     "StreamRecorder",
     "encode_provenance_step",
     "encode_text_step",
+    "has_empty",
     "sampled_lengths",
     "scheduler_rows",
 )

@@ -263,6 +263,14 @@ class _Bucket:
         return step
 
 
+def _has_empty(fragments: list[str]) -> bool:
+    """Whether a step's fragments hold a "" (a token that decoded to no text yet)."""
+    if _speedups is not None:
+        found: bool = _speedups.has_empty(fragments)
+        return found
+    return "" in fragments
+
+
 def _take_lists(*lists: list[Any]) -> tuple[list[Any], ...]:
     """Each list's items in a list of their own; the lists left empty.
 
@@ -943,7 +951,7 @@ class FrontendTelemetry(_Base):
             if not bucket.meta and held is None:
                 continue
             rows = bucket.take(kind) if bucket.meta else None
-            if held is not None or (rows is not None and "" in rows[3]):
+            if held is not None or (rows is not None and _has_empty(rows[3])):
                 if held is None:
                     held = self.held[run] = attribution.HeldText()
                 sending = held.pass_step(self.step, rows, self._dangling(run))
@@ -999,8 +1007,9 @@ class FrontendTelemetry(_Base):
             for rid in finished:
                 self._forget(rid)
         states = processor.request_states
-        vanished = [rid for rid in self.requests if rid not in states]
-        if vanished:
+        # One C-level containment test per step; the list only when one is gone.
+        if not states.keys() >= self.requests.keys():
+            vanished = [rid for rid in self.requests if rid not in states]
             self._vanished(vanished, engine_core_outputs)
         if self.step % PRUNE_EVERY == 0:
             self._prune(processor.request_states)
