@@ -111,6 +111,22 @@ def wait_for(check: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def sent_everything(over_socket: list[bytes], server: Any, quiet: float = 0.3) -> int:
+    """The run's frame count once the hub has taken (accepted or dropped) as many frames as
+    reached the socket and none arrived for `quiet` seconds."""
+    deadline = time.monotonic() + 10.0
+    seen, since = -1, time.monotonic()
+    while True:
+        stats = server.hub_stats()
+        count = len(over_socket)
+        if count != seen:
+            seen, since = count, time.monotonic()
+        elif stats["accepted"] + stats["dropped"] == count and time.monotonic() - since >= quiet:
+            return count
+        assert time.monotonic() < deadline, (count, stats)
+        time.sleep(0.01)
+
+
 def socket_frames(sock_dir: str, run: str) -> tuple[socket.socket, list[bytes]]:
     """Bind the client's socket for `run` and collect what arrives there, in a thread."""
     path = paths.socket_path(sock_dir, run)
@@ -397,7 +413,10 @@ def test_a_slow_subscriber_costs_its_cap_and_sees_exactly_what_it_lost(
         assert [o.status for o in outs] == [200] * 16
         wait_for(lambda: server.hub_stats()["dropped"] > 0)
         assert server.hub_stats()["buffered_bytes"] <= cap
-        total = len(over_socket)
+        # The sender may still be sending the last frames when the responses end (a count
+        # read then once came out 2 short): wait until the hub has taken as many as reached
+        # the socket, and nothing more arrives.
+        total = sent_everything(over_socket, server)
         # Now it reads everything there is: the drop notice accounts for every missing frame.
         sub.read_until(lambda items: len(sub.frames) + sub.dropped >= total, timeout=30)
         assert sub.dropped == server.hub_stats()["dropped"] > 0
