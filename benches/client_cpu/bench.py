@@ -22,6 +22,12 @@ from bench_load import process_cpu_seconds, steady_cpu_per_10k
 ROOT_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
 
 
+SYSCALL_EVENTS = ",".join(
+    f"syscalls:sys_enter_{name}"
+    for name in ("recvmsg", "recvmmsg", "geteuid", "recvfrom", "poll", "sendto", "futex", "clock_nanosleep")
+) + ",raw_syscalls:sys_enter,context-switches,task-clock"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,6 +74,19 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         if k.startswith("PARALLELHUE_") or k == "NO_COLOR":
             env.pop(k)
     cmd = [
+        # CP_PERF=FILE: profile the client (software clock; this guest has no PMU).
+        *(
+            ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g", "-o", os.environ["CP_PERF"], "--"]
+            if os.environ.get("CP_PERF")
+            else []
+        ),
+        # CP_PERFSTAT=FILE: count the client's syscalls by kind (receiver: recvmsg/
+        # recvmmsg; HTTP thread: recvfrom; both: poll), deterministic where CPU time is not.
+        *(
+            ["perf", "stat", "-x", ",", "-o", os.environ["CP_PERFSTAT"], "-e", SYSCALL_EVENTS, "--"]
+            if os.environ.get("CP_PERFSTAT")
+            else []
+        ),
         sys.executable,
         *(["-m", "cProfile", "-o", os.environ["CP_PROF"]] if os.environ.get("CP_PROF") else []),
         *(

@@ -214,7 +214,7 @@ impl Receiver {
             .name("parallelhue-receiver".into())
             .spawn(move || {
                 let wake_r = wake_r;
-                read_loop(fd, wake_r.0, &sink, &thread_counters, &accept);
+                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept);
             });
         let thread = match spawned {
             Ok(t) => t,
@@ -305,6 +305,7 @@ impl Drop for Receiver {
 const CMSG_BUF: usize = 64;
 
 /// One datagram's read outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Got {
     /// A datagram of `len` bytes from an admitted uid (`accepted`: an
     /// explicitly accepted one, not this process's own).
@@ -317,41 +318,15 @@ enum Got {
     Oversized(usize),
 }
 
-fn recv_one(
-    fd: libc::c_int,
-    buf: &mut [u8],
-    cbuf: &mut [u64; CMSG_BUF / 8],
-    accept: &[u32],
-) -> io::Result<Got> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain old data; every pointer set below outlives the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_BUF as _;
-    // MSG_TRUNC: the return value is the datagram's real length.
-    // SAFETY: valid fd and msghdr.
-    let n = unsafe {
-        libc::recvmsg(
-            fd,
-            &mut msg,
-            libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = n as usize;
-    // SAFETY: geteuid never fails.
-    let me = unsafe { libc::geteuid() };
+/// Whom a datagram came from, from the control messages the kernel filled
+/// in `msg`; closes any descriptor a sender tried to pass. `n` is the
+/// datagram's real length (`MSG_TRUNC`), `me` the euid that bound the
+/// socket (read once: the client never changes it).
+fn classify(msg: &libc::msghdr, n: usize, me: u32, accept: &[u32]) -> Got {
     let mut uid = None;
     // SAFETY: walking the control buffer the kernel filled, with the libc macros.
     unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        let mut c = libc::CMSG_FIRSTHDR(msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
                 let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
@@ -366,18 +341,101 @@ fn recv_one(
                     libc::close(fd);
                 }
             }
-            c = libc::CMSG_NXTHDR(&msg, c);
+            c = libc::CMSG_NXTHDR(msg, c);
         }
     }
     let accepted = match uid {
         Some(u) if u == me => false,
         Some(u) if accept.contains(&u) => true,
-        other => return Ok(Got::Foreign(other)),
+        other => return Got::Foreign(other),
     };
     if n > MAX_FRAME_BYTES {
-        return Ok(Got::Oversized(n));
+        return Got::Oversized(n);
     }
-    Ok(Got::Frame { len: n, accepted })
+    Got::Frame { len: n, accepted }
+}
+
+/// Flags of every read: `MSG_TRUNC` makes the length the datagram's real one.
+const RECV_FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC;
+
+/// Read one datagram (the portable path, and the fallback where `recvmmsg`
+/// is not available).
+fn recv_one(
+    fd: libc::c_int,
+    buf: &mut [u8],
+    cbuf: &mut [u64; CMSG_BUF / 8],
+    me: u32,
+    accept: &[u32],
+) -> io::Result<Got> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = CMSG_BUF as _;
+    // SAFETY: valid fd and msghdr.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, RECV_FLAGS) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(classify(&msg, n as usize, me, accept))
+}
+
+/// Read up to `bufs.len()` queued datagrams with one `recvmmsg`, datagram
+/// `i` into `bufs[i]`, its verdict pushed to `out`; how many were read
+/// (fewer than `bufs.len()`: the queue was empty). Each datagram's
+/// credentials are checked exactly as `recv_one` checks them (`classify`).
+fn recv_many(
+    fd: libc::c_int,
+    bufs: &mut [Vec<u8>],
+    cbufs: &mut [[u64; CMSG_BUF / 8]],
+    me: u32,
+    accept: &[u32],
+    out: &mut Vec<Got>,
+) -> io::Result<usize> {
+    let count = bufs.len().min(cbufs.len());
+    let mut iovs: Vec<libc::iovec> = bufs[..count]
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .zip(cbufs.iter_mut())
+        .map(|(iov, cbuf)| {
+            // SAFETY: mmsghdr is plain old data; its pointers outlive the call.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_control = cbuf.as_mut_ptr().cast();
+            m.msg_hdr.msg_controllen = CMSG_BUF as _;
+            m
+        })
+        .collect();
+    // SAFETY: valid fd and `count` initialised mmsghdrs.
+    let r = unsafe {
+        libc::recvmmsg(
+            fd,
+            msgs.as_mut_ptr(),
+            count as libc::c_uint,
+            RECV_FLAGS,
+            std::ptr::null_mut(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = r as usize;
+    for m in &msgs[..r] {
+        out.push(classify(&m.msg_hdr, m.msg_len as usize, me, accept));
+    }
+    Ok(r)
 }
 
 fn read_loop(
@@ -385,12 +443,18 @@ fn read_loop(
     wake: libc::c_int,
     sink: &Mutex<Fed>,
     counters: &ReceiverCounters,
+    me: u32,
     accept: &[u32],
 ) {
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
-    let mut lens: Vec<usize> = Vec::with_capacity(BATCH);
+    let mut cbufs = vec![[0u64; CMSG_BUF / 8]; BATCH];
+    // The batch's datagrams in order: (index into bufs, what it was).
+    let mut got: Vec<Got> = Vec::with_capacity(BATCH);
+    let mut frames: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
     let mut oversized: Vec<usize> = Vec::new();
-    let mut cbuf = [0u64; CMSG_BUF / 8];
+    // recvmmsg (Linux 2.6.33) can still be refused (ENOSYS under some
+    // sandboxes): then one recvmsg per datagram, as before.
+    let mut batched = true;
     loop {
         let mut fds = [
             libc::pollfd {
@@ -418,45 +482,68 @@ fn read_loop(
         // Read everything queued, a batch at a time (also when stopping: what
         // was sent before close() is not lost).
         loop {
-            lens.clear();
-            oversized.clear();
+            got.clear();
             let mut again = false;
-            while lens.len() < BATCH {
-                let i = lens.len();
-                match recv_one(fd, &mut bufs[i], &mut cbuf, accept) {
-                    Ok(Got::Frame { len, accepted }) => {
+            if batched {
+                loop {
+                    match recv_many(fd, &mut bufs, &mut cbufs, me, accept, &mut got) {
+                        Ok(n) => again = n < BATCH,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => batched = false,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => again = true,
+                        Err(_) => {
+                            counters.errors.fetch_add(1, Ordering::Relaxed);
+                            again = true;
+                        }
+                    }
+                    break;
+                }
+            }
+            if !batched {
+                while got.len() < BATCH {
+                    let i = got.len();
+                    match recv_one(fd, &mut bufs[i], &mut cbufs[i], me, accept) {
+                        Ok(g) => got.push(g),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            again = true;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => {
+                            counters.errors.fetch_add(1, Ordering::Relaxed);
+                            again = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            frames.clear();
+            oversized.clear();
+            for (i, g) in got.iter().enumerate() {
+                match *g {
+                    Got::Frame { len, accepted } => {
                         if accepted {
                             counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
                         }
-                        lens.push(len);
+                        frames.push((i, len));
                     }
-                    Ok(Got::Oversized(n)) => {
+                    Got::Oversized(n) => {
                         counters.oversized.fetch_add(1, Ordering::Relaxed);
                         oversized.push(n);
                     }
-                    Ok(Got::Foreign(uid)) => {
+                    Got::Foreign(uid) => {
                         counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
                         let uid = uid.map_or(NO_UID, u64::from);
                         counters.last_rejected_uid.store(uid, Ordering::Relaxed);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        again = true;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
-                        again = true;
-                        break;
-                    }
                 }
             }
-            if !lens.is_empty() || !oversized.is_empty() {
-                let total: usize = lens.iter().sum();
+            if !frames.is_empty() || !oversized.is_empty() {
+                let total: usize = frames.iter().map(|&(_, n)| n).sum();
                 let at = monotonic();
                 if let Ok(mut r) = sink.lock() {
-                    for (buf, &n) in bufs.iter().zip(&lens) {
-                        r.push_frame_at(&buf[..n], at);
+                    for &(i, n) in &frames {
+                        r.push_frame_at(&bufs[i][..n], at);
                     }
                     for &n in &oversized {
                         r.reject_at(
@@ -467,7 +554,7 @@ fn read_loop(
                 }
                 counters
                     .received
-                    .fetch_add(lens.len() as u64, Ordering::Relaxed);
+                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
                 counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
                 counters.batches.fetch_add(1, Ordering::Relaxed);
             }
@@ -633,5 +720,141 @@ mod tests {
         // Our own uid in the list changes nothing: 0600, nothing counted as foreign.
         let (mode, _, st, _) = case("root-accepted", &[0]);
         assert_eq!((mode, st.accepted_foreign), (0o600, 0));
+    }
+
+    /// A socket set up as `bind` sets it up (credentials passed, non-blocking),
+    /// without the reading thread, and a sender.
+    fn bare_socket(name: &str) -> (PathBuf, UnixDatagram, UnixDatagram) {
+        let path = tmp_path(name);
+        let _ = std::fs::remove_file(&path);
+        let rx = UnixDatagram::bind(&path).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        set_int_opt(
+            std::os::unix::io::AsRawFd::as_raw_fd(&rx),
+            libc::SO_PASSCRED,
+            1,
+        )
+        .unwrap();
+        set_int_opt(
+            std::os::unix::io::AsRawFd::as_raw_fd(&rx),
+            libc::SO_RCVBUF,
+            1 << 20,
+        )
+        .unwrap();
+        (path, rx, UnixDatagram::unbound().unwrap())
+    }
+
+    /// Send a mix of frames, oversized datagrams and (as root) another
+    /// uid's datagrams; what reading them back gives, one `recvmsg` at a
+    /// time or `per_call` at a time with `recvmmsg`, with each frame's bytes.
+    fn read_back(name: &str, per_call: Option<usize>) -> Vec<(Got, Vec<u8>)> {
+        let (path, rx, tx) = bare_socket(name);
+        // SAFETY: geteuid never fails.
+        let root = unsafe { libc::geteuid() } == 0;
+        let mut sent = 0;
+        // At most 10 queued: net.unix.max_dgram_qlen is 10 here, and nothing reads yet.
+        for i in 0..9u8 {
+            match i % 4 {
+                1 => tx.send_to(&vec![i; MAX_FRAME_BYTES + 1 + i as usize], &path),
+                3 if root => {
+                    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o622)).unwrap();
+                    std::fs::set_permissions(
+                        path.parent().unwrap(),
+                        PermissionsExt::from_mode(0o711),
+                    )
+                    .unwrap();
+                    assert!(send_as_nobody(&path, &[i; 7]));
+                    Ok(7)
+                }
+                _ => tx.send_to(&vec![i; 1 + i as usize], &path),
+            }
+            .unwrap();
+            sent += 1;
+        }
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&rx);
+        // SAFETY: geteuid never fails.
+        let me = unsafe { libc::geteuid() };
+        let mut bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
+        let mut cbufs = vec![[0u64; CMSG_BUF / 8]; 5];
+        let mut out = Vec::new();
+        loop {
+            let mut got = Vec::new();
+            let n = match per_call {
+                Some(k) => {
+                    match recv_many(fd, &mut bufs[..k], &mut cbufs[..k], me, &[], &mut got) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                None => match recv_one(fd, &mut bufs[0], &mut cbufs[0], me, &[]) {
+                    Ok(g) => {
+                        got.push(g);
+                        1
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(e) => panic!("{e}"),
+                },
+            };
+            for (i, g) in got.into_iter().enumerate() {
+                let bytes = match g {
+                    Got::Frame { len, .. } => bufs[i][..len].to_vec(),
+                    _ => Vec::new(),
+                };
+                out.push((g, bytes));
+            }
+            if n < per_call.unwrap_or(1) {
+                break;
+            }
+        }
+        assert_eq!(out.len(), sent);
+        let _ = std::fs::remove_file(&path);
+        out
+    }
+
+    #[test]
+    fn batched_reads_check_every_datagram_as_single_reads_do() {
+        // SAFETY: geteuid never fails.
+        let root = unsafe { libc::geteuid() } == 0;
+        let one = read_back("single", None);
+        let expected: Vec<(Got, Vec<u8>)> = (0..9u8)
+            .map(|i| match i % 4 {
+                1 => (Got::Oversized(MAX_FRAME_BYTES + 1 + i as usize), Vec::new()),
+                3 if root => (Got::Foreign(Some(65534)), Vec::new()),
+                _ => (
+                    Got::Frame {
+                        len: 1 + i as usize,
+                        accepted: false,
+                    },
+                    vec![i; 1 + i as usize],
+                ),
+            })
+            .collect();
+        assert_eq!(one, expected);
+        // Whole batches, a short last batch, and one datagram per call.
+        for per_call in [5, 4, 1] {
+            assert_eq!(
+                read_back(&format!("many{per_call}"), Some(per_call)),
+                expected
+            );
+        }
+    }
+
+    #[test]
+    fn more_datagrams_than_a_batch_all_arrive() {
+        let path = tmp_path("overbatch");
+        let _ = std::fs::remove_file(&path);
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([6; 16], 1))));
+        let mut rx = Receiver::bind(&path, 1 << 22, Arc::clone(&rec), &[]).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        let count = 3 * BATCH as u64 + 7;
+        for _ in 0..count {
+            tx.send_to(b"not a frame", &path).unwrap();
+        }
+        rx.close().unwrap();
+        assert_eq!(rx.stats().received, count);
+        let r = rec.lock().unwrap();
+        assert_eq!(r.counters().frames, count);
+        assert_eq!(r.counters().rejected_frames, count);
     }
 }

@@ -396,6 +396,9 @@ fn server_error(error: &Value) -> SseError {
 
 /// Extract a chunk from an event's `data:` payload.
 pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
+    if let Some(chunk) = crate::sse_scan::scan_chunk(data) {
+        return Ok(chunk);
+    }
     match crate::sse_typed::parse_chunk_typed(data) {
         Some(chunk) => Ok(chunk),
         None => parse_chunk_value(data),

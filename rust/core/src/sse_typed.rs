@@ -349,6 +349,10 @@ mod tests {
         if let Some(chunk) = &typed {
             assert_eq!(Ok(chunk), value.as_ref(), "{data}");
         }
+        // The byte scanner in front of both answers only as they do.
+        if let Some(chunk) = crate::sse_scan::scan_chunk(data) {
+            assert_eq!(Ok(&chunk), value.as_ref(), "scanned: {data}");
+        }
         assert_eq!(
             crate::sse::parse_chunk(data).map_err(|e| e.to_string()),
             value,
