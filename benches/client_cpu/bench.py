@@ -22,10 +22,22 @@ from bench_load import process_cpu_seconds, steady_cpu_per_10k
 ROOT_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
 
 
-SYSCALL_EVENTS = ",".join(
-    f"syscalls:sys_enter_{name}"
-    for name in ("recvmsg", "recvmmsg", "geteuid", "recvfrom", "poll", "sendto", "futex", "clock_nanosleep")
-) + ",raw_syscalls:sys_enter,context-switches,task-clock"
+SYSCALL_EVENTS = (
+    ",".join(
+        f"syscalls:sys_enter_{name}"
+        for name in (
+            "recvmsg",
+            "recvmmsg",
+            "geteuid",
+            "recvfrom",
+            "poll",
+            "sendto",
+            "futex",
+            "clock_nanosleep",
+        )
+    )
+    + ",raw_syscalls:sys_enter,context-switches,task-clock"
+)
 
 
 def free_port():
@@ -76,7 +88,18 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
     cmd = [
         # CP_PERF=FILE: profile the client (software clock; this guest has no PMU).
         *(
-            ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g", "-o", os.environ["CP_PERF"], "--"]
+            [
+                "perf",
+                "record",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "1999",
+                "-g",
+                "-o",
+                os.environ["CP_PERF"],
+                "--",
+            ]
             if os.environ.get("CP_PERF")
             else []
         ),
