@@ -448,7 +448,8 @@ fn read_loop(
 ) {
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
     let mut cbufs = vec![[0u64; CMSG_BUF / 8]; BATCH];
-    // The batch's datagrams in order: (index into bufs, what it was).
+    // What each datagram of a batch was (datagram i is in bufs[i]), and the
+    // admitted ones as (i, length), in the order they were sent.
     let mut got: Vec<Got> = Vec::with_capacity(BATCH);
     let mut frames: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
     let mut oversized: Vec<usize> = Vec::new();

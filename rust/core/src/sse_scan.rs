@@ -367,4 +367,41 @@ mod tests {
             "{answered} of {tried}"
         );
     }
+
+    /// Random one-to-three-byte edits (xorshift, fixed seed): the same
+    /// property on edits the exhaustive test above does not combine.
+    #[test]
+    fn randomly_edited_chunks_are_scanned_only_as_the_value_path_reads_them() {
+        let alphabet = b"\"\\:,{}[]019-.enulltfa ";
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let mut answered = 0;
+        for round in 0..16_000 {
+            let mut b = PLAIN[round % PLAIN.len()].as_bytes().to_vec();
+            for _ in 0..1 + next(3) {
+                let i = next(b.len());
+                let c = alphabet[next(alphabet.len())];
+                match next(3) {
+                    0 => b[i] = c,
+                    1 => b.insert(i, c),
+                    _ => {
+                        b.remove(i);
+                    }
+                }
+            }
+            let Ok(s) = std::str::from_utf8(&b) else {
+                continue;
+            };
+            if let Some(chunk) = scan_chunk(s) {
+                answered += 1;
+                assert_eq!(Ok(chunk), parse_chunk_value(s), "{s}");
+            }
+        }
+        assert!(answered > 1000, "{answered}");
+    }
 }
