@@ -1,7 +1,7 @@
 //! Provenance, text and notice records (kinds 2-4), decoded as views into
 //! the datagram, with the per-record rules of docs/PROTOCOL.md.
 
-use super::reader::{le_u32, Reader};
+use super::reader::{le_u32, utf8, Reader};
 use super::*;
 
 /// One provenance record (a view into the datagram: decoding allocates no
@@ -351,7 +351,7 @@ pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>,
         let both = if aligned {
             r.buf
                 .get(frag_start..frag_start + frag_total + http_len)
-                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(utf8)
         } else {
             None
         };

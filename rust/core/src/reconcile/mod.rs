@@ -25,6 +25,7 @@ mod prove;
 mod source;
 mod sse_witness;
 mod stream;
+mod tokens;
 
 pub use args::{parse_run_id, run_id_hex, ArgError};
 pub use source::SourceInfo;
@@ -119,6 +120,9 @@ struct PRec {
     end: u64,
     ds: u16,
     dp: u16,
+    /// Tokens per role (plain, accepted, target, bonus): settling a record
+    /// whose tokens are all confirmed needs no walk over them.
+    counts: [u16; 4],
 }
 
 /// An unproven non-empty fragment.
@@ -162,9 +166,8 @@ struct Usage {
 struct Stream {
     failed: Option<String>,
     exact: bool,
-    /// Offset of `toks[0]`.
-    base: u64,
-    toks: VecDeque<Tok>,
+    /// The tokens not yet released, by offset.
+    toks: tokens::TokRing,
     p_end: u64,
     t_end: u64,
     q_end: u64,
@@ -229,21 +232,17 @@ impl Stream {
     /// The slot of offset `o`, which is at most one past the retained tokens.
     #[inline]
     fn slot(&mut self, o: u64) -> &mut Tok {
-        let i = (o - self.base) as usize;
-        if i == self.toks.len() {
-            self.toks.push_back(Tok::default());
-        }
-        &mut self.toks[i]
+        self.toks.slot(o)
     }
 
     #[inline]
     fn tok(&self, o: u64) -> &Tok {
-        &self.toks[(o - self.base) as usize]
+        self.toks.get(o)
     }
 
     /// Release everything once the stream has its verdict.
     fn release_all(&mut self) {
-        self.toks = VecDeque::new();
+        self.toks.clear();
         self.recs = VecDeque::new();
         self.spec_steps = Vec::new();
         self.frags = VecDeque::new();

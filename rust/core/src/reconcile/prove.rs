@@ -23,18 +23,33 @@ impl Reconciler {
                 break;
             }
             let confirmed = conf_end.saturating_sub(r.start) as usize;
-            let base = st.base;
-            let toks = &st.toks;
-            let roles = (r.start..r.end).map(|o| toks[(o - base) as usize].role);
-            st.stats.settle(roles, confirmed, r.ds, r.dp);
+            if conf_end == r.end {
+                // Every token confirmed: the role counts give the same sums.
+                st.stats.settle_confirmed(confirmed, r.counts, r.ds, r.dp);
+            } else {
+                let toks = &st.toks;
+                let roles = (r.start..r.end).map(|o| toks.get(o).role);
+                st.stats.settle(roles, confirmed, r.ds, r.dp);
+            }
             st.recs.pop_front();
         }
-        // Prove fragments, strictly in order.
+        // Prove fragments, strictly in order. The fields are borrowed apart
+        // once (not `self.streams[s]` again per fragment and piece).
         let h_len = st.h.len();
         let s_len = st.s.len();
         let h_final = st.t_finished && st.t_truncated;
-        while let Some(fr) = self.streams[s].frags.front().copied() {
-            let st = &mut self.streams[s];
+        let Reconciler {
+            streams,
+            events,
+            pieces,
+            unit_starts,
+            input_start,
+            ..
+        } = self;
+        let st = &mut streams[s];
+        let input_start = *input_start;
+        let mut mismatch = None;
+        while let Some(fr) = st.frags.front().copied() {
             if fr.tok >= c {
                 break;
             }
@@ -52,17 +67,35 @@ impl Reconciler {
             let hb = st.h.slice(fr.byte_start, limit);
             let sb = st.s.slice(fr.byte_start, limit);
             if !same3(fb, hb, sb) {
-                let reason = byte_mismatch(fr, fb, hb, sb);
-                self.fail(s, reason);
-                return;
+                mismatch = Some(byte_mismatch(fr, fb, hb, sb));
+                break;
             }
-            let mut pieces = std::mem::take(&mut self.pieces);
-            let avail = (limit - fr.byte_start) as usize;
-            st.pieces(&fr, avail, &mut pieces, &mut self.unit_starts);
             st.proven = limit;
             st.frags.pop_front();
-            for p in &pieces {
-                let st = &mut self.streams[s];
+            if fr.tok == fr.first {
+                // No span_back (most fragments): `pieces` would give the one
+                // piece of the whole output, with the carrier's step and role,
+                // and its bytes are `hb` (the SAFETY argument below holds for
+                // them); so emit it without the pieces buffer.
+                let carrier = st.tok(fr.tok);
+                let p = Piece {
+                    from: 0,
+                    to: hb.len(),
+                    step: Some(carrier.ord),
+                    role: Some(carrier.role),
+                    first: fr.tok,
+                    n: 1,
+                };
+                debug_assert!(std::str::from_utf8(hb).is_ok());
+                // SAFETY: as for a piece below (this piece is the whole output).
+                let text = unsafe { std::str::from_utf8_unchecked(hb) };
+                st.stats.bytes += hb.len() as u64;
+                emit_span(events, input_start, s, fr.byte_start, text, &p);
+                continue;
+            }
+            let avail = (limit - fr.byte_start) as usize;
+            st.pieces(&fr, avail, pieces, unit_starts);
+            for p in pieces.iter() {
                 let bytes =
                     st.h.slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
                 debug_assert!(std::str::from_utf8(bytes).is_ok());
@@ -77,9 +110,11 @@ impl Reconciler {
                 }
                 st.stats.bytes += (p.to - p.from) as u64;
                 let start = fr.byte_start + p.from as u64;
-                emit_span(&mut self.events, self.input_start, s, start, text, p);
+                emit_span(events, input_start, s, start, text, p);
             }
-            self.pieces = pieces;
+        }
+        if let Some(reason) = mismatch {
+            return self.fail(s, reason);
         }
         let st = &mut self.streams[s];
         if let Err(reason) = st.chunk_rule(s, c) {
@@ -97,11 +132,7 @@ impl Reconciler {
         if let Some(fr) = st.frags.front() {
             keep = keep.min(fr.first);
         }
-        if keep > st.base {
-            let n = ((keep - st.base) as usize).min(st.toks.len());
-            st.toks.drain(..n);
-            st.base += n as u64;
-        }
+        st.toks.release_before(keep);
         let bytes_keep = st.frags.front().map_or(st.proven, |f| f.byte_start);
         st.f.release_before(bytes_keep);
         st.h.release_before(bytes_keep);

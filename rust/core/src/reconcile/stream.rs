@@ -81,6 +81,7 @@ impl Stream {
                 r.drafts_padded,
             );
         } else {
+            let mut counts = [0u16; 4];
             for (i, (id, &role)) in r.token_ids().zip(r.roles).enumerate() {
                 let o = offset + i as u64;
                 if beyond_fails && o >= t_end {
@@ -93,6 +94,9 @@ impl Stream {
                 slot.role = role;
                 slot.ord = ord;
                 slot.has |= HAS_P;
+                if let Some(c) = counts.get_mut(usize::from(role)) {
+                    *c += 1;
+                }
                 if slot.has & HAS_T != 0 && slot.t != id {
                     return Err(format!(
                         "token mismatch at offset {o}: scheduler {id}, detokenizer {}",
@@ -106,6 +110,7 @@ impl Stream {
                 end,
                 ds: r.drafts_scheduled,
                 dp: r.drafts_padded,
+                counts,
             });
         }
         if r.drafts_scheduled > 0 {
@@ -201,10 +206,12 @@ impl Stream {
                     slot.q
                 ));
             }
-            self.t_end = o + 1;
             let len = t.frag_len as usize;
             if len == 0 {
-                self.toks[(o - self.base) as usize].give = t.lead_len;
+                slot.give = t.lead_len;
+            }
+            self.t_end = o + 1;
+            if len == 0 {
                 self.push_pending(o, t.lead_len);
                 continue;
             }
