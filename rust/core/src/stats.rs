@@ -2,37 +2,42 @@
 
 use crate::protocol::{ROLE_ACCEPTED, ROLE_BONUS, ROLE_PLAIN, ROLE_TARGET};
 
-/// Statistics of one stream, or their sum over the run.
+/// Statistics of one stream, or their sum over the run. Laid out (`repr(C)`,
+/// on cache-line boundaries) so that settling a record touches the first
+/// two lines and a span the second: the counters every record adds to, then
+/// the lists' headers with the span counters, then the rest; the order of
+/// the protocol's keys is [`STAT_KEYS`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[repr(C, align(64))]
 pub struct Stats {
     /// Confirmed tokens of settled records.
     pub tokens: u64,
     /// Settled records with at least one confirmed token.
     pub steps: u64,
-    /// `hist[n]`: settled records with `n` confirmed tokens (grown on demand).
-    pub hist: Vec<u64>,
     pub drafts_scheduled: u64,
     pub drafts_padded: u64,
     pub plain: u64,
     pub accepted: u64,
     pub target: u64,
     pub bonus: u64,
+    /// `hist[n]`: settled records with `n` confirmed tokens (grown on demand).
+    pub hist: Vec<u64>,
+    /// `drafts_by_pos[i]`: settled records with more than `i` unpadded draft
+    /// slots (grown on demand, so its length is the largest
+    /// `drafts_scheduled - drafts_padded` seen).
+    pub drafts_by_pos: Vec<u64>,
+    /// Span events whose step is None.
+    pub mixed_spans: u64,
+    /// Bytes in span events.
+    pub bytes: u64,
+    /// `accepted_by_pos[i]`: settled records whose draft `i` was accepted and
+    /// confirmed (same length as `drafts_by_pos`).
+    pub accepted_by_pos: Vec<u64>,
     pub surplus_tokens: u64,
     pub surplus_accepted: u64,
     pub surplus_target: u64,
     pub surplus_bonus: u64,
     pub surplus_plain: u64,
-    /// Span events whose step is None.
-    pub mixed_spans: u64,
-    /// Bytes in span events.
-    pub bytes: u64,
-    /// `drafts_by_pos[i]`: settled records with more than `i` unpadded draft
-    /// slots (grown on demand, so its length is the largest
-    /// `drafts_scheduled - drafts_padded` seen).
-    pub drafts_by_pos: Vec<u64>,
-    /// `accepted_by_pos[i]`: settled records whose draft `i` was accepted and
-    /// confirmed (same length as `drafts_by_pos`).
-    pub accepted_by_pos: Vec<u64>,
     /// Steps cross-checked with vLLM's per-request speculative metrics.
     pub metrics_steps: u64,
 }

@@ -19,7 +19,10 @@ impl<'a> Reader<'a> {
                 pos: self.pos,
             });
         }
-        let s = &self.buf[self.pos..self.pos + n];
+        // SAFETY: `pos <= buf.len()` always holds (it starts at most at the
+        // header's end and only grows by an `n` checked against what is
+        // left), and `n <= buf.len() - pos` was just checked.
+        let s = unsafe { self.buf.get_unchecked(self.pos..self.pos + n) };
         self.pos += n;
         Ok(s)
     }

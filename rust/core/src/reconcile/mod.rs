@@ -162,65 +162,80 @@ struct Usage {
     per_step_drafted: Option<Vec<u32>>,
 }
 
+/// One stream's state. The fields are laid out in the order the inputs use
+/// them (`repr(C)`, each stream on its own cache lines): what every input
+/// reads first (ends, flags, the token ring), then the queues and byte
+/// windows that records and chunks append to and `advance` reads, then the
+/// counters, then what only the ends of a request touch. 64 streams' state
+/// does not stay in L1 between a step's provenance, text and SSE inputs;
+/// the declaration order saves cache lines per input, nothing else (Rust's
+/// own layout orders fields by size and scatters the hot ones).
 #[derive(Debug, Default)]
+#[repr(C, align(64))]
 struct Stream {
+    // --- every input (the first line: what most inputs read first)
     failed: Option<String>,
-    exact: bool,
-    /// The tokens not yet released, by offset.
-    toks: tokens::TokRing,
     p_end: u64,
     t_end: u64,
     q_end: u64,
-    p_src: Option<u64>,
-    t_src: Option<u64>,
-    /// Header step of the stream's last provenance / text record.
-    p_step: Option<u64>,
-    t_step: Option<u64>,
+    /// End of the proven bytes.
+    proven: u64,
     /// Ordinal of the next provenance record.
     ord: u32,
-    recs: VecDeque<PRec>,
-    /// The scheduler's finish reason once a record said finished.
-    p_finished: Option<u8>,
+    exact: bool,
     /// The last provenance record was trimmed (nothing may follow it).
     p_trimmed: bool,
     t_finished: bool,
-    t_reason: u8,
-    t_trimmed_tokens: u16,
-    /// A stop-string finish's trimmed tokens were checked against the
-    /// scheduler's step holding the text's last token.
-    trim_checked: bool,
-    /// The records with drafts, in order (the fourth witness lists them).
-    spec_steps: Vec<SpecStep>,
-    /// vLLM's per-request metrics were checked against them.
-    metrics_checked: bool,
-    /// T finished because of a stop string (text_truncated or tokens_trimmed):
-    /// provenance beyond its end is surplus.
-    t_stop_string: bool,
-    /// The final HTTP text stops inside or before the fragments.
-    t_truncated: bool,
+    sse_finished: bool,
+    // (the second line)
     /// Empty-fragment tokens since the last fragment (the tokens just before
     /// `t_end`); the give counts of the last [`MAX_SPAN_BACK`] of them (the
     /// only ones a fragment's span_back can reach), and the first earlier one
     /// that gave bytes (offset, give): no fragment can carry those.
     pending_empty: u32,
-    pending_gives: VecDeque<u16>,
-    unreachable_give: Option<(u64, u16)>,
+    /// The scheduler's finish reason once a record said finished.
+    p_finished: Option<u8>,
+    /// T finished because of a stop string (text_truncated or tokens_trimmed):
+    /// provenance beyond its end is surplus.
+    t_stop_string: bool,
+    /// The final HTTP text stops inside or before the fragments.
+    t_truncated: bool,
+    t_reason: u8,
+    /// A stop-string finish's trimmed tokens were checked against the
+    /// scheduler's step holding the text's last token.
+    trim_checked: bool,
+    /// vLLM's per-request metrics were checked against them.
+    metrics_checked: bool,
+    t_trimmed_tokens: u16,
+    /// Header step of the stream's last provenance / text record.
+    p_step: Option<u64>,
+    t_step: Option<u64>,
+    p_src: Option<u64>,
+    // (the third line)
+    t_src: Option<u64>,
+    /// The tokens not yet released, by offset.
+    toks: tokens::TokRing,
+    // --- what records and chunks queue, and `advance` proves
+    recs: VecDeque<PRec>,
     frags: VecDeque<Frag>,
-    f: ByteWindow,
-    h: ByteWindow,
-    s: ByteWindow,
-    /// End of the proven bytes.
-    proven: u64,
     /// (token end, HTTP byte end) of each text record the SSE has not yet
     /// passed, and of each SSE chunk not yet held against them: a chunk
     /// carries whole steps, so it ends where a text record ends.
     t_ends: VecDeque<(u64, u64)>,
     q_ends: VecDeque<(u64, u64)>,
-    sse_finished: bool,
+    f: ByteWindow,
+    h: ByteWindow,
+    s: ByteWindow,
+    pending_gives: VecDeque<u16>,
+    /// The records with drafts, in order (the fourth witness lists them).
+    spec_steps: Vec<SpecStep>,
+    // --- counters (settled records, spans)
+    stats: Stats,
+    // --- the rare and the ends of a request
+    unreachable_give: Option<(u64, u16)>,
     sse_reason: Option<String>,
     sse_id: Option<String>,
     usage: Option<Usage>,
-    stats: Stats,
 }
 
 impl Stream {

@@ -5,12 +5,12 @@
 
 use super::Tok;
 
-/// Tokens at absolute offsets `base..end`, each at `buf[offset & mask]`.
+/// Tokens at absolute offsets `base..end`, each at `buf[offset & mask]`
+/// (`mask = buf.len() - 1`; `buf.len()` is 0 or a power of two). 32 bytes:
+/// with the stream's source ids it fills one cache line.
 #[derive(Debug, Default)]
 pub(super) struct TokRing {
-    buf: Vec<Tok>,
-    /// `buf.len() - 1` (`buf.len()` is 0 or a power of two).
-    mask: usize,
+    buf: Box<[Tok]>,
     /// Offset of the oldest retained token.
     base: u64,
     /// One past the newest retained token.
@@ -43,19 +43,28 @@ impl TokRing {
                 self.grow();
             }
             self.end += 1;
-            let t = &mut self.buf[o as usize & self.mask];
+            let mask = self.mask();
+            let t = &mut self.buf[o as usize & mask];
             *t = Tok::default();
             return t;
         }
         assert!(o >= self.base && o < self.end, "token {o} not retained");
-        &mut self.buf[o as usize & self.mask]
+        let mask = self.mask();
+        &mut self.buf[o as usize & mask]
     }
 
     /// The retained token at offset `o`.
     #[inline]
     pub(super) fn get(&self, o: u64) -> &Tok {
         debug_assert!(o >= self.base && o < self.end, "token {o} not retained");
-        &self.buf[o as usize & self.mask]
+        &self.buf[o as usize & self.mask()]
+    }
+
+    /// `offset & mask` is an offset's slot (wrapping to `usize::MAX` for
+    /// the empty ring, which `slot` grows before using).
+    #[inline]
+    fn mask(&self) -> usize {
+        self.buf.len().wrapping_sub(1)
     }
 
     /// Forget the tokens before offset `keep` (at most every retained one).
@@ -68,8 +77,7 @@ impl TokRing {
 
     /// Drop every retained token and the memory (the offsets are kept).
     pub(super) fn clear(&mut self) {
-        self.buf = Vec::new();
-        self.mask = 0;
+        self.buf = Box::default();
         self.end = self.base;
     }
 
@@ -77,12 +85,12 @@ impl TokRing {
     #[cold]
     fn grow(&mut self) {
         let cap = (self.buf.len() * 2).max(FIRST_CAPACITY);
-        let mut buf = vec![Tok::default(); cap];
+        let mut buf = vec![Tok::default(); cap].into_boxed_slice();
+        let mask = self.mask();
         for o in self.base..self.end {
-            buf[o as usize & (cap - 1)] = self.buf[o as usize & self.mask];
+            buf[o as usize & (cap - 1)] = self.buf[o as usize & mask];
         }
         self.buf = buf;
-        self.mask = cap - 1;
     }
 }
 
