@@ -132,6 +132,7 @@ impl Stats {
     /// token of role r, and the i-th accepted token (whatever its place) to
     /// `accepted_by_pos[i]`, i.e. one to each of the first `counts[1]`
     /// positions (test `settle_confirmed_is_settle_of_every_token`).
+    #[inline]
     pub fn settle_confirmed(&mut self, confirmed: usize, counts: [u16; 4], ds: u16, dp: u16) {
         if confirmed > 0 {
             self.steps += 1;
