@@ -6,8 +6,8 @@
 use super::Tok;
 
 /// Tokens at absolute offsets `base..end`, each at `buf[offset & mask]`
-/// (`mask = buf.len() - 1`; `buf.len()` is 0 or a power of two). 32 bytes:
-/// with the stream's source ids it fills one cache line.
+/// (`mask = buf.len() - 1`; `buf.len()` is 0 or a power of two). 32 bytes,
+/// so that it shares a cache line with the stream's other hot fields.
 #[derive(Debug, Default)]
 pub(super) struct TokRing {
     buf: Box<[Tok]>,
