@@ -430,16 +430,17 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 4)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 5)",
         ),
         (
             SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 4)",
+            "pure Python (the C accelerator has ABI None, this plugin needs 5)",
         ),
         (
-            SimpleNamespace(ABI=4, QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
-            "encode_text_step, has_empty, sampled_lengths, scheduler_rows)",
+            SimpleNamespace(ABI=5, QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_body, "
+            "encode_provenance_step, encode_text_body, encode_text_step, has_empty, "
+            "sampled_lengths, scheduler_rows)",
         ),
     ],
 )

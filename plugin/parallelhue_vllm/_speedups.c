@@ -13,7 +13,9 @@
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
  *   texts, fragments, span_backs[, leads]): a step's record bytes as wire.py's
- *   functions of the same names (the emitter's sender thread, emitter.encode_rows);
+ *   functions of the same names; encode_provenance_body / encode_text_body (same
+ *   arguments): those records joined in one bytes object, the frame body the
+ *   emitter's sender thread sends (emitter.encode_chunks);
  *   the text encoder writes protocol 3's entry (lead_len: a fragment's split, or
  *   an empty fragment's give count); tests/test_wire_speedups.py compares the
  *   bytes on random steps.
@@ -35,7 +37,7 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 4
+#define SPEEDUPS_ABI 5
 
 /* ------------------------------------------------------------- helpers */
 static void
@@ -186,13 +188,81 @@ check_columns(PyObject *meta, Py_ssize_t records, Py_ssize_t ids, Py_ssize_t tok
     return 0;
 }
 
-/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step) */
+/* Where a step encoder writes its records: a list of one bytes object per record
+ * (the *_step functions), or one bytes object of them all, joined (the *_body
+ * functions: the sender's frame body, without a bytes object per record and the join). */
+typedef struct {
+    PyObject *list;   /* list mode: PyList_New(records), items set as written */
+    PyObject *joined; /* body mode: the body so far (over-allocated until sink_finish) */
+    Py_ssize_t used;
+} Sink;
+
+static int
+sink_open(Sink *sink, int joined, Py_ssize_t records, Py_ssize_t estimate)
+{
+    sink->used = 0;
+    sink->list = NULL;
+    sink->joined = NULL;
+    if (joined) {
+        sink->joined = PyBytes_FromStringAndSize(NULL, estimate > 0 ? estimate : 1);
+        return sink->joined == NULL ? -1 : 0;
+    }
+    sink->list = PyList_New(records);
+    return sink->list == NULL ? -1 : 0;
+}
+
+/* Room for record `r` of `size` bytes (NULL with MemoryError). */
+static unsigned char *
+sink_record(Sink *sink, Py_ssize_t r, Py_ssize_t size)
+{
+    if (sink->list != NULL) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+        if (out == NULL) {
+            return NULL;
+        }
+        PyList_SET_ITEM(sink->list, r, out);
+        return (unsigned char *)PyBytes_AS_STRING(out);
+    }
+    Py_ssize_t need = sink->used + size, room = PyBytes_GET_SIZE(sink->joined);
+    if (need > room) {
+        if (_PyBytes_Resize(&sink->joined, need > 2 * room ? need : 2 * room) < 0) {
+            return NULL; /* sink->joined is NULL now */
+        }
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(sink->joined) + sink->used;
+    sink->used = need;
+    return p;
+}
+
 static PyObject *
-encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+sink_finish(Sink *sink)
+{
+    if (sink->list != NULL) {
+        return sink->list;
+    }
+    if (_PyBytes_Resize(&sink->joined, sink->used) < 0) {
+        return NULL;
+    }
+    return sink->joined;
+}
+
+static void
+sink_drop(Sink *sink)
+{
+    Py_XDECREF(sink->list);
+    Py_XDECREF(sink->joined);
+}
+
+/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step);
+ * encode_provenance_body(meta, ids, roles) -> bytes: the same records, joined. */
+static PyObject *
+encode_provenance(PyObject *const *args, Py_ssize_t nargs, int joined)
 {
     if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "encode_provenance_step(meta, ids, roles): three lists");
+        PyErr_SetString(PyExc_TypeError, joined
+                        ? "encode_provenance_body(meta, ids, roles): three lists"
+                        : "encode_provenance_step(meta, ids, roles): three lists");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *roles = args[2];
@@ -203,8 +273,8 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         check_columns(meta, records, n_ids, -1);
         return NULL;
     }
-    PyObject *encoded = PyList_New(records);
-    if (encoded == NULL) {
+    Sink sink;
+    if (sink_open(&sink, joined, records, records * PROVENANCE_HEADER + 5 * n_ids) < 0) {
         return NULL;
     }
     for (Py_ssize_t r = 0; r < records; r++) {
@@ -227,11 +297,10 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
             check_columns(meta, records, n_ids, first + count);
             goto fail;
         }
-        PyObject *out = PyBytes_FromStringAndSize(NULL, PROVENANCE_HEADER + 5 * count);
-        if (out == NULL) {
+        unsigned char *p = sink_record(&sink, r, PROVENANCE_HEADER + 5 * count);
+        if (p == NULL) {
             goto fail;
         }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
         put16(p, (unsigned long)v[0]);
         p[2] = (unsigned char)v[1];
         p[3] = (unsigned char)v[2];
@@ -243,33 +312,46 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         for (Py_ssize_t i = 0; i < count; i++) {
             long long id = field(PyList_GET_ITEM(ids, first + i), 0xFFFFFFFFULL, "provenance");
             if (id < 0) {
-                Py_DECREF(out);
                 goto fail;
             }
             put32(p + 4 * i, (unsigned long)id);
         }
         memcpy(p + 4 * count, PyBytes_AS_STRING(record_roles), (size_t)count);
-        PyList_SET_ITEM(encoded, r, out);
         first += count;
     }
     if (check_columns(meta, records, n_ids, first) < 0) {
         goto fail;
     }
-    return encoded;
+    return sink_finish(&sink);
 fail:
-    Py_DECREF(encoded);
+    sink_drop(&sink);
     return NULL;
 }
 
-/* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes] */
 static PyObject *
-encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_provenance(args, nargs, 0);
+}
+
+static PyObject *
+encode_provenance_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_provenance(args, nargs, 1);
+}
+
+/* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes];
+ * encode_text_body(the same) -> bytes: the same records, joined. */
+static PyObject *
+encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
 {
     if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4]) ||
         (nargs == 6 && !PyDict_Check(args[5]))) {
         PyErr_SetString(PyExc_TypeError,
-                        "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
+                        joined
+                            ? "encode_text_body(meta, ids, texts, fragments, span_backs[, leads])"
+                            : "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *texts = args[2], *fragments = args[3];
@@ -284,8 +366,9 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         check_columns(meta, records, n_ids, -1);
         return NULL;
     }
-    PyObject *encoded = PyList_New(records);
-    if (encoded == NULL) {
+    Sink sink;
+    /* room for the headers, the entries and about 8 bytes of text per token */
+    if (sink_open(&sink, joined, records, records * TEXT_HEADER + (TEXT_ENTRY + 8) * n_ids) < 0) {
         return NULL;
     }
     for (Py_ssize_t r = 0; r < records; r++) {
@@ -368,11 +451,10 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             }
             size += length;
         }
-        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
-        if (out == NULL) {
+        unsigned char *p = sink_record(&sink, r, size);
+        if (p == NULL) {
             goto fail;
         }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
         put16(p, (unsigned long)v[0]);
         p[2] = (unsigned char)v[1];
         p[3] = (unsigned char)v[2];
@@ -402,7 +484,6 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 lead = LEAD_UNKNOWN;
             }
             if (id < 0 || back < 0 || lead < 0) {
-                Py_DECREF(out);
                 goto fail;
             }
             if (length > 0) {
@@ -415,7 +496,6 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             put16(entry + 7, (unsigned long)lead);
         }
         memcpy(data, http, (size_t)http_len);
-        PyList_SET_ITEM(encoded, r, out);
         first_id += count;
         first_fragment += fed;
     }
@@ -427,10 +507,22 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                      n_fragments);
         goto fail;
     }
-    return encoded;
+    return sink_finish(&sink);
 fail:
-    Py_DECREF(encoded);
+    sink_drop(&sink);
     return NULL;
+}
+
+static PyObject *
+encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_text(args, nargs, 0);
+}
+
+static PyObject *
+encode_text_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_text(args, nargs, 1);
 }
 
 /* The three types below hold their object references in one run of PyObject *
@@ -1354,6 +1446,10 @@ static PyMethodDef methods[] = {
      METH_FASTCALL, "The bytes of each provenance record of a step (wire.py)."},
     {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,
      "The bytes of each text record of a step (wire.py)."},
+    {"encode_provenance_body", (PyCFunction)(void (*)(void))encode_provenance_body,
+     METH_FASTCALL, "The provenance records of a step, joined (a frame body)."},
+    {"encode_text_body", (PyCFunction)(void (*)(void))encode_text_body, METH_FASTCALL,
+     "The text records of a step, joined (a frame body)."},
     {NULL, NULL, 0, NULL},
 };
 
