@@ -435,6 +435,10 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
             goto fail;
         }
         Py_ssize_t size = TEXT_HEADER + TEXT_ENTRY * count + http_len;
+        /* each fragment's UTF-8, found once (used <= count <= MAX_TOKENS_PER_RECORD,
+           as record_meta checked) */
+        const char *piece_bytes[MAX_TOKENS_PER_RECORD];
+        Py_ssize_t piece_lengths[MAX_TOKENS_PER_RECORD];
         for (Py_ssize_t i = 0; i < used; i++) {
             PyObject *piece = PyList_GET_ITEM(fragments, first_fragment + i);
             Py_ssize_t length;
@@ -442,9 +446,10 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
                 PyErr_SetString(PyExc_TypeError, "text step: a fragment is not a str");
                 goto fail;
             }
-            if (utf8_of(piece, &length) == NULL) {
+            if ((piece_bytes[i] = utf8_of(piece, &length)) == NULL) {
                 goto fail;
             }
+            piece_lengths[i] = length;
             if (length > 0xFFFF) {
                 PyErr_SetString(PyExc_ValueError, "text record field out of range: frag_len");
                 goto fail;
@@ -473,7 +478,8 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
             Py_ssize_t length = 0;
             const char *bytes = NULL;
             if (i < used) {
-                bytes = utf8_of(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                bytes = piece_bytes[i];
+                length = piece_lengths[i];
             }
             /* wire.encode_text_step: lead_lens pass through for every token (a give
                count on an empty fragment); without them only a fragment's own bytes
@@ -486,10 +492,14 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
             if (id < 0 || back < 0 || lead < 0) {
                 goto fail;
             }
-            if (length > 0) {
+            if (length <= 16) { /* most fragments: a few bytes, copied without a call */
+                for (Py_ssize_t b = 0; b < length; b++) {
+                    data[b] = (unsigned char)bytes[b];
+                }
+            } else {
                 memcpy(data, bytes, (size_t)length);
-                data += length;
             }
+            data += length;
             put32(entry, (unsigned long)id);
             put16(entry + 4, (unsigned long)length);
             entry[6] = (unsigned char)back;
@@ -704,6 +714,156 @@ static PyTypeObject StreamRecorderType = {
     .tp_members = recorder_members,
 };
 
+/* ------------------------------------------------------ attribute reads */
+/* One attribute of the objects of one type, read where the type keeps it, when
+ * the type looks attributes up the default way and answers for the name as
+ * PyObject_GetAttr would:
+ * - a member descriptor (__slots__, msgspec.Struct fields: vLLM's
+ *   EngineCoreOutput(s)): the slot. A member descriptor is a data descriptor:
+ *   it wins over an instance dict.
+ * - CPython 3.11, a plain class without a descriptor of the name (vLLM's
+ *   RequestOutput, the CompletionOutput dataclass: a default value in the class
+ *   is no descriptor): the instance's value array, at the name's index in the
+ *   keys the class's instances share (found once here; getattr hashes the name
+ *   into them on every read, after its type lookup). An instance without the
+ *   value, or with a __dict__ made, takes getattr.
+ * Any other type, a type changed since (its version tag), other shared keys, a
+ * custom __getattribute__, an unset slot or value takes PyObject_GetAttr. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+/* 3.11's layout (Include/internal/pycore_dict.h, pycore_object.h): shared keys
+ * of kind DICT_KEYS_SPLIT with unicode entries after the index table; an
+ * instance's value array pointer 4 words before the object. */
+#define INSTANCE_VALUES 1
+typedef struct {
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+} SharedKeys;
+typedef struct {
+    PyObject *me_key;
+    PyObject *me_value;
+} SharedKeyEntry;
+#define DICT_KEYS_SPLIT 2
+
+static inline SharedKeyEntry *
+shared_entries(SharedKeys *keys)
+{
+    return (SharedKeyEntry *)(keys->dk_indices + ((size_t)1 << keys->dk_log2_index_bytes));
+}
+
+static inline PyObject **
+instance_values(PyObject *obj)
+{
+    return *((PyObject ***)obj - 4);
+}
+#endif
+
+typedef struct {
+    PyTypeObject *type; /* compared only; a type's version tag is never reused */
+    unsigned int version;
+    Py_ssize_t offset;  /* a slot's offset; -1: not a slot */
+    int none_if_unset;  /* T_OBJECT: an unset slot reads as None */
+    void *keys;         /* the shared keys `index` is of (NULL: no instance value) */
+    Py_ssize_t index;
+} SlotReader;
+
+static void
+learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
+{
+    reader->type = NULL;
+    reader->offset = -1;
+    reader->keys = NULL;
+    if (type->tp_getattro != PyObject_GenericGetAttr) {
+        return;
+    }
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; assigns a version tag */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return;
+    }
+    reader->type = type;
+    reader->version = type->tp_version_tag;
+#ifdef INSTANCE_VALUES
+    if ((descr == NULL || Py_TYPE(descr)->tp_descr_get == NULL) &&
+        (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) && (type->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+        if (keys != NULL && keys->dk_kind == DICT_KEYS_SPLIT) {
+            SharedKeyEntry *entries = shared_entries(keys);
+            for (Py_ssize_t i = 0; i < keys->dk_nentries; i++) {
+                if (entries[i].me_key == name) {
+                    reader->keys = keys;
+                    reader->index = i;
+                    return;
+                }
+            }
+        }
+        reader->type = NULL; /* no instance has had the name yet: learn again next time */
+        return;
+    }
+#endif
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        return;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
+        (member->flags & READ_RESTRICTED)) {
+        return;
+    }
+#ifdef Py_RELATIVE_OFFSET
+    if (member->flags & Py_RELATIVE_OFFSET) {
+        return;
+    }
+#endif
+    reader->offset = member->offset;
+    reader->none_if_unset = member->type == T_OBJECT;
+}
+
+/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
+static inline PyObject *
+read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != reader->type || type->tp_version_tag != reader->version ||
+        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        learn_slot(type, name, reader);
+    }
+    if (reader->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + reader->offset);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+        if (reader->none_if_unset) {
+            Py_RETURN_NONE;
+        }
+    }
+#ifdef INSTANCE_VALUES
+    else if (reader->keys != NULL) {
+        SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+        PyObject **values = instance_values(obj);
+        /* shared keys only ever grow: the index stays the name's while they are the type's */
+        if (keys == reader->keys && values != NULL && reader->index < keys->dk_nentries &&
+            shared_entries(keys)[reader->index].me_key == name) {
+            PyObject *value = values[reader->index];
+            if (value != NULL) {
+                Py_INCREF(value);
+                return value;
+            }
+        }
+    }
+#endif
+    return PyObject_GetAttr(obj, name);
+}
+
+static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
+/* The frontend capture's reads: RequestOutput.outputs and four CompletionOutput fields. */
+static SlotReader read_completions, read_index, read_token_ids, read_completion_finish;
+static SlotReader read_text;
+
 /* --------------------------------------------------------- QueueCapture */
 /* Stands in for a request's output queue (hooks._QueueCapture): put() takes
  * the step's row from the output, then passes the output to the real queue. */
@@ -725,6 +885,8 @@ typedef struct {
 } QueueCapture;
 
 static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
+/* 0..MAX_TOKENS_PER_RECORD, made once (a row's counts, without a call each) */
+static PyObject *small_ints[MAX_TOKENS_PER_RECORD + 1];
 
 /* Append n items to a list; -1 on error (nothing appended). A bucket's columns
  * keep their allocation from step to step (take_lists), so the items are
@@ -829,7 +991,7 @@ take_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 static int
 capture_output(QueueCapture *self, PyObject *output)
 {
-    PyObject *completions = PyObject_GetAttr(output, str_outputs);
+    PyObject *completions = read_attr(output, str_outputs, &read_completions);
     if (completions == NULL) {
         PyErr_Clear(); /* an exception or a sentinel: not a RequestOutput */
         return 0;
@@ -843,10 +1005,10 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_DECREF(completions);
     int status = -1;
     PyObject *index = NULL, *token_ids = NULL, *finish = NULL, *text = NULL, *stop = NULL;
-    index = PyObject_GetAttr(completion, str_index);
-    token_ids = index ? PyObject_GetAttr(completion, str_token_ids) : NULL;
-    finish = token_ids ? PyObject_GetAttr(completion, str_finish_reason) : NULL;
-    text = finish ? PyObject_GetAttr(completion, str_text) : NULL;
+    index = read_attr(completion, str_index, &read_index);
+    token_ids = index ? read_attr(completion, str_token_ids, &read_token_ids) : NULL;
+    finish = token_ids ? read_attr(completion, str_finish_reason, &read_completion_finish) : NULL;
+    text = finish ? read_attr(completion, str_text, &read_text) : NULL;
     if (text == NULL) {
         goto done;
     }
@@ -889,13 +1051,10 @@ capture_output(QueueCapture *self, PyObject *output)
         goto done;
     }
     PyObject *offset = PyLong_FromLongLong(self->offset);
-    PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
-    PyObject *zero = PyLong_FromLong(0);
-    if (n == NULL) {
-        Py_XDECREF(offset);
-        Py_DECREF(zero);
+    if (offset == NULL) {
         goto done;
     }
+    PyObject *n = small_ints[count], *zero = small_ints[0]; /* count <= MAX_TOKENS_PER_RECORD */
     /* Columns in the order ids, fragments, text, meta, each undone on failure, so
        that the run's columns stay aligned. The ids are copied: outputs are
        merged later. */
@@ -907,8 +1066,6 @@ capture_output(QueueCapture *self, PyObject *output)
              extend_list(self->all_fragments, PySequence_Fast_ITEMS(fragments), count) < 0 ||
              extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0;
     Py_DECREF(offset);
-    Py_DECREF(n);
-    Py_DECREF(zero);
     if (failed) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
@@ -1142,75 +1299,6 @@ has_placeholder(PyObject *drafts)
     return 0;
 }
 
-/* ------------------------------------------------------- slot reads */
-/* One attribute of the objects of one type, read straight from its slot when
- * the type keeps it in a member descriptor (__slots__, msgspec.Struct fields:
- * vLLM's EngineCoreOutput(s)) and looks attributes up the default way. That is
- * what PyObject_GetAttr returns (a member descriptor is a data descriptor: it
- * wins over an instance dict) without its type lookup and descriptor call. Any
- * other type, a type changed since (its version tag), a custom __getattribute__
- * or an unset slot takes PyObject_GetAttr. */
-typedef struct {
-    PyTypeObject *type; /* compared only; a type's version tag is never reused */
-    unsigned int version;
-    Py_ssize_t offset;  /* -1: not a plain slot, PyObject_GetAttr */
-    int none_if_unset;  /* T_OBJECT: an unset slot reads as None */
-} SlotReader;
-
-static void
-learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
-{
-    reader->type = NULL;
-    reader->offset = -1;
-    if (type->tp_getattro != PyObject_GenericGetAttr) {
-        return;
-    }
-    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; assigns a version tag */
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        return;
-    }
-    reader->type = type;
-    reader->version = type->tp_version_tag;
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        return;
-    }
-    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-    if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
-        (member->flags & READ_RESTRICTED)) {
-        return;
-    }
-#ifdef Py_RELATIVE_OFFSET
-    if (member->flags & Py_RELATIVE_OFFSET) {
-        return;
-    }
-#endif
-    reader->offset = member->offset;
-    reader->none_if_unset = member->type == T_OBJECT;
-}
-
-/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
-static inline PyObject *
-read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
-{
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type != reader->type || type->tp_version_tag != reader->version ||
-        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        learn_slot(type, name, reader);
-    }
-    if (reader->offset >= 0) {
-        PyObject *value = *(PyObject **)((char *)obj + reader->offset);
-        if (value != NULL) {
-            Py_INCREF(value);
-            return value;
-        }
-        if (reader->none_if_unset) {
-            Py_RETURN_NONE;
-        }
-    }
-    return PyObject_GetAttr(obj, name);
-}
-
-static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
 
 /* sampled_lengths(sampled) -> list[int]: len() of each of a step's sampled token
  * lists (hooks.SchedulerTelemetry.before), before the stop checks trim them. */
@@ -1476,6 +1564,12 @@ intern_names(void)
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].name);
         if (*names[i].slot == NULL) {
+            return -1;
+        }
+    }
+    for (long i = 0; i <= MAX_TOKENS_PER_RECORD; i++) {
+        small_ints[i] = PyLong_FromLong(i);
+        if (small_ints[i] == NULL) {
             return -1;
         }
     }
