@@ -111,6 +111,19 @@ def test_c_body_encoders_give_the_join_of_wire_py_records(seed: int) -> None:
         )
 
 
+def test_fragments_of_every_short_length_are_copied_whole() -> None:
+    """The C encoder copies fragments of up to 16 bytes with fixed-size moves that
+    overlap: every length from 0 to 20 bytes, ASCII and not, lands byte for byte."""
+    module = load_speedups()
+    fragments = ["".join(chr(0x41 + (i + j) % 26) for j in range(n)) for i, n in
+                 enumerate(range(21))] + ["é" * n for n in range(1, 9)]  # fmt: skip
+    count = len(fragments)
+    step = ([1, 0, 0, 5, count, count, 0], list(range(count)), ["t"], fragments, {}, {})
+    expected = wire.encode_text_step(step)  # type: ignore[arg-type]
+    assert module.encode_text_step(*step) == expected
+    assert module.encode_text_body(*step) == b"".join(expected)
+
+
 def test_a_body_larger_than_its_first_guess_grows_and_keeps_every_byte() -> None:
     """The body buffer starts at about 8 text bytes per token: long fragments and
     texts make it grow (several times here) without losing or moving a byte."""

@@ -40,6 +40,21 @@
 #define SPEEDUPS_ABI 5
 
 /* ------------------------------------------------------------- helpers */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *
+Py_NewRef(PyObject *obj)
+{
+    Py_INCREF(obj);
+    return obj;
+}
+#endif
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
 static void
 put16(unsigned char *p, unsigned long v)
 {
@@ -54,6 +69,27 @@ put32(unsigned char *p, unsigned long v)
     p[1] = (unsigned char)((v >> 8) & 0xFF);
     p[2] = (unsigned char)((v >> 16) & 0xFF);
     p[3] = (unsigned char)((v >> 24) & 0xFF);
+}
+
+/* memcpy for the few bytes of most fragments, without a call: two fixed-size
+ * copies that overlap in the middle (each a single load and store), within
+ * the `length` bytes of both sides. */
+static ALWAYS_INLINE void
+copy_short(unsigned char *to, const char *from, Py_ssize_t length)
+{
+    if (length >= 8 && length <= 16) {
+        memcpy(to, from, 8);
+        memcpy(to + length - 8, from + length - 8, 8);
+    } else if (length >= 4 && length < 8) {
+        memcpy(to, from, 4);
+        memcpy(to + length - 4, from + length - 4, 4);
+    } else if (length > 16) {
+        memcpy(to, from, (size_t)length);
+    } else {
+        for (Py_ssize_t i = 0; i < length; i++) {
+            to[i] = (unsigned char)from[i];
+        }
+    }
 }
 
 /* The value of an exact int that fits one machine word's digit (nearly every
@@ -80,7 +116,7 @@ small_int(PyObject *value, long long *out)
 }
 
 /* UTF-8 of a str: an ASCII string's own bytes (no call), else the cached UTF-8. */
-static inline const char *
+static ALWAYS_INLINE const char *
 utf8_of(PyObject *text, Py_ssize_t *length)
 {
     if (PyUnicode_IS_COMPACT_ASCII(text)) {
@@ -143,7 +179,7 @@ text_flag_bits(PyObject *value)
 /* ---------------------------------------------------- step encoders */
 /* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise);
  * a limit of FLAG_BITS_ONLY: text flags, read as text_flag_bits. */
-static inline int
+static ALWAYS_INLINE int
 record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
             long long *out)
 {
@@ -492,13 +528,7 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
             if (id < 0 || back < 0 || lead < 0) {
                 goto fail;
             }
-            if (length <= 16) { /* most fragments: a few bytes, copied without a call */
-                for (Py_ssize_t b = 0; b < length; b++) {
-                    data[b] = (unsigned char)bytes[b];
-                }
-            } else {
-                memcpy(data, bytes, (size_t)length);
-            }
+            copy_short(data, bytes, length);
             data += length;
             put32(entry, (unsigned long)id);
             put16(entry + 4, (unsigned long)length);
@@ -1473,8 +1503,15 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             } else {
                 SchedRequest *request = (SchedRequest *)state;
                 PyObject *offset = PyLong_FromLongLong(request->offset);
-                PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
-                PyObject *s = n ? PyLong_FromSsize_t(scheduled) : NULL;
+                /* counts up to MAX_TOKENS_PER_RECORD: the table's (new references) */
+                PyObject *n = offset == NULL ? NULL
+                              : count <= MAX_TOKENS_PER_RECORD
+                                  ? Py_NewRef(small_ints[count])
+                                  : PyLong_FromSsize_t(count);
+                PyObject *s = n == NULL ? NULL
+                              : scheduled <= MAX_TOKENS_PER_RECORD
+                                  ? Py_NewRef(small_ints[scheduled])
+                                  : PyLong_FromSsize_t(scheduled);
                 if (s != NULL) {
                     PyObject *values[ROW_WIDTH] = {request->stream, zero, zero, offset, n, s, zero};
                     PyObject *ids = request->ids, *extra = request->extra;
