@@ -8,6 +8,7 @@ and nothing leaks.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import os
@@ -228,6 +229,126 @@ def test_capture_never_raises_its_own_failures_and_forwards_anything(
         capture.put("explode")  # the queue's own error reaches vLLM as it would without us
 
 
+# vLLM's output classes as they are (a plain class, a dataclass without slots)
+# and as another vLLM could have them: the C capture reads their attributes from
+# where CPython keeps them (a slot, 3.11's instance values) when getattr would
+# give the same, and through getattr otherwise (_speedups.c, read_attr).
+@dataclasses.dataclass
+class PlainCompletion:
+    index: int
+    text: Any
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedCompletion:
+    index: int
+    text: Any
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+class PropertyCompletion(PlainCompletion):
+    @property  # type: ignore[override]
+    def text(self) -> str:
+        return "from a property"
+
+    @text.setter
+    def text(self, value: Any) -> None:
+        pass
+
+
+class PlainOutput:
+    def __init__(self, outputs: list[Any]) -> None:
+        self.request_id = "r"
+        self.outputs = outputs
+
+
+def capture_rows(kinds: tuple[type, type], outputs: list[tuple[Any, list[str]]]) -> Any:
+    """What a capture took from each output (the step's fragments set before each put;
+    the `special` of these tests leaves them in place)."""
+    capture, queue, bucket, fragments, events = make_capture(kinds)
+    for output, pieces in outputs:
+        fragments[:] = pieces
+        capture.put(output)
+    assert queue.outputs == [output for output, _ in outputs]
+    return bucket.meta, bucket.ids, bucket.extra, bucket.fragments, events
+
+
+def reading_cases() -> list[tuple[Any, list[str]]]:
+    """Outputs whose fields sit where the C reader must take care."""
+    plain = [PlainOutput([PlainCompletion(0, "ab", [1, 2])]) for _ in range(3)]
+    made_dict = PlainOutput([PlainCompletion(0, "cd", [3, 4])])
+    made_dict.outputs[0].__dict__["text"] = "cd!"  # a __dict__ made: no value array any more
+    vars(made_dict)
+    deleted = PlainOutput([PlainCompletion(0, "ef", [5, 6])])
+    del deleted.outputs[0].text  # not in the instance: getattr's AttributeError (failed)
+    class_default = PlainOutput([PlainCompletion(0, "gh", [7, 8])])
+    del class_default.outputs[0].finish_reason  # the class's default None, through getattr
+    other_index = PlainOutput([PlainCompletion(1, "ij", [9, 10])])  # another choice: special
+    finished = PlainOutput([PlainCompletion(0, "kl", [11, 12], finish_reason="stop")])
+    slotted = PlainOutput([SlottedCompletion(0, "mn", [13, 14])])
+    unset_slot = PlainOutput([SlottedCompletion(0, "op", [15, 16])])
+    del unset_slot.outputs[0].text
+    prop = PlainOutput([PropertyCompletion(0, "qr", [17, 18])])
+    two = ["x", "y"]
+    return [(plain[0], two), (plain[1], two), (made_dict, two), (deleted, two), (plain[2], two),
+            (class_default, two), (other_index, two), (finished, two), (slotted, two),
+            (unset_slot, two), (prop, two), (PlainOutput([]), []), (ValueError("e"), []),
+            (PlainOutput([PlainCompletion(0, "st", [19, 20])]), two)]  # fmt: skip
+
+
+def test_capture_reads_every_kind_of_attribute_as_getattr_does() -> None:
+    """C and Python take the same rows and hand the same ones on, whatever the
+    classes keep their fields in: instance values, a made __dict__, a deleted
+    field, a class default, slots (set and unset), a property over a field."""
+    module = load_speedups()
+    python = capture_rows((hooks._StreamRecorder, hooks._QueueCapture), reading_cases())
+    c = capture_rows((module.StreamRecorder, module.QueueCapture), reading_cases())
+    assert c == python
+    meta, ids, texts, _fragments, events = c
+    assert texts == ["ab", "ab", "cd!", "ab", "gh", "mn", "from a property", "st"]
+    assert [event[0] for event in events] == ["failed", "special", "special", "failed"]
+    assert "'PlainCompletion' object has no attribute 'text'" in events[0][1]
+    assert [event[1][3:] for event in events[1:3]] == [("ij", 1), ("kl", 0)]
+    assert "'SlottedCompletion' object has no attribute 'text'" in events[3][1]
+    assert meta[3::7] == [0, 2, 4, 6, 8, 10, 12, 14] and ids[-2:] == [19, 20]
+
+
+def test_capture_follows_a_class_changed_after_its_first_outputs() -> None:
+    """A class changed while outputs flow (its version tag changes): the next read
+    is the new class's (a property now), in C as in Python."""
+
+    @dataclasses.dataclass
+    class Changing:
+        index: int
+        text: Any
+        token_ids: list[int]
+        finish_reason: str | None = None
+        stop_reason: Any = None
+
+    def run(kinds: tuple[type, type]) -> Any:
+        capture, _queue, bucket, fragments, _events = make_capture(kinds)
+        for _ in range(3):
+            fragments += ["a"]
+            capture.put(PlainOutput([Changing(0, "a", [1])]))
+        last = PlainOutput([Changing(0, "a", [1])])
+        Changing.text = property(lambda self: "changed")  # type: ignore[assignment]
+        fragments += ["a"]
+        capture.put(last)
+        del Changing.text  # type: ignore[attr-defined]
+        return bucket.extra
+
+    module = load_speedups()
+    python = run((hooks._StreamRecorder, hooks._QueueCapture))
+    assert run((module.StreamRecorder, module.QueueCapture)) == python
+    assert python == ["a", "a", "a", "changed"]
+
+
 def test_c_stand_ins_leak_nothing() -> None:
     module = load_speedups()
     fragments: list[str] = []
@@ -430,16 +551,17 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 4)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 5)",
         ),
         (
             SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 4)",
+            "pure Python (the C accelerator has ABI None, this plugin needs 5)",
         ),
         (
-            SimpleNamespace(ABI=4, QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_step, "
-            "encode_text_step, has_empty, sampled_lengths, scheduler_rows)",
+            SimpleNamespace(ABI=5, QueueCapture=None, SchedRequest=None),
+            "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_body, "
+            "encode_provenance_step, encode_text_body, encode_text_step, has_empty, "
+            "sampled_lengths, scheduler_rows)",
         ),
     ],
 )

@@ -97,6 +97,51 @@ def test_c_provenance_step_encoder_gives_wire_py_bytes_on_random_steps(seed: int
         assert module.encode_provenance_step(*step) == wire.encode_provenance_step(step)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_c_body_encoders_give_the_join_of_wire_py_records(seed: int) -> None:
+    """encode_*_body: the sender's frame body, written at once, is the records joined."""
+    module = load_speedups()
+    rng = random.Random(1000 + seed)
+    for _ in range(25):
+        text = random_text_step(rng)
+        assert module.encode_text_body(*text) == b"".join(wire.encode_text_step(text))  # type: ignore[arg-type]
+        provenance = random_provenance_step(rng)
+        assert module.encode_provenance_body(*provenance) == b"".join(
+            wire.encode_provenance_step(provenance)  # type: ignore[arg-type]
+        )
+
+
+def test_fragments_of_every_short_length_are_copied_whole() -> None:
+    """The C encoder copies fragments of up to 16 bytes with fixed-size moves that
+    overlap: every length from 0 to 20 bytes, ASCII and not, lands byte for byte."""
+    module = load_speedups()
+    fragments = ["".join(chr(0x41 + (i + j) % 26) for j in range(n)) for i, n in
+                 enumerate(range(21))] + ["é" * n for n in range(1, 9)]  # fmt: skip
+    count = len(fragments)
+    step = ([1, 0, 0, 5, count, count, 0], list(range(count)), ["t"], fragments, {}, {})
+    expected = wire.encode_text_step(step)  # type: ignore[arg-type]
+    assert module.encode_text_step(*step) == expected
+    assert module.encode_text_body(*step) == b"".join(expected)
+
+
+def test_a_body_larger_than_its_first_guess_grows_and_keeps_every_byte() -> None:
+    """The body buffer starts at about 8 text bytes per token: long fragments and
+    texts make it grow (several times here) without losing or moving a byte."""
+    module = load_speedups()
+    meta, ids, texts, fragments = [], [], [], []
+    for record in range(40):
+        meta += [record, 0, 0, record * 200, 200, 200, 0]
+        ids += list(range(200))
+        fragments += ["€" * 30] * 200
+        texts.append("😀" * 500)
+    step = (meta, ids, texts, fragments, {}, {})
+    body = module.encode_text_body(*step)
+    assert len(body) > 40 * (16 + 9 + 8) * 200
+    assert body == b"".join(wire.encode_text_step(step))  # type: ignore[arg-type]
+    assert module.encode_text_body([], [], [], [], {}) == b""
+    assert module.encode_provenance_body([], [], []) == b""
+
+
 def test_a_lead_on_an_empty_fragment_is_written_as_given() -> None:
     """Tokens 1 and 2 have span_back > 0 and empty fragments (one decoded as "",
     one never decoded): their lead_lens 5 and LEAD_UNKNOWN go on the wire as they are."""
@@ -141,6 +186,8 @@ def test_both_text_step_encoders_refuse_the_same_steps(step: tuple[Any, ...], me
         wire.encode_text_step(step)  # type: ignore[arg-type]
     with pytest.raises((ValueError, UnicodeEncodeError), match=message):
         module.encode_text_step(*step)
+    with pytest.raises((ValueError, UnicodeEncodeError), match=message):
+        module.encode_text_body(*step)
 
 
 def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
@@ -169,6 +216,44 @@ def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
     assert [emitter.encode_rows(wire.KIND_TEXT, text),  # type: ignore[arg-type]
             emitter.encode_rows(wire.KIND_PROVENANCE, provenance)] == c_bytes  # type: ignore[arg-type]  # fmt: skip
     assert calls == ["text", "provenance"]
+
+
+def test_the_emitter_frames_a_step_with_the_c_body_and_the_same_bytes_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """emitter.encode_chunks: one C-written body per step that fits a frame; a step
+    that does not (too many bytes or records) split record by record as _frame_chunks
+    does; wire.py's records joined without the accelerator; the same chunks each way."""
+    module = load_speedups()
+    calls: list[str] = []
+
+    def spy(name: str) -> Any:
+        def call(*args: Any) -> Any:
+            calls.append(name)
+            return getattr(module, name)(*args)
+
+        return call
+
+    names = ("encode_text_body", "encode_provenance_body", "encode_text_step",
+             "encode_provenance_step")  # fmt: skip
+    accelerated = SimpleNamespace(**{name: spy(name) for name in names})
+    rng = random.Random(7)
+    small = [(wire.KIND_TEXT, random_text_step(rng)),
+             (wire.KIND_PROVENANCE, random_provenance_step(rng))]  # fmt: skip
+    big_text = ([0, 0, 0, 0, 1, 1, 0] * 3, [1, 2, 3], ["x" * 30000] * 3, ["a", "b", "c"], {})
+    many = ([0, 0, 0, 0, 0, 0, 0] * 1100, [], [b""] * 1100)
+    steps = [*small, (wire.KIND_TEXT, big_text), (wire.KIND_PROVENANCE, many)]
+    monkeypatch.setattr(emitter, "_speedups", accelerated)
+    with_c = [emitter.encode_chunks(kind, step) for kind, step in steps]  # type: ignore[arg-type]
+    assert calls == [*names[:2], "encode_text_body", "encode_text_step",
+                     "encode_provenance_body", "encode_provenance_step"]  # fmt: skip
+    assert [[count for count, _ in chunks] for chunks in with_c] == [
+        [len(small[0][1][2])], [len(small[1][1][2])], [2, 1], [1024, 76]]  # fmt: skip
+    monkeypatch.setattr(emitter, "_speedups", None)
+    assert [emitter.encode_chunks(kind, step) for kind, step in steps] == with_c  # type: ignore[arg-type]
+    for (kind, step), chunks in zip(steps, with_c, strict=True):
+        records = wire.encode_rows(kind, step)  # type: ignore[arg-type]
+        assert chunks == emitter._frame_chunks(records)
 
 
 def test_a_joined_frame_is_the_frame_of_its_records() -> None:

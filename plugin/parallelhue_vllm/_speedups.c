@@ -13,7 +13,9 @@
  *   (hooks._StreamRecorder, hooks._QueueCapture).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
  *   texts, fragments, span_backs[, leads]): a step's record bytes as wire.py's
- *   functions of the same names (the emitter's sender thread, emitter.encode_rows);
+ *   functions of the same names; encode_provenance_body / encode_text_body (same
+ *   arguments): those records joined in one bytes object, the frame body the
+ *   emitter's sender thread sends (emitter.encode_chunks);
  *   the text encoder writes protocol 3's entry (lead_len: a fragment's split, or
  *   an empty fragment's give count); tests/test_wire_speedups.py compares the
  *   bytes on random steps.
@@ -35,9 +37,24 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 4
+#define SPEEDUPS_ABI 5
 
 /* ------------------------------------------------------------- helpers */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *
+Py_NewRef(PyObject *obj)
+{
+    Py_INCREF(obj);
+    return obj;
+}
+#endif
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
 static void
 put16(unsigned char *p, unsigned long v)
 {
@@ -52,6 +69,27 @@ put32(unsigned char *p, unsigned long v)
     p[1] = (unsigned char)((v >> 8) & 0xFF);
     p[2] = (unsigned char)((v >> 16) & 0xFF);
     p[3] = (unsigned char)((v >> 24) & 0xFF);
+}
+
+/* memcpy for the few bytes of most fragments, without a call: two fixed-size
+ * copies that overlap in the middle (each a single load and store), within
+ * the `length` bytes of both sides. */
+static ALWAYS_INLINE void
+copy_short(unsigned char *to, const char *from, Py_ssize_t length)
+{
+    if (length >= 8 && length <= 16) {
+        memcpy(to, from, 8);
+        memcpy(to + length - 8, from + length - 8, 8);
+    } else if (length >= 4 && length < 8) {
+        memcpy(to, from, 4);
+        memcpy(to + length - 4, from + length - 4, 4);
+    } else if (length > 16) {
+        memcpy(to, from, (size_t)length);
+    } else {
+        for (Py_ssize_t i = 0; i < length; i++) {
+            to[i] = (unsigned char)from[i];
+        }
+    }
 }
 
 /* The value of an exact int that fits one machine word's digit (nearly every
@@ -78,7 +116,7 @@ small_int(PyObject *value, long long *out)
 }
 
 /* UTF-8 of a str: an ASCII string's own bytes (no call), else the cached UTF-8. */
-static inline const char *
+static ALWAYS_INLINE const char *
 utf8_of(PyObject *text, Py_ssize_t *length)
 {
     if (PyUnicode_IS_COMPACT_ASCII(text)) {
@@ -141,7 +179,7 @@ text_flag_bits(PyObject *value)
 /* ---------------------------------------------------- step encoders */
 /* The 7 ints of record `r` of a meta column, range-checked (ValueError otherwise);
  * a limit of FLAG_BITS_ONLY: text flags, read as text_flag_bits. */
-static inline int
+static ALWAYS_INLINE int
 record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, const char *kind,
             long long *out)
 {
@@ -186,13 +224,81 @@ check_columns(PyObject *meta, Py_ssize_t records, Py_ssize_t ids, Py_ssize_t tok
     return 0;
 }
 
-/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step) */
+/* Where a step encoder writes its records: a list of one bytes object per record
+ * (the *_step functions), or one bytes object of them all, joined (the *_body
+ * functions: the sender's frame body, without a bytes object per record and the join). */
+typedef struct {
+    PyObject *list;   /* list mode: PyList_New(records), items set as written */
+    PyObject *joined; /* body mode: the body so far (over-allocated until sink_finish) */
+    Py_ssize_t used;
+} Sink;
+
+static int
+sink_open(Sink *sink, int joined, Py_ssize_t records, Py_ssize_t estimate)
+{
+    sink->used = 0;
+    sink->list = NULL;
+    sink->joined = NULL;
+    if (joined) {
+        sink->joined = PyBytes_FromStringAndSize(NULL, estimate > 0 ? estimate : 1);
+        return sink->joined == NULL ? -1 : 0;
+    }
+    sink->list = PyList_New(records);
+    return sink->list == NULL ? -1 : 0;
+}
+
+/* Room for record `r` of `size` bytes (NULL with MemoryError). */
+static unsigned char *
+sink_record(Sink *sink, Py_ssize_t r, Py_ssize_t size)
+{
+    if (sink->list != NULL) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+        if (out == NULL) {
+            return NULL;
+        }
+        PyList_SET_ITEM(sink->list, r, out);
+        return (unsigned char *)PyBytes_AS_STRING(out);
+    }
+    Py_ssize_t need = sink->used + size, room = PyBytes_GET_SIZE(sink->joined);
+    if (need > room) {
+        if (_PyBytes_Resize(&sink->joined, need > 2 * room ? need : 2 * room) < 0) {
+            return NULL; /* sink->joined is NULL now */
+        }
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(sink->joined) + sink->used;
+    sink->used = need;
+    return p;
+}
+
 static PyObject *
-encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+sink_finish(Sink *sink)
+{
+    if (sink->list != NULL) {
+        return sink->list;
+    }
+    if (_PyBytes_Resize(&sink->joined, sink->used) < 0) {
+        return NULL;
+    }
+    return sink->joined;
+}
+
+static void
+sink_drop(Sink *sink)
+{
+    Py_XDECREF(sink->list);
+    Py_XDECREF(sink->joined);
+}
+
+/* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step);
+ * encode_provenance_body(meta, ids, roles) -> bytes: the same records, joined. */
+static PyObject *
+encode_provenance(PyObject *const *args, Py_ssize_t nargs, int joined)
 {
     if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "encode_provenance_step(meta, ids, roles): three lists");
+        PyErr_SetString(PyExc_TypeError, joined
+                        ? "encode_provenance_body(meta, ids, roles): three lists"
+                        : "encode_provenance_step(meta, ids, roles): three lists");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *roles = args[2];
@@ -203,8 +309,8 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         check_columns(meta, records, n_ids, -1);
         return NULL;
     }
-    PyObject *encoded = PyList_New(records);
-    if (encoded == NULL) {
+    Sink sink;
+    if (sink_open(&sink, joined, records, records * PROVENANCE_HEADER + 5 * n_ids) < 0) {
         return NULL;
     }
     for (Py_ssize_t r = 0; r < records; r++) {
@@ -227,11 +333,10 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
             check_columns(meta, records, n_ids, first + count);
             goto fail;
         }
-        PyObject *out = PyBytes_FromStringAndSize(NULL, PROVENANCE_HEADER + 5 * count);
-        if (out == NULL) {
+        unsigned char *p = sink_record(&sink, r, PROVENANCE_HEADER + 5 * count);
+        if (p == NULL) {
             goto fail;
         }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
         put16(p, (unsigned long)v[0]);
         p[2] = (unsigned char)v[1];
         p[3] = (unsigned char)v[2];
@@ -243,33 +348,46 @@ encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         for (Py_ssize_t i = 0; i < count; i++) {
             long long id = field(PyList_GET_ITEM(ids, first + i), 0xFFFFFFFFULL, "provenance");
             if (id < 0) {
-                Py_DECREF(out);
                 goto fail;
             }
             put32(p + 4 * i, (unsigned long)id);
         }
         memcpy(p + 4 * count, PyBytes_AS_STRING(record_roles), (size_t)count);
-        PyList_SET_ITEM(encoded, r, out);
         first += count;
     }
     if (check_columns(meta, records, n_ids, first) < 0) {
         goto fail;
     }
-    return encoded;
+    return sink_finish(&sink);
 fail:
-    Py_DECREF(encoded);
+    sink_drop(&sink);
     return NULL;
 }
 
-/* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes] */
 static PyObject *
-encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_provenance(args, nargs, 0);
+}
+
+static PyObject *
+encode_provenance_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_provenance(args, nargs, 1);
+}
+
+/* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes];
+ * encode_text_body(the same) -> bytes: the same records, joined. */
+static PyObject *
+encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
 {
     if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4]) ||
         (nargs == 6 && !PyDict_Check(args[5]))) {
         PyErr_SetString(PyExc_TypeError,
-                        "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
+                        joined
+                            ? "encode_text_body(meta, ids, texts, fragments, span_backs[, leads])"
+                            : "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *texts = args[2], *fragments = args[3];
@@ -284,8 +402,9 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         check_columns(meta, records, n_ids, -1);
         return NULL;
     }
-    PyObject *encoded = PyList_New(records);
-    if (encoded == NULL) {
+    Sink sink;
+    /* room for the headers, the entries and about 8 bytes of text per token */
+    if (sink_open(&sink, joined, records, records * TEXT_HEADER + (TEXT_ENTRY + 8) * n_ids) < 0) {
         return NULL;
     }
     for (Py_ssize_t r = 0; r < records; r++) {
@@ -352,6 +471,10 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             goto fail;
         }
         Py_ssize_t size = TEXT_HEADER + TEXT_ENTRY * count + http_len;
+        /* each fragment's UTF-8, found once (used <= count <= MAX_TOKENS_PER_RECORD,
+           as record_meta checked) */
+        const char *piece_bytes[MAX_TOKENS_PER_RECORD];
+        Py_ssize_t piece_lengths[MAX_TOKENS_PER_RECORD];
         for (Py_ssize_t i = 0; i < used; i++) {
             PyObject *piece = PyList_GET_ITEM(fragments, first_fragment + i);
             Py_ssize_t length;
@@ -359,20 +482,20 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 PyErr_SetString(PyExc_TypeError, "text step: a fragment is not a str");
                 goto fail;
             }
-            if (utf8_of(piece, &length) == NULL) {
+            if ((piece_bytes[i] = utf8_of(piece, &length)) == NULL) {
                 goto fail;
             }
+            piece_lengths[i] = length;
             if (length > 0xFFFF) {
                 PyErr_SetString(PyExc_ValueError, "text record field out of range: frag_len");
                 goto fail;
             }
             size += length;
         }
-        PyObject *out = PyBytes_FromStringAndSize(NULL, size);
-        if (out == NULL) {
+        unsigned char *p = sink_record(&sink, r, size);
+        if (p == NULL) {
             goto fail;
         }
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
         put16(p, (unsigned long)v[0]);
         p[2] = (unsigned char)v[1];
         p[3] = (unsigned char)v[2];
@@ -391,7 +514,8 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
             Py_ssize_t length = 0;
             const char *bytes = NULL;
             if (i < used) {
-                bytes = utf8_of(PyList_GET_ITEM(fragments, first_fragment + i), &length);
+                bytes = piece_bytes[i];
+                length = piece_lengths[i];
             }
             /* wire.encode_text_step: lead_lens pass through for every token (a give
                count on an empty fragment); without them only a fragment's own bytes
@@ -402,20 +526,16 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                 lead = LEAD_UNKNOWN;
             }
             if (id < 0 || back < 0 || lead < 0) {
-                Py_DECREF(out);
                 goto fail;
             }
-            if (length > 0) {
-                memcpy(data, bytes, (size_t)length);
-                data += length;
-            }
+            copy_short(data, bytes, length);
+            data += length;
             put32(entry, (unsigned long)id);
             put16(entry + 4, (unsigned long)length);
             entry[6] = (unsigned char)back;
             put16(entry + 7, (unsigned long)lead);
         }
         memcpy(data, http, (size_t)http_len);
-        PyList_SET_ITEM(encoded, r, out);
         first_id += count;
         first_fragment += fed;
     }
@@ -427,10 +547,22 @@ encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
                      n_fragments);
         goto fail;
     }
-    return encoded;
+    return sink_finish(&sink);
 fail:
-    Py_DECREF(encoded);
+    sink_drop(&sink);
     return NULL;
+}
+
+static PyObject *
+encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_text(args, nargs, 0);
+}
+
+static PyObject *
+encode_text_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_text(args, nargs, 1);
 }
 
 /* The three types below hold their object references in one run of PyObject *
@@ -612,6 +744,156 @@ static PyTypeObject StreamRecorderType = {
     .tp_members = recorder_members,
 };
 
+/* ------------------------------------------------------ attribute reads */
+/* One attribute of the objects of one type, read where the type keeps it, when
+ * the type looks attributes up the default way and answers for the name as
+ * PyObject_GetAttr would:
+ * - a member descriptor (__slots__, msgspec.Struct fields: vLLM's
+ *   EngineCoreOutput(s)): the slot. A member descriptor is a data descriptor:
+ *   it wins over an instance dict.
+ * - CPython 3.11, a plain class without a descriptor of the name (vLLM's
+ *   RequestOutput, the CompletionOutput dataclass: a default value in the class
+ *   is no descriptor): the instance's value array, at the name's index in the
+ *   keys the class's instances share (found once here; getattr hashes the name
+ *   into them on every read, after its type lookup). An instance without the
+ *   value, or with a __dict__ made, takes getattr.
+ * Any other type, a type changed since (its version tag), other shared keys, a
+ * custom __getattribute__, an unset slot or value takes PyObject_GetAttr. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+/* 3.11's layout (Include/internal/pycore_dict.h, pycore_object.h): shared keys
+ * of kind DICT_KEYS_SPLIT with unicode entries after the index table; an
+ * instance's value array pointer 4 words before the object. */
+#define INSTANCE_VALUES 1
+typedef struct {
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind;
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+} SharedKeys;
+typedef struct {
+    PyObject *me_key;
+    PyObject *me_value;
+} SharedKeyEntry;
+#define DICT_KEYS_SPLIT 2
+
+static inline SharedKeyEntry *
+shared_entries(SharedKeys *keys)
+{
+    return (SharedKeyEntry *)(keys->dk_indices + ((size_t)1 << keys->dk_log2_index_bytes));
+}
+
+static inline PyObject **
+instance_values(PyObject *obj)
+{
+    return *((PyObject ***)obj - 4);
+}
+#endif
+
+typedef struct {
+    PyTypeObject *type; /* compared only; a type's version tag is never reused */
+    unsigned int version;
+    Py_ssize_t offset;  /* a slot's offset; -1: not a slot */
+    int none_if_unset;  /* T_OBJECT: an unset slot reads as None */
+    void *keys;         /* the shared keys `index` is of (NULL: no instance value) */
+    Py_ssize_t index;
+} SlotReader;
+
+static void
+learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
+{
+    reader->type = NULL;
+    reader->offset = -1;
+    reader->keys = NULL;
+    if (type->tp_getattro != PyObject_GenericGetAttr) {
+        return;
+    }
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; assigns a version tag */
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return;
+    }
+    reader->type = type;
+    reader->version = type->tp_version_tag;
+#ifdef INSTANCE_VALUES
+    if ((descr == NULL || Py_TYPE(descr)->tp_descr_get == NULL) &&
+        (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) && (type->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+        if (keys != NULL && keys->dk_kind == DICT_KEYS_SPLIT) {
+            SharedKeyEntry *entries = shared_entries(keys);
+            for (Py_ssize_t i = 0; i < keys->dk_nentries; i++) {
+                if (entries[i].me_key == name) {
+                    reader->keys = keys;
+                    reader->index = i;
+                    return;
+                }
+            }
+        }
+        reader->type = NULL; /* no instance has had the name yet: learn again next time */
+        return;
+    }
+#endif
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        return;
+    }
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
+        (member->flags & READ_RESTRICTED)) {
+        return;
+    }
+#ifdef Py_RELATIVE_OFFSET
+    if (member->flags & Py_RELATIVE_OFFSET) {
+        return;
+    }
+#endif
+    reader->offset = member->offset;
+    reader->none_if_unset = member->type == T_OBJECT;
+}
+
+/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
+static inline PyObject *
+read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != reader->type || type->tp_version_tag != reader->version ||
+        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        learn_slot(type, name, reader);
+    }
+    if (reader->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + reader->offset);
+        if (value != NULL) {
+            Py_INCREF(value);
+            return value;
+        }
+        if (reader->none_if_unset) {
+            Py_RETURN_NONE;
+        }
+    }
+#ifdef INSTANCE_VALUES
+    else if (reader->keys != NULL) {
+        SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+        PyObject **values = instance_values(obj);
+        /* shared keys only ever grow: the index stays the name's while they are the type's */
+        if (keys == reader->keys && values != NULL && reader->index < keys->dk_nentries &&
+            shared_entries(keys)[reader->index].me_key == name) {
+            PyObject *value = values[reader->index];
+            if (value != NULL) {
+                Py_INCREF(value);
+                return value;
+            }
+        }
+    }
+#endif
+    return PyObject_GetAttr(obj, name);
+}
+
+static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
+/* The frontend capture's reads: RequestOutput.outputs and four CompletionOutput fields. */
+static SlotReader read_completions, read_index, read_token_ids, read_completion_finish;
+static SlotReader read_text;
+
 /* --------------------------------------------------------- QueueCapture */
 /* Stands in for a request's output queue (hooks._QueueCapture): put() takes
  * the step's row from the output, then passes the output to the real queue. */
@@ -633,6 +915,8 @@ typedef struct {
 } QueueCapture;
 
 static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
+/* 0..MAX_TOKENS_PER_RECORD, made once (a row's counts, without a call each) */
+static PyObject *small_ints[MAX_TOKENS_PER_RECORD + 1];
 
 /* Append n items to a list; -1 on error (nothing appended). A bucket's columns
  * keep their allocation from step to step (take_lists), so the items are
@@ -737,7 +1021,7 @@ take_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 static int
 capture_output(QueueCapture *self, PyObject *output)
 {
-    PyObject *completions = PyObject_GetAttr(output, str_outputs);
+    PyObject *completions = read_attr(output, str_outputs, &read_completions);
     if (completions == NULL) {
         PyErr_Clear(); /* an exception or a sentinel: not a RequestOutput */
         return 0;
@@ -751,10 +1035,10 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_DECREF(completions);
     int status = -1;
     PyObject *index = NULL, *token_ids = NULL, *finish = NULL, *text = NULL, *stop = NULL;
-    index = PyObject_GetAttr(completion, str_index);
-    token_ids = index ? PyObject_GetAttr(completion, str_token_ids) : NULL;
-    finish = token_ids ? PyObject_GetAttr(completion, str_finish_reason) : NULL;
-    text = finish ? PyObject_GetAttr(completion, str_text) : NULL;
+    index = read_attr(completion, str_index, &read_index);
+    token_ids = index ? read_attr(completion, str_token_ids, &read_token_ids) : NULL;
+    finish = token_ids ? read_attr(completion, str_finish_reason, &read_completion_finish) : NULL;
+    text = finish ? read_attr(completion, str_text, &read_text) : NULL;
     if (text == NULL) {
         goto done;
     }
@@ -797,13 +1081,10 @@ capture_output(QueueCapture *self, PyObject *output)
         goto done;
     }
     PyObject *offset = PyLong_FromLongLong(self->offset);
-    PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
-    PyObject *zero = PyLong_FromLong(0);
-    if (n == NULL) {
-        Py_XDECREF(offset);
-        Py_DECREF(zero);
+    if (offset == NULL) {
         goto done;
     }
+    PyObject *n = small_ints[count], *zero = small_ints[0]; /* count <= MAX_TOKENS_PER_RECORD */
     /* Columns in the order ids, fragments, text, meta, each undone on failure, so
        that the run's columns stay aligned. The ids are copied: outputs are
        merged later. */
@@ -815,8 +1096,6 @@ capture_output(QueueCapture *self, PyObject *output)
              extend_list(self->all_fragments, PySequence_Fast_ITEMS(fragments), count) < 0 ||
              extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0;
     Py_DECREF(offset);
-    Py_DECREF(n);
-    Py_DECREF(zero);
     if (failed) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
@@ -1050,75 +1329,6 @@ has_placeholder(PyObject *drafts)
     return 0;
 }
 
-/* ------------------------------------------------------- slot reads */
-/* One attribute of the objects of one type, read straight from its slot when
- * the type keeps it in a member descriptor (__slots__, msgspec.Struct fields:
- * vLLM's EngineCoreOutput(s)) and looks attributes up the default way. That is
- * what PyObject_GetAttr returns (a member descriptor is a data descriptor: it
- * wins over an instance dict) without its type lookup and descriptor call. Any
- * other type, a type changed since (its version tag), a custom __getattribute__
- * or an unset slot takes PyObject_GetAttr. */
-typedef struct {
-    PyTypeObject *type; /* compared only; a type's version tag is never reused */
-    unsigned int version;
-    Py_ssize_t offset;  /* -1: not a plain slot, PyObject_GetAttr */
-    int none_if_unset;  /* T_OBJECT: an unset slot reads as None */
-} SlotReader;
-
-static void
-learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
-{
-    reader->type = NULL;
-    reader->offset = -1;
-    if (type->tp_getattro != PyObject_GenericGetAttr) {
-        return;
-    }
-    PyObject *descr = _PyType_Lookup(type, name); /* borrowed; assigns a version tag */
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        return;
-    }
-    reader->type = type;
-    reader->version = type->tp_version_tag;
-    if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        return;
-    }
-    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-    if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
-        (member->flags & READ_RESTRICTED)) {
-        return;
-    }
-#ifdef Py_RELATIVE_OFFSET
-    if (member->flags & Py_RELATIVE_OFFSET) {
-        return;
-    }
-#endif
-    reader->offset = member->offset;
-    reader->none_if_unset = member->type == T_OBJECT;
-}
-
-/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
-static inline PyObject *
-read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
-{
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type != reader->type || type->tp_version_tag != reader->version ||
-        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        learn_slot(type, name, reader);
-    }
-    if (reader->offset >= 0) {
-        PyObject *value = *(PyObject **)((char *)obj + reader->offset);
-        if (value != NULL) {
-            Py_INCREF(value);
-            return value;
-        }
-        if (reader->none_if_unset) {
-            Py_RETURN_NONE;
-        }
-    }
-    return PyObject_GetAttr(obj, name);
-}
-
-static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
 
 /* sampled_lengths(sampled) -> list[int]: len() of each of a step's sampled token
  * lists (hooks.SchedulerTelemetry.before), before the stop checks trim them. */
@@ -1293,8 +1503,15 @@ scheduler_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             } else {
                 SchedRequest *request = (SchedRequest *)state;
                 PyObject *offset = PyLong_FromLongLong(request->offset);
-                PyObject *n = offset ? PyLong_FromSsize_t(count) : NULL;
-                PyObject *s = n ? PyLong_FromSsize_t(scheduled) : NULL;
+                /* counts up to MAX_TOKENS_PER_RECORD: the table's (new references) */
+                PyObject *n = offset == NULL ? NULL
+                              : count <= MAX_TOKENS_PER_RECORD
+                                  ? Py_NewRef(small_ints[count])
+                                  : PyLong_FromSsize_t(count);
+                PyObject *s = n == NULL ? NULL
+                              : scheduled <= MAX_TOKENS_PER_RECORD
+                                  ? Py_NewRef(small_ints[scheduled])
+                                  : PyLong_FromSsize_t(scheduled);
                 if (s != NULL) {
                     PyObject *values[ROW_WIDTH] = {request->stream, zero, zero, offset, n, s, zero};
                     PyObject *ids = request->ids, *extra = request->extra;
@@ -1354,6 +1571,10 @@ static PyMethodDef methods[] = {
      METH_FASTCALL, "The bytes of each provenance record of a step (wire.py)."},
     {"encode_text_step", (PyCFunction)(void (*)(void))encode_text_step, METH_FASTCALL,
      "The bytes of each text record of a step (wire.py)."},
+    {"encode_provenance_body", (PyCFunction)(void (*)(void))encode_provenance_body,
+     METH_FASTCALL, "The provenance records of a step, joined (a frame body)."},
+    {"encode_text_body", (PyCFunction)(void (*)(void))encode_text_body, METH_FASTCALL,
+     "The text records of a step, joined (a frame body)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1380,6 +1601,12 @@ intern_names(void)
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].name);
         if (*names[i].slot == NULL) {
+            return -1;
+        }
+    }
+    for (long i = 0; i <= MAX_TOKENS_PER_RECORD; i++) {
+        small_ints[i] = PyLong_FromLong(i);
+        if (small_ints[i] == NULL) {
             return -1;
         }
     }

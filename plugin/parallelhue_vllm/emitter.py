@@ -35,7 +35,7 @@ from typing import Any
 from . import accelerator, paths, wire
 from .destination import Destination, RunSink
 
-__all__ = ["Emitter", "encode_rows"]
+__all__ = ["Emitter", "encode_chunks", "encode_rows"]
 
 log = logging.getLogger("parallelhue_vllm")
 
@@ -69,6 +69,22 @@ def encode_rows(kind: int, step: wire.ProvenanceStep | wire.TextStep) -> list[by
             encoded = _speedups.encode_provenance_step(*step)
             return encoded
     return wire.encode_rows(kind, step)
+
+
+def encode_chunks(kind: int, step: wire.ProvenanceStep | wire.TextStep) -> list[tuple[int, bytes]]:
+    """A step's records as frame bodies (record count, bytes), in order: one body
+    unless they do not fit one frame. The C encoder writes the body at once (no
+    bytes object per record, no join); a step too large for one frame is encoded
+    again record by record and split (_frame_chunks): the same bytes either way."""
+    if _speedups is not None and kind in (wire.KIND_TEXT, wire.KIND_PROVENANCE):
+        if kind == wire.KIND_TEXT:
+            body: bytes = _speedups.encode_text_body(*step)
+        else:
+            body = _speedups.encode_provenance_body(*step)
+        records = len(step[2])  # texts / roles: one per record
+        if records <= wire.MAX_RECORDS and len(body) <= wire.FRAME_RECORD_BUDGET:
+            return [(records, body)]
+    return _frame_chunks(encode_rows(kind, step))
 
 
 @dataclass(slots=True)
@@ -270,21 +286,21 @@ class Emitter:
             self._taken_records += count
             for run_id, rows in rows_by_run.items():
                 try:
-                    encoded = encode_rows(kind, rows)
+                    chunks = encode_chunks(kind, rows)
                 except Exception as error:
                     self._encoding_failed(run_id, error)
                     continue
-                self._send_encoded(run_id, kind, step, timestamp, encoded)
+                self._send_chunks(run_id, kind, step, timestamp, chunks)
         elif what == _ITEM_RECORDS:
             _, run_id, kind, step, timestamp, records = item
             self._taken_items += 1
             self._taken_records += len(records)
             try:
-                encoded = [wire.encode_record(kind, record) for record in records]
+                chunks = _frame_chunks([wire.encode_record(kind, record) for record in records])
             except Exception as error:
                 self._encoding_failed(run_id, error)
                 return
-            self._send_encoded(run_id, kind, step, timestamp, encoded)
+            self._send_chunks(run_id, kind, step, timestamp, chunks)
         elif what == _ITEM_END:
             run_id = item[1]
             if run_id in self._runs:
@@ -293,7 +309,8 @@ class Emitter:
             # run reports them, so the loss stays visible.
 
     def _encoding_failed(self, run_id: str, error: Exception) -> None:
-        """A step the encoder refused is a lost frame: counted, reported by the next one."""
+        """A step the encoder refused (or too large a record) is a lost frame: counted,
+        reported by the next one."""
         self._stats["send_errors"] += 1
         log.debug("parallelhue: emitter could not encode a frame: %r", error)
         state = self._run_state(run_id)
@@ -318,8 +335,8 @@ class Emitter:
             _close_sock(evicted)
         return state
 
-    def _send_encoded(
-        self, run_id: str, kind: int, step: int, timestamp: int, encoded: list[bytes]
+    def _send_chunks(
+        self, run_id: str, kind: int, step: int, timestamp: int, chunks: list[tuple[int, bytes]]
     ) -> None:
         state = self._run_state(run_id)
         if state is None:
@@ -331,13 +348,6 @@ class Emitter:
             step = state.last_step  # notices carry the sender's current step
         else:
             state.last_step = step
-        try:
-            chunks = _frame_chunks(encoded)
-        except ValueError as error:
-            self._stats["send_errors"] += 1
-            log.debug("parallelhue: emitter could not frame a step: %r", error)
-            self._count_drops(state, 1)
-            return
         if not self._connect(state, run_id):
             self._count_drops(state, len(chunks))
             return
