@@ -331,4 +331,42 @@ mod tests {
             "invalid SSE chunk: choice 0 has content after its finish_reason"
         );
     }
+
+    /// The scanner's borrowed chunk gives the inputs, finish reason and
+    /// refusal the owned chunk of the `Value` path gives, chunk by chunk.
+    #[test]
+    fn scanned_chunks_give_the_inputs_of_the_value_path() {
+        let chunks = [
+            r#"{"id":"a","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"hé"},"token_ids":[5,6]}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":"x","token_ids":[7]}}]}"#,
+            r#"{"choices":[{"index":2,"text":"no"},{"index":0,"text":"y","token_ids":null}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"text":"","token_ids":[],"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":""}}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":"late"}}]}"#,
+        ];
+        let mut scanned = Scanned::default();
+        let (mut a, mut b) = (ChunkInputs::new(), ChunkInputs::new());
+        let mut refused = 0;
+        for data in chunks {
+            assert!(crate::sse_scan::scan_into(data, &mut scanned), "{data}");
+            let mut from_scan = Vec::new();
+            let ra = a.extract_scanned(data, &scanned, &mut |i| from_scan.push(i.to_owned()));
+            let mut from_value = Vec::new();
+            let chunk = crate::sse::parse_chunk_value(data).unwrap();
+            let rb = b.extract(chunk, &mut |i| from_value.push(i));
+            assert_eq!(ra, rb, "{data}");
+            assert_eq!(from_scan, from_value, "{data}");
+            assert_eq!(a.finish_reason, b.finish_reason, "{data}");
+            refused += usize::from(ra.is_err());
+        }
+        // The last chunk is content after the finish reason.
+        assert_eq!(refused, 1);
+        assert_eq!(a.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(
+            b.finish_reason.as_deref(),
+            Some("stop"),
+            "the value path saw the same finish"
+        );
+    }
 }
