@@ -64,3 +64,25 @@ for v in stream_doc["vectors"]:
     write("telemetry_stream", b"\x00" + b)
     if b.startswith(b"PHTS") and len(b) > 32:
         write("telemetry_stream", b"\x85" + b[32:])
+
+# chunk_paths: the chunk JSON alone, as vLLM and the simulated engine send it
+# (the scanner's grammar), and shapes only the typed or Value path reads.
+for chunk in [
+    b'{"id":"chatcmpl-3f1c","object":"chat.completion.chunk","created":1764400000,'
+    b'"model":"sim","choices":[{"index":0,"delta":{"content":"\xe4\xb8\x96 hi"},'
+    b'"logprobs":null,"finish_reason":null,"token_ids":[1234,5678]}]}',
+    b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+    b'"finish_reason":null}],"usage":null}',
+    b'{"id":"cmpl-9","object":"text_completion","created":12,"model":"m","choices":'
+    b'[{"index":0,"text":"","logprobs":null,"finish_reason":"length","stop_reason":13}],'
+    b'"usage":null,"metrics":null}',
+    b'{"choices":[{"index":1,"delta":null,"text":"a","token_ids":null},'
+    b'{"index":4294967295,"delta":{"content":null,"token_ids":[]}}]}',
+    b'{"choices":[{"index":0,"delta":{"content":"b","token_ids":[1,2]},"token_ids":null}]}',
+    b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},'
+    b'"metrics":{"speculative_decoding":{"per_step_accepted":[1],"per_step_drafted":[3]}}}',
+    b'{"choices": [ {"index":0,"delta":{"content":"a\\nb\\u00e9"}} ]}',
+    b'{"error":{"message":"x","code":400}}',
+]:
+    write("chunk_paths", chunk)

@@ -3,7 +3,7 @@
 //! PER_READ (default 1): HTTP chunks handed over per read; the client's
 //! 10 ms rounds bring about three of the simulated engine's per read.
 use parallelhue_core::http::Framing;
-use parallelhue_core::sse_inputs::SseInput;
+use parallelhue_core::sse_inputs::SseInputRef;
 use parallelhue_core::sse_stream::StreamBody;
 use std::time::Instant;
 
@@ -16,11 +16,21 @@ fn main() {
     let n = 200_000;
     let mut body = StreamBody::new(Framing::Chunked);
     let mut deltas = 0usize;
+    // The HTTP thread copies each delta into its round buffers.
+    let (mut text, mut ids) = (String::new(), Vec::<u32>::new());
     let start = Instant::now();
     for _ in 0..n / per_read {
-        body.feed(chunk.as_bytes(), &mut |i: SseInput| {
-            deltas += usize::from(matches!(i, SseInput::Delta { .. }))
+        body.feed_ref(chunk.as_bytes(), &mut |i: SseInputRef<'_>| {
+            if let SseInputRef::Delta { text: t, token_ids } = i {
+                deltas += 1;
+                text.push_str(t);
+                ids.extend_from_slice(token_ids);
+            }
         });
+        if text.len() > 4096 {
+            text.clear();
+            ids.clear();
+        }
     }
     let per = start.elapsed().as_secs_f64() / deltas as f64;
     println!(

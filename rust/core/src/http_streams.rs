@@ -28,6 +28,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +42,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::fed::{monotonic, Ended, Fed};
 use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD_BYTES};
 use crate::outcome::{EndKind, Outcome};
-use crate::sse_inputs::SseInput;
+use crate::sse_inputs::{SseInput, SseInputRef};
 use crate::sse_stream::{StreamBody, StreamEnd};
 use crate::telemetry_stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
 
@@ -139,8 +140,64 @@ struct Shared {
 
 /// One SSE input of a stream read in this round, with its arrival time.
 struct Delta {
-    input: SseInput,
+    input: Pending,
     time: f64,
+}
+
+/// A delta's text and token ids are copied into the exchange's round
+/// buffers (reused every round: no allocation per chunk); the rare other
+/// inputs are kept as they are.
+enum Pending {
+    Delta {
+        text: Range<usize>,
+        token_ids: Range<usize>,
+    },
+    Other(SseInput),
+}
+
+/// The SSE inputs of one exchange read since the last publish.
+#[derive(Default)]
+struct RoundInputs {
+    deltas: Vec<Delta>,
+    text: String,
+    token_ids: Vec<u32>,
+}
+
+impl RoundInputs {
+    fn push(&mut self, input: SseInputRef<'_>, time: f64) {
+        let input = match input {
+            SseInputRef::Delta { text, token_ids } => {
+                let t = self.text.len();
+                let i = self.token_ids.len();
+                self.text.push_str(text);
+                self.token_ids.extend_from_slice(token_ids);
+                Pending::Delta {
+                    text: t..self.text.len(),
+                    token_ids: i..self.token_ids.len(),
+                }
+            }
+            other => Pending::Other(other.to_owned()),
+        };
+        self.deltas.push(Delta { input, time });
+    }
+
+    fn is_empty(&self) -> bool {
+        self.deltas.is_empty()
+    }
+
+    /// Hand them to `fed` in order, and empty the buffers (keeping them).
+    fn publish(&mut self, fed: &mut Fed, stream: u16) {
+        for d in self.deltas.drain(..) {
+            match d.input {
+                Pending::Delta { text, token_ids } => {
+                    fed.sse_delta(stream, &self.text[text], &self.token_ids[token_ids], d.time)
+                }
+                Pending::Other(input) => fed.sse_input(stream, &input, d.time),
+            }
+        }
+        self.text.clear();
+        self.token_ids.clear();
+    }
 }
 
 /// The error body of a status >= 400 being read.
@@ -180,7 +237,7 @@ struct Exchange {
     last_progress: Instant,
     /// Monotonic time of the start, published with the first round.
     start_at: Option<f64>,
-    deltas: Vec<Delta>,
+    deltas: RoundInputs,
     end: Option<Outcome>,
     /// Its end was handed to the run: the exchange is dropped.
     done: bool,
@@ -222,7 +279,7 @@ impl Exchange {
             started: now,
             last_progress: now,
             start_at: Some(at),
-            deltas: Vec::new(),
+            deltas: RoundInputs::default(),
             end: None,
             done: false,
         }
@@ -443,10 +500,10 @@ impl Exchange {
     fn push_body(&mut self, data: Option<&[u8]>, time: f64) {
         let Some(body) = &mut self.body else { return };
         let deltas = &mut self.deltas;
-        let mut on_delta = |input: SseInput| deltas.push(Delta { input, time });
+        let mut on_delta = |input: SseInputRef<'_>| deltas.push(input, time);
         match data {
-            Some(d) => body.feed(d, &mut on_delta),
-            None => body.finish(&mut on_delta),
+            Some(d) => body.feed_ref(d, &mut on_delta),
+            None => body.finish_ref(&mut on_delta),
         }
         let outcome = match &body.end {
             None => return,
@@ -1074,9 +1131,7 @@ impl Thread<'_> {
                     ex.fail(outcome);
                 }
             }
-            for d in ex.deltas.drain(..) {
-                fed.sse_input(ex.stream, &d.input, d.time);
-            }
+            ex.deltas.publish(&mut fed, ex.stream);
             if let Some(outcome) = ex.end.take() {
                 ex.sock = None;
                 ex.tls = None;

@@ -28,7 +28,7 @@ pub mod record;
 pub mod sequence;
 pub mod sse;
 pub mod sse_inputs;
-mod sse_scan;
+pub mod sse_scan;
 pub mod sse_stream;
 mod sse_typed;
 pub mod stats;

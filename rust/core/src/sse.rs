@@ -12,6 +12,8 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::sse_scan::{scan_into, Scanned};
+
 /// Longest line kept; longer ones are reported and skipped.
 pub const MAX_LINE_BYTES: usize = 8 << 20;
 /// Most data bytes in one event.
@@ -399,6 +401,11 @@ pub fn parse_chunk(data: &str) -> Result<Chunk, SseError> {
     if let Some(chunk) = crate::sse_scan::scan_chunk(data) {
         return Ok(chunk);
     }
+    parse_chunk_unscanned(data)
+}
+
+/// [`parse_chunk`] for a chunk the scanner gave up on.
+fn parse_chunk_unscanned(data: &str) -> Result<Chunk, SseError> {
     match crate::sse_typed::parse_chunk_typed(data) {
         Some(chunk) => Ok(chunk),
         None => parse_chunk_value(data),
@@ -528,6 +535,25 @@ fn parse_choice(i: usize, c: &Value) -> Result<Choice, SseError> {
 pub struct SseParser {
     events: EventParser,
     raw: Vec<Result<RawEvent, SseError>>,
+    /// The scanner's reused buffers.
+    scanned: Scanned,
+}
+
+/// One event as [`SseParser::feed_with`] hands it over.
+pub enum Parsed<'a> {
+    /// A chunk the scanner read, as places in its data (nothing allocated).
+    Scanned { data: &'a str, chunk: &'a Scanned },
+    /// Any other event or error.
+    Event(Result<SseEvent, SseError>),
+}
+
+impl Parsed<'_> {
+    pub fn into_owned(self) -> Result<SseEvent, SseError> {
+        match self {
+            Parsed::Scanned { data, chunk } => Ok(SseEvent::Chunk(chunk.to_chunk(data))),
+            Parsed::Event(e) => e,
+        }
+    }
 }
 
 impl SseParser {
@@ -551,38 +577,55 @@ impl SseParser {
 
     /// [`SseParser::feed`], appending to `out` (a reader's reused buffer).
     pub fn feed_into(&mut self, bytes: &[u8], out: &mut Vec<Result<SseEvent, SseError>>) {
-        self.events.feed(bytes, &mut self.raw);
-        self.convert(out);
+        self.feed_with(bytes, &mut |p| out.push(p.into_owned()));
     }
 
     /// [`SseParser::finish`], appending to `out`.
     pub fn finish_into(&mut self, out: &mut Vec<Result<SseEvent, SseError>>) {
-        self.events.finish(&mut self.raw);
-        self.convert(out);
+        self.finish_with(&mut |p| out.push(p.into_owned()));
     }
 
-    fn convert(&mut self, out: &mut Vec<Result<SseEvent, SseError>>) {
+    /// Feed bytes; `on` gets the events completed by them, in order, a
+    /// chunk of the scanner's grammar without being copied out of its data.
+    pub fn feed_with(&mut self, bytes: &[u8], on: &mut impl FnMut(Parsed<'_>)) {
+        self.events.feed(bytes, &mut self.raw);
+        self.convert(on);
+    }
+
+    /// The body ended ([`SseParser::finish`] through `on`).
+    pub fn finish_with(&mut self, on: &mut impl FnMut(Parsed<'_>)) {
+        self.events.finish(&mut self.raw);
+        self.convert(on);
+    }
+
+    fn convert(&mut self, on: &mut impl FnMut(Parsed<'_>)) {
         for r in self.raw.drain(..) {
             let ev = match r {
                 Ok(ev) => ev,
                 Err(e) => {
-                    out.push(Err(e));
+                    on(Parsed::Event(Err(e)));
                     continue;
                 }
             };
             if !ev.event.is_empty() && ev.event != "message" {
-                out.push(Ok(SseEvent::Other {
+                on(Parsed::Event(Ok(SseEvent::Other {
                     event: ev.event,
                     data: ev.data,
-                }));
+                })));
                 continue;
             }
-            let parsed = if ev.data.trim() == "[DONE]" {
-                Ok(SseEvent::Done)
+            if ev.data.trim() == "[DONE]" {
+                on(Parsed::Event(Ok(SseEvent::Done)));
+            } else if scan_into(&ev.data, &mut self.scanned) {
+                on(Parsed::Scanned {
+                    data: &ev.data,
+                    chunk: &self.scanned,
+                });
             } else {
-                parse_chunk(&ev.data).map(SseEvent::Chunk)
-            };
-            out.push(parsed);
+                on(Parsed::Event(
+                    parse_chunk_unscanned(&ev.data).map(SseEvent::Chunk),
+                ));
+            }
             self.events.recycle(ev.data);
         }
     }

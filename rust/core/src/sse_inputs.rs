@@ -4,7 +4,8 @@
 //! reference of the same extraction is `parallelhue.reference.sse`.
 
 use crate::reconcile::Reconciler;
-use crate::sse::{Choice, Chunk, SseError};
+use crate::sse::{Chunk, SseError};
+use crate::sse_scan::Scanned;
 
 /// One SSE input of a stream, in the order the chunks said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,29 +27,101 @@ pub enum SseInput {
 impl SseInput {
     /// Push it into `r` for `stream`, as the matching reconciler call.
     pub fn push_into(&self, r: &mut Reconciler, stream: u16) {
+        self.as_ref().push_into(r, stream)
+    }
+
+    pub fn as_ref(&self) -> SseInputRef<'_> {
         match self {
-            SseInput::Delta { text, token_ids } => r.push_sse(stream, text, token_ids),
-            SseInput::Id(id) => r.push_sse_id(stream, id),
-            SseInput::Choice(index) => r.push_sse_choice(stream, *index),
+            SseInput::Delta { text, token_ids } => SseInputRef::Delta { text, token_ids },
+            SseInput::Id(id) => SseInputRef::Id(id),
+            SseInput::Choice(index) => SseInputRef::Choice(*index),
             SseInput::Usage {
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
+            } => SseInputRef::Usage {
+                completion_tokens: *completion_tokens,
+                per_step_accepted: per_step_accepted.as_deref(),
+                per_step_drafted: per_step_drafted.as_deref(),
+            },
+        }
+    }
+}
+
+/// [`SseInput`] borrowed from the chunk that says it: what the reader hands
+/// on without copying (the reconciler and the screen copy what they keep).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SseInputRef<'a> {
+    Delta {
+        text: &'a str,
+        token_ids: &'a [u32],
+    },
+    Id(&'a str),
+    Choice(u32),
+    Usage {
+        completion_tokens: Option<u64>,
+        per_step_accepted: Option<&'a [u32]>,
+        per_step_drafted: Option<&'a [u32]>,
+    },
+}
+
+impl SseInputRef<'_> {
+    pub fn to_owned(self) -> SseInput {
+        match self {
+            SseInputRef::Delta { text, token_ids } => SseInput::Delta {
+                text: text.to_owned(),
+                token_ids: token_ids.to_vec(),
+            },
+            SseInputRef::Id(id) => SseInput::Id(id.to_owned()),
+            SseInputRef::Choice(index) => SseInput::Choice(index),
+            SseInputRef::Usage {
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
+            } => SseInput::Usage {
+                completion_tokens,
+                per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
+                per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
+            },
+        }
+    }
+
+    /// Push it into `r` for `stream`, as the matching reconciler call.
+    pub fn push_into(self, r: &mut Reconciler, stream: u16) {
+        match self {
+            SseInputRef::Delta { text, token_ids } => r.push_sse(stream, text, token_ids),
+            SseInputRef::Id(id) => r.push_sse_id(stream, id),
+            SseInputRef::Choice(index) => r.push_sse_choice(stream, index),
+            SseInputRef::Usage {
                 completion_tokens,
                 per_step_accepted,
                 per_step_drafted,
             } => r.push_sse_usage(
                 stream,
-                *completion_tokens,
-                per_step_accepted.as_deref(),
-                per_step_drafted.as_deref(),
+                completion_tokens,
+                per_step_accepted,
+                per_step_drafted,
             ),
         }
     }
 }
 
+/// One choice as the extraction reads it, from an owned or a scanned chunk.
+#[derive(Clone, Copy)]
+struct ChoiceRef<'a> {
+    index: u32,
+    text: &'a str,
+    token_ids: Option<&'a [u32]>,
+    finish_reason: Option<&'a str>,
+}
+
 /// The extraction state of one stream.
 #[derive(Clone, Debug, Default)]
 pub struct ChunkInputs {
-    /// The previous chunk's id (`""` without one); None before the first chunk.
-    last_id: Option<String>,
+    /// The previous chunk's id (`""` without one); meaningless before the
+    /// first chunk (`seen_chunk`). Kept for its capacity.
+    last_id: String,
+    seen_chunk: bool,
     choice_reported: bool,
     /// The last non-null `finish_reason` of choice 0 (what `finish_sse` gets).
     pub finish_reason: Option<String>,
@@ -70,25 +143,77 @@ impl ChunkInputs {
         chunk: Chunk,
         out: &mut impl FnMut(SseInput),
     ) -> Result<(), SseError> {
+        self.extract_ref(&chunk, &mut |i| out(i.to_owned()))
+    }
+
+    /// [`ChunkInputs::extract`] with the inputs borrowed from `chunk`.
+    pub fn extract_ref<'a>(
+        &mut self,
+        chunk: &'a Chunk,
+        out: &mut impl FnMut(SseInputRef<'a>),
+    ) -> Result<(), SseError> {
+        let choices = chunk.choices.iter().map(|c| ChoiceRef {
+            index: c.index,
+            text: &c.text,
+            token_ids: c.token_ids.as_deref(),
+            finish_reason: c.finish_reason.as_deref(),
+        });
+        self.extract_choices(chunk.id.as_deref().unwrap_or_default(), choices, out)?;
+        if chunk.usage.is_some() || chunk.spec_steps.is_some() {
+            let steps = chunk.spec_steps.as_ref();
+            out(SseInputRef::Usage {
+                completion_tokens: chunk.usage.as_ref().and_then(|u| u.completion_tokens),
+                per_step_accepted: steps.and_then(|s| s.per_step_accepted.as_deref()),
+                per_step_drafted: steps.and_then(|s| s.per_step_drafted.as_deref()),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`ChunkInputs::extract_ref`] for a chunk the scanner read (which has
+    /// no usage: the scanner leaves those to the slower paths).
+    pub fn extract_scanned<'a>(
+        &mut self,
+        data: &'a str,
+        chunk: &'a Scanned,
+        out: &mut impl FnMut(SseInputRef<'a>),
+    ) -> Result<(), SseError> {
+        let choices = chunk.choices.iter().map(|c| ChoiceRef {
+            index: c.index,
+            text: &data[c.text.clone()],
+            token_ids: c.token_ids.clone().map(|r| &chunk.ids[r]),
+            finish_reason: c.finish_reason.clone().map(|r| &data[r]),
+        });
+        let id = chunk.id.clone().map_or("", |r| &data[r]);
+        self.extract_choices(id, choices, out)
+    }
+
+    /// The id, other-choice and delta inputs of a chunk.
+    fn extract_choices<'a>(
+        &mut self,
+        id: &'a str,
+        choices: impl Iterator<Item = ChoiceRef<'a>> + Clone,
+        out: &mut impl FnMut(SseInputRef<'a>),
+    ) -> Result<(), SseError> {
         let content =
-            |c: &Choice| !c.text.is_empty() || c.token_ids.as_ref().is_some_and(|t| !t.is_empty());
+            |c: &ChoiceRef<'_>| !c.text.is_empty() || c.token_ids.is_some_and(|t| !t.is_empty());
         if self.finish_reason.is_some()
-            && chunk
-                .choices
-                .iter()
+            && choices
+                .clone()
                 .find(|c| c.index == 0)
-                .is_some_and(content)
+                .is_some_and(|c| content(&c))
         {
             return Err(SseError::ContentAfterFinish);
         }
-        let id = chunk.id.unwrap_or_default();
-        if self.last_id.as_deref() != Some(id.as_str()) {
-            out(SseInput::Id(id.clone()));
-            self.last_id = Some(id);
+        if !self.seen_chunk || self.last_id != id {
+            out(SseInputRef::Id(id));
+            self.seen_chunk = true;
+            self.last_id.clear();
+            self.last_id.push_str(id);
         }
-        let mut zero: Option<Choice> = None;
+        let mut zero: Option<ChoiceRef<'a>> = None;
         let mut other: Option<u32> = None;
-        for choice in chunk.choices {
+        for choice in choices {
             if choice.index == 0 && zero.is_none() {
                 zero = Some(choice);
             } else if other.is_none() {
@@ -98,28 +223,20 @@ impl ChunkInputs {
         if let Some(index) = other {
             if !self.choice_reported {
                 self.choice_reported = true;
-                out(SseInput::Choice(index));
+                out(SseInputRef::Choice(index));
             }
         }
         if let Some(choice) = zero {
             let token_ids = choice.token_ids.unwrap_or_default();
             if !choice.text.is_empty() || !token_ids.is_empty() {
-                out(SseInput::Delta {
+                out(SseInputRef::Delta {
                     text: choice.text,
                     token_ids,
                 });
             }
-            if choice.finish_reason.is_some() {
-                self.finish_reason = choice.finish_reason;
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason.to_owned());
             }
-        }
-        if chunk.usage.is_some() || chunk.spec_steps.is_some() {
-            let steps = chunk.spec_steps.unwrap_or_default();
-            out(SseInput::Usage {
-                completion_tokens: chunk.usage.and_then(|u| u.completion_tokens),
-                per_step_accepted: steps.per_step_accepted,
-                per_step_drafted: steps.per_step_drafted,
-            });
         }
         Ok(())
     }
@@ -212,6 +329,44 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "invalid SSE chunk: choice 0 has content after its finish_reason"
+        );
+    }
+
+    /// The scanner's borrowed chunk gives the inputs, finish reason and
+    /// refusal the owned chunk of the `Value` path gives, chunk by chunk.
+    #[test]
+    fn scanned_chunks_give_the_inputs_of_the_value_path() {
+        let chunks = [
+            r#"{"id":"a","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"hé"},"token_ids":[5,6]}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":"x","token_ids":[7]}}]}"#,
+            r#"{"choices":[{"index":2,"text":"no"},{"index":0,"text":"y","token_ids":null}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"text":"","token_ids":[],"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":""}}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":"late"}}]}"#,
+        ];
+        let mut scanned = Scanned::default();
+        let (mut a, mut b) = (ChunkInputs::new(), ChunkInputs::new());
+        let mut refused = 0;
+        for data in chunks {
+            assert!(crate::sse_scan::scan_into(data, &mut scanned), "{data}");
+            let mut from_scan = Vec::new();
+            let ra = a.extract_scanned(data, &scanned, &mut |i| from_scan.push(i.to_owned()));
+            let mut from_value = Vec::new();
+            let chunk = crate::sse::parse_chunk_value(data).unwrap();
+            let rb = b.extract(chunk, &mut |i| from_value.push(i));
+            assert_eq!(ra, rb, "{data}");
+            assert_eq!(from_scan, from_value, "{data}");
+            assert_eq!(a.finish_reason, b.finish_reason, "{data}");
+            refused += usize::from(ra.is_err());
+        }
+        // The last chunk is content after the finish reason.
+        assert_eq!(refused, 1);
+        assert_eq!(a.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(
+            b.finish_reason.as_deref(),
+            Some("stop"),
+            "the value path saw the same finish"
         );
     }
 }

@@ -14,23 +14,77 @@
 //! as the typed path reads it, so all three paths agree (tested against the
 //! `Value` path on every chunk of the typed path's tests and on mutations).
 
+use std::ops::Range;
+
 use crate::sse::{Choice, Chunk};
+
+/// A scanned chunk as places in its data (and in `ids`), so that the buffers
+/// of one stream's chunks are reused: nothing is allocated per chunk.
+#[derive(Clone, Debug, Default)]
+pub struct Scanned {
+    /// The chunk id's bytes in the data; None when absent or null.
+    pub id: Option<Range<usize>>,
+    pub choices: Vec<ScannedChoice>,
+    /// Every token id list of the chunk, one after another.
+    pub ids: Vec<u32>,
+}
+
+/// One choice of a [`Scanned`] chunk, read as [`Choice`] is.
+#[derive(Clone, Debug, Default)]
+pub struct ScannedChoice {
+    pub index: u32,
+    /// `delta.content` or `text` in the data; empty when absent or null.
+    pub text: Range<usize>,
+    /// The choice's token ids in [`Scanned::ids`]; None when absent or null.
+    pub token_ids: Option<Range<usize>>,
+    pub finish_reason: Option<Range<usize>>,
+}
+
+impl Scanned {
+    /// The chunk, owned.
+    pub fn to_chunk(&self, data: &str) -> Chunk {
+        Chunk {
+            id: self.id.clone().map(|r| data[r].to_owned()),
+            choices: self
+                .choices
+                .iter()
+                .map(|c| Choice {
+                    index: c.index,
+                    text: data[c.text.clone()].to_owned(),
+                    token_ids: c.token_ids.clone().map(|r| self.ids[r].to_vec()),
+                    finish_reason: c.finish_reason.clone().map(|r| data[r].to_owned()),
+                })
+                .collect(),
+            usage: None,
+            spec_steps: None,
+        }
+    }
+}
 
 /// The chunk, or None when a slower path must decide.
 pub(crate) fn scan_chunk(data: &str) -> Option<Chunk> {
+    let mut scanned = Scanned::default();
+    scan_into(data, &mut scanned).then(|| scanned.to_chunk(data))
+}
+
+/// Scan `data` into `out` (its buffers reused); false when a slower path
+/// must decide (then `out` holds nothing of meaning).
+pub fn scan_into(data: &str, out: &mut Scanned) -> bool {
+    out.id = None;
+    out.choices.clear();
+    out.ids.clear();
     let mut s = Scan {
-        data,
         b: data.as_bytes(),
         i: 0,
+        out,
     };
-    let chunk = s.chunk()?;
-    (s.i == s.b.len()).then_some(chunk)
+    s.chunk().is_some() && s.i == s.b.len()
 }
 
 struct Scan<'a> {
-    data: &'a str,
     b: &'a [u8],
     i: usize,
+    out: &'a mut Scanned,
 }
 
 impl<'a> Scan<'a> {
@@ -47,9 +101,9 @@ impl<'a> Scan<'a> {
         (self.b.get(self.i..end)? == word).then(|| self.i = end)
     }
 
-    /// A string without escapes or control characters (its quotes are ASCII,
-    /// so the slice between them falls on character boundaries).
-    fn string(&mut self) -> Option<&'a str> {
+    /// A string without escapes or control characters, as its place in the
+    /// data (its quotes are ASCII, so the place falls on character boundaries).
+    fn string(&mut self) -> Option<Range<usize>> {
         self.eat(b'"')?;
         let start = self.i;
         let len = self.b[start..]
@@ -57,18 +111,18 @@ impl<'a> Scan<'a> {
             .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
         self.i = start + len;
         self.eat(b'"')?;
-        self.data.get(start..start + len)
+        Some(start..start + len)
     }
 
     fn is_null(&mut self) -> bool {
         self.eat_word(b"null").is_some()
     }
 
-    fn opt_string(&mut self) -> Option<Option<String>> {
+    fn opt_string(&mut self) -> Option<Option<Range<usize>>> {
         if self.is_null() {
             return Some(None);
         }
-        self.string().map(|s| Some(s.to_owned()))
+        self.string().map(Some)
     }
 
     /// A plain non-negative integer of at most 18 digits, no leading zero.
@@ -96,16 +150,18 @@ impl<'a> Scan<'a> {
         u32::try_from(self.uint()?).ok()
     }
 
-    fn opt_u32_list(&mut self) -> Option<Option<Vec<u32>>> {
+    /// A list of u32, appended to `ids`: its place there.
+    fn opt_u32_list(&mut self) -> Option<Option<Range<usize>>> {
         if self.is_null() {
             return Some(None);
         }
-        let mut out = Vec::new();
+        let start = self.out.ids.len();
         self.list(|s| {
-            out.push(s.u32()?);
+            let n = s.u32()?;
+            s.out.ids.push(n);
             Some(())
         })?;
-        Some(Some(out))
+        Some(Some(start..self.out.ids.len()))
     }
 
     /// A value under a key this path does not read: only a flat one.
@@ -136,15 +192,16 @@ impl<'a> Scan<'a> {
 
     /// `{` members `}`: `member` reads the value of each key (the key
     /// without escapes, as this path reads every string).
-    fn object(&mut self, mut member: impl FnMut(&mut Self, &str) -> Option<()>) -> Option<()> {
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
         if self.eat(b'}').is_some() {
             return Some(());
         }
         loop {
             let key = self.string()?;
+            let b = self.b;
             self.eat(b':')?;
-            member(self, key)?;
+            member(self, &b[key])?;
             if self.eat(b'}').is_some() {
                 return Some(());
             }
@@ -152,58 +209,58 @@ impl<'a> Scan<'a> {
         }
     }
 
-    fn chunk(&mut self) -> Option<Chunk> {
-        let mut id: Option<Option<String>> = None;
+    fn chunk(&mut self) -> Option<()> {
+        let mut id: Option<Option<Range<usize>>> = None;
         let mut object = false;
-        let mut choices: Option<Vec<Choice>> = None;
+        let mut choices = false;
         let mut usage = false;
         let mut metrics = false;
         self.object(|s, key| match key {
-            "id" => once(&mut id, s.opt_string()?),
-            "object" => {
-                if object || s.string()? == "error" {
+            b"id" => once(&mut id, s.opt_string()?),
+            b"object" => {
+                let value = s.string()?;
+                if object || &s.b[value] == b"error" {
                     return None;
                 }
                 object = true;
                 Some(())
             }
-            "choices" => {
-                let mut list = Vec::new();
+            b"choices" => {
+                if choices {
+                    return None;
+                }
+                choices = true;
                 s.list(|s| {
-                    list.push(s.choice()?);
+                    let c = s.choice()?;
+                    s.out.choices.push(c);
                     Some(())
-                })?;
-                once(&mut choices, list)
+                })
             }
             // Only null: a usage or metrics object is the typed path's.
-            "usage" => flag_null(s, &mut usage),
-            "metrics" => flag_null(s, &mut metrics),
-            "error" => None,
+            b"usage" => flag_null(s, &mut usage),
+            b"metrics" => flag_null(s, &mut metrics),
+            b"error" => None,
             _ => s.skip(),
         })?;
-        Some(Chunk {
-            id: id.flatten(),
-            choices: choices?,
-            usage: None,
-            spec_steps: None,
-        })
+        self.out.id = id.flatten();
+        choices.then_some(())
     }
 
-    fn choice(&mut self) -> Option<Choice> {
+    fn choice(&mut self) -> Option<ScannedChoice> {
         let mut index: Option<u32> = None;
         let mut delta: Option<Option<Delta>> = None;
-        let mut text: Option<Option<String>> = None;
-        let mut token_ids: Option<Option<Vec<u32>>> = None;
-        let mut finish_reason: Option<Option<String>> = None;
+        let mut text: Option<Option<Range<usize>>> = None;
+        let mut token_ids: Option<Option<Range<usize>>> = None;
+        let mut finish_reason: Option<Option<Range<usize>>> = None;
         self.object(|s, key| match key {
-            "index" => once(&mut index, s.u32()?),
-            "delta" => {
+            b"index" => once(&mut index, s.u32()?),
+            b"delta" => {
                 let d = if s.is_null() { None } else { Some(s.delta()?) };
                 once(&mut delta, d)
             }
-            "text" => once(&mut text, s.opt_string()?),
-            "token_ids" => once(&mut token_ids, s.opt_u32_list()?),
-            "finish_reason" => once(&mut finish_reason, s.opt_string()?),
+            b"text" => once(&mut text, s.opt_string()?),
+            b"token_ids" => once(&mut token_ids, s.opt_u32_list()?),
+            b"finish_reason" => once(&mut finish_reason, s.opt_string()?),
             _ => s.skip(),
         })?;
         let delta = delta.flatten();
@@ -216,20 +273,20 @@ impl<'a> Scan<'a> {
             Some(d) => d.content,
             None => text.flatten(),
         };
-        Some(Choice {
+        Some(ScannedChoice {
             index: index?,
-            text: text.unwrap_or_default(),
+            text: text.unwrap_or(0..0),
             token_ids,
             finish_reason: finish_reason.flatten(),
         })
     }
 
     fn delta(&mut self) -> Option<Delta> {
-        let mut content: Option<Option<String>> = None;
-        let mut token_ids: Option<Option<Vec<u32>>> = None;
+        let mut content: Option<Option<Range<usize>>> = None;
+        let mut token_ids: Option<Option<Range<usize>>> = None;
         self.object(|s, key| match key {
-            "content" => once(&mut content, s.opt_string()?),
-            "token_ids" => once(&mut token_ids, s.opt_u32_list()?),
+            b"content" => once(&mut content, s.opt_string()?),
+            b"token_ids" => once(&mut token_ids, s.opt_u32_list()?),
             _ => s.skip(),
         })?;
         Some(Delta {
@@ -241,8 +298,8 @@ impl<'a> Scan<'a> {
 
 /// A chat delta's fields that count.
 struct Delta {
-    content: Option<String>,
-    token_ids: Option<Vec<u32>>,
+    content: Option<Range<usize>>,
+    token_ids: Option<Range<usize>>,
 }
 
 /// Store a field's value; a second occurrence is a slower path's business.

@@ -8,8 +8,8 @@
 //! here, a network read holding many events costs one call.
 
 use crate::http::{BodyDecoder, BodyError, Framing};
-use crate::sse::{SseError, SseEvent, SseParser, Usage};
-use crate::sse_inputs::{ChunkInputs, SseInput};
+use crate::sse::{Parsed, SseEvent, SseParser, Usage};
+use crate::sse_inputs::{ChunkInputs, SseInput, SseInputRef};
 
 /// Why a stream's body ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,8 +30,6 @@ pub struct StreamBody {
     body: BodyDecoder,
     sse: SseParser,
     decoded: Vec<u8>,
-    /// The events of one read (kept for its capacity).
-    events: Vec<Result<SseEvent, SseError>>,
     inputs: ChunkInputs,
     /// The last non-null finish_reason of choice 0.
     pub finish_reason: Option<String>,
@@ -47,7 +45,6 @@ impl StreamBody {
             body: BodyDecoder::new(framing),
             sse: SseParser::new(),
             decoded: Vec::new(),
-            events: Vec::new(),
             inputs: ChunkInputs::new(),
             finish_reason: None,
             usage: None,
@@ -58,15 +55,30 @@ impl StreamBody {
     /// Bytes from the connection. `on_input` gets every SSE input the
     /// chunks hold, in order.
     pub fn feed(&mut self, input: &[u8], on_input: &mut impl FnMut(SseInput)) {
+        self.feed_ref(input, &mut |i| on_input(i.to_owned()));
+    }
+
+    /// The connection closed.
+    pub fn finish(&mut self, on_input: &mut impl FnMut(SseInput)) {
+        self.finish_ref(&mut |i| on_input(i.to_owned()));
+    }
+
+    /// [`StreamBody::feed`] with the inputs borrowed from the chunks (valid
+    /// for the call of `on_input` only).
+    pub fn feed_ref(&mut self, input: &[u8], on_input: &mut impl FnMut(SseInputRef<'_>)) {
         if self.end.is_some() {
             return;
         }
         self.decoded.clear();
         let framing = self.body.feed(input, &mut self.decoded);
-        let mut events = std::mem::take(&mut self.events);
-        self.sse.feed_into(&self.decoded, &mut events);
-        self.apply(&mut events, on_input);
-        self.events = events;
+        let mut apply = Apply {
+            inputs: &mut self.inputs,
+            finish_reason: &mut self.finish_reason,
+            usage: &mut self.usage,
+            end: &mut self.end,
+            on_input,
+        };
+        self.sse.feed_with(&self.decoded, &mut |p| apply.event(p));
         if self.end.is_some() {
             return;
         }
@@ -77,8 +89,8 @@ impl StreamBody {
         }
     }
 
-    /// The connection closed.
-    pub fn finish(&mut self, on_input: &mut impl FnMut(SseInput)) {
+    /// [`StreamBody::finish`] with the inputs borrowed.
+    pub fn finish_ref(&mut self, on_input: &mut impl FnMut(SseInputRef<'_>)) {
         if self.end.is_some() {
             return;
         }
@@ -90,46 +102,58 @@ impl StreamBody {
 
     /// A last event without its blank line still counts, as in the reference
     /// reader; an event cut off inside its data is an error.
-    fn finish_events(&mut self, on_input: &mut impl FnMut(SseInput)) {
-        let mut events = std::mem::take(&mut self.events);
-        self.sse.feed_into(b"\n\n", &mut events);
-        self.sse.finish_into(&mut events);
-        self.apply(&mut events, on_input);
-        self.events = events;
+    fn finish_events(&mut self, on_input: &mut impl FnMut(SseInputRef<'_>)) {
+        let mut apply = Apply {
+            inputs: &mut self.inputs,
+            finish_reason: &mut self.finish_reason,
+            usage: &mut self.usage,
+            end: &mut self.end,
+            on_input,
+        };
+        self.sse.feed_with(b"\n\n", &mut |p| apply.event(p));
+        self.sse.finish_with(&mut |p| apply.event(p));
         if self.end.is_none() {
             self.end = Some(StreamEnd::BodyEnded);
         }
     }
+}
 
-    /// Apply the events in order (all of them leave `events`, also after an end).
-    fn apply(
-        &mut self,
-        events: &mut Vec<Result<SseEvent, SseError>>,
-        on_input: &mut impl FnMut(SseInput),
-    ) {
-        for event in events.drain(..) {
-            match event {
-                Ok(SseEvent::Chunk(chunk)) => {
-                    if chunk.usage.is_some() {
-                        self.usage.clone_from(&chunk.usage);
-                    }
-                    if let Err(e) = self.inputs.extract(chunk, on_input) {
-                        self.end = Some(StreamEnd::BadEvent(e.to_string()));
-                        return;
-                    }
-                    self.finish_reason.clone_from(&self.inputs.finish_reason);
-                }
-                Ok(SseEvent::Done) => {
-                    self.end = Some(StreamEnd::Done);
-                    return;
-                }
-                // An event with its own `event:` type is not a completion chunk.
-                Ok(SseEvent::Other { .. }) => {}
-                Err(e) => {
-                    self.end = Some(StreamEnd::BadEvent(e.to_string()));
-                    return;
-                }
+/// Applies the events of a read in order; after an end, the rest are dropped.
+struct Apply<'s, F> {
+    inputs: &'s mut ChunkInputs,
+    finish_reason: &'s mut Option<String>,
+    usage: &'s mut Option<Usage>,
+    end: &'s mut Option<StreamEnd>,
+    on_input: &'s mut F,
+}
+
+impl<F: FnMut(SseInputRef<'_>)> Apply<'_, F> {
+    fn event(&mut self, parsed: Parsed<'_>) {
+        if self.end.is_some() {
+            return;
+        }
+        let extracted = match parsed {
+            Parsed::Scanned { data, chunk } => {
+                self.inputs
+                    .extract_scanned(data, chunk, &mut *self.on_input)
             }
+            Parsed::Event(Ok(SseEvent::Chunk(chunk))) => {
+                if chunk.usage.is_some() {
+                    self.usage.clone_from(&chunk.usage);
+                }
+                self.inputs.extract_ref(&chunk, &mut *self.on_input)
+            }
+            Parsed::Event(Ok(SseEvent::Done)) => {
+                *self.end = Some(StreamEnd::Done);
+                return;
+            }
+            // An event with its own `event:` type is not a completion chunk.
+            Parsed::Event(Ok(SseEvent::Other { .. })) => return,
+            Parsed::Event(Err(e)) => Err(e),
+        };
+        match extracted {
+            Ok(()) => self.finish_reason.clone_from(&self.inputs.finish_reason),
+            Err(e) => *self.end = Some(StreamEnd::BadEvent(e.to_string())),
         }
     }
 }
