@@ -26,8 +26,18 @@ import tempfile
 import time
 from array import array
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def packed_reconciler(cls: Any, run_id: str, num_streams: int) -> Any:
+    """A reconciler as the live client builds it (`ingest.py`): spans packed
+    for take(); a build from before `packed_spans` gets the default."""
+    try:
+        return cls(run_id, num_streams, packed_spans=True)
+    except TypeError:
+        return cls(run_id, num_streams)
 
 
 def child(data: str, reps: int, per_buffer: int) -> None:
@@ -38,7 +48,7 @@ def child(data: str, reps: int, per_buffer: int) -> None:
     joined = [b"".join(buffers[i : i + step]) for i in range(0, len(buffers), step)]
 
     def packed() -> None:
-        rec = Reconciler(run_id, num_streams)
+        rec = packed_reconciler(Reconciler, run_id, num_streams)
         records = [array("Q") for _ in range(num_streams)]
         for buffer in joined:
             rec.push_recorded(buffer)

@@ -23,8 +23,20 @@ import sys
 import tempfile
 from array import array
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def packed_reconciler(cls: Any, run_id: str, num_streams: int) -> Any:
+    """A reconciler as the live client builds it (`ingest.py`): spans packed
+    for take(); a build from before `packed_spans` gets the default."""
+    try:
+        return cls(run_id, num_streams, packed_spans=True)
+    except TypeError:
+        return cls(run_id, num_streams)
+
+
 BATCH = 256
 
 
@@ -34,7 +46,7 @@ def child(mode: str, data: str, reps: int) -> None:
     run_id, num_streams, buffers, inputs = pickle.loads(Path(data).read_bytes())
 
     def packed() -> None:
-        rec = Reconciler(run_id, num_streams)
+        rec = packed_reconciler(Reconciler, run_id, num_streams)
         records = [array("Q") for _ in range(num_streams)]
         for buffer in buffers:
             rec.push_recorded(buffer)

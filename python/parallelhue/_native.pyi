@@ -79,10 +79,15 @@ class Reconciler:
     """The three-witness reconciler of one run (docs/PROTOCOL.md "Reconciliation").
 
     Raises ValueError with the protocol's messages for an invalid run id,
-    num_streams, stream index or token id.
+    num_streams, stream index or token id. With `packed_spans`, spans reach
+    the caller only through take() (packed, never built as span events with
+    their text): drain() then returns every other event and no span; take()
+    returns the same as without it.
     """
 
-    def __new__(cls, run_id: str, num_streams: int) -> Reconciler: ...
+    def __new__(
+        cls, run_id: str, num_streams: int, *, packed_spans: bool = False
+    ) -> Reconciler: ...
     def push_frame(self, frame: bytes) -> None:
         """One datagram (already uid-checked)."""
     def push_frames(self, frames: list[bytes]) -> None:

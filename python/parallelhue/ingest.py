@@ -72,7 +72,8 @@ class RustIngest:
         self.telemetry = telemetry
         self.socket_path = socket_path if telemetry is not None else None
         self.run_id = run_id
-        self.reconciler = _native.Reconciler(run_id, len(model.streams))
+        # Spans reach the screen only through take(): packed, without their text.
+        self.reconciler = _native.Reconciler(run_id, len(model.streams), packed_spans=True)
         self.receiver: _native.Receiver | None = None
         self._ended: set[int] = set()
         self._closed = False

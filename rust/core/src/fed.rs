@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::ops::Deref;
 
 use crate::outcome::Outcome;
-use crate::reconcile::{Event, Reconciler};
+use crate::reconcile::{Event, PackedSpan, Reconciler};
 use crate::record::{u32_bytes, Item};
 use crate::sse::Usage;
 use crate::sse_inputs::SseInput;
@@ -112,6 +112,8 @@ pub struct Fed {
     tap: Option<Tap>,
     shown: Shown,
     scratch: Vec<Event>,
+    /// The packed spans of a take (kept: no allocation per take).
+    packed: Vec<PackedSpan>,
 }
 
 impl Deref for Fed {
@@ -145,7 +147,17 @@ impl Fed {
                 ..Shown::default()
             },
             scratch: Vec::new(),
+            packed: Vec::new(),
         }
+    }
+
+    /// A `Fed` whose reconciler packs its spans ([`Reconciler::pack_spans`]):
+    /// for a caller that reads spans only through [`Fed::take`] (`drain()`
+    /// then returns every other event, no span). Same batches as
+    /// [`Fed::new`], with no span text built or copied.
+    pub fn new_packed(mut rec: Reconciler) -> Fed {
+        rec.pack_spans();
+        Fed::new(rec)
     }
 
     // ------------------------------------------------------------- the tap
@@ -180,7 +192,11 @@ impl Fed {
         if self.rec.counters().frames > 0 || self.shown.text_bytes.iter().any(|&b| b > 0) {
             return Err("the run already had inputs when its telemetry run id arrived".into());
         }
+        let packed = self.rec.packs_spans();
         self.rec = Reconciler::with_run_id(run_id, self.rec.num_streams());
+        if packed {
+            self.rec.pack_spans();
+        }
         Ok(())
     }
 
@@ -411,79 +427,103 @@ impl Fed {
         }
         batch.ends = std::mem::take(&mut shown.ends);
         self.rec.drain_into(&mut self.scratch);
-        // Two passes over the events, no list of spans in between: the first
-        // counts each stream's records (a span starting beyond the stream's
-        // last end adds an uncolored gap record before it), the second writes
-        // them straight to their place in the grouped buffer.
-        let ends = &mut shown.span_cursor;
-        ends.clone_from(&shown.span_end);
-        for event in &self.scratch {
-            if let Event::Span {
-                stream,
-                byte_start,
-                text,
-                ..
-            } = event
-            {
-                let s = *stream as usize;
-                if s >= ends.len() {
-                    continue;
-                }
-                // Spans cover the text contiguously (PROTOCOL.md); should one
-                // ever start further on, the bytes between stay uncolored.
-                if *byte_start > ends[s] {
-                    shown.span_count[s] += 1;
-                }
-                shown.span_count[s] += 1;
-                ends[s] = ends[s].max(byte_start + text.len() as u64);
-            }
-        }
-        // Group by stream (a counting sort keeps each stream's order).
-        let mut start = 0;
-        for (s, count) in shown.span_count.iter_mut().enumerate() {
-            if *count > 0 {
-                let bytes = *count * SPAN_RECORD_BYTES;
-                batch.span_index.push((s as u16, start, start + bytes));
-                *count = start; // from here on: where the stream's next record goes
-                start += bytes;
-            }
-        }
-        batch.spans = vec![0; start];
-        let out = &mut batch.spans;
-        let mut put = |at: &mut usize, end: u64, word: u64| {
-            out[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
-            out[*at + 8..*at + SPAN_RECORD_BYTES].copy_from_slice(&word.to_le_bytes());
-            *at += SPAN_RECORD_BYTES;
-        };
-        for event in self.scratch.drain(..) {
-            let Event::Span {
-                stream,
-                byte_start,
-                text,
-                step,
-                role,
-                ..
-            } = event
-            else {
-                batch.events.push(event);
-                continue;
-            };
-            let s = stream as usize;
-            if s >= shown.span_end.len() {
-                continue;
-            }
-            let at = &mut shown.span_count[s];
-            if byte_start > shown.span_end[s] {
-                put(at, byte_start, span_word(None, None));
-            }
-            let end = byte_start + text.len() as u64;
-            put(at, end, span_word(step, role));
-            shown.span_end[s] = shown.span_end[s].max(end);
-        }
-        for &(s, _, _) in &batch.span_index {
-            shown.span_count[s as usize] = 0;
+        if self.rec.packs_spans() {
+            // Packed mode: no event is a span.
+            self.rec.take_spans_into(&mut self.packed);
+            let spans = self.packed.iter().map(|p| {
+                (
+                    p.stream,
+                    p.byte_start,
+                    p.byte_end,
+                    span_word(p.step, p.role),
+                )
+            });
+            pack_spans(shown, &mut batch, spans);
+            std::mem::swap(&mut batch.events, &mut self.scratch);
+        } else {
+            let spans = self.scratch.iter().filter_map(|event| match event {
+                Event::Span {
+                    stream,
+                    byte_start,
+                    text,
+                    step,
+                    role,
+                    ..
+                } => Some((
+                    *stream,
+                    *byte_start,
+                    byte_start + text.len() as u64,
+                    span_word(*step, *role),
+                )),
+                _ => None,
+            });
+            pack_spans(shown, &mut batch, spans);
+            batch.events.extend(
+                self.scratch
+                    .drain(..)
+                    .filter(|e| !matches!(e, Event::Span { .. })),
+            );
         }
         batch
+    }
+}
+
+/// Write `spans` ((stream, byte start, byte end, step/role word), in order)
+/// into `batch.spans` grouped by stream, with `batch.span_index`. Two passes
+/// over the spans, no list in between: the first counts each stream's
+/// records (a span starting beyond the stream's last end adds an uncolored
+/// gap record before it), the second writes them straight to their place.
+fn pack_spans(
+    shown: &mut Shown,
+    batch: &mut Batch,
+    spans: impl Iterator<Item = (u16, u64, u64, u64)> + Clone,
+) {
+    let ends = &mut shown.span_cursor;
+    ends.clone_from(&shown.span_end);
+    for (stream, byte_start, byte_end, _) in spans.clone() {
+        let s = stream as usize;
+        if s >= ends.len() {
+            continue;
+        }
+        // Spans cover the text contiguously (PROTOCOL.md); should one
+        // ever start further on, the bytes between stay uncolored.
+        if byte_start > ends[s] {
+            shown.span_count[s] += 1;
+        }
+        shown.span_count[s] += 1;
+        ends[s] = ends[s].max(byte_end);
+    }
+    // Group by stream (a counting sort keeps each stream's order).
+    let mut start = 0;
+    for (s, count) in shown.span_count.iter_mut().enumerate() {
+        if *count > 0 {
+            let bytes = *count * SPAN_RECORD_BYTES;
+            batch.span_index.push((s as u16, start, start + bytes));
+            *count = start; // from here on: where the stream's next record goes
+            start += bytes;
+        }
+    }
+    batch.spans = vec![0; start];
+    let out = &mut batch.spans;
+    let mut put = |at: &mut usize, end: u64, word: u64| {
+        out[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
+        out[*at + 8..*at + SPAN_RECORD_BYTES].copy_from_slice(&word.to_le_bytes());
+        *at += SPAN_RECORD_BYTES;
+    };
+    for (stream, byte_start, end, word) in spans {
+        let s = stream as usize;
+        if s >= shown.span_end.len() {
+            continue;
+        }
+        let at = &mut shown.span_count[s];
+        if byte_start > shown.span_end[s] {
+            put(at, byte_start, span_word(None, None));
+        }
+        put(at, end, word);
+        shown.span_end[s] = shown.span_end[s].max(end);
+    }
+    for &(s, _, _) in &batch.span_index {
+        shown.span_count[s as usize] = 0;
     }
 }
 
@@ -602,5 +642,155 @@ mod tests {
                 "coalesce {coalesce}, {per_take} inputs per take"
             );
         }
+    }
+
+    fn feed_one(fed: &mut Fed, input: &crate::workload::Input) {
+        use crate::workload::Input;
+        match input {
+            Input::Frame(f) => fed.push_frame(f),
+            Input::Sse {
+                stream,
+                text,
+                token_ids,
+            } => fed.push_sse(*stream, text, token_ids),
+            Input::SseId { stream, id } => fed.push_sse_id(*stream, id),
+            Input::FinishSse { stream, reason } => fed.finish_sse(*stream, reason.as_deref()),
+        }
+    }
+
+    /// Packed mode changes how spans are built, not which: every take of
+    /// the same inputs gives the same packed spans, span index and other
+    /// events (in order) as events mode, for clean runs and for runs where
+    /// lying SSE text, dropped frames and early finishes put failures and
+    /// verdicts between spans of one input (the merge rule's edge), at every
+    /// batch size; and `drain()` in packed mode gives those other events
+    /// without any span.
+    #[test]
+    fn packed_mode_gives_the_spans_of_events_mode() {
+        use crate::workload::{generate, Input, WorkloadConfig};
+        let mut checked_spans = 0;
+        let mut checked_failed = 0;
+        for (coalesce, per_take, lie) in [
+            (1, 1, 0),
+            (1, 37, 0),
+            (2, 256, 0),
+            (1, usize::MAX, 0),
+            (1, 5, 7),
+            (3, 64, 11),
+            (1, usize::MAX, 13),
+        ] {
+            for split in [false, true] {
+                let w = generate(&WorkloadConfig {
+                    streams: 8,
+                    tokens_per_stream: 300,
+                    coalesce,
+                    seed: 11,
+                    ..WorkloadConfig::default()
+                });
+                let mut inputs = w.inputs.clone();
+                if split {
+                    // Each delta as two, cut at the middle character: a step's
+                    // spans come from two inputs (they must not merge).
+                    inputs = inputs
+                        .into_iter()
+                        .flat_map(|input| match input {
+                            Input::Sse {
+                                stream,
+                                text,
+                                token_ids,
+                            } if text.chars().count() > 1 => {
+                                let cut =
+                                    text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+                                let ids = token_ids.len() / 2;
+                                vec![
+                                    Input::Sse {
+                                        stream,
+                                        text: text[..cut].to_owned(),
+                                        token_ids: token_ids[..ids].to_vec(),
+                                    },
+                                    Input::Sse {
+                                        stream,
+                                        text: text[cut..].to_owned(),
+                                        token_ids: token_ids[ids..].to_vec(),
+                                    },
+                                ]
+                            }
+                            other => vec![other],
+                        })
+                        .collect();
+                }
+                if lie > 0 {
+                    let mut n = 0;
+                    let lost_after = inputs.len() * 3 / 4;
+                    inputs.retain_mut(|input| {
+                        n += 1;
+                        match input {
+                            // A lying SSE delta: one more character.
+                            Input::Sse { text, .. } if n % (lie * 3) == 0 => text.push('x'),
+                            // A lost frame, late in the run.
+                            Input::Frame(_) if n > lost_after && n % (lie * 5) == 1 => {
+                                return false
+                            }
+                            _ => {}
+                        }
+                        true
+                    });
+                    // A stream whose SSE ends early.
+                    inputs.insert(
+                        inputs.len() / 2,
+                        Input::FinishSse {
+                            stream: 3,
+                            reason: Some("stop".into()),
+                        },
+                    );
+                }
+                let mut plain = Fed::new(Reconciler::with_run_id(w.run_id, 8));
+                let mut packed = Fed::new_packed(Reconciler::with_run_id(w.run_id, 8));
+                assert!(packed.packs_spans() && !plain.packs_spans());
+                let per_take = per_take.min(inputs.len());
+                let mut compare = |plain: &mut Fed, packed: &mut Fed| {
+                    let (a, b) = (plain.take(), packed.take());
+                    assert_eq!(a.spans, b.spans, "coalesce {coalesce}, per take {per_take}");
+                    assert_eq!(a.span_index, b.span_index);
+                    assert_eq!(a.events, b.events);
+                    assert!(a.events.iter().all(|e| !matches!(e, Event::Span { .. })));
+                    checked_spans += a.spans.len() / SPAN_RECORD_BYTES;
+                    checked_failed += a
+                        .events
+                        .iter()
+                        .filter(|e| matches!(e, Event::Failed { .. }))
+                        .count();
+                };
+                for (i, input) in inputs.iter().enumerate() {
+                    feed_one(&mut plain, input);
+                    feed_one(&mut packed, input);
+                    if (i + 1) % per_take == 0 {
+                        compare(&mut plain, &mut packed);
+                    }
+                }
+                plain.finalize();
+                packed.finalize();
+                compare(&mut plain, &mut packed);
+                // drain() in packed mode: the other events, no span.
+                let mut plain = Reconciler::with_run_id(w.run_id, 8);
+                let mut packed = Reconciler::with_run_id(w.run_id, 8);
+                packed.pack_spans();
+                for input in &inputs {
+                    crate::workload::feed_inputs(std::slice::from_ref(input), &mut plain);
+                    crate::workload::feed_inputs(std::slice::from_ref(input), &mut packed);
+                }
+                let others: Vec<Event> = plain
+                    .drain()
+                    .into_iter()
+                    .filter(|e| !matches!(e, Event::Span { .. }))
+                    .collect();
+                assert_eq!(packed.drain(), others);
+            }
+        }
+        // The lies made failures, and spans were compared.
+        assert!(
+            checked_spans > 1_000 && checked_failed >= 8,
+            "{checked_spans} spans, {checked_failed} failures"
+        );
     }
 }

@@ -319,7 +319,12 @@ pub(crate) fn event_tuple<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py,
 #[pymethods]
 impl Reconciler {
     #[new]
-    fn new(run_id: &Bound<'_, PyAny>, num_streams: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (run_id, num_streams, *, packed_spans = false))]
+    fn new(
+        run_id: &Bound<'_, PyAny>,
+        num_streams: &Bound<'_, PyAny>,
+        packed_spans: bool,
+    ) -> PyResult<Self> {
         let run = match run_id.cast::<PyString>() {
             Ok(s) => s.to_string(),
             Err(_) => return Err(value_error(ArgError::RunId(repr_str(run_id)))),
@@ -329,8 +334,14 @@ impl Reconciler {
             _ => return Err(value_error(ArgError::NumStreams(repr_str(num_streams)))),
         };
         let r = core::Reconciler::new(&run, n).map_err(value_error)?;
+        // Packed: spans only through take(), built without their text.
+        let fed = if packed_spans {
+            Fed::new_packed(r)
+        } else {
+            Fed::new(r)
+        };
         Ok(Reconciler {
-            inner: Arc::new(Mutex::new(Fed::new(r))),
+            inner: Arc::new(Mutex::new(fed)),
             num_streams: n as u16,
         })
     }

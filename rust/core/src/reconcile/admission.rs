@@ -22,7 +22,7 @@ impl Reconciler {
     /// fails every stream without a final verdict, an exact one too (a lost
     /// frame may have been a notice for it); `Some(0)` lost nothing.
     pub fn push_lost(&mut self, frames: Option<u64>) {
-        self.input_start = self.events.len();
+        self.begin_input();
         let reason = match frames {
             Some(0) => return,
             Some(n) => format!("telemetry lost: {n} frames dropped by the server"),
@@ -33,7 +33,7 @@ impl Reconciler {
 
     /// Push one datagram.
     pub fn push_frame(&mut self, data: &[u8]) {
-        self.input_start = self.events.len();
+        self.begin_input();
         self.counters.frames += 1;
         if self.finalized {
             return self.late_frame();

@@ -11,7 +11,7 @@ impl Reconciler {
         if self.finalized {
             return;
         }
-        self.input_start = self.events.len();
+        self.begin_input();
         let gap = self.source_order.iter().find_map(|id| {
             let src = &self.sources[id];
             (src.seq.buffered_len() > 0).then(|| (*id, src.seq.next_expected()))

@@ -88,6 +88,31 @@ pub enum Event {
     },
 }
 
+/// A span as [`crate::fed::Fed::take`] packs it: no text, no token range.
+/// In packed mode ([`Reconciler::pack_spans`]) spans go here instead of
+/// becoming [`Event::Span`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedSpan {
+    pub stream: u16,
+    pub role: Option<u8>,
+    pub step: Option<u32>,
+    pub byte_start: u64,
+    pub byte_end: u64,
+}
+
+/// Where the spans of a reconciler in packed mode go.
+#[derive(Debug, Default)]
+pub(super) struct SpanSink {
+    pub(super) spans: Vec<PackedSpan>,
+    /// `spans.len()` when the current input began (as `input_start`).
+    pub(super) input_start: usize,
+    /// `events.len()` right after the last span was pushed or extended: equal
+    /// to `events.len()` now exactly when no other event followed it (events
+    /// are only drained between inputs, and merging needs a span of the same
+    /// input), i.e. when the span would be the last event in events mode.
+    pub(super) events_at_last: usize,
+}
+
 /// A stream's verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -293,6 +318,8 @@ pub struct Reconciler {
     pieces: Vec<prove::Piece>,
     /// Scratch buffer of a fragment's unit byte starts (kept, like `pieces`).
     unit_starts: Vec<usize>,
+    /// Packed mode: spans go here, not to `events` (None: events mode).
+    packed: Option<SpanSink>,
 }
 
 impl Reconciler {
@@ -323,6 +350,41 @@ impl Reconciler {
             input_start: 0,
             pieces: Vec::new(),
             unit_starts: Vec::new(),
+            packed: None,
+        }
+    }
+
+    /// Packed mode from now on: spans are no longer events but
+    /// [`PackedSpan`]s for [`Reconciler::take_spans_into`], merged by the same
+    /// rule; every other event stays in `drain()`. For a reader that only
+    /// needs where spans end and their step and role (the screen via
+    /// [`crate::fed::Fed::take`]); chosen before the first input.
+    pub fn pack_spans(&mut self) {
+        if self.packed.is_none() {
+            self.packed = Some(SpanSink::default());
+        }
+    }
+
+    pub fn packs_spans(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// The spans since the previous call (packed mode; else nothing), in
+    /// order; `out` is cleared first and trades buffers with the reconciler.
+    pub fn take_spans_into(&mut self, out: &mut Vec<PackedSpan>) {
+        out.clear();
+        if let Some(sink) = &mut self.packed {
+            std::mem::swap(out, &mut sink.spans);
+            sink.input_start = 0;
+        }
+    }
+
+    /// The start of an input: only spans of the same input merge.
+    #[inline]
+    pub(super) fn begin_input(&mut self) {
+        self.input_start = self.events.len();
+        if let Some(sink) = &mut self.packed {
+            sink.input_start = sink.spans.len();
         }
     }
 

@@ -44,6 +44,7 @@ impl Reconciler {
             pieces,
             unit_starts,
             input_start,
+            packed,
             ..
         } = self;
         let st = &mut streams[s];
@@ -90,7 +91,7 @@ impl Reconciler {
                 // SAFETY: as for a piece below (this piece is the whole output).
                 let text = unsafe { std::str::from_utf8_unchecked(hb) };
                 st.stats.bytes += hb.len() as u64;
-                emit_span(events, input_start, s, fr.byte_start, text, &p);
+                emit_span(events, packed, input_start, s, fr.byte_start, text, &p);
                 continue;
             }
             let avail = (limit - fr.byte_start) as usize;
@@ -110,7 +111,7 @@ impl Reconciler {
                 }
                 st.stats.bytes += (p.to - p.from) as u64;
                 let start = fr.byte_start + p.from as u64;
-                emit_span(events, input_start, s, start, text, p);
+                emit_span(events, packed, input_start, s, start, text, p);
             }
         }
         if let Some(reason) = mismatch {
@@ -210,14 +211,19 @@ impl Stream {
 
 /// Emit one piece as a span, or extend the previous span of this input
 /// when it is the same stream, step and role and ends where this starts.
+#[inline]
 pub(super) fn emit_span(
     events: &mut Vec<Event>,
+    packed: &mut Option<SpanSink>,
     input_start: usize,
     s: usize,
     start: u64,
     text: &str,
     p: &Piece,
 ) {
+    if let Some(sink) = packed {
+        return pack_span(sink, events.len(), s, start, text.len(), p);
+    }
     let last_offset = p.first + u64::from(p.n) - 1;
     if p.step.is_some() && events.len() > input_start {
         if let Some(Event::Span {
@@ -260,6 +266,39 @@ pub(super) fn emit_span(
     if let Some(Event::Span { text: t, .. }) = events.last_mut() {
         t.push_str(text);
     }
+}
+
+/// [`emit_span`] in packed mode: the same merge rule on the same spans,
+/// without their text and token range. Events mode merges when the last event
+/// is a span of this input (`events.len() > input_start`) of the same
+/// stream, step and role ending at `start`; here the last span is of this
+/// input when `spans.len() > sink.input_start` and is the last event when no
+/// event was pushed since (`events_at_last`). `Fed`'s test
+/// `packed_mode_gives_the_spans_of_events_mode` compares both modes.
+#[inline]
+fn pack_span(sink: &mut SpanSink, events_len: usize, s: usize, start: u64, len: usize, p: &Piece) {
+    let end = start + len as u64;
+    if p.step.is_some() && sink.spans.len() > sink.input_start && sink.events_at_last == events_len
+    {
+        if let Some(last) = sink.spans.last_mut() {
+            if usize::from(last.stream) == s
+                && last.step == p.step
+                && last.role == p.role
+                && last.byte_end == start
+            {
+                last.byte_end = end;
+                return;
+            }
+        }
+    }
+    sink.spans.push(PackedSpan {
+        stream: s as u16,
+        role: p.role,
+        step: p.step,
+        byte_start: start,
+        byte_end: end,
+    });
+    sink.events_at_last = events_len;
 }
 
 impl Stream {

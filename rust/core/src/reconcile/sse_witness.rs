@@ -6,7 +6,7 @@ use super::*;
 impl Reconciler {
     /// The stream an SSE input is for, if it can still change.
     pub(super) fn sse_stream(&mut self, stream: u16) -> Option<usize> {
-        self.input_start = self.events.len();
+        self.begin_input();
         let s = stream as usize;
         if self.finalized || s >= self.streams.len() || self.streams[s].failed.is_some() {
             return None;
