@@ -114,8 +114,9 @@ def pack(workload: workloads.Workload, size: int = BATCH) -> list[bytes]:
 
 def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any, int]:
     """The packed API: push_recorded per buffer, take() after each, its span runs
-    appended to per-stream arrays (what StreamState.add_span_runs does)."""
-    rec = NativeReconciler(workload.run_id, workload.num_streams)
+    appended to per-stream arrays (what StreamState.add_span_runs does); spans
+    packed as the live client's reconciler packs them (`ingest.py`)."""
+    rec = NativeReconciler(workload.run_id, workload.num_streams, packed_spans=True)
     records = [array("Q") for _ in range(workload.num_streams)]
     events = 0
 
