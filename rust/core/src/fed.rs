@@ -580,7 +580,7 @@ mod tests {
     /// step/role words in order, for every batch size.
     #[test]
     fn take_packs_exactly_the_drained_spans() {
-        use crate::workload::{generate, Input, WorkloadConfig};
+        use crate::workload::{generate, WorkloadConfig};
         for (coalesce, per_take) in [(1, 1), (1, 37), (2, 256), (1, usize::MAX)] {
             let w = generate(&WorkloadConfig {
                 streams: 8,
@@ -619,18 +619,7 @@ mod tests {
                 assert_eq!(at, batch.spans.len());
             };
             for (i, input) in w.inputs.iter().enumerate() {
-                match input {
-                    Input::Frame(f) => fed.push_frame(f),
-                    Input::Sse {
-                        stream,
-                        text,
-                        token_ids,
-                    } => fed.push_sse(*stream, text, token_ids),
-                    Input::SseId { stream, id } => fed.push_sse_id(*stream, id),
-                    Input::FinishSse { stream, reason } => {
-                        fed.finish_sse(*stream, reason.as_deref())
-                    }
-                }
+                feed_one(&mut fed, input);
                 if (i + 1) % per_take.min(w.inputs.len()) == 0 {
                     collect(&mut fed);
                 }

@@ -76,9 +76,10 @@ fn add_lists(a: &mut Vec<u64>, b: &[u64]) {
 }
 
 impl Stats {
-    /// Account one settled provenance record: `roles[..confirmed]` are its
-    /// confirmed tokens, the rest surplus.
-    pub fn settle(&mut self, roles: impl Iterator<Item = u8>, confirmed: usize, ds: u16, dp: u16) {
+    /// What every settled record adds whatever its roles: its step, its place
+    /// in the histogram, its drafts (shared by `settle` and `settle_confirmed`).
+    #[inline(always)]
+    fn settle_record(&mut self, confirmed: usize, ds: u16, dp: u16) {
         if confirmed > 0 {
             self.steps += 1;
         }
@@ -97,6 +98,12 @@ impl Stats {
         for d in &mut self.drafts_by_pos[..drafts] {
             *d += 1;
         }
+    }
+
+    /// Account one settled provenance record: `roles[..confirmed]` are its
+    /// confirmed tokens, the rest surplus.
+    pub fn settle(&mut self, roles: impl Iterator<Item = u8>, confirmed: usize, ds: u16, dp: u16) {
+        self.settle_record(confirmed, ds, dp);
         // Accepted drafts come first: position i is the i-th accepted token.
         let mut position = 0usize;
         for (i, role) in roles.enumerate() {
@@ -134,24 +141,7 @@ impl Stats {
     /// positions (test `settle_confirmed_is_settle_of_every_token`).
     #[inline]
     pub fn settle_confirmed(&mut self, confirmed: usize, counts: [u16; 4], ds: u16, dp: u16) {
-        if confirmed > 0 {
-            self.steps += 1;
-        }
-        if self.hist.len() <= confirmed {
-            self.hist.resize(confirmed + 1, 0);
-        }
-        self.hist[confirmed] += 1;
-        self.drafts_scheduled += u64::from(ds);
-        self.drafts_padded += u64::from(dp);
-        self.tokens += confirmed as u64;
-        let drafts = usize::from(ds - dp);
-        if self.drafts_by_pos.len() < drafts {
-            self.drafts_by_pos.resize(drafts, 0);
-            self.accepted_by_pos.resize(drafts, 0);
-        }
-        for d in &mut self.drafts_by_pos[..drafts] {
-            *d += 1;
-        }
+        self.settle_record(confirmed, ds, dp);
         let [plain, accepted, target, bonus] = counts.map(u64::from);
         self.plain += plain;
         self.accepted += accepted;
