@@ -21,20 +21,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from array import array
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def packed_reconciler(cls: Any, run_id: str, num_streams: int) -> Any:
-    """A reconciler as the live client builds it (`ingest.py`): spans packed
-    for take(); a build from before `packed_spans` gets the default."""
-    try:
-        return cls(run_id, num_streams, packed_spans=True)
-    except TypeError:
-        return cls(run_id, num_streams)
 
 
 BATCH = 256
@@ -42,25 +31,15 @@ BATCH = 256
 
 def child(mode: str, data: str, reps: int) -> None:
     from parallelhue._native import Reconciler
+    from reconciler_runs import run_core, run_packed
 
     run_id, num_streams, buffers, inputs = pickle.loads(Path(data).read_bytes())
 
     def packed() -> None:
-        rec = packed_reconciler(Reconciler, run_id, num_streams)
-        records = [array("Q") for _ in range(num_streams)]
-        for buffer in buffers:
-            rec.push_recorded(buffer)
-            packed, index = rec.take()[1]
-            view = memoryview(packed)
-            for stream, start, end in index:
-                records[stream].frombytes(view[start:end])
-        rec.finalize()
-        rec.take()
+        run_packed(Reconciler, run_id, num_streams, buffers)
 
     def core() -> None:
-        rec = Reconciler(run_id, num_streams)
-        rec.push_recorded(b"".join(buffers))
-        rec.finalize()
+        run_core(Reconciler, run_id, num_streams, buffers)
 
     def tuples() -> None:
         rec = Reconciler(run_id, num_streams)
