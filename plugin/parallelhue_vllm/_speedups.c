@@ -334,7 +334,7 @@ sink_open(Sink *sink, int joined, Py_ssize_t records, Py_ssize_t estimate)
 }
 
 /* Room for record `r` of `size` bytes (NULL with MemoryError). */
-static unsigned char *
+static ALWAYS_INLINE unsigned char *
 sink_record(Sink *sink, Py_ssize_t r, Py_ssize_t size)
 {
     if (sink->list != NULL) {
@@ -994,9 +994,10 @@ learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
     reader->none_if_unset = member->type == T_OBJECT;
 }
 
-/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
-static inline PyObject *
-read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+/* read_attr's path when the type is not the one learnt (learn it again) or the
+ * value is not where it was: out of line, so that the common read is inlined. */
+static PyObject *
+read_attr_slow(PyObject *obj, PyObject *name, SlotReader *reader)
 {
     PyTypeObject *type = Py_TYPE(obj);
     if (type != reader->type || type->tp_version_tag != reader->version ||
@@ -1029,6 +1030,38 @@ read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
     }
 #endif
     return PyObject_GetAttr(obj, name);
+}
+
+/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
+static ALWAYS_INLINE PyObject *
+read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == reader->type && type->tp_version_tag == reader->version &&
+        (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        if (reader->offset >= 0) {
+            PyObject *value = *(PyObject **)((char *)obj + reader->offset);
+            if (value != NULL) {
+                Py_INCREF(value);
+                return value;
+            }
+        }
+#ifdef INSTANCE_VALUES
+        else if (reader->keys != NULL) {
+            SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+            PyObject **values = instance_values(obj);
+            if (keys == reader->keys && values != NULL && reader->index < keys->dk_nentries &&
+                shared_entries(keys)[reader->index].me_key == name) {
+                PyObject *value = values[reader->index];
+                if (value != NULL) {
+                    Py_INCREF(value);
+                    return value;
+                }
+            }
+        }
+#endif
+    }
+    return read_attr_slow(obj, name, reader);
 }
 
 static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
@@ -1185,7 +1218,10 @@ capture_output(QueueCapture *self, PyObject *output)
         goto done;
     }
     int overflow = 0;
-    long long at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    long long at;
+    if (!small_int(index, &at)) { /* nearly always 0: read without a call */
+        at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    }
     Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
     PyObject *fragments = self->fragments;
     /* The common row: not finished (only a finished step can have been trimmed
