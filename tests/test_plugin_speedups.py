@@ -551,17 +551,22 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 5)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 6)",
+        ),
+        (
+            # the build before the frame encoders: all it has is still there, but old
+            SimpleNamespace(ABI=5, **dict.fromkeys(accelerator.REQUIRED)),
+            "pure Python (the C accelerator has ABI 5, this plugin needs 6)",
         ),
         (
             SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 5)",
+            "pure Python (the C accelerator has ABI None, this plugin needs 6)",
         ),
         (
-            SimpleNamespace(ABI=5, QueueCapture=None, SchedRequest=None),
+            SimpleNamespace(ABI=6, QueueCapture=None, SchedRequest=None),
             "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_body, "
-            "encode_provenance_step, encode_text_body, encode_text_step, has_empty, "
-            "sampled_lengths, scheduler_rows)",
+            "encode_provenance_frame, encode_provenance_step, encode_text_body, "
+            "encode_text_frame, encode_text_step, has_empty, sampled_lengths, scheduler_rows)",
         ),
     ],
 )

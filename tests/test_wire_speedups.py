@@ -14,8 +14,11 @@ ones the hooks gave, else 0 or LEAD_UNKNOWN (the reference decoder reads them ba
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import struct
+import tempfile
 from types import SimpleNamespace
 from typing import Any
 
@@ -111,6 +114,63 @@ def test_c_body_encoders_give_the_join_of_wire_py_records(seed: int) -> None:
         )
 
 
+def frame_args(rng: random.Random) -> tuple[bytes, int, int, int, int, int]:
+    """Header fields of a frame: run id, source id, seq, step, timestamp, dropped."""
+    big = [0, 1, 0xFFFFFFFF, 1 << 32, (1 << 64) - 1, rng.randint(0, (1 << 64) - 1)]
+    dropped = rng.choice([0, 1, 0xFFFFFFFF, 1 << 32, 1 << 70])
+    run = bytes(rng.randrange(256) for _ in range(16))
+    return run, rng.choice(big), rng.choice(big), rng.choice(big), rng.choice(big), dropped
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_c_frame_encoders_give_wire_py_frames(seed: int) -> None:
+    """encode_*_frame: the whole frame of a step's body, header fields first, as
+    wire.encode_joined_frame makes it (dropped clamped to u32 as the emitter does)."""
+    module = load_speedups()
+    rng = random.Random(2000 + seed)
+    for _ in range(25):
+        head = frame_args(rng)
+        header = wire.Header(*head[:5], min(head[5], 0xFFFFFFFF))
+        text, provenance = random_text_step(rng), random_provenance_step(rng)
+        for kind, step, encode in ((wire.KIND_TEXT, text, module.encode_text_frame),
+                                   (wire.KIND_PROVENANCE, provenance,
+                                    module.encode_provenance_frame)):  # fmt: skip
+            records = wire.encode_rows(kind, step)
+            expected = wire.encode_joined_frame(kind, header, len(records), b"".join(records))
+            assert encode(*head, *step) == expected
+
+
+def test_c_frame_encoders_leave_what_is_not_one_frame_to_python() -> None:
+    """None, not an error, where the emitter's Python path must decide: header fields
+    struct refuses, no records, more records or bytes than one frame holds."""
+    module = load_speedups()
+    run = bytes(range(16))
+    one = ([0, 0, 0, 0, 1, 1, 0], [1], ["x"], ["a"], {})
+    big_text = ([0, 0, 0, 0, 1, 1, 0] * 3, [1, 2, 3], ["x" * 30000] * 3, ["a", "b", "c"], {})
+    fits = ([0, 0, 0, 0, 1, 1, 0], [1], ["x" * (wire.FRAME_RECORD_BUDGET - 16 - 9 - 1)], ["a"], {})
+    over = ([0, 0, 0, 0, 1, 1, 0], [1], ["x" * (wire.FRAME_RECORD_BUDGET - 16 - 9)], ["a"], {})
+    assert module.encode_text_frame(run, 1, 2, 3, 4, 0, *fits) is not None
+    for head, step in [
+        ((bytes(15), 1, 2, 3, 4, 0), one),
+        ((bytearray(run), 1, 2, 3, 4, 0), one),
+        ((run, -1, 2, 3, 4, 0), one),
+        ((run, 1, 1 << 64, 3, 4, 0), one),
+        ((run, 1, 2, 3, 4.0, 0), one),
+        ((run, 1, 2, 3, 4, -1), one),
+        ((run, 1, 2, 3, 4, 0), ([], [], [], [], {})),
+        ((run, 1, 2, 3, 4, 0), big_text),
+        ((run, 1, 2, 3, 4, 0), over),
+    ]:
+        assert module.encode_text_frame(*head, *step) is None
+    assert module.encode_provenance_frame(run, 1, 2, 3, 4, 0, [], [], []) is None
+    many = ([0, 0, 0, 0, 0, 0, 0] * 1025, [], [b""] * 1025)
+    assert module.encode_provenance_frame(run, 1, 2, 3, 4, 0, *many) is None
+    full = ([0, 0, 0, 0, 0, 0, 0] * 1024, [], [b""] * 1024)
+    assert module.encode_provenance_frame(run, 1, 2, 3, 4, 0, *full) is not None
+    with pytest.raises(TypeError, match=r"encode_provenance_frame\(run_id, source_id"):
+        module.encode_provenance_frame(run, 1, 2, 3, 4, 0, [], [])
+
+
 def test_fragments_of_every_short_length_are_copied_whole() -> None:
     """The C encoder copies fragments of up to 16 bytes with fixed-size moves that
     overlap: every length from 0 to 20 bytes, ASCII and not, lands byte for byte."""
@@ -188,6 +248,8 @@ def test_both_text_step_encoders_refuse_the_same_steps(step: tuple[Any, ...], me
         module.encode_text_step(*step)
     with pytest.raises((ValueError, UnicodeEncodeError), match=message):
         module.encode_text_body(*step)
+    with pytest.raises((ValueError, UnicodeEncodeError), match=message):
+        module.encode_text_frame(bytes(16), 1, 1, 1, 1, 0, *step)
 
 
 def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
@@ -254,6 +316,88 @@ def test_the_emitter_frames_a_step_with_the_c_body_and_the_same_bytes_without(
     for (kind, step), chunks in zip(steps, with_c, strict=True):
         records = wire.encode_rows(kind, step)  # type: ignore[arg-type]
         assert chunks == emitter._frame_chunks(records)
+
+
+def sent_frames(directory: str, items: list[tuple[Any, ...]]) -> list[bytes]:
+    """The frames an emitter sends for these queued items (its sender thread's work,
+    run here), as the client's socket receives them."""
+    run = "00112233445566778899aabbccddeeff"
+    path = os.path.join(directory, f"{run}.sock")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(path)
+    os.chmod(path, 0o600)
+    sender = emitter.Emitter(
+        role=wire.SOURCE_SCHEDULER, engine=wire.ENGINE_VLLM, engine_version="test",
+        plugin_version="test", spec_method="ngram", num_speculative_tokens=3,
+        role_derivation=wire.DERIVATION_DRAFT_IDS, async_scheduling=False,
+        socket_dir=directory,
+    )  # fmt: skip
+    receiver.setblocking(False)
+    frames: list[bytes] = []
+    try:
+        for item in items:
+            if item[0] == "queue drops":  # the hooks lost a step of this run
+                sender._queue_drops[run] = item[1]
+                continue
+            sender.process((item[0], item[1], item[2], item[3], {run: item[4]}, item[5]))
+            while True:  # read as a client does: the socket's buffer never fills
+                try:
+                    frames.append(receiver.recv(1 << 17))
+                except BlockingIOError:
+                    break
+        return frames
+    finally:
+        receiver.close()
+        os.unlink(path)
+
+
+def test_the_sender_sends_the_same_frames_with_whole_c_frames_c_bodies_and_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Emitter.process: a greeted run's step that fits one frame is written whole by
+    encode_*_frame; the hello, a step after queue drops, a step too large for one
+    frame and a refused step take the Python path. The frames are the same bytes with
+    the C frames, with the C bodies only, and with wire.py alone."""
+    module = load_speedups()
+    rng = random.Random(11)
+    rows = emitter._ITEM_ROWS
+    big_text = ([0, 0, 0, 0, 1, 1, 0] * 3, [1, 2, 3], ["x" * 30000] * 3, ["a", "b", "c"], {})
+    refused = ([0, 0, 0, 0, 1, 1, 0x10000], [1], [""], ["a"], {})
+    items: list[tuple[Any, ...]] = []
+    for step in range(12):
+        kind = wire.KIND_TEXT if step % 3 else wire.KIND_PROVENANCE
+        columns = random_text_step(rng) if kind == wire.KIND_TEXT else random_provenance_step(rng)
+        items.append((rows, kind, 100 + step, 10**15 + step, columns, len(columns[2])))
+    items[4] = (rows, wire.KIND_TEXT, 104, 1, big_text, 3)
+    items[6] = (rows, wire.KIND_TEXT, 106, 2, refused, 1)
+    items.insert(9, ("queue drops", 5))
+    calls: list[str] = []
+
+    def spy(name: str) -> Any:
+        def call(*args: Any) -> Any:
+            calls.append(name)
+            return getattr(module, name)(*args)
+
+        return call
+
+    monkeypatch.setattr(emitter.secrets, "randbits", lambda bits: 77)  # the source id
+    with tempfile.TemporaryDirectory(prefix="phw", dir="/tmp") as directory:
+        os.chmod(directory, 0o700)
+        frame_encoders = {wire.KIND_TEXT: spy("encode_text_frame"),
+                          wire.KIND_PROVENANCE: spy("encode_provenance_frame")}  # fmt: skip
+        monkeypatch.setattr(emitter, "_frame_encoders", frame_encoders)
+        whole = sent_frames(directory, items)
+        monkeypatch.setattr(emitter, "_frame_encoders", {})
+        bodies = sent_frames(directory, items)
+        monkeypatch.setattr(emitter, "_speedups", None)
+        python = sent_frames(directory, items)
+    assert whole == bodies == python
+    # The first step greets (Python path); the big step is tried, then split; the
+    # refused one is refused by C; the step after the queue drops skips C.
+    assert len(calls) == 10
+    headers = [struct.unpack_from("<4sBBH16sQQQQII", frame) for frame in whole]
+    assert [header[6] for header in headers] == list(range(len(headers)))  # seq
+    assert [header[9] for header in headers if header[9]] == [1, 5]  # dropped
 
 
 def test_a_joined_frame_is_the_frame_of_its_records() -> None:

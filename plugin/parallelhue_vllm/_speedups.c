@@ -15,7 +15,9 @@
  *   texts, fragments, span_backs[, leads]): a step's record bytes as wire.py's
  *   functions of the same names; encode_provenance_body / encode_text_body (same
  *   arguments): those records joined in one bytes object, the frame body the
- *   emitter's sender thread sends (emitter.encode_chunks);
+ *   emitter's sender thread sends (emitter.encode_chunks); encode_provenance_frame /
+ *   encode_text_frame (the header fields first): the whole frame of such a body,
+ *   wire.encode_joined_frame's bytes, written at once (emitter.Emitter.process);
  *   the text encoder writes protocol 3's entry (lead_len: a fragment's split, or
  *   an empty fragment's give count); tests/test_wire_speedups.py compares the
  *   bytes on random steps.
@@ -24,6 +26,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define MAX_TOKENS_PER_RECORD 256
@@ -37,7 +40,7 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 5
+#define SPEEDUPS_ABI 6
 
 /* ------------------------------------------------------------- helpers */
 #if PY_VERSION_HEX < 0x030A0000
@@ -55,20 +58,39 @@ Py_NewRef(PyObject *obj)
 #define ALWAYS_INLINE inline
 #endif
 
-static void
+/* Little-endian stores. On a little-endian host one (unaligned) store each: the
+ * byte-by-byte form was compiled into shifts and ors, ~30 instructions per text
+ * entry. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define NATIVE_LITTLE_ENDIAN 1
+#else
+#define NATIVE_LITTLE_ENDIAN 0
+#endif
+
+static ALWAYS_INLINE void
 put16(unsigned char *p, unsigned long v)
 {
+#if NATIVE_LITTLE_ENDIAN
+    uint16_t w = (uint16_t)v;
+    memcpy(p, &w, 2);
+#else
     p[0] = (unsigned char)(v & 0xFF);
     p[1] = (unsigned char)((v >> 8) & 0xFF);
+#endif
 }
 
-static void
+static ALWAYS_INLINE void
 put32(unsigned char *p, unsigned long v)
 {
+#if NATIVE_LITTLE_ENDIAN
+    uint32_t w = (uint32_t)v;
+    memcpy(p, &w, 4);
+#else
     p[0] = (unsigned char)(v & 0xFF);
     p[1] = (unsigned char)((v >> 8) & 0xFF);
     p[2] = (unsigned char)((v >> 16) & 0xFF);
     p[3] = (unsigned char)((v >> 24) & 0xFF);
+#endif
 }
 
 /* memcpy for the few bytes of most fragments, without a call: two fixed-size
@@ -186,6 +208,10 @@ record_meta(PyObject *meta, Py_ssize_t r, const unsigned long long *limits, cons
     /* Nearly always: seven small ints in range, read without a call. */
     PyObject **items = ((PyListObject *)meta)->ob_item + r * ROW_WIDTH;
     int i = 0;
+    /* unrolled: each field's limit is then a constant */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 7
+#endif
     for (; i < ROW_WIDTH; i++) {
         long long v;
         if (!small_int(items[i], &v) || v < 0) {
@@ -233,10 +259,70 @@ typedef struct {
     Py_ssize_t used;
 } Sink;
 
+/* Where the encoders write: one bytes object per record, the records joined (a
+ * frame body), or a whole frame (header, record count, body). */
+enum { RECORDS = 0, BODY = 1, FRAME = 2 };
+#define FRAME_HEADER 64
+#define FRAME_PREFIX (FRAME_HEADER + 2)
+#define MAX_FRAME_BYTES 65536
+#define MAX_RECORDS 1024
+#define PROTOCOL_VERSION 3
+#define KIND_PROVENANCE 2
+#define KIND_TEXT 3
+
+/* The header fields of a frame (wire.Header), read by frame_head. */
+typedef struct {
+    const char *run_id;
+    unsigned long long source_id, seq, step, timestamp, dropped;
+} FrameHead;
+
+static void
+put64(unsigned char *p, unsigned long long v)
+{
+    put32(p, (unsigned long)(v & 0xFFFFFFFFULL));
+    put32(p + 4, (unsigned long)(v >> 32));
+}
+
+/* args = run_id, source_id, seq, step, timestamp_ns, dropped: 1 when each fits
+ * the header (wire._HEADER; dropped above 0xFFFFFFFF is clamped, as the emitter
+ * does), 0 otherwise (no error set: the caller takes the Python path, which
+ * raises what struct raises). */
+static int
+frame_head(PyObject *const *args, FrameHead *head)
+{
+    if (!PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) != 16) {
+        return 0;
+    }
+    head->run_id = PyBytes_AS_STRING(args[0]);
+    unsigned long long *fields[] = {&head->source_id, &head->seq, &head->step, &head->timestamp,
+                                    &head->dropped};
+    for (int i = 0; i < 5; i++) {
+        if (!PyLong_CheckExact(args[1 + i])) {
+            return 0;
+        }
+        *fields[i] = PyLong_AsUnsignedLongLong(args[1 + i]);
+        if (*fields[i] == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            if (i == 4 && _PyLong_Sign(args[1 + i]) > 0) {
+                *fields[i] = 0xFFFFFFFFULL; /* a count beyond u64: clamped all the same */
+                continue;
+            }
+            return 0;
+        }
+    }
+    if (head->dropped > 0xFFFFFFFFULL) {
+        head->dropped = 0xFFFFFFFFULL;
+    }
+    return 1;
+}
+
 static int
 sink_open(Sink *sink, int joined, Py_ssize_t records, Py_ssize_t estimate)
 {
-    sink->used = 0;
+    /* a frame's header and record count go first (FRAME mode): room kept for them */
+    Py_ssize_t start = joined == FRAME ? FRAME_PREFIX : 0;
+    estimate += start;
+    sink->used = start;
     sink->list = NULL;
     sink->joined = NULL;
     if (joined) {
@@ -248,7 +334,7 @@ sink_open(Sink *sink, int joined, Py_ssize_t records, Py_ssize_t estimate)
 }
 
 /* Room for record `r` of `size` bytes (NULL with MemoryError). */
-static unsigned char *
+static ALWAYS_INLINE unsigned char *
 sink_record(Sink *sink, Py_ssize_t r, Py_ssize_t size)
 {
     if (sink->list != NULL) {
@@ -282,6 +368,32 @@ sink_finish(Sink *sink)
     return sink->joined;
 }
 
+/* FRAME mode: the frame wire.encode_joined_frame makes of these records, or None
+ * when they do not fit one frame (the emitter then splits them in Python). */
+static PyObject *
+sink_frame(Sink *sink, int kind, const FrameHead *head, Py_ssize_t records)
+{
+    Py_ssize_t body_len = sink->used - FRAME_HEADER; /* the count and the records */
+    if (records < 1 || records > MAX_RECORDS || FRAME_HEADER + body_len > MAX_FRAME_BYTES) {
+        Py_CLEAR(sink->joined);
+        Py_RETURN_NONE;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(sink->joined);
+    memcpy(p, "PHUE", 4);
+    p[4] = PROTOCOL_VERSION;
+    p[5] = (unsigned char)kind;
+    put16(p + 6, 0);
+    memcpy(p + 8, head->run_id, 16);
+    put64(p + 24, head->source_id);
+    put64(p + 32, head->seq);
+    put64(p + 40, head->step);
+    put64(p + 48, head->timestamp);
+    put32(p + 56, (unsigned long)head->dropped);
+    put32(p + 60, (unsigned long)body_len);
+    put16(p + FRAME_HEADER, (unsigned long)records);
+    return sink_finish(sink);
+}
+
 static void
 sink_drop(Sink *sink)
 {
@@ -292,13 +404,15 @@ sink_drop(Sink *sink)
 /* encode_provenance_step(meta, ids, roles) -> list[bytes] (wire.encode_provenance_step);
  * encode_provenance_body(meta, ids, roles) -> bytes: the same records, joined. */
 static PyObject *
-encode_provenance(PyObject *const *args, Py_ssize_t nargs, int joined)
+encode_provenance(PyObject *const *args, Py_ssize_t nargs, int joined, const FrameHead *head)
 {
     if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, joined
-                        ? "encode_provenance_body(meta, ids, roles): three lists"
-                        : "encode_provenance_step(meta, ids, roles): three lists");
+        PyErr_SetString(PyExc_TypeError,
+                        joined == FRAME ? "encode_provenance_frame(run_id, source_id, seq, step, "
+                                          "timestamp_ns, dropped, meta, ids, roles)"
+                        : joined        ? "encode_provenance_body(meta, ids, roles): three lists"
+                                        : "encode_provenance_step(meta, ids, roles): three lists");
         return NULL;
     }
     PyObject *meta = args[0], *ids = args[1], *roles = args[2];
@@ -358,7 +472,8 @@ encode_provenance(PyObject *const *args, Py_ssize_t nargs, int joined)
     if (check_columns(meta, records, n_ids, first) < 0) {
         goto fail;
     }
-    return sink_finish(&sink);
+    return joined == FRAME ? sink_frame(&sink, KIND_PROVENANCE, head, records)
+                           : sink_finish(&sink);
 fail:
     sink_drop(&sink);
     return NULL;
@@ -367,26 +482,41 @@ fail:
 static PyObject *
 encode_provenance_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    return encode_provenance(args, nargs, 0);
+    return encode_provenance(args, nargs, RECORDS, NULL);
 }
 
 static PyObject *
 encode_provenance_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    return encode_provenance(args, nargs, 1);
+    return encode_provenance(args, nargs, BODY, NULL);
+}
+
+/* encode_provenance_frame(run_id, source_id, seq, step, timestamp_ns, dropped, meta,
+ * ids, roles) -> bytes | None: the whole frame (wire.encode_joined_frame of the
+ * body), or None when the header fields or the records do not fit one frame. */
+static PyObject *
+encode_provenance_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    FrameHead head;
+    if (nargs < 6 || !frame_head(args, &head)) {
+        Py_RETURN_NONE;
+    }
+    return encode_provenance(args + 6, nargs - 6, FRAME, &head);
 }
 
 /* encode_text_step(meta, ids, texts, fragments, span_backs[, leads]) -> list[bytes];
  * encode_text_body(the same) -> bytes: the same records, joined. */
 static PyObject *
-encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
+encode_text(PyObject *const *args, Py_ssize_t nargs, int joined, const FrameHead *head)
 {
     if ((nargs != 5 && nargs != 6) || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2]) || !PyList_Check(args[3]) || !PyDict_Check(args[4]) ||
         (nargs == 6 && !PyDict_Check(args[5]))) {
-        PyErr_SetString(PyExc_TypeError,
-                        joined
-                            ? "encode_text_body(meta, ids, texts, fragments, span_backs[, leads])"
+        PyErr_SetString(
+            PyExc_TypeError,
+            joined == FRAME ? "encode_text_frame(run_id, source_id, seq, step, timestamp_ns, "
+                              "dropped, meta, ids, texts, fragments, span_backs[, leads])"
+            : joined        ? "encode_text_body(meta, ids, texts, fragments, span_backs[, leads])"
                             : "encode_text_step(meta, ids, texts, fragments, span_backs[, leads])");
         return NULL;
     }
@@ -547,7 +677,7 @@ encode_text(PyObject *const *args, Py_ssize_t nargs, int joined)
                      n_fragments);
         goto fail;
     }
-    return sink_finish(&sink);
+    return joined == FRAME ? sink_frame(&sink, KIND_TEXT, head, records) : sink_finish(&sink);
 fail:
     sink_drop(&sink);
     return NULL;
@@ -556,13 +686,25 @@ fail:
 static PyObject *
 encode_text_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    return encode_text(args, nargs, 0);
+    return encode_text(args, nargs, RECORDS, NULL);
 }
 
 static PyObject *
 encode_text_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    return encode_text(args, nargs, 1);
+    return encode_text(args, nargs, BODY, NULL);
+}
+
+/* encode_text_frame(run_id, source_id, seq, step, timestamp_ns, dropped, meta, ids,
+ * texts, fragments, span_backs[, leads]) -> bytes | None: as encode_provenance_frame. */
+static PyObject *
+encode_text_frame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    FrameHead head;
+    if (nargs < 6 || !frame_head(args, &head)) {
+        Py_RETURN_NONE;
+    }
+    return encode_text(args + 6, nargs - 6, FRAME, &head);
 }
 
 /* The three types below hold their object references in one run of PyObject *
@@ -852,9 +994,10 @@ learn_slot(PyTypeObject *type, PyObject *name, SlotReader *reader)
     reader->none_if_unset = member->type == T_OBJECT;
 }
 
-/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
-static inline PyObject *
-read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+/* read_attr's path when the type is not the one learnt (learn it again) or the
+ * value is not where it was: out of line, so that the common read is inlined. */
+static PyObject *
+read_attr_slow(PyObject *obj, PyObject *name, SlotReader *reader)
 {
     PyTypeObject *type = Py_TYPE(obj);
     if (type != reader->type || type->tp_version_tag != reader->version ||
@@ -887,6 +1030,38 @@ read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
     }
 #endif
     return PyObject_GetAttr(obj, name);
+}
+
+/* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */
+static ALWAYS_INLINE PyObject *
+read_attr(PyObject *obj, PyObject *name, SlotReader *reader)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == reader->type && type->tp_version_tag == reader->version &&
+        (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        if (reader->offset >= 0) {
+            PyObject *value = *(PyObject **)((char *)obj + reader->offset);
+            if (value != NULL) {
+                Py_INCREF(value);
+                return value;
+            }
+        }
+#ifdef INSTANCE_VALUES
+        else if (reader->keys != NULL) {
+            SharedKeys *keys = (SharedKeys *)((PyHeapTypeObject *)type)->ht_cached_keys;
+            PyObject **values = instance_values(obj);
+            if (keys == reader->keys && values != NULL && reader->index < keys->dk_nentries &&
+                shared_entries(keys)[reader->index].me_key == name) {
+                PyObject *value = values[reader->index];
+                if (value != NULL) {
+                    Py_INCREF(value);
+                    return value;
+                }
+            }
+        }
+#endif
+    }
+    return read_attr_slow(obj, name, reader);
 }
 
 static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish_reason;
@@ -1043,7 +1218,10 @@ capture_output(QueueCapture *self, PyObject *output)
         goto done;
     }
     int overflow = 0;
-    long long at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    long long at;
+    if (!small_int(index, &at)) { /* nearly always 0: read without a call */
+        at = PyLong_Check(index) ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+    }
     Py_ssize_t count = PyList_CheckExact(token_ids) ? PyList_GET_SIZE(token_ids) : -1;
     PyObject *fragments = self->fragments;
     /* The common row: not finished (only a finished step can have been trimmed
@@ -1575,6 +1753,10 @@ static PyMethodDef methods[] = {
      METH_FASTCALL, "The provenance records of a step, joined (a frame body)."},
     {"encode_text_body", (PyCFunction)(void (*)(void))encode_text_body, METH_FASTCALL,
      "The text records of a step, joined (a frame body)."},
+    {"encode_provenance_frame", (PyCFunction)(void (*)(void))encode_provenance_frame,
+     METH_FASTCALL, "A step's provenance frame, or None when it is not one frame."},
+    {"encode_text_frame", (PyCFunction)(void (*)(void))encode_text_frame, METH_FASTCALL,
+     "A step's text frame, or None when it is not one frame."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,15 +19,17 @@ from typing import Any
 
 ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
 # The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
-EXPECTED_ABI = 5
+EXPECTED_ABI = 6
 # What the hooks call on it.
 REQUIRED = (
     "QueueCapture",
     "SchedRequest",
     "StreamRecorder",
     "encode_provenance_body",
+    "encode_provenance_frame",
     "encode_provenance_step",
     "encode_text_body",
+    "encode_text_frame",
     "encode_text_step",
     "has_empty",
     "sampled_lengths",

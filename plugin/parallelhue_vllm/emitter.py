@@ -57,6 +57,16 @@ _ITEM_CLOSE = 3  # (item,)
 # the hooks): the same bytes and refusals as wire.py's, which stays the
 # reference (tests/test_wire_speedups.py compares them on random steps).
 _speedups: Any = accelerator.load()[0]
+# A step's whole frame from its rows and header fields, or None when it is not one
+# frame (the emitter's fast path; without the accelerator: none, wire.py's path).
+_frame_encoders: dict[int, Any] = (
+    {
+        wire.KIND_TEXT: _speedups.encode_text_frame,
+        wire.KIND_PROVENANCE: _speedups.encode_provenance_frame,
+    }
+    if _speedups is not None
+    else {}
+)
 
 
 def encode_rows(kind: int, step: wire.ProvenanceStep | wire.TextStep) -> list[bytes]:
@@ -284,7 +294,38 @@ class Emitter:
             _, kind, step, timestamp, rows_by_run, count = item
             self._taken_items += 1
             self._taken_records += count
+            encode_frame = _frame_encoders.get(kind)
+            runs = self._runs
             for run_id, rows in rows_by_run.items():
+                # The common step: a run already connected and greeted, no queue drops
+                # to report, one frame: the C encoder writes the frame whole (the
+                # bytes of _send_chunks' path below, which takes everything else).
+                state = runs.get(run_id)
+                if (
+                    encode_frame is not None
+                    and state is not None
+                    and state.hello_sent
+                    and state.sock is not None
+                    and not self._queue_drops
+                    and step >= 0
+                ):
+                    try:
+                        frame = encode_frame(
+                            state.run_bytes, state.source_id, state.next_seq, step, timestamp,
+                            state.dropped, *rows,
+                        )  # fmt: skip
+                    except Exception as error:
+                        self._encoding_failed(run_id, error)
+                        continue
+                    if frame is not None:
+                        runs.move_to_end(run_id)
+                        state.last_step = step
+                        if self._send(state, frame):
+                            state.next_seq += 1
+                            state.dropped = 0
+                        else:
+                            self._count_drops(state, 1)
+                        continue
                 try:
                     chunks = encode_chunks(kind, rows)
                 except Exception as error:
