@@ -34,6 +34,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the Markdown report here")
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions with callgrind instead"
+    )
+    parser.add_argument(
+        "--keep-dumps", action="store_true", help="with --instructions: keep the callgrind dumps"
     )
     args = parser.parse_args()
     if args.instructions:
@@ -357,6 +361,18 @@ def instructions_main(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="phcg-"))
     socket_dir = tempfile.mkdtemp(prefix="phb-", dir="/tmp")
     os.chmod(socket_dir, 0o700)
+    try:
+        return counted_rounds(args, work, socket_dir)
+    finally:
+        # The dumps and the model are ~30 MB a run; --keep-dumps keeps them to annotate.
+        if args.keep_dumps:
+            print(f"callgrind dumps kept in {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def counted_rounds(args: argparse.Namespace, work: Path, socket_dir: str) -> int:
     model = server.build_model(work / "tiny")
     python = callgrind_python(work)
     server.vllm_python = lambda: python  # type: ignore[assignment]
