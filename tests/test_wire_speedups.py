@@ -19,6 +19,7 @@ import random
 import socket
 import struct
 import tempfile
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -280,6 +281,19 @@ def test_the_emitter_encodes_rows_with_the_accelerator_when_there_is_one(
     assert calls == ["text", "provenance"]
 
 
+def spying(module: Any, calls: list[str]) -> Callable[[str], Callable[..., Any]]:
+    """spy(name): the accelerator's `name`, appending the name to `calls` on each call."""
+
+    def spy(name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls.append(name)
+            return getattr(module, name)(*args)
+
+        return call
+
+    return spy
+
+
 def test_the_emitter_frames_a_step_with_the_c_body_and_the_same_bytes_without(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -288,13 +302,7 @@ def test_the_emitter_frames_a_step_with_the_c_body_and_the_same_bytes_without(
     does; wire.py's records joined without the accelerator; the same chunks each way."""
     module = load_speedups()
     calls: list[str] = []
-
-    def spy(name: str) -> Any:
-        def call(*args: Any) -> Any:
-            calls.append(name)
-            return getattr(module, name)(*args)
-
-        return call
+    spy = spying(module, calls)
 
     names = ("encode_text_body", "encode_provenance_body", "encode_text_step",
              "encode_provenance_step")  # fmt: skip
@@ -372,13 +380,7 @@ def test_the_sender_sends_the_same_frames_with_whole_c_frames_c_bodies_and_pytho
     items[6] = (rows, wire.KIND_TEXT, 106, 2, refused, 1)
     items.insert(9, ("queue drops", 5))
     calls: list[str] = []
-
-    def spy(name: str) -> Any:
-        def call(*args: Any) -> Any:
-            calls.append(name)
-            return getattr(module, name)(*args)
-
-        return call
+    spy = spying(module, calls)
 
     monkeypatch.setattr(emitter.secrets, "randbits", lambda bits: 77)  # the source id
     with tempfile.TemporaryDirectory(prefix="phw", dir="/tmp") as directory:
