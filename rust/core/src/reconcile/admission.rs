@@ -82,8 +82,13 @@ impl Reconciler {
             }
             Offer::Release => {
                 source.digests.insert(h.seq, digest);
+                // Releasing a frame never buffers one, so with nothing buffered
+                // now there is nothing to drain: skip its map lookup.
+                let buffered = source.seq.buffered_len() > 0;
                 self.release(&frame);
-                self.drain_source(h.source_id);
+                if buffered {
+                    self.drain_source(h.source_id);
+                }
             }
             Offer::Gap { missing } => {
                 self.counters.gaps += 1;
