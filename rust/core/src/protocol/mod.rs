@@ -364,4 +364,75 @@ mod tests {
             "record for stream 4: unknown role 7 at token 1"
         );
     }
+
+    /// A body cut anywhere reports the datagram offset where the field that
+    /// ran out starts, for every cut of a two-record provenance and text
+    /// body, and a whole body decodes.
+    #[test]
+    fn a_cut_body_reports_the_field_that_ran_out() {
+        use crate::encode::{provenance_body, text_body, ProvRec, TextRec, TextTok};
+        let prov = |stream, offset| ProvRec {
+            stream,
+            flags: 0,
+            finish_reason: 0,
+            offset,
+            drafts_scheduled: 2,
+            drafts_padded: 0,
+            token_ids: vec![5, 6],
+            roles: vec![ROLE_ACCEPTED, ROLE_TARGET],
+        };
+        let tok = |token_id, fragment: &str| TextTok {
+            token_id,
+            fragment: fragment.as_bytes().to_vec(),
+            span_back: 0,
+            lead_len: 0,
+        };
+        let text = |stream, offset| TextRec {
+            stream,
+            flags: 0,
+            finish_reason: 0,
+            offset,
+            trimmed_tokens: 0,
+            tokens: vec![tok(5, "ab"), tok(6, "\u{e9}")],
+            http: "ab\u{e9}".as_bytes().to_vec(),
+        };
+        // Field sizes of one record, in order.
+        let p_fields = [2, 1, 1, 4, 2, 2, 2, 8, 2];
+        let t_fields = [2, 1, 1, 4, 2, 2, 4, 18, 4, 4];
+        for (kind, name, body, fields) in [
+            (
+                2,
+                "provenance",
+                provenance_body(&[prov(1, 0), prov(4, 9)]),
+                &p_fields[..],
+            ),
+            (
+                3,
+                "text",
+                text_body(&[text(1, 0), text(4, 9)]),
+                &t_fields[..],
+            ),
+        ] {
+            // The count, then each record's fields: where each starts.
+            let mut starts = vec![0usize];
+            let mut at = 2;
+            for _ in 0..2 {
+                for f in fields {
+                    starts.push(at);
+                    at += f;
+                }
+            }
+            assert_eq!(at, body.len(), "{name}: the layout of the test");
+            assert!(decode(&header(kind, &body)).is_ok());
+            for cut in 0..body.len() {
+                let field = starts.iter().rev().find(|&&s| s <= cut).unwrap();
+                let pos = HEADER_LEN + field;
+                assert_eq!(
+                    decode(&header(kind, &body[..cut])).unwrap_err().to_string(),
+                    format!("truncated {name} body at byte {pos}"),
+                    "{name} cut at {cut}"
+                );
+            }
+        }
+    }
 }

@@ -82,8 +82,13 @@ impl Reconciler {
             }
             Offer::Release => {
                 source.digests.insert(h.seq, digest);
+                // Releasing a frame never buffers one, so with nothing buffered
+                // now there is nothing to drain: skip its map lookup.
+                let buffered = source.seq.buffered_len() > 0;
                 self.release(&frame);
-                self.drain_source(h.source_id);
+                if buffered {
+                    self.drain_source(h.source_id);
+                }
             }
             Offer::Gap { missing } => {
                 self.counters.gaps += 1;
@@ -288,7 +293,11 @@ impl Reconciler {
         if let Err(reason) = self.streams[s].add_provenance(s, src, step, k, pair, r) {
             return self.fail(s, reason);
         }
-        if self.streams[s].advance_is_noop_after_provenance(before) {
+        if self.skip_advance && self.streams[s].advance_is_noop_after_provenance(before) {
+            #[cfg(test)]
+            {
+                self.skipped[0] += 1;
+            }
             return;
         }
         self.advance(s);
@@ -309,7 +318,14 @@ impl Reconciler {
         if let Err(reason) = self.streams[s].add_text(s, src, step, pair, r) {
             return self.fail(s, reason);
         }
-        if !waiting_for_bytes && self.streams[s].advance_is_noop_after_text(before) {
+        if self.skip_advance
+            && !waiting_for_bytes
+            && self.streams[s].advance_is_noop_after_text(before)
+        {
+            #[cfg(test)]
+            {
+                self.skipped[1] += 1;
+            }
             return;
         }
         self.advance(s);

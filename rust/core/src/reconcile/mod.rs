@@ -27,6 +27,9 @@ mod sse_witness;
 mod stream;
 mod tokens;
 
+#[cfg(test)]
+mod skip_tests;
+
 pub use args::{parse_run_id, run_id_hex, ArgError};
 pub use source::SourceInfo;
 
@@ -320,6 +323,13 @@ pub struct Reconciler {
     unit_starts: Vec<usize>,
     /// Packed mode: spans go here, not to `events` (None: events mode).
     packed: Option<SpanSink>,
+    /// Skip `advance` after an input that cannot make it change anything
+    /// (`prove.rs`, `advance_is_noop_after_*`); false only in the test that
+    /// holds every skip against a reconciler that never skips.
+    skip_advance: bool,
+    /// `advance` calls skipped after provenance, text and SSE inputs.
+    #[cfg(test)]
+    skipped: [u64; 3],
 }
 
 impl Reconciler {
@@ -351,6 +361,9 @@ impl Reconciler {
             pieces: Vec::new(),
             unit_starts: Vec::new(),
             packed: None,
+            skip_advance: true,
+            #[cfg(test)]
+            skipped: [0; 3],
         }
     }
 

@@ -30,8 +30,21 @@ impl Reconciler {
         let Some(s) = self.sse_open(stream) else {
             return;
         };
+        let st = &self.streams[s];
+        let before = st.confirmed_end();
+        let waiting_for_bytes = st.frags.front().is_some_and(|f| f.tok < before);
         if let Err(reason) = self.streams[s].add_sse(s, text, token_ids) {
             return self.fail(s, reason);
+        }
+        if self.skip_advance
+            && !waiting_for_bytes
+            && self.streams[s].advance_is_noop_after_sse(before)
+        {
+            #[cfg(test)]
+            {
+                self.skipped[2] += 1;
+            }
+            return;
         }
         self.advance(s);
     }

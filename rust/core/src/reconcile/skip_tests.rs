@@ -1,0 +1,144 @@
+//! The `advance` skips (`prove.rs`, `advance_is_noop_after_*`) against a
+//! reconciler that never skips: the same inputs must give the same events
+//! after every input, and the same verdicts, statistics and counters.
+
+use super::*;
+use crate::workload::{feed_inputs, generate, Input, Rng, WorkloadConfig};
+
+/// Each frame (and, with `all`, each input) moved later by up to `delay`
+/// places (a stable sort on `index + jitter`): SSE deltas before the text
+/// records that confirm them, frames out of sequence; with `all` also a
+/// stream's deltas out of order (a lie) when the delay is long.
+fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Vec<Input> {
+    let mut rng = Rng(seed);
+    let mut keyed: Vec<(u64, Input)> = inputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let moves = all || matches!(input, Input::Frame(_));
+            let later = if moves { rng.range(0, delay) } else { 0 };
+            (i as u64 + later, input)
+        })
+        .collect();
+    keyed.sort_by_key(|(k, _)| *k);
+    keyed.into_iter().map(|(_, input)| input).collect()
+}
+
+/// Each delta of more than one character as two, cut at its middle
+/// character, the first half with the first half of its token ids (none
+/// for a one-token delta: text without ids).
+fn split_deltas(inputs: Vec<Input>) -> Vec<Input> {
+    inputs
+        .into_iter()
+        .flat_map(|input| match input {
+            Input::Sse {
+                stream,
+                text,
+                token_ids,
+            } if text.chars().count() > 1 => {
+                let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+                let ids = token_ids.len() / 2;
+                vec![
+                    Input::Sse {
+                        stream,
+                        text: text[..cut].to_owned(),
+                        token_ids: token_ids[..ids].to_vec(),
+                    },
+                    Input::Sse {
+                        stream,
+                        text: text[cut..].to_owned(),
+                        token_ids: token_ids[ids..].to_vec(),
+                    },
+                ]
+            }
+            other => vec![other],
+        })
+        .collect()
+}
+
+/// Every `every`-th delta one character longer than the text it stands for.
+fn lie(mut inputs: Vec<Input>, every: usize) -> Vec<Input> {
+    let mut n = 0;
+    for input in &mut inputs {
+        if let Input::Sse { text, .. } = input {
+            n += 1;
+            if n % every == 0 {
+                text.push('x');
+            }
+        }
+    }
+    inputs
+}
+
+#[test]
+fn skipped_advance_changes_no_event() {
+    let streams = 8u16;
+    let mut skipped = [0u64; 3];
+    let (mut exact, mut failed, mut spans) = (0, 0, 0);
+    for (coalesce, delay, all, split, every) in [
+        (1, 0, false, false, 0),
+        (1, 12, false, false, 0),
+        (1, 30, false, false, 0),
+        (2, 20, false, false, 0),
+        (1, 6, true, false, 0),
+        (1, 12, false, true, 0),
+        (1, 20, false, false, 97),
+        (3, 25, false, true, 131),
+        (1, 40, true, false, 0),
+        (1, 400, false, false, 0),
+    ] {
+        for seed in [3, 29] {
+            let w = generate(&WorkloadConfig {
+                streams,
+                tokens_per_stream: 300,
+                coalesce,
+                seed,
+                ..WorkloadConfig::default()
+            });
+            let mut inputs = jitter(w.inputs.clone(), delay, all, seed ^ 0x5eed);
+            if split {
+                inputs = split_deltas(inputs);
+            }
+            if every > 0 {
+                inputs = lie(inputs, every);
+            }
+            let mut skipping = Reconciler::with_run_id(w.run_id, streams);
+            let mut always = Reconciler::with_run_id(w.run_id, streams);
+            always.skip_advance = false;
+            let case = format!(
+                "coalesce {coalesce}, delay {delay} (all {all}), split {split}, lie {every}"
+            );
+            for (i, input) in inputs.iter().enumerate() {
+                feed_inputs(std::slice::from_ref(input), &mut skipping);
+                feed_inputs(std::slice::from_ref(input), &mut always);
+                let (a, b) = (skipping.drain(), always.drain());
+                assert_eq!(a, b, "{case}: events after input {i}");
+                spans += a.iter().filter(|e| matches!(e, Event::Span { .. })).count();
+            }
+            skipping.finalize();
+            always.finalize();
+            assert_eq!(skipping.drain(), always.drain(), "{case}: finalize");
+            for s in 0..streams {
+                let v = skipping.verdict(s);
+                assert_eq!(v, always.verdict(s), "{case}: stream {s}");
+                assert_eq!(skipping.stream_stats(s), always.stream_stats(s), "{case}");
+                match v {
+                    Verdict::Exact => exact += 1,
+                    Verdict::Failed(_) => failed += 1,
+                    Verdict::Pending => {}
+                }
+            }
+            assert_eq!(skipping.counters(), always.counters(), "{case}");
+            assert_eq!(always.skipped, [0; 3]);
+            for (total, n) in skipped.iter_mut().zip(skipping.skipped) {
+                *total += n;
+            }
+        }
+    }
+    // Each skip was taken many times, on streams that ended exact and on
+    // streams that failed.
+    assert!(
+        skipped.iter().all(|&n| n > 1_000) && exact > 40 && failed > 20 && spans > 10_000,
+        "skipped {skipped:?}, {exact} exact, {failed} failed, {spans} spans"
+    );
+}
