@@ -80,3 +80,92 @@ def test_a_window_mixing_ascii_and_multibyte_spans_is_cut_per_span() -> None:
     assert [key for _, key in whole] == [_span_key(k, None, "step") for k in range(len(texts))]
     tail = stream.tail_segments(True, 250)
     assert [text for text, _ in tail] == texts[-175:]  # 100 x "c" + 75 x "日本" = 250
+
+
+# Bytes cut at arbitrary places: spans that split a character (each part then
+# decodes to U+FFFD on its own), invalid bytes, surrogates, long spans.
+TEXT = "ascii text, 日本語のテキスト, émoji 🚀👩\u200d💻🇯🇵, e\u0301 a\u0300, Ελληνικά. ".encode()
+BROKEN = [
+    b"\xe6\x97", b"\x80", b"\xff", b"\xed\xa0\x80", b"\xf0\x9f\x9a", b"\xc3", b"\xf4\x90\x80\x80"
+]  # fmt: skip
+
+
+def byte_stream(n_spans: int, seed: int, broken: bool) -> StreamState:
+    rng = random.Random(seed)
+    stream = StreamState(index=0, mode="exact")
+    for k in range(n_spans):
+        if broken and rng.random() < 0.2:
+            data = rng.choice(BROKEN)
+        else:
+            start = rng.randrange(len(TEXT))
+            data = TEXT[start : start + rng.choice([0, 1, 2, 3, 5, 9, 40])]
+        stream.sse_utf8 += data
+        step = 0xFFFFFFFF if k % 13 == 4 else rng.randrange(1 << 31)
+        role = 0xFF if k % 5 == 2 else rng.randrange(256)  # roles outside ROLE_KEYS too
+        stream.span_records.extend((len(stream.sse_utf8), step | role << 32))
+    return stream
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_spans_cut_anywhere_decode_as_python_decodes_each(broken: bool, seed: int) -> None:
+    stream = byte_stream(400, seed, broken)
+    spans = stream.spans
+    if broken:
+        assert any("\ufffd" in spans.text(i) for i in range(len(spans)))
+    for colorize in (True, False):
+        for color_by in ("step", "role"):
+            for roles_known in (True, False):
+                for max_chars in (None, 1, 3, 50, 333, 100_000):
+                    got = stream.tail_segments(
+                        colorize, max_chars, color_by, roles_known=roles_known
+                    )
+                    want = plain_tail(stream, colorize, max_chars, color_by, roles_known)
+                    assert got == want, (seed, colorize, color_by, roles_known, max_chars)
+
+
+def test_a_split_character_decodes_as_python_decodes_its_parts() -> None:
+    # "日" is e6 97 a5. Cut after its lead byte: that byte is one U+FFFD, each
+    # lone continuation byte another; cut after two bytes: one for the pair.
+    stream = StreamState(index=0, mode="exact")
+    stream.sse_utf8 += "a日b".encode()
+    stream.span_records.extend((2, 7, 5, 8))
+    assert stream.tail_segments(True, None) == [("a\ufffd", "step.3"), ("\ufffd\ufffdb", "step.0")]
+    stream.span_records[0] = 3
+    assert stream.tail_segments(True, None) == [("a\ufffd", "step.3"), ("\ufffdb", "step.0")]
+
+
+def test_the_unproven_tail_of_auto_mode_comes_last_and_counts() -> None:
+    stream = StreamState(index=0, mode="auto")
+    for k, text in enumerate(["ab", "cd", "ef"]):
+        stream.add_delta(text, [1], 0.0)
+        stream.add_span(2 * k, text, k)
+    stream.add_delta("XYZ", [1], 0.0)
+    assert stream.tail_segments(True, None) == [
+        ("ab", "step.0"),
+        ("cd", "step.1"),
+        ("ef", "step.2"),
+        ("XYZ", "unproven"),
+    ]
+    # The tail's 3 characters count toward the limit: one span more reaches 5.
+    assert stream.tail_segments(True, 5) == [("ef", "step.2"), ("XYZ", "unproven")]
+    assert stream.tail_segments(False, 3) == [("XYZ", None)]
+
+
+def test_tail_pieces_refuses_spans_outside_the_text_and_short_key_tables() -> None:
+    from array import array
+
+    from parallelhue._native import tail_pieces
+
+    records = array("Q", [3, 0, 9, 1])
+    with pytest.raises(ValueError, match=r"^span outside the text$"):
+        tail_pieces(bytearray(b"abcd"), records, -1, 0, None, False, "mixed")
+    # Only the spans walked are read: the last one ends inside the text here.
+    assert tail_pieces(bytearray(b"abc"), array("Q", [3, 0]), 1, 0, None, False, "m") == [
+        ("abc", None)
+    ]
+    message = r"^tail_pieces: by role needs 256 keys, by step at least one$"
+    with pytest.raises(ValueError, match=message):
+        tail_pieces(bytearray(b"abcdefghi"), records, -1, 0, ("a",) * 4, True, "mixed")
+    with pytest.raises(ValueError, match=message):
+        tail_pieces(bytearray(b"abcdefghi"), records, -1, 0, (), False, "mixed")

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._native import tail_pieces
 from .backend import Backend
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
@@ -185,6 +186,16 @@ class _Spans:
 
 _NO_STEP = 0xFFFFFFFF
 _NO_ROLE = 0xFF
+# tail_pieces' key tables: by role, one key per role byte (_NO_ROLE: none) for
+# each value of roles_known; by step, STEP_KEYS (a mixed span: "mixed").
+_ROLE_TABLES = {
+    known: tuple(
+        _span_key(None, None if code == _NO_ROLE else code, "role", known)
+        for code in range(_NO_ROLE + 1)
+    )
+    for known in (False, True)
+}
+_STEP_TABLE = tuple(STEP_KEYS)
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -408,31 +419,17 @@ class StreamState:
             if tail:
                 pieces.append((tail, "unproven" if colorize else None))
                 total = len(tail)
-        # The hot path of every redraw: _Spans.text/step/role inlined on the packed
-        # records (two words a span), the key computed here, not by _span_key.
-        records = self.span_records
-        data = self.sse_utf8
-        by_role = color_by == "role"
-        steps = len(STEP_KEYS)
-        position = len(records) - 2
-        end = records[position] if position >= 0 else 0
-        while position >= 0 and (limit < 0 or total < limit):
-            start = records[position - 2] if position else 0
-            text = data[start:end].decode("utf-8", "replace")
-            if not colorize:
-                key = None
-            elif by_role:
-                role = (records[position + 1] >> 32) & _NO_ROLE
-                key = _span_key(None, None if role == _NO_ROLE else role, color_by, roles_known)
-            else:
-                step = records[position + 1] & _NO_STEP
-                key = STEP_KEYS[step % steps] if step != _NO_STEP else "mixed"
-            pieces.append((text, key))
-            total += len(text)
-            position -= 2
-            end = start
-        pieces.reverse()
-        return pieces
+        # The hot path of every redraw, in Rust: the spans read back from the end
+        # and decoded as _Spans.text does, each with its key (_span_key's rule).
+        if not colorize:
+            keys, by_role = None, False
+        elif color_by == "role":
+            keys, by_role = _ROLE_TABLES[roles_known], True
+        else:
+            keys, by_role = _STEP_TABLE, False
+        spans = tail_pieces(self.sse_utf8, self.span_records, limit, total, keys, by_role, "mixed")
+        spans.extend(pieces)  # the unproven tail comes last
+        return spans
 
     def step_marks(self) -> list[tuple[float, int | None, int | None, int]]:
         """(arrival time, step, role, characters) per proven span, for the timeline:
