@@ -23,7 +23,10 @@ NETWORK_LIBRARIES = ("httpx", "httpcore", "h11", "anyio", "prometheus_client")
 
 # module -> every parallelhue module importing it loads (itself included)
 _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "parallelhue.shapes")
-_STATE = (*_MODEL, "parallelhue.state", "parallelhue.style")
+# The extension is compiled and imports no Python module; the screen model uses
+# its pane-tail reader (_native.tail_pieces). The network libraries stay out
+# (the second assertion below).
+_STATE = (*_MODEL, "parallelhue._native", "parallelhue.state", "parallelhue.style")
 _PANES = (*_STATE, "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
