@@ -198,3 +198,27 @@ def test_tail_pieces_refuses_spans_outside_the_text_and_short_key_tables(reader:
         reader(bytearray(b"abcdefghi"), records, -1, 0, ("a",) * 4, True, "mixed")
     with pytest.raises(ValueError, match=message):
         reader(bytearray(b"abcdefghi"), records, -1, 0, (), False, "mixed")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> None:
+    # panes._clean tests the whole tail at once when it can; the result is each
+    # piece sanitized on its own, empty pieces dropped, keys and order kept.
+    from parallelhue.panes import _clean
+    from parallelhue.sanitize import sanitize
+
+    rng = random.Random(seed)
+    odd = ["\u200d", "\x1b[31m", "\x1b]0;t\x07", "\r", "\t", "\n", "\x7f", "\u202e", "\u2028"]
+    texts = [*WORDS, "日本語", "🚀👩\u200d💻"]
+    # (what is mixed in, how often): nothing, empty pieces only (a printable
+    # tail), controls and invisibles, both.
+    for extra, rate in (([], 0.0), ([""], 0.3), (odd, 0.05), (odd, 0.5), (["", *odd], 0.3)):
+        pieces = [
+            (rng.choice(extra if rng.random() < rate else texts), rng.choice([None, "step.1"]))
+            for _ in range(rng.randrange(1, 80))
+        ]
+        want = [(sanitize(text), key) for text, key in pieces if sanitize(text)]
+        got = _clean(pieces)
+        assert got == want, (extra, rate, pieces)
+        assert _clean(tuple(pieces)) == want
+        assert got is not pieces  # a new list: callers extend their lines

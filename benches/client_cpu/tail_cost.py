@@ -7,12 +7,15 @@ rules, as a redraw does. Run it twice under callgrind, with N calls per stream
 and with 0, and divide the difference by the calls:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python tail_cost.py 20
+
+With `--clean` the tails are read once and the calls measured are the panes'
+`_clean` of each (its printable check and the dropping of empty pieces).
 """
 
 import random
 import sys
 
-from parallelhue.panes import grid_plan
+from parallelhue.panes import _clean, grid_plan
 from parallelhue.sim.vocab import CORPUS
 from parallelhue.state import StreamState
 
@@ -34,12 +37,24 @@ def make_stream(index: int, rng: random.Random) -> StreamState:
 
 
 def main() -> None:
-    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    args = [arg for arg in sys.argv[1:] if arg != "--clean"]
+    calls = int(args[0]) if args else 20
     rng = random.Random(20261202)
     streams = [make_stream(i, rng) for i in range(STREAMS)]
     plan = grid_plan(STREAMS, 220, 67, 0)
     budget = max(1, plan.pane_width - 2) * max(1, plan.pane_height - 4) * 2
     pieces = 0
+    if "--clean" in sys.argv:
+        tails = [
+            stream.tail_segments(True, budget, rule)
+            for stream in streams
+            for rule in ("step", "role")
+        ]
+        for _ in range(calls):
+            for tail in tails:
+                pieces += len(_clean(tail))
+        print(f"budget {budget} chars, {calls * len(tails)} _clean calls, {pieces} pieces")
+        return
     for _ in range(calls):
         for stream in streams:
             pieces += len(stream.tail_segments(True, budget, "step"))
