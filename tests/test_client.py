@@ -258,6 +258,38 @@ def test_missing_native_module_is_one_line(
     )
 
 
+_WITHOUT_NATIVE = """
+import sys
+sys.modules["parallelhue._native"] = None
+from parallelhue import cli, state
+code = cli.main(["demo", "--concurrency", "2", "--max-tokens", "20", "--view", "plain",
+                 "--reconciler", "python"])
+print("python tails:", state.tail_pieces is state.python_tail_pieces)
+sys.exit(code)
+"""
+
+
+def test_the_python_reconciler_runs_the_whole_client_without_the_extension() -> None:
+    # The documented reference path needs no compiled code: the screen model
+    # falls back to its Python pane-tail reader (state.python_tail_pieces).
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
+    env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "python")
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NATIVE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "labels: EXACT TOKEN PROVENANCE 2" in lines
+    assert lines[-1] == "python tails: True"
+
+
 def _have_native() -> bool:
     try:
         from parallelhue._native import Receiver  # noqa: F401

@@ -9,6 +9,7 @@ that crosses the line fails here with the module that brought it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +24,12 @@ NETWORK_LIBRARIES = ("httpx", "httpcore", "h11", "anyio", "prometheus_client")
 
 # module -> every parallelhue module importing it loads (itself included)
 _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "parallelhue.shapes")
-_STATE = (*_MODEL, "parallelhue.state", "parallelhue.style")
+# The extension is compiled and imports no Python module; the screen model uses
+# its pane-tail reader (_native.tail_pieces) when it is built, else its own
+# (test_the_screen_model_imports_without_the_extension). The network libraries
+# stay out (the second assertion below).
+_NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
+_STATE = (*_MODEL, *_NATIVE, "parallelhue.state", "parallelhue.style")
 _PANES = (*_STATE, "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
@@ -51,15 +57,17 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 
 _PROBE = """
 import importlib, json, sys
+for name in sys.argv[2:]:
+    sys.modules[name] = None  # blocked: its import raises ImportError
 importlib.import_module(sys.argv[1])
-print(json.dumps(sorted(sys.modules)))
+print(json.dumps(sorted(name for name, value in sys.modules.items() if value is not None)))
 """
 
 
-def _imported(module: str) -> list[str]:
+def _imported(module: str, *blocked: str) -> list[str]:
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, module],
+        [sys.executable, "-c", _PROBE, module, *blocked],
         capture_output=True,
         text=True,
         env=env,
@@ -78,6 +86,13 @@ def test_screen_side_imports_nothing_of_the_network(module: str) -> None:
     assert ours == sorted(EXPECTED[module])
     network = sorted({name.split(".")[0] for name in loaded} & set(NETWORK_LIBRARIES))
     assert network == []
+
+
+def test_the_screen_model_imports_without_the_extension() -> None:
+    # The documented --reconciler python path runs with no compiled code.
+    loaded = _imported("parallelhue.state", "parallelhue._native")
+    ours = sorted(name for name in loaded if name.split(".")[0] == "parallelhue")
+    assert ours == sorted(name for name in _STATE if name != "parallelhue._native")
 
 
 def test_the_fetcher_is_where_httpx_comes_in() -> None:

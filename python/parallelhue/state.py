@@ -185,6 +185,74 @@ class _Spans:
 
 _NO_STEP = 0xFFFFFFFF
 _NO_ROLE = 0xFF
+# tail_pieces' key tables: by role, one key per role byte (_NO_ROLE: none) for
+# each value of roles_known; by step, STEP_KEYS (a mixed span: "mixed").
+_ROLE_TABLES = {
+    known: tuple(
+        _span_key(None, None if code == _NO_ROLE else code, "role", known)
+        for code in range(_NO_ROLE + 1)
+    )
+    for known in (False, True)
+}
+_STEP_TABLE = tuple(STEP_KEYS)
+
+
+def tail_keys(
+    colorize: bool, color_by: str, roles_known: bool
+) -> tuple[tuple[str, ...] | None, bool]:
+    """tail_pieces' (keys, by_role) for a coloring rule."""
+    if not colorize:
+        return None, False
+    if color_by == "role":
+        return _ROLE_TABLES[roles_known], True
+    return _STEP_TABLE, False
+
+
+def python_tail_pieces(
+    data: bytes | bytearray,
+    records: Any,
+    limit: int,
+    total: int,
+    keys: tuple[str, ...] | None,
+    by_role: bool,
+    other: str,
+) -> list[tuple[str, str | None]]:
+    """`_native.tail_pieces` in Python, the same arguments and results (see
+    _native.pyi): the spans read back from the end one by one, each decoded
+    as _Spans.text does. The client runs without the extension under
+    `--reconciler python`; tests/test_pane_tail.py holds the two equal."""
+    if keys is not None and (not keys or (by_role and len(keys) <= _NO_ROLE)):
+        raise ValueError("tail_pieces: by role needs 256 keys, by step at least one")
+    pieces: list[tuple[str, str | None]] = []
+    position = len(records) // 2 - 1
+    end = records[2 * position] if position >= 0 else 0
+    while position >= 0 and (limit < 0 or total < limit):
+        start = records[2 * position - 2] if position else 0
+        if not 0 <= start <= end <= len(data):
+            raise ValueError("span outside the text")
+        text = data[start:end].decode("utf-8", "replace")
+        word = records[2 * position + 1]
+        key: str | None
+        if keys is None:
+            key = None
+        elif by_role:
+            key = keys[(word >> 32) & _NO_ROLE]
+        else:
+            step = word & _NO_STEP
+            key = other if step == _NO_STEP else keys[step % len(keys)]
+        pieces.append((text, key))
+        total += len(text)
+        position -= 1
+        end = start
+    pieces.reverse()
+    return pieces
+
+
+try:
+    from ._native import tail_pieces
+except ImportError:  # not built: the whole client still runs (--reconciler python)
+    tail_pieces = python_tail_pieces
+
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -408,31 +476,13 @@ class StreamState:
             if tail:
                 pieces.append((tail, "unproven" if colorize else None))
                 total = len(tail)
-        # The hot path of every redraw: _Spans.text/step/role inlined on the packed
-        # records (two words a span), the key computed here, not by _span_key.
-        records = self.span_records
-        data = self.sse_utf8
-        by_role = color_by == "role"
-        steps = len(STEP_KEYS)
-        position = len(records) - 2
-        end = records[position] if position >= 0 else 0
-        while position >= 0 and (limit < 0 or total < limit):
-            start = records[position - 2] if position else 0
-            text = data[start:end].decode("utf-8", "replace")
-            if not colorize:
-                key = None
-            elif by_role:
-                role = (records[position + 1] >> 32) & _NO_ROLE
-                key = _span_key(None, None if role == _NO_ROLE else role, color_by, roles_known)
-            else:
-                step = records[position + 1] & _NO_STEP
-                key = STEP_KEYS[step % steps] if step != _NO_STEP else "mixed"
-            pieces.append((text, key))
-            total += len(text)
-            position -= 2
-            end = start
-        pieces.reverse()
-        return pieces
+        # The hot path of every redraw, in Rust when built: the spans read back
+        # from the end and decoded as _Spans.text does, each with its key
+        # (_span_key's rule).
+        keys, by_role = tail_keys(colorize, color_by, roles_known)
+        spans = tail_pieces(self.sse_utf8, self.span_records, limit, total, keys, by_role, "mixed")
+        spans.extend(pieces)  # the unproven tail comes last
+        return spans
 
     def step_marks(self) -> list[tuple[float, int | None, int | None, int]]:
         """(arrival time, step, role, characters) per proven span, for the timeline:

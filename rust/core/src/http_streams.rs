@@ -241,6 +241,17 @@ struct Exchange {
     end: Option<Outcome>,
     /// Its end was handed to the run: the exchange is dropped.
     done: bool,
+    /// Edge-triggered readiness ([`Waiter::Edges`]): set by an event, kept
+    /// until a read or write meets `EAGAIN` (a plain read also on a short
+    /// read), so a read cut by the per-round cap, or a TLS read that stops
+    /// before `EAGAIN`, goes on in the next round without a new event.
+    readable: bool,
+    writable: bool,
+    /// An event said the peer closed (or the socket failed): a short read no
+    /// longer means drained, the end is still to be read and no event follows.
+    closing: bool,
+    /// The current socket is in the epoll set.
+    registered: bool,
 }
 
 /// What reading a connection gave.
@@ -282,6 +293,10 @@ impl Exchange {
             deltas: RoundInputs::default(),
             end: None,
             done: false,
+            readable: false,
+            writable: false,
+            closing: false,
+            registered: false,
         }
     }
 
@@ -311,6 +326,21 @@ impl Exchange {
         }
     }
 
+    /// Poll events this exchange has, by its edge-triggered readiness.
+    fn ready_events(&self) -> libc::c_short {
+        if self.end.is_some() || self.sock.is_none() {
+            return 0;
+        }
+        let mut events = 0;
+        if self.writable {
+            events |= self.interest() & libc::POLLOUT;
+        }
+        if self.readable && matches!(self.phase, Phase::Talking) {
+            events |= libc::POLLIN;
+        }
+        events
+    }
+
     /// Connect to the next address; a failure of the last one ends the stream.
     fn connect_next(&mut self, target: &Target, mut last: Option<io::Error>) {
         while self.next_addr < self.addrs.len() {
@@ -327,6 +357,8 @@ impl Exchange {
                 Ok(s) => {
                     self.sock = Some(s.into());
                     self.phase = Phase::Connecting;
+                    (self.registered, self.readable, self.writable, self.closing) =
+                        (false, false, false, false);
                     return;
                 }
                 Err(e) => last = Some(e),
@@ -393,7 +425,10 @@ impl Exchange {
             while tls.wants_write() {
                 match tls.write_tls(sock) {
                     Ok(_) => self.last_progress = now,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.writable = false;
+                        return;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
                         return self.tls_error(target, strerror(&e));
@@ -409,7 +444,10 @@ impl Exchange {
                     self.sent += n;
                     self.last_progress = now;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.writable = false;
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // The server closed its side: what it answered is still read.
                 Err(e)
@@ -436,8 +474,15 @@ impl Exchange {
             return loop {
                 match sock.read(buf) {
                     Ok(0) => break Got::Eof,
-                    Ok(n) => break Got::Data(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Got::Again,
+                    Ok(n) => {
+                        // A short read took all the socket held (but its end).
+                        self.readable &= n == buf.len() || self.closing;
+                        break Got::Data(n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.readable = false;
+                        break Got::Again;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     // A reset is a close: the body decides whether it was complete.
                     Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break Got::Eof,
@@ -463,7 +508,10 @@ impl Exchange {
             match tls.read_tls(sock) {
                 Ok(0) => break true,
                 Ok(_) => break false,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Got::Again,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return Got::Again;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break true,
                 Err(e) => {
@@ -762,6 +810,16 @@ impl HttpStreams {
         timeouts: Timeouts,
         min_interval: Duration,
     ) -> io::Result<HttpStreams> {
+        Self::start_with(fed, target, timeouts, min_interval, ReadOptions::default())
+    }
+
+    pub(crate) fn start_with(
+        fed: Arc<Mutex<Fed>>,
+        target: Target,
+        timeouts: Timeouts,
+        min_interval: Duration,
+        options: ReadOptions,
+    ) -> io::Result<HttpStreams> {
         let mut pipe = [0 as libc::c_int; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
         cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
@@ -787,6 +845,7 @@ impl HttpStreams {
                     timeouts,
                     min_interval,
                     addrs: None,
+                    options,
                 };
                 if catch_unwind(AssertUnwindSafe(|| thread.run())).is_err() {
                     t_failed.store(true, Ordering::SeqCst);
@@ -929,6 +988,211 @@ struct Thread<'a> {
     min_interval: Duration,
     /// The target's addresses, looked up once (or why the lookup failed).
     addrs: Option<Result<Vec<SocketAddr>, String>>,
+    options: ReadOptions,
+}
+
+/// How the thread reads its connections (tests shrink the reads and pick the waiter).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadOptions {
+    /// Bytes read by one `recv`.
+    pub read_bytes: usize,
+    /// Wait with edge-triggered epoll where there is one (Linux), else `poll`.
+    pub edges: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            read_bytes: READ_BYTES,
+            edges: true,
+        }
+    }
+}
+
+/// The epoll token of the wake pipe (a connection's token is its descriptor).
+#[cfg(target_os = "linux")]
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// How the thread waits for its connections.
+enum Waiter {
+    /// `poll` over the wake pipe and every connection, each round.
+    Poll(Vec<libc::pollfd>),
+    /// One edge-triggered epoll set (Linux): a round costs the connections
+    /// that changed, not all of them; readiness is kept on each exchange.
+    #[cfg(target_os = "linux")]
+    Edges {
+        epfd: libc::c_int,
+        events: Vec<libc::epoll_event>,
+        /// Exchange index by descriptor, for this round's events.
+        slots: Vec<usize>,
+        /// The last wait filled `events`: more may be queued.
+        full: bool,
+    },
+}
+
+/// Empty the wake pipe.
+fn drain_wake(wake: libc::c_int) {
+    let mut drain = [0u8; 64];
+    // SAFETY: reading our own non-blocking pipe into a local buffer.
+    while unsafe { libc::read(wake, drain.as_mut_ptr().cast(), drain.len()) } > 0 {}
+}
+
+fn fail_all(exchanges: &mut [Exchange], why: &str) {
+    for ex in exchanges {
+        ex.fail(Outcome::failed(EndKind::Io, why.to_owned()));
+    }
+}
+
+impl Waiter {
+    #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+    fn new(wake: libc::c_int, edges: bool) -> Waiter {
+        #[cfg(target_os = "linux")]
+        if edges {
+            // SAFETY: plain syscalls on descriptors this thread owns.
+            let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            if epfd >= 0 {
+                let mut ev = libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: WAKE_TOKEN,
+                };
+                // SAFETY: as above; `ev` outlives the call.
+                if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, wake, &mut ev) } == 0 {
+                    return Waiter::Edges {
+                        epfd,
+                        events: vec![libc::epoll_event { events: 0, u64: 0 }; 128],
+                        slots: Vec::new(),
+                        full: false,
+                    };
+                }
+                // SAFETY: closing the set we just made.
+                unsafe { libc::close(epfd) };
+            }
+        }
+        // No epoll (another Unix, or it failed): `poll` does the same job.
+        Waiter::Poll(Vec::new())
+    }
+
+    /// Wait up to `wait_ms` (-1: no limit) and set `revents[i]` to the poll
+    /// events exchange `i` has now.
+    fn wait(
+        &mut self,
+        wake: libc::c_int,
+        exchanges: &mut [Exchange],
+        wait_ms: libc::c_int,
+        revents: &mut Vec<libc::c_short>,
+    ) {
+        revents.clear();
+        match self {
+            Waiter::Poll(fds) => {
+                fds.clear();
+                fds.push(libc::pollfd {
+                    fd: wake,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                fds.extend(exchanges.iter().map(|ex| libc::pollfd {
+                    fd: ex.fd(),
+                    events: ex.interest(),
+                    revents: 0,
+                }));
+                // SAFETY: a valid array of pollfds.
+                let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    fail_all(
+                        exchanges,
+                        &format!("poll failed: {}", io::Error::last_os_error()),
+                    );
+                }
+                if fds[0].revents != 0 {
+                    drain_wake(wake);
+                }
+                revents.extend(fds[1..].iter().map(|p| p.revents));
+            }
+            #[cfg(target_os = "linux")]
+            Waiter::Edges {
+                epfd,
+                events,
+                slots,
+                full,
+            } => {
+                // A new socket joins the set; adding it reports what it already has.
+                for ex in exchanges.iter_mut().filter(|ex| !ex.registered) {
+                    let fd = ex.fd();
+                    if fd < 0 {
+                        continue;
+                    }
+                    let mut ev = libc::epoll_event {
+                        events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET)
+                            as u32,
+                        u64: fd as u64,
+                    };
+                    // SAFETY: a descriptor the exchange owns; `ev` outlives the call.
+                    if unsafe { libc::epoll_ctl(*epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } == 0 {
+                        ex.registered = true;
+                    } else {
+                        let why = format!("epoll_ctl failed: {}", io::Error::last_os_error());
+                        ex.fail(Outcome::failed(EndKind::Io, why));
+                    }
+                }
+                // Readiness kept from the last round (a capped read) means no sleep.
+                let pending = *full || exchanges.iter().any(|ex| ex.ready_events() != 0);
+                // SAFETY: `events` is a valid array of its length.
+                let r = unsafe {
+                    libc::epoll_wait(
+                        *epfd,
+                        events.as_mut_ptr(),
+                        events.len() as libc::c_int,
+                        if pending { 0 } else { wait_ms },
+                    )
+                };
+                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    let why = format!("epoll_wait failed: {}", io::Error::last_os_error());
+                    fail_all(exchanges, &why);
+                }
+                let n = r.max(0) as usize;
+                *full = n == events.len();
+                for (i, ex) in exchanges.iter().enumerate() {
+                    let fd = ex.fd();
+                    if fd >= 0 && ex.registered {
+                        let fd = fd as usize;
+                        if slots.len() <= fd {
+                            slots.resize(fd + 1, usize::MAX);
+                        }
+                        slots[fd] = i;
+                    }
+                }
+                for ev in &events[..n] {
+                    let (flags, token) = (ev.events, ev.u64);
+                    if token == WAKE_TOKEN {
+                        drain_wake(wake);
+                        continue;
+                    }
+                    let Some(&i) = slots.get(token as usize) else {
+                        continue;
+                    };
+                    if let Some(ex) = exchanges.get_mut(i) {
+                        let closing = (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+                        let hangup = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
+                        ex.closing |= flags & closing != 0;
+                        ex.readable |= flags & (libc::EPOLLIN as u32 | closing) != 0;
+                        ex.writable |= flags & (libc::EPOLLOUT as u32 | hangup) != 0;
+                    }
+                }
+                slots.fill(usize::MAX);
+                revents.extend(exchanges.iter().map(Exchange::ready_events));
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if let Waiter::Edges { epfd, .. } = self {
+            // SAFETY: the set is this waiter's own.
+            unsafe { libc::close(*epfd) };
+        }
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -975,24 +1239,11 @@ impl Thread<'_> {
 
     fn run(&mut self) {
         let mut exchanges: Vec<Exchange> = Vec::new();
-        let mut buf = vec![0u8; READ_BYTES];
-        let mut pollfds: Vec<libc::pollfd> = Vec::new();
-        let mut drain = [0u8; 64];
+        let mut buf = vec![0u8; self.options.read_bytes];
+        let mut waiter = Waiter::new(self.wake, self.options.edges);
+        let mut revents: Vec<libc::c_short> = Vec::new();
         loop {
             let round_start = Instant::now();
-            pollfds.clear();
-            pollfds.push(libc::pollfd {
-                fd: self.wake,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            for ex in &exchanges {
-                pollfds.push(libc::pollfd {
-                    fd: ex.fd(),
-                    events: ex.interest(),
-                    revents: 0,
-                });
-            }
             let wait_ms = exchanges
                 .iter()
                 .filter_map(|ex| ex.deadline(&self.timeouts))
@@ -1001,25 +1252,12 @@ impl Thread<'_> {
                 .map_or(-1, |d| {
                     d.as_millis().min(i32::MAX as u128) as libc::c_int + 1
                 });
-            // SAFETY: a valid array of pollfds.
-            let r =
-                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
-            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                let why = format!("poll failed: {}", io::Error::last_os_error());
-                for ex in &mut exchanges {
-                    ex.fail(Outcome::failed(EndKind::Io, why.clone()));
-                }
-            }
-            if pollfds[0].revents != 0 {
-                // SAFETY: reading our own non-blocking pipe.
-                while unsafe { libc::read(self.wake, drain.as_mut_ptr().cast(), drain.len()) } > 0 {
-                }
-            }
+            waiter.wait(self.wake, &mut exchanges, wait_ms, &mut revents);
             let time = monotonic();
             let now = Instant::now();
             let mut ready = 0;
             for (i, ex) in exchanges.iter_mut().enumerate() {
-                let revents = pollfds[i + 1].revents;
+                let revents = revents[i];
                 if revents == 0 || ex.end.is_some() {
                     continue;
                 }
@@ -1494,6 +1732,95 @@ mod tests {
                 (Some(EndKind::Encoding), 0, "gzip".into()),
             ]
         );
+    }
+
+    /// One connection answered with `answer` in one write, then held open
+    /// silently for `hold`: no data, no close.
+    fn serve_then_hold(answer: Vec<u8>, hold: Duration) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut seen = Vec::new();
+            let mut byte = [0u8; 1];
+            // The request: its head, then a body of 7 bytes ({"s":1}).
+            while !seen.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                seen.push(byte[0]);
+            }
+            let mut body = [0u8; 7];
+            let _ = conn.read_exact(&mut body);
+            conn.write_all(&answer).unwrap();
+            std::thread::sleep(hold);
+        });
+        port
+    }
+
+    /// A read cut by the per-round cap (4 reads of 64 bytes here) leaves bytes
+    /// in the socket and no new event will come: the rest is read in the next
+    /// rounds all the same (an edge-triggered wait that forgot the socket was
+    /// still readable would stall until the server closes, 5 s later).
+    #[test]
+    fn a_read_cut_by_the_round_cap_goes_on_without_new_data() {
+        let texts: Vec<String> = (0..80).map(|i| format!("piece {i:02} ")).collect();
+        let mut body: Vec<String> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| event(t, &[i as u32 + 5], (i == 79).then_some("stop")))
+            .collect();
+        body.push("data: [DONE]\n\n".into());
+        let parts: Vec<&str> = body.iter().map(String::as_str).collect();
+        let mut answer = SSE_HEAD.as_bytes().to_vec();
+        answer.extend(chunked(&parts));
+        answer.extend_from_slice(b"0\r\n\r\n");
+        assert!(
+            answer.len() > 20 * 4 * 64,
+            "{} bytes: 20 capped rounds",
+            answer.len()
+        );
+        for edges in [true, false] {
+            let port = serve_then_hold(answer.clone(), Duration::from_secs(5));
+            let fed = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([1; 16], 2))));
+            let target = Target {
+                host: "127.0.0.1".into(),
+                port,
+                tls: false,
+                shown: format!("127.0.0.1:{port}"),
+            };
+            let timeouts = Timeouts {
+                connect: Duration::from_secs(5),
+                read: None,
+                write: Duration::from_secs(5),
+            };
+            let options = ReadOptions {
+                read_bytes: 64,
+                edges,
+            };
+            let streams = HttpStreams::start_with(
+                Arc::clone(&fed),
+                target,
+                timeouts,
+                Duration::from_millis(1),
+                options,
+            )
+            .unwrap();
+            let mut r = Run { fed, streams };
+            let started = Instant::now();
+            r.streams.add(1, request(1));
+            let batch = collect(&r, 1);
+            assert!(
+                started.elapsed() < Duration::from_secs(4),
+                "edges {edges}: stalled"
+            );
+            assert_eq!(batch.ends[0].outcome, Outcome::finished(), "edges {edges}");
+            assert_eq!(batch.ends[0].finish_reason.as_deref(), Some("stop"));
+            let text: Vec<u8> = batch
+                .texts
+                .iter()
+                .flat_map(|(_, t)| t.utf8.clone())
+                .collect();
+            assert_eq!(text, texts.concat().as_bytes(), "edges {edges}");
+            r.streams.close();
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`, one file
-//! per area (reconciler, frame, display, streams, receiver, recording).
+//! per area (reconciler, frame, display, streams, receiver, recording, panes).
 //!
 //! The Python API of `Reconciler` is exactly the one of docs/PROTOCOL.md
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
@@ -10,6 +10,7 @@
 mod convert;
 mod display;
 mod frame;
+mod panes;
 mod receiver;
 mod reconciler;
 mod recording;
@@ -100,5 +101,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(panes::tail_pieces, m)?)?;
     Ok(())
 }
