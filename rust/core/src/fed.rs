@@ -680,33 +680,7 @@ mod tests {
                 if split {
                     // Each delta as two, cut at the middle character: a step's
                     // spans come from two inputs (they must not merge).
-                    inputs = inputs
-                        .into_iter()
-                        .flat_map(|input| match input {
-                            Input::Sse {
-                                stream,
-                                text,
-                                token_ids,
-                            } if text.chars().count() > 1 => {
-                                let cut =
-                                    text.char_indices().nth(text.chars().count() / 2).unwrap().0;
-                                let ids = token_ids.len() / 2;
-                                vec![
-                                    Input::Sse {
-                                        stream,
-                                        text: text[..cut].to_owned(),
-                                        token_ids: token_ids[..ids].to_vec(),
-                                    },
-                                    Input::Sse {
-                                        stream,
-                                        text: text[cut..].to_owned(),
-                                        token_ids: token_ids[ids..].to_vec(),
-                                    },
-                                ]
-                            }
-                            other => vec![other],
-                        })
-                        .collect();
+                    inputs = crate::workload::split_deltas(inputs);
                 }
                 if lie > 0 {
                     let mut n = 0;

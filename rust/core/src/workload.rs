@@ -327,3 +327,35 @@ pub fn feed_inputs(inputs: &[Input], r: &mut crate::reconcile::Reconciler) {
         }
     }
 }
+
+/// Each delta of more than one character as two, cut at its middle
+/// character, the first half with the first half of its token ids (none
+/// for a one-token delta: text without ids).
+pub fn split_deltas(inputs: Vec<Input>) -> Vec<Input> {
+    inputs
+        .into_iter()
+        .flat_map(|input| match input {
+            Input::Sse {
+                stream,
+                text,
+                token_ids,
+            } if text.chars().count() > 1 => {
+                let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+                let ids = token_ids.len() / 2;
+                vec![
+                    Input::Sse {
+                        stream,
+                        text: text[..cut].to_owned(),
+                        token_ids: token_ids[..ids].to_vec(),
+                    },
+                    Input::Sse {
+                        stream,
+                        text: text[cut..].to_owned(),
+                        token_ids: token_ids[ids..].to_vec(),
+                    },
+                ]
+            }
+            other => vec![other],
+        })
+        .collect()
+}

@@ -3,7 +3,7 @@
 //! after every input, and the same verdicts, statistics and counters.
 
 use super::*;
-use crate::workload::{feed_inputs, generate, Input, Rng, WorkloadConfig};
+use crate::workload::{feed_inputs, generate, split_deltas, Input, Rng, WorkloadConfig};
 
 /// Each frame (and, with `all`, each input) moved later by up to `delay`
 /// places (a stable sort on `index + jitter`): SSE deltas before the text
@@ -22,38 +22,6 @@ fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Vec<Input> {
         .collect();
     keyed.sort_by_key(|(k, _)| *k);
     keyed.into_iter().map(|(_, input)| input).collect()
-}
-
-/// Each delta of more than one character as two, cut at its middle
-/// character, the first half with the first half of its token ids (none
-/// for a one-token delta: text without ids).
-fn split_deltas(inputs: Vec<Input>) -> Vec<Input> {
-    inputs
-        .into_iter()
-        .flat_map(|input| match input {
-            Input::Sse {
-                stream,
-                text,
-                token_ids,
-            } if text.chars().count() > 1 => {
-                let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
-                let ids = token_ids.len() / 2;
-                vec![
-                    Input::Sse {
-                        stream,
-                        text: text[..cut].to_owned(),
-                        token_ids: token_ids[..ids].to_vec(),
-                    },
-                    Input::Sse {
-                        stream,
-                        text: text[cut..].to_owned(),
-                        token_ids: token_ids[ids..].to_vec(),
-                    },
-                ]
-            }
-            other => vec![other],
-        })
-        .collect()
 }
 
 /// Every `every`-th delta one character longer than the text it stands for.
