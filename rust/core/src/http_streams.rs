@@ -1551,6 +1551,10 @@ mod tests {
     }
 
     fn run(port: u16, n: u16, read: Option<Duration>) -> Run {
+        run_with(port, n, read, ReadOptions::default())
+    }
+
+    fn run_with(port: u16, n: u16, read: Option<Duration>, options: ReadOptions) -> Run {
         let fed = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([1; 16], n))));
         let target = Target {
             host: "127.0.0.1".into(),
@@ -1563,9 +1567,9 @@ mod tests {
             read,
             write: Duration::from_secs(5),
         };
+        let interval = Duration::from_millis(1);
         let streams =
-            HttpStreams::start(Arc::clone(&fed), target, timeouts, Duration::from_millis(1))
-                .unwrap();
+            HttpStreams::start_with(Arc::clone(&fed), target, timeouts, interval, options).unwrap();
         Run { fed, streams }
     }
 
@@ -1779,31 +1783,11 @@ mod tests {
         );
         for edges in [true, false] {
             let port = serve_then_hold(answer.clone(), Duration::from_secs(5));
-            let fed = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([1; 16], 2))));
-            let target = Target {
-                host: "127.0.0.1".into(),
-                port,
-                tls: false,
-                shown: format!("127.0.0.1:{port}"),
-            };
-            let timeouts = Timeouts {
-                connect: Duration::from_secs(5),
-                read: None,
-                write: Duration::from_secs(5),
-            };
             let options = ReadOptions {
                 read_bytes: 64,
                 edges,
             };
-            let streams = HttpStreams::start_with(
-                Arc::clone(&fed),
-                target,
-                timeouts,
-                Duration::from_millis(1),
-                options,
-            )
-            .unwrap();
-            let mut r = Run { fed, streams };
+            let mut r = run_with(port, 2, None, options);
             let started = Instant::now();
             r.streams.add(1, request(1));
             let batch = collect(&r, 1);
