@@ -293,14 +293,8 @@ impl Reconciler {
         if let Err(reason) = self.streams[s].add_provenance(s, src, step, k, pair, r) {
             return self.fail(s, reason);
         }
-        if self.skip_advance && self.streams[s].advance_is_noop_after_provenance(before) {
-            #[cfg(test)]
-            {
-                self.skipped[0] += 1;
-            }
-            return;
-        }
-        self.advance(s);
+        let noop = self.streams[s].advance_is_noop_after_provenance(before);
+        self.advance_unless_noop(s, noop, 0);
     }
 
     pub(super) fn on_text(&mut self, src: u64, step: u64, r: &TextRecord<'_>) {
@@ -314,18 +308,26 @@ impl Reconciler {
         };
         let st = &self.streams[s];
         let before = st.confirmed_end();
-        let waiting_for_bytes = st.frags.front().is_some_and(|f| f.tok < before);
+        let waiting_for_bytes = st.fragment_waits_for_bytes(before);
         if let Err(reason) = self.streams[s].add_text(s, src, step, pair, r) {
             return self.fail(s, reason);
         }
-        if self.skip_advance
-            && !waiting_for_bytes
-            && self.streams[s].advance_is_noop_after_text(before)
-        {
+        let noop = !waiting_for_bytes && self.streams[s].advance_is_noop_after_text(before);
+        self.advance_unless_noop(s, noop, 1);
+    }
+
+    /// `advance(s)`, unless `noop` proved after an input of kind `kind`
+    /// (0 provenance, 1 text, 2 SSE) that it would change nothing
+    /// (`prove.rs`, `advance_is_noop_after_*`).
+    #[inline]
+    pub(super) fn advance_unless_noop(&mut self, s: usize, noop: bool, kind: usize) {
+        if self.skip_advance && noop {
             #[cfg(test)]
             {
-                self.skipped[1] += 1;
+                self.skipped[kind] += 1;
             }
+            #[cfg(not(test))]
+            let _ = kind;
             return;
         }
         self.advance(s);

@@ -234,6 +234,13 @@ impl Stream {
     pub(super) fn advance_is_noop_after_sse(&self, before: u64) -> bool {
         self.confirmed_end() == before && !self.t_finished && self.open()
     }
+
+    /// The first unproven fragment's token is below the confirmed end
+    /// `before`: it waits for HTTP or SSE bytes, so no skip applies.
+    #[inline]
+    pub(super) fn fragment_waits_for_bytes(&self, before: u64) -> bool {
+        self.frags.front().is_some_and(|f| f.tok < before)
+    }
 }
 
 /// Emit one piece as a span, or extend the previous span of this input

@@ -32,21 +32,12 @@ impl Reconciler {
         };
         let st = &self.streams[s];
         let before = st.confirmed_end();
-        let waiting_for_bytes = st.frags.front().is_some_and(|f| f.tok < before);
+        let waiting_for_bytes = st.fragment_waits_for_bytes(before);
         if let Err(reason) = self.streams[s].add_sse(s, text, token_ids) {
             return self.fail(s, reason);
         }
-        if self.skip_advance
-            && !waiting_for_bytes
-            && self.streams[s].advance_is_noop_after_sse(before)
-        {
-            #[cfg(test)]
-            {
-                self.skipped[2] += 1;
-            }
-            return;
-        }
-        self.advance(s);
+        let noop = !waiting_for_bytes && self.streams[s].advance_is_noop_after_sse(before);
+        self.advance_unless_noop(s, noop, 2);
     }
 
     /// The `id` of the stream's SSE chunks (pushed for its first chunk and
