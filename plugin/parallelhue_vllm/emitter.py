@@ -320,11 +320,7 @@ class Emitter:
                     if frame is not None:
                         runs.move_to_end(run_id)
                         state.last_step = step
-                        if self._send(state, frame):
-                            state.next_seq += 1
-                            state.dropped = 0
-                        else:
-                            self._count_drops(state, 1)
+                        self._send_frame(state, frame)
                         continue
                 try:
                     chunks = encode_chunks(kind, rows)
@@ -408,11 +404,16 @@ class Emitter:
                 timestamp,
                 min(state.dropped, 0xFFFFFFFF),
             )
-            if self._send(state, wire.encode_joined_frame(kind, header, count, body)):
-                state.next_seq += 1
-                state.dropped = 0
-            else:
-                self._count_drops(state, 1)
+            self._send_frame(state, wire.encode_joined_frame(kind, header, count, body))
+
+    def _send_frame(self, state: _RunState, frame: bytes) -> None:
+        """One data frame sent with the run's next sequence number: on success the
+        next one, else a lost frame that the next frame reports as dropped."""
+        if self._send(state, frame):
+            state.next_seq += 1
+            state.dropped = 0
+        else:
+            self._count_drops(state, 1)
 
     def _count_drops(self, state: _RunState, frames: int) -> None:
         state.dropped += frames
