@@ -63,6 +63,15 @@ def thread_cpu(pid):
         key = name if tid != str(pid) else "main"
         out[key] = out.get(key, 0) + (int(fields[11]) + int(fields[12])) / tick
         out[key + ".sys"] = out.get(key + ".sys", 0) + int(fields[12]) / tick
+        # The scheduler's own run time in ns (stat's fields are whole clock
+        # ticks, 10 ms: a thread's steady window is only a few of them).
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ran = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        out[key + ".run"] = out.get(key + ".run", 0) + ran
+        out["all.run"] = out.get("all.run", 0) + ran
     return out
 
 
@@ -110,6 +119,12 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         *(
             ["perf", "stat", "-x", ",", "-o", os.environ["CP_PERFSTAT"], "-e", SYSCALL_EVENTS, "--"]
             if os.environ.get("CP_PERFSTAT")
+            else []
+        ),
+        # CP_TRACE=FILE: syscalls by kind and thread (perf trace's summary).
+        *(
+            ["perf", "trace", "-s", "-o", os.environ["CP_TRACE"], "--"]
+            if os.environ.get("CP_TRACE")
             else []
         ),
         sys.executable,

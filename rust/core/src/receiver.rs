@@ -15,12 +15,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::fed::{monotonic, Fed};
 use crate::protocol::MAX_FRAME_BYTES;
 
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
+/// The longest the thread lets datagrams queue in the kernel after a read
+/// ([`next_pause`]); the HTTP thread's `DEFAULT_MIN_INTERVAL`, so a frame
+/// waits no longer than an SSE delta does.
+pub const DEFAULT_MAX_PAUSE: Duration = Duration::from_millis(10);
+/// `net.unix.max_dgram_qlen` when it cannot be read (the kernel's default).
+const DEFAULT_QLEN: usize = 10;
+/// Where the kernel says how many datagrams a socket queues before senders wait.
+const QLEN_PATH: &str = "/proc/sys/net/unix/max_dgram_qlen";
 /// `last_rejected_uid` before any datagram was rejected (or one came without credentials).
 const NO_UID: u64 = u64::MAX;
 
@@ -139,6 +148,18 @@ impl Receiver {
         sink: Arc<Mutex<Fed>>,
         accept_uids: &[u32],
     ) -> io::Result<Receiver> {
+        Receiver::bind_with(path, rcvbuf, sink, accept_uids, DEFAULT_MAX_PAUSE)
+    }
+
+    /// [`Receiver::bind`] with the longest pause between reads (zero: read
+    /// as soon as a datagram arrives, one wake-up per arrival).
+    pub fn bind_with(
+        path: &Path,
+        rcvbuf: usize,
+        sink: Arc<Mutex<Fed>>,
+        accept_uids: &[u32],
+        max_pause: Duration,
+    ) -> io::Result<Receiver> {
         // SAFETY: geteuid never fails.
         let me = unsafe { libc::geteuid() };
         let accept: Vec<u32> = accept_uids.iter().copied().filter(|&u| u != me).collect();
@@ -214,7 +235,11 @@ impl Receiver {
             .name("parallelhue-receiver".into())
             .spawn(move || {
                 let wake_r = wake_r;
-                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept);
+                let pace = Pace {
+                    max: max_pause,
+                    qlen: queue_limit(),
+                };
+                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept, pace);
             });
         let thread = match spawned {
             Ok(t) => t,
@@ -438,6 +463,192 @@ fn recv_many(
     Ok(r)
 }
 
+/// How the thread spaces its reads.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    /// The longest pause after a read.
+    max: Duration,
+    /// How many datagrams the kernel queues before a sender has to wait.
+    qlen: usize,
+}
+
+/// `net.unix.max_dgram_qlen` (what a socket made now queues), or the default.
+fn queue_limit() -> usize {
+    std::fs::read_to_string(QLEN_PATH)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_QLEN)
+}
+
+/// How long to let datagrams queue before the next read, after a read that
+/// took `n` datagrams which arrived over `span` (since the previous read).
+///
+/// Every wake-up of the thread costs a context switch, on this kind of
+/// machine about as much as handling the datagrams it brings (a wake-up
+/// per 1-2 datagrams at 20k step records/s). Pausing lets several queue:
+/// - only when at least 1.5 datagrams are expected during a full pause at
+///   the rate just seen (at low rates a pause would only add a wake-up);
+/// - no longer than half the kernel's queue takes to fill at that rate (the
+///   rate measured over at most `max`: a conservative one),
+///   so a sender does not have to wait for room (it would wait, not lose
+///   the frame: the emitter retries a full queue);
+/// - never longer than `max` (what a frame's arrival may lag its read).
+fn next_pause(n: usize, span: Duration, pace: Pace) -> Duration {
+    if n == 0 || pace.max.is_zero() {
+        return Duration::ZERO;
+    }
+    let span = span.max(Duration::from_micros(1));
+    // Expected arrivals during a full pause, times 2 (integers: 2 n max / span >= 3).
+    if 2 * n as u128 * pace.max.as_nanos() < 3 * span.as_nanos() {
+        return Duration::ZERO;
+    }
+    let half = (pace.qlen / 2).max(1) as u128;
+    let fill = span.min(pace.max).as_nanos() * half / n as u128;
+    Duration::from_nanos(fill.min(pace.max.as_nanos()) as u64)
+}
+
+/// Sleep `pause` unless the wake pipe is written first; whether it was (stop).
+fn sleep_unless_woken(wake: libc::c_int, pause: Duration) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: wake,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ts = libc::timespec {
+        tv_sec: pause.as_secs() as libc::time_t,
+        tv_nsec: pause.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and a valid timespec; no signal mask change.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    r > 0 && fds[0].revents != 0
+}
+
+/// The thread's read buffers, reused from read to read.
+struct Reads {
+    bufs: Vec<Vec<u8>>,
+    cbufs: Vec<[u64; CMSG_BUF / 8]>,
+    /// What each datagram of a batch was (datagram i is in bufs[i]).
+    got: Vec<Got>,
+    /// The admitted ones as (i, length), in the order they were sent.
+    frames: Vec<(usize, usize)>,
+    oversized: Vec<usize>,
+    /// recvmmsg (Linux 2.6.33) can still be refused (ENOSYS under some
+    /// sandboxes): then one recvmsg per datagram, as before.
+    batched: bool,
+}
+
+impl Reads {
+    fn new() -> Reads {
+        Reads {
+            bufs: (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect(),
+            cbufs: vec![[0u64; CMSG_BUF / 8]; BATCH],
+            got: Vec::with_capacity(BATCH),
+            frames: Vec::with_capacity(BATCH),
+            oversized: Vec::new(),
+            batched: true,
+        }
+    }
+}
+
+/// Read everything queued, a batch at a time, and push it; how many
+/// datagrams were taken off the queue.
+fn drain(
+    r: &mut Reads,
+    fd: libc::c_int,
+    sink: &Mutex<Fed>,
+    counters: &ReceiverCounters,
+    me: u32,
+    accept: &[u32],
+) -> usize {
+    counters.busy.store(true, Ordering::SeqCst);
+    let mut taken = 0;
+    loop {
+        r.got.clear();
+        let mut again = false;
+        if r.batched {
+            loop {
+                match recv_many(fd, &mut r.bufs, &mut r.cbufs, me, accept, &mut r.got) {
+                    Ok(n) => again = n < BATCH,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => r.batched = false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => again = true,
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        again = true;
+                    }
+                }
+                break;
+            }
+        }
+        if !r.batched {
+            while r.got.len() < BATCH {
+                let i = r.got.len();
+                match recv_one(fd, &mut r.bufs[i], &mut r.cbufs[i], me, accept) {
+                    Ok(g) => r.got.push(g),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        again = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        again = true;
+                        break;
+                    }
+                }
+            }
+        }
+        taken += r.got.len();
+        r.frames.clear();
+        r.oversized.clear();
+        for (i, g) in r.got.iter().enumerate() {
+            match *g {
+                Got::Frame { len, accepted } => {
+                    if accepted {
+                        counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
+                    }
+                    r.frames.push((i, len));
+                }
+                Got::Oversized(n) => {
+                    counters.oversized.fetch_add(1, Ordering::Relaxed);
+                    r.oversized.push(n);
+                }
+                Got::Foreign(uid) => {
+                    counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
+                    let uid = uid.map_or(NO_UID, u64::from);
+                    counters.last_rejected_uid.store(uid, Ordering::Relaxed);
+                }
+            }
+        }
+        if !r.frames.is_empty() || !r.oversized.is_empty() {
+            let total: usize = r.frames.iter().map(|&(_, n)| n).sum();
+            let at = monotonic();
+            if let Ok(mut fed) = sink.lock() {
+                for &(i, n) in &r.frames {
+                    fed.push_frame_at(&r.bufs[i][..n], at);
+                }
+                for &n in &r.oversized {
+                    fed.reject_at(
+                        format!("oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"),
+                        at,
+                    );
+                }
+            }
+            counters
+                .received
+                .fetch_add(r.frames.len() as u64, Ordering::Relaxed);
+            counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
+            counters.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        if again {
+            break;
+        }
+    }
+    counters.busy.store(false, Ordering::SeqCst);
+    taken
+}
+
 fn read_loop(
     fd: libc::c_int,
     wake: libc::c_int,
@@ -445,128 +656,51 @@ fn read_loop(
     counters: &ReceiverCounters,
     me: u32,
     accept: &[u32],
+    pace: Pace,
 ) {
-    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
-    let mut cbufs = vec![[0u64; CMSG_BUF / 8]; BATCH];
-    // What each datagram of a batch was (datagram i is in bufs[i]), and the
-    // admitted ones as (i, length), in the order they were sent.
-    let mut got: Vec<Got> = Vec::with_capacity(BATCH);
-    let mut frames: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
-    let mut oversized: Vec<usize> = Vec::new();
-    // recvmmsg (Linux 2.6.33) can still be refused (ENOSYS under some
-    // sandboxes): then one recvmsg per datagram, as before.
-    let mut batched = true;
+    let mut reads = Reads::new();
+    // After a read: how long to let datagrams queue before the next one
+    // (zero: wait in poll for the next arrival), and when that read ended.
+    let mut pause = Duration::ZERO;
+    let mut last_read = Instant::now();
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            counters.errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let stop = fds[1].revents != 0;
-        counters.busy.store(true, Ordering::SeqCst);
-        // Read everything queued, a batch at a time (also when stopping: what
-        // was sent before close() is not lost).
-        loop {
-            got.clear();
-            let mut again = false;
-            if batched {
-                loop {
-                    match recv_many(fd, &mut bufs, &mut cbufs, me, accept, &mut got) {
-                        Ok(n) => again = n < BATCH,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => batched = false,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => again = true,
-                        Err(_) => {
-                            counters.errors.fetch_add(1, Ordering::Relaxed);
-                            again = true;
-                        }
-                    }
-                    break;
+        let stop = if pause.is_zero() {
+            let mut fds = [
+                libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: wake,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if r < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
                 }
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                return;
             }
-            if !batched {
-                while got.len() < BATCH {
-                    let i = got.len();
-                    match recv_one(fd, &mut bufs[i], &mut cbufs[i], me, accept) {
-                        Ok(g) => got.push(g),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            again = true;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => {
-                            counters.errors.fetch_add(1, Ordering::Relaxed);
-                            again = true;
-                            break;
-                        }
-                    }
-                }
-            }
-            frames.clear();
-            oversized.clear();
-            for (i, g) in got.iter().enumerate() {
-                match *g {
-                    Got::Frame { len, accepted } => {
-                        if accepted {
-                            counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
-                        }
-                        frames.push((i, len));
-                    }
-                    Got::Oversized(n) => {
-                        counters.oversized.fetch_add(1, Ordering::Relaxed);
-                        oversized.push(n);
-                    }
-                    Got::Foreign(uid) => {
-                        counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
-                        let uid = uid.map_or(NO_UID, u64::from);
-                        counters.last_rejected_uid.store(uid, Ordering::Relaxed);
-                    }
-                }
-            }
-            if !frames.is_empty() || !oversized.is_empty() {
-                let total: usize = frames.iter().map(|&(_, n)| n).sum();
-                let at = monotonic();
-                if let Ok(mut r) = sink.lock() {
-                    for &(i, n) in &frames {
-                        r.push_frame_at(&bufs[i][..n], at);
-                    }
-                    for &n in &oversized {
-                        r.reject_at(
-                            format!("oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"),
-                            at,
-                        );
-                    }
-                }
-                counters
-                    .received
-                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
-                counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
-                counters.batches.fetch_add(1, Ordering::Relaxed);
-            }
-            if again {
-                break;
-            }
-        }
-        counters.busy.store(false, Ordering::SeqCst);
+            fds[1].revents != 0
+        } else {
+            // The queue is read after the pause whatever it holds (nothing:
+            // the next round waits in poll); a close ends the pause early.
+            sleep_unless_woken(wake, pause)
+        };
+        // Read everything queued (also when stopping: what was sent before
+        // close() is not lost).
+        let n = drain(&mut reads, fd, sink, counters, me, accept);
         if stop {
             return;
         }
+        let now = Instant::now();
+        pause = next_pause(n, now - last_read, pace);
+        last_read = now;
     }
 }
 
@@ -857,5 +991,142 @@ mod tests {
         let r = rec.lock().unwrap();
         assert_eq!(r.counters().frames, count);
         assert_eq!(r.counters().rejected_frames, count);
+    }
+
+    fn ms(x: f64) -> Duration {
+        Duration::from_secs_f64(x / 1e3)
+    }
+
+    #[test]
+    fn a_pause_lets_at_most_half_the_queue_fill_and_never_exceeds_the_limit() {
+        let pace = Pace {
+            max: ms(10.0),
+            qlen: 10,
+        };
+        // Nothing read, or pausing turned off: wait in poll as before.
+        assert_eq!(next_pause(0, ms(5.0), pace), Duration::ZERO);
+        let off = Pace {
+            max: Duration::ZERO,
+            ..pace
+        };
+        assert_eq!(next_pause(8, ms(5.0), off), Duration::ZERO);
+        // Low rates (under 1.5 datagrams per full pause): no pause, one wake-up per arrival.
+        assert_eq!(next_pause(1, ms(30.0), pace), Duration::ZERO);
+        assert_eq!(next_pause(1, ms(6.7), pace), Duration::ZERO);
+        // The bench's rate (~620 datagrams/s): 5 queue in the 8 ms it pauses.
+        assert_eq!(next_pause(5, ms(8.0), pace), ms(8.0));
+        // Fast: 10 in 2 ms, so half the queue fills in 1 ms.
+        assert_eq!(next_pause(10, ms(2.0), pace), ms(1.0));
+        // A burst after a long silence: no pause yet (the rate over the silence is low).
+        assert_eq!(next_pause(10, Duration::from_secs(2), pace), Duration::ZERO);
+        // 10 over 12 ms: the fill is timed over at most `max` (10 ms), so 5 ms.
+        assert_eq!(next_pause(10, ms(12.0), pace), ms(5.0));
+        // A slow steady rate: the full pause.
+        assert_eq!(next_pause(2, ms(10.0), pace), ms(10.0));
+        // Everywhere: never above the limit; where it pauses, the rate just seen
+        // (over the measured span, at most `max`) fills at most half the queue.
+        for qlen in [1, 2, 10, 64] {
+            let pace = Pace { qlen, ..pace };
+            for n in 1..=130usize {
+                for tenths in 1..=600u32 {
+                    let span = ms(f64::from(tenths) / 10.0);
+                    let p = next_pause(n, span, pace);
+                    assert!(p <= pace.max, "{n} {span:?} {p:?}");
+                    if !p.is_zero() {
+                        let rate = n as f64 / span.min(pace.max).as_secs_f64();
+                        let queued = rate * p.as_secs_f64();
+                        assert!(
+                            queued <= (qlen / 2).max(1) as f64 + 1e-6,
+                            "{n} {span:?} {p:?}"
+                        );
+                        // Pausing only where it takes more than one datagram per wake-up.
+                        assert!(n as f64 / span.as_secs_f64() * pace.max.as_secs_f64() >= 1.5);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn queue_limit_is_the_kernels() {
+        let limit = queue_limit();
+        match std::fs::read_to_string(QLEN_PATH) {
+            Ok(s) => assert_eq!(limit, s.trim().parse::<usize>().unwrap()),
+            Err(_) => assert_eq!(limit, DEFAULT_QLEN),
+        }
+    }
+
+    /// Send `count` datagrams one every `gap`, close, and return (frames, batches).
+    fn paced_send(name: &str, max_pause: Duration, count: u64, gap: Duration) -> (u64, u64) {
+        let path = tmp_path(name);
+        let _ = std::fs::remove_file(&path);
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([8; 16], 1))));
+        let mut rx = Receiver::bind_with(&path, 1 << 20, Arc::clone(&rec), &[], max_pause).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        let start = Instant::now();
+        for i in 0..count {
+            // Blocking sends: a full queue makes the sender wait, never lose one.
+            tx.send_to(b"not a frame", &path).unwrap();
+            let due = start + gap * (i as u32 + 1);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        rx.close().unwrap();
+        let st = rx.stats();
+        let frames = rec.lock().unwrap().counters().frames;
+        assert_eq!(st.received, count);
+        (frames, st.batches)
+    }
+
+    #[test]
+    fn a_steady_stream_of_datagrams_is_read_in_fewer_wakeups_and_all_arrive() {
+        // 400 datagrams at ~2,000/s: pausing reads several per wake-up (about 5:
+        // half the kernel's queue of 10); without pauses each arrival is a
+        // wake-up of its own unless the machine is slow.
+        let (frames, batches) = paced_send("paced", DEFAULT_MAX_PAUSE, 400, ms(0.5));
+        assert_eq!(frames, 400);
+        assert!(batches <= 400 / 2, "{batches} batches for 400 datagrams");
+        // Pausing off: the same datagrams, all there.
+        let (frames, _) = paced_send("unpaced", Duration::ZERO, 400, ms(0.5));
+        assert_eq!(frames, 400);
+    }
+
+    #[test]
+    fn close_during_a_pause_returns_promptly_with_everything_read() {
+        let path = tmp_path("closepause");
+        let _ = std::fs::remove_file(&path);
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([9; 16], 1))));
+        // A long pause: a close that waited it out would take 5 s.
+        let mut rx = Receiver::bind_with(
+            &path,
+            1 << 20,
+            Arc::clone(&rec),
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        for _ in 0..4 {
+            tx.send_to(b"not a frame", &path).unwrap();
+        }
+        // Let the thread read them and start pausing (4 at once is a high rate).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rx.stats().received < 4 && Instant::now() < deadline {
+            std::thread::sleep(ms(1.0));
+        }
+        for _ in 0..3 {
+            tx.send_to(b"not a frame", &path).unwrap();
+        }
+        assert!(rx.pending(), "queued datagrams are pending during a pause");
+        let started = Instant::now();
+        rx.close().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(rx.stats().received, 7);
+        assert_eq!(rec.lock().unwrap().counters().frames, 7);
     }
 }
