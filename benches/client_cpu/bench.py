@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -239,6 +240,13 @@ def main():
             port = free_port()
             sim = subprocess.Popen(
                 [
+                    # CP_SIMTRACE=FILE: the engine's syscalls (a telemetry send
+                    # that met a full client queue is an EAGAIN error there).
+                    *(
+                        ["perf", "trace", "-s", "-o", os.environ["CP_SIMTRACE"], "--"]
+                        if os.environ.get("CP_SIMTRACE")
+                        else []
+                    ),
                     sys.executable,
                     "-m",
                     "parallelhue.sim",
@@ -270,7 +278,10 @@ def main():
                 # own counter is the run's token count (one client per engine).
                 counted = engine_tokens(port)
                 r["tokens"] = int(counted) if counted else None
-            sim.terminate()
+            if os.environ.get("CP_SIMTRACE"):
+                sim.send_signal(signal.SIGINT)  # perf trace writes its summary on SIGINT
+            else:
+                sim.terminate()
             sim.wait()
             r["name"] = name
             r["per10k"] = r["cpu"] / r["tokens"] * 1e4 if r["tokens"] else None

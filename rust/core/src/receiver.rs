@@ -26,6 +26,10 @@ const BATCH: usize = 64;
 /// ([`next_pause`]); the HTTP thread's `DEFAULT_MIN_INTERVAL`, so a frame
 /// waits no longer than an SSE delta does.
 pub const DEFAULT_MAX_PAUSE: Duration = Duration::from_millis(10);
+/// The shortest pause worth a wake-up: below it the rate seen is so high (or
+/// a burst was read while it was still arriving) that the next wait in
+/// `poll` finds several datagrams anyway.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
 /// `net.unix.max_dgram_qlen` when it cannot be read (the kernel's default).
 const DEFAULT_QLEN: usize = 10;
 /// Where the kernel says how many datagrams a socket queues before senders wait.
@@ -50,6 +54,8 @@ pub struct ReceiverCounters {
     pub oversized: AtomicU64,
     /// Times the reconciler was locked for a batch.
     pub batches: AtomicU64,
+    /// Waits of the thread (in poll for an arrival, or a pause).
+    pub wakeups: AtomicU64,
     /// recvmsg/poll failures other than EAGAIN/EINTR.
     pub errors: AtomicU64,
     /// The thread is between reading datagrams and having pushed them.
@@ -482,30 +488,33 @@ fn queue_limit() -> usize {
 }
 
 /// How long to let datagrams queue before the next read, after a read that
-/// took `n` datagrams which arrived over `span` (since the previous read).
+/// took `n` datagrams which arrived over `span` (since the previous read;
+/// `paused`: that read followed a pause, not a wait for an arrival).
 ///
 /// Every wake-up of the thread costs a context switch, on this kind of
 /// machine about as much as handling the datagrams it brings (a wake-up
 /// per 1-2 datagrams at 20k step records/s). Pausing lets several queue:
-/// - only when at least 1.5 datagrams are expected during a full pause at
-///   the rate just seen (at low rates a pause would only add a wake-up);
-/// - no longer than half the kernel's queue takes to fill at that rate (the
-///   rate measured over at most `max`: a conservative one),
-///   so a sender does not have to wait for room (it would wait, not lose
-///   the frame: the emitter retries a full queue);
-/// - never longer than `max` (what a frame's arrival may lag its read).
-fn next_pause(n: usize, span: Duration, pace: Pace) -> Duration {
-    if n == 0 || pace.max.is_zero() {
-        return Duration::ZERO;
-    }
-    let span = span.max(Duration::from_micros(1));
-    // Expected arrivals during a full pause, times 2 (integers: 2 n max / span >= 3).
-    if 2 * n as u128 * pace.max.as_nanos() < 3 * span.as_nanos() {
+/// - after a wait for an arrival, only when it came within `max` of the
+///   previous read (datagrams further apart than a pause: it would end
+///   before the next one and only add a wake-up); after a pause, while it
+///   brought something;
+/// - no longer than half the kernel's queue takes to fill at the rate just
+///   seen (measured over at most `max`: a conservative rate), so a sender
+///   does not have to wait for room (it would wait, not lose the frame: the
+///   emitter retries a full queue);
+/// - never longer than `max` (what a frame's arrival may lag its read), and
+///   not at all when that time is under [`MIN_PAUSE`].
+fn next_pause(n: usize, span: Duration, paused: bool, pace: Pace) -> Duration {
+    if n == 0 || pace.max.is_zero() || (!paused && span > pace.max) {
         return Duration::ZERO;
     }
     let half = (pace.qlen / 2).max(1) as u128;
     let fill = span.min(pace.max).as_nanos() * half / n as u128;
-    Duration::from_nanos(fill.min(pace.max.as_nanos()) as u64)
+    let pause = Duration::from_nanos(fill.min(pace.max.as_nanos()) as u64);
+    if pause < MIN_PAUSE {
+        return Duration::ZERO;
+    }
+    pause
 }
 
 /// Sleep `pause` unless the wake pipe is written first; whether it was (stop).
@@ -660,10 +669,12 @@ fn read_loop(
 ) {
     let mut reads = Reads::new();
     // After a read: how long to let datagrams queue before the next one
-    // (zero: wait in poll for the next arrival), and when that read ended.
+    // (zero: wait in poll for the next arrival), and when the last read that
+    // brought datagrams ended.
     let mut pause = Duration::ZERO;
     let mut last_read = Instant::now();
     loop {
+        counters.wakeups.fetch_add(1, Ordering::Relaxed);
         let stop = if pause.is_zero() {
             let mut fds = [
                 libc::pollfd {
@@ -699,8 +710,12 @@ fn read_loop(
             return;
         }
         let now = Instant::now();
-        pause = next_pause(n, now - last_read, pace);
-        last_read = now;
+        pause = next_pause(n, now - last_read, !pause.is_zero(), pace);
+        if n > 0 {
+            // Spans run from a read that brought datagrams (an empty one after a
+            // pause must not make the next arrival look close to the last).
+            last_read = now;
+        }
     }
 }
 
@@ -1004,25 +1019,34 @@ mod tests {
             qlen: 10,
         };
         // Nothing read, or pausing turned off: wait in poll as before.
-        assert_eq!(next_pause(0, ms(5.0), pace), Duration::ZERO);
+        assert_eq!(next_pause(0, ms(5.0), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(0, ms(5.0), true, pace), Duration::ZERO);
         let off = Pace {
             max: Duration::ZERO,
             ..pace
         };
-        assert_eq!(next_pause(8, ms(5.0), off), Duration::ZERO);
-        // Low rates (under 1.5 datagrams per full pause): no pause, one wake-up per arrival.
-        assert_eq!(next_pause(1, ms(30.0), pace), Duration::ZERO);
-        assert_eq!(next_pause(1, ms(6.7), pace), Duration::ZERO);
+        assert_eq!(next_pause(8, ms(5.0), false, off), Duration::ZERO);
+        // Arrivals further apart than a pause (a burst of 3 per 12.8 ms engine
+        // step, 5k step records/s): no pause, one wake-up per burst as before.
+        assert_eq!(next_pause(1, ms(30.0), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(3, ms(12.8), false, pace), Duration::ZERO);
+        assert_eq!(
+            next_pause(10, Duration::from_secs(2), false, pace),
+            Duration::ZERO
+        );
+        // A datagram 5 ms after the last: the full pause (two or so per wake-up).
+        assert_eq!(next_pause(1, ms(5.0), false, pace), ms(10.0));
         // The bench's rate (~620 datagrams/s): 5 queue in the 8 ms it pauses.
-        assert_eq!(next_pause(5, ms(8.0), pace), ms(8.0));
-        // Fast: 10 in 2 ms, so half the queue fills in 1 ms.
-        assert_eq!(next_pause(10, ms(2.0), pace), ms(1.0));
-        // A burst after a long silence: no pause yet (the rate over the silence is low).
-        assert_eq!(next_pause(10, Duration::from_secs(2), pace), Duration::ZERO);
-        // 10 over 12 ms: the fill is timed over at most `max` (10 ms), so 5 ms.
-        assert_eq!(next_pause(10, ms(12.0), pace), ms(5.0));
-        // A slow steady rate: the full pause.
-        assert_eq!(next_pause(2, ms(10.0), pace), ms(10.0));
+        assert_eq!(next_pause(5, ms(8.0), true, pace), ms(8.0));
+        // Fast: 10 in 2 ms, so half the queue fills in 1 ms (the shortest pause).
+        assert_eq!(next_pause(10, ms(2.0), false, pace), ms(1.0));
+        // Faster (or a burst read while it was still arriving): no pause.
+        assert_eq!(next_pause(10, ms(1.9), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(1, ms(0.1), false, pace), Duration::ZERO);
+        // After a pause (its span is the pause and the read): 10 over 12 ms,
+        // the fill timed over at most `max` (10 ms): 5 ms.
+        assert_eq!(next_pause(10, ms(12.0), true, pace), ms(5.0));
+        assert_eq!(next_pause(2, ms(10.5), true, pace), ms(10.0));
         // Everywhere: never above the limit; where it pauses, the rate just seen
         // (over the measured span, at most `max`) fills at most half the queue.
         for qlen in [1, 2, 10, 64] {
@@ -1030,17 +1054,19 @@ mod tests {
             for n in 1..=130usize {
                 for tenths in 1..=600u32 {
                     let span = ms(f64::from(tenths) / 10.0);
-                    let p = next_pause(n, span, pace);
-                    assert!(p <= pace.max, "{n} {span:?} {p:?}");
-                    if !p.is_zero() {
-                        let rate = n as f64 / span.min(pace.max).as_secs_f64();
-                        let queued = rate * p.as_secs_f64();
-                        assert!(
-                            queued <= (qlen / 2).max(1) as f64 + 1e-6,
-                            "{n} {span:?} {p:?}"
-                        );
-                        // Pausing only where it takes more than one datagram per wake-up.
-                        assert!(n as f64 / span.as_secs_f64() * pace.max.as_secs_f64() >= 1.5);
+                    for paused in [false, true] {
+                        let p = next_pause(n, span, paused, pace);
+                        assert!(p <= pace.max, "{n} {span:?} {p:?}");
+                        assert!(p.is_zero() || p >= MIN_PAUSE, "{n} {span:?} {p:?}");
+                        if !paused && span > pace.max {
+                            assert_eq!(p, Duration::ZERO);
+                        }
+                        if !p.is_zero() {
+                            let rate = n as f64 / span.min(pace.max).as_secs_f64();
+                            let queued = rate * p.as_secs_f64();
+                            let half = (qlen / 2).max(1) as f64;
+                            assert!(queued <= half + 1e-6, "{n} {span:?} {p:?}");
+                        }
                     }
                 }
             }
@@ -1056,8 +1082,15 @@ mod tests {
         }
     }
 
-    /// Send `count` datagrams one every `gap`, close, and return (frames, batches).
-    fn paced_send(name: &str, max_pause: Duration, count: u64, gap: Duration) -> (u64, u64) {
+    /// Send `count` datagrams, `burst` at a time every `gap`, close, and
+    /// return (frames, batches, wake-ups).
+    fn paced_send(
+        name: &str,
+        max_pause: Duration,
+        count: u64,
+        burst: u64,
+        gap: Duration,
+    ) -> (u64, u64, u64) {
         let path = tmp_path(name);
         let _ = std::fs::remove_file(&path);
         let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([8; 16], 1))));
@@ -1067,16 +1100,22 @@ mod tests {
         for i in 0..count {
             // Blocking sends: a full queue makes the sender wait, never lose one.
             tx.send_to(b"not a frame", &path).unwrap();
-            let due = start + gap * (i as u32 + 1);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
+            if (i + 1) % burst == 0 {
+                let due = start + gap * ((i + 1) / burst) as u32;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
             }
         }
         rx.close().unwrap();
         let st = rx.stats();
         let frames = rec.lock().unwrap().counters().frames;
         assert_eq!(st.received, count);
-        (frames, st.batches)
+        (
+            frames,
+            st.batches,
+            rx.counters.wakeups.load(Ordering::Relaxed),
+        )
     }
 
     #[test]
@@ -1084,12 +1123,27 @@ mod tests {
         // 400 datagrams at ~2,000/s: pausing reads several per wake-up (about 5:
         // half the kernel's queue of 10); without pauses each arrival is a
         // wake-up of its own unless the machine is slow.
-        let (frames, batches) = paced_send("paced", DEFAULT_MAX_PAUSE, 400, ms(0.5));
+        let (frames, batches, wakeups) = paced_send("paced", DEFAULT_MAX_PAUSE, 400, 1, ms(0.5));
         assert_eq!(frames, 400);
         assert!(batches <= 400 / 2, "{batches} batches for 400 datagrams");
+        assert!(wakeups <= 400 / 2, "{wakeups} wake-ups for 400 datagrams");
         // Pausing off: the same datagrams, all there.
-        let (frames, _) = paced_send("unpaced", Duration::ZERO, 400, ms(0.5));
+        let (frames, _, _) = paced_send("unpaced", Duration::ZERO, 400, 1, ms(0.5));
         assert_eq!(frames, 400);
+    }
+
+    #[test]
+    fn bursts_further_apart_than_a_pause_cost_no_extra_wakeup() {
+        // 3 datagrams every 15 ms (a slower engine): a pause would end before
+        // the next burst and read nothing. Every wait but the last (the close)
+        // must bring datagrams; how many waits a burst takes (the thread may
+        // wake before its sender's third send) is the scheduler's.
+        let (frames, batches, wakeups) = paced_send("bursts", DEFAULT_MAX_PAUSE, 90, 3, ms(15.0));
+        assert_eq!(frames, 90);
+        assert!(
+            wakeups <= batches + 3,
+            "{wakeups} waits, {batches} with datagrams"
+        );
     }
 
     #[test]
@@ -1097,7 +1151,8 @@ mod tests {
         let path = tmp_path("closepause");
         let _ = std::fs::remove_file(&path);
         let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([9; 16], 1))));
-        // A long pause: a close that waited it out would take 5 s.
+        // Pauses of up to 5 s: one datagram 1 s after the start is read, then the
+        // thread pauses 5 s (half a queue of 10 at one datagram a second, capped).
         let mut rx = Receiver::bind_with(
             &path,
             1 << 20,
@@ -1107,18 +1162,19 @@ mod tests {
         )
         .unwrap();
         let tx = UnixDatagram::unbound().unwrap();
-        for _ in 0..4 {
-            tx.send_to(b"not a frame", &path).unwrap();
-        }
-        // Let the thread read them and start pausing (4 at once is a high rate).
+        std::thread::sleep(Duration::from_secs(1));
+        tx.send_to(b"not a frame", &path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while rx.stats().received < 4 && Instant::now() < deadline {
+        while rx.stats().received < 1 && Instant::now() < deadline {
             std::thread::sleep(ms(1.0));
         }
         for _ in 0..3 {
             tx.send_to(b"not a frame", &path).unwrap();
         }
+        std::thread::sleep(ms(50.0));
+        assert_eq!(rx.stats().received, 1, "read during the pause");
         assert!(rx.pending(), "queued datagrams are pending during a pause");
+        // A close that waited the pause out would take about 5 s.
         let started = Instant::now();
         rx.close().unwrap();
         assert!(
@@ -1126,7 +1182,7 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert_eq!(rx.stats().received, 7);
-        assert_eq!(rec.lock().unwrap().counters().frames, 7);
+        assert_eq!(rx.stats().received, 4);
+        assert_eq!(rec.lock().unwrap().counters().frames, 4);
     }
 }
