@@ -73,6 +73,13 @@ def thread_cpu(pid):
             continue
         out[key + ".run"] = out.get(key + ".run", 0) + ran
         out["all.run"] = out.get("all.run", 0) + ran
+        # Context switches (a wait that blocked, or a preemption): counts, not time.
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError, IndexError):
+            continue
+        out[key + ".cs"] = out.get(key + ".cs", 0) + switches
     return out
 
 
@@ -207,6 +214,7 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         wall=wall,
         tokens=tokens,
         rss_mib=ru.ru_maxrss / 1024,
+        pty_bytes=len(out),  # everything the client wrote to its terminal
         steady_per10k=steady_cpu_per_10k(samples, conc * max_tokens),
         steady_by_thread=steady_by_thread(per_thread, conc * max_tokens),
         threads={k: round(v, 2) for k, v in threads.items()},
