@@ -271,6 +271,7 @@ def main():
                 env=dict(os.environ, PYTHONPATH=ROOT_PYTHON),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                start_new_session=bool(os.environ.get("CP_SIMTRACE")),
             )
             for _ in range(200):
                 try:
@@ -287,7 +288,9 @@ def main():
                 counted = engine_tokens(port)
                 r["tokens"] = int(counted) if counted else None
             if os.environ.get("CP_SIMTRACE"):
-                sim.send_signal(signal.SIGINT)  # perf trace writes its summary on SIGINT
+                # perf trace writes its summary on SIGINT; the engine under it
+                # (same process group) must get it too, or it outlives the run.
+                os.killpg(sim.pid, signal.SIGINT)
             else:
                 sim.terminate()
             sim.wait()
