@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -63,6 +64,22 @@ def thread_cpu(pid):
         key = name if tid != str(pid) else "main"
         out[key] = out.get(key, 0) + (int(fields[11]) + int(fields[12])) / tick
         out[key + ".sys"] = out.get(key + ".sys", 0) + int(fields[12]) / tick
+        # The scheduler's own run time in ns (stat's fields are whole clock
+        # ticks, 10 ms: a thread's steady window is only a few of them).
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ran = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        out[key + ".run"] = out.get(key + ".run", 0) + ran
+        out["all.run"] = out.get("all.run", 0) + ran
+        # Context switches (a wait that blocked, or a preemption): counts, not time.
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError, IndexError):
+            continue
+        out[key + ".cs"] = out.get(key + ".cs", 0) + switches
     return out
 
 
@@ -110,6 +127,12 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         *(
             ["perf", "stat", "-x", ",", "-o", os.environ["CP_PERFSTAT"], "-e", SYSCALL_EVENTS, "--"]
             if os.environ.get("CP_PERFSTAT")
+            else []
+        ),
+        # CP_TRACE=FILE: syscalls by kind and thread (perf trace's summary).
+        *(
+            ["perf", "trace", "-s", "-o", os.environ["CP_TRACE"], "--"]
+            if os.environ.get("CP_TRACE")
             else []
         ),
         sys.executable,
@@ -191,6 +214,7 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
         wall=wall,
         tokens=tokens,
         rss_mib=ru.ru_maxrss / 1024,
+        pty_bytes=len(out),  # everything the client wrote to its terminal
         steady_per10k=steady_cpu_per_10k(samples, conc * max_tokens),
         steady_by_thread=steady_by_thread(per_thread, conc * max_tokens),
         threads={k: round(v, 2) for k, v in threads.items()},
@@ -224,6 +248,13 @@ def main():
             port = free_port()
             sim = subprocess.Popen(
                 [
+                    # CP_SIMTRACE=FILE: the engine's syscalls (a telemetry send
+                    # that met a full client queue is an EAGAIN error there).
+                    *(
+                        ["perf", "trace", "-s", "-o", os.environ["CP_SIMTRACE"], "--"]
+                        if os.environ.get("CP_SIMTRACE")
+                        else []
+                    ),
                     sys.executable,
                     "-m",
                     "parallelhue.sim",
@@ -240,6 +271,7 @@ def main():
                 env=dict(os.environ, PYTHONPATH=ROOT_PYTHON),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                start_new_session=bool(os.environ.get("CP_SIMTRACE")),
             )
             for _ in range(200):
                 try:
@@ -255,7 +287,12 @@ def main():
                 # own counter is the run's token count (one client per engine).
                 counted = engine_tokens(port)
                 r["tokens"] = int(counted) if counted else None
-            sim.terminate()
+            if os.environ.get("CP_SIMTRACE"):
+                # perf trace writes its summary on SIGINT; the engine under it
+                # (same process group) must get it too, or it outlives the run.
+                os.killpg(sim.pid, signal.SIGINT)
+            else:
+                sim.terminate()
             sim.wait()
             r["name"] = name
             r["per10k"] = r["cpu"] / r["tokens"] * 1e4 if r["tokens"] else None

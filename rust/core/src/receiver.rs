@@ -15,12 +15,25 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::fed::{monotonic, Fed};
 use crate::protocol::MAX_FRAME_BYTES;
 
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
+/// The longest the thread lets datagrams queue in the kernel after a read
+/// ([`next_pause`]); the HTTP thread's `DEFAULT_MIN_INTERVAL`, so a frame
+/// waits no longer than an SSE delta does.
+pub const DEFAULT_MAX_PAUSE: Duration = Duration::from_millis(10);
+/// The shortest pause worth a wake-up: below it the rate seen is so high (or
+/// a burst was read while it was still arriving) that the next wait in
+/// `poll` finds several datagrams anyway.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
+/// `net.unix.max_dgram_qlen` when it cannot be read (the kernel's default).
+const DEFAULT_QLEN: usize = 10;
+/// Where the kernel says how many datagrams a socket queues before senders wait.
+const QLEN_PATH: &str = "/proc/sys/net/unix/max_dgram_qlen";
 /// `last_rejected_uid` before any datagram was rejected (or one came without credentials).
 const NO_UID: u64 = u64::MAX;
 
@@ -41,6 +54,8 @@ pub struct ReceiverCounters {
     pub oversized: AtomicU64,
     /// Times the reconciler was locked for a batch.
     pub batches: AtomicU64,
+    /// Waits of the thread (in poll for an arrival, or a pause).
+    pub wakeups: AtomicU64,
     /// recvmsg/poll failures other than EAGAIN/EINTR.
     pub errors: AtomicU64,
     /// The thread is between reading datagrams and having pushed them.
@@ -139,6 +154,18 @@ impl Receiver {
         sink: Arc<Mutex<Fed>>,
         accept_uids: &[u32],
     ) -> io::Result<Receiver> {
+        Receiver::bind_with(path, rcvbuf, sink, accept_uids, DEFAULT_MAX_PAUSE)
+    }
+
+    /// [`Receiver::bind`] with the longest pause between reads (zero: read
+    /// as soon as a datagram arrives, one wake-up per arrival).
+    pub fn bind_with(
+        path: &Path,
+        rcvbuf: usize,
+        sink: Arc<Mutex<Fed>>,
+        accept_uids: &[u32],
+        max_pause: Duration,
+    ) -> io::Result<Receiver> {
         // SAFETY: geteuid never fails.
         let me = unsafe { libc::geteuid() };
         let accept: Vec<u32> = accept_uids.iter().copied().filter(|&u| u != me).collect();
@@ -214,7 +241,11 @@ impl Receiver {
             .name("parallelhue-receiver".into())
             .spawn(move || {
                 let wake_r = wake_r;
-                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept);
+                let pace = Pace {
+                    max: max_pause,
+                    qlen: queue_limit(),
+                };
+                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept, pace);
             });
         let thread = match spawned {
             Ok(t) => t,
@@ -438,6 +469,195 @@ fn recv_many(
     Ok(r)
 }
 
+/// How the thread spaces its reads.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    /// The longest pause after a read.
+    max: Duration,
+    /// How many datagrams the kernel queues before a sender has to wait.
+    qlen: usize,
+}
+
+/// `net.unix.max_dgram_qlen` (what a socket made now queues), or the default.
+fn queue_limit() -> usize {
+    std::fs::read_to_string(QLEN_PATH)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_QLEN)
+}
+
+/// How long to let datagrams queue before the next read, after a read that
+/// took `n` datagrams which arrived over `span` (since the previous read;
+/// `paused`: that read followed a pause, not a wait for an arrival).
+///
+/// Every wake-up of the thread costs a context switch, on this kind of
+/// machine about as much as handling the datagrams it brings (a wake-up
+/// per 1-2 datagrams at 20k step records/s). Pausing lets several queue:
+/// - after a wait for an arrival, only when it came within `max` of the
+///   previous read (datagrams further apart than a pause: it would end
+///   before the next one and only add a wake-up); after a pause, while it
+///   brought something;
+/// - no longer than half the kernel's queue takes to fill at the rate just
+///   seen (measured over at most `max`: a conservative rate), so a sender
+///   does not have to wait for room (it would wait, not lose the frame: the
+///   emitter retries a full queue);
+/// - never longer than `max` (what a frame's arrival may lag its read), and
+///   not at all when that time is under [`MIN_PAUSE`].
+fn next_pause(n: usize, span: Duration, paused: bool, pace: Pace) -> Duration {
+    if n == 0 || pace.max.is_zero() || (!paused && span > pace.max) {
+        return Duration::ZERO;
+    }
+    let half = (pace.qlen / 2).max(1) as u128;
+    let fill = span.min(pace.max).as_nanos() * half / n as u128;
+    let pause = Duration::from_nanos(fill.min(pace.max.as_nanos()) as u64);
+    if pause < MIN_PAUSE {
+        return Duration::ZERO;
+    }
+    pause
+}
+
+/// Sleep `pause` unless the wake pipe is written first; whether it was (stop).
+fn sleep_unless_woken(wake: libc::c_int, pause: Duration) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: wake,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ts = libc::timespec {
+        tv_sec: pause.as_secs() as libc::time_t,
+        tv_nsec: pause.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and a valid timespec; no signal mask change.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    r > 0 && fds[0].revents != 0
+}
+
+/// The thread's read buffers, reused from read to read.
+struct Reads {
+    bufs: Vec<Vec<u8>>,
+    cbufs: Vec<[u64; CMSG_BUF / 8]>,
+    /// What each datagram of a batch was (datagram i is in bufs[i]).
+    got: Vec<Got>,
+    /// The admitted ones as (i, length), in the order they were sent.
+    frames: Vec<(usize, usize)>,
+    oversized: Vec<usize>,
+    /// recvmmsg (Linux 2.6.33) can still be refused (ENOSYS under some
+    /// sandboxes): then one recvmsg per datagram, as before.
+    batched: bool,
+}
+
+impl Reads {
+    fn new() -> Reads {
+        Reads {
+            bufs: (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect(),
+            cbufs: vec![[0u64; CMSG_BUF / 8]; BATCH],
+            got: Vec::with_capacity(BATCH),
+            frames: Vec::with_capacity(BATCH),
+            oversized: Vec::new(),
+            batched: true,
+        }
+    }
+}
+
+/// Read everything queued, a batch at a time, and push it; how many
+/// datagrams were taken off the queue.
+fn drain(
+    r: &mut Reads,
+    fd: libc::c_int,
+    sink: &Mutex<Fed>,
+    counters: &ReceiverCounters,
+    me: u32,
+    accept: &[u32],
+) -> usize {
+    counters.busy.store(true, Ordering::SeqCst);
+    let mut taken = 0;
+    loop {
+        r.got.clear();
+        let mut again = false;
+        if r.batched {
+            loop {
+                match recv_many(fd, &mut r.bufs, &mut r.cbufs, me, accept, &mut r.got) {
+                    Ok(n) => again = n < BATCH,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => r.batched = false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => again = true,
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        again = true;
+                    }
+                }
+                break;
+            }
+        }
+        if !r.batched {
+            while r.got.len() < BATCH {
+                let i = r.got.len();
+                match recv_one(fd, &mut r.bufs[i], &mut r.cbufs[i], me, accept) {
+                    Ok(g) => r.got.push(g),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        again = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        again = true;
+                        break;
+                    }
+                }
+            }
+        }
+        taken += r.got.len();
+        r.frames.clear();
+        r.oversized.clear();
+        for (i, g) in r.got.iter().enumerate() {
+            match *g {
+                Got::Frame { len, accepted } => {
+                    if accepted {
+                        counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
+                    }
+                    r.frames.push((i, len));
+                }
+                Got::Oversized(n) => {
+                    counters.oversized.fetch_add(1, Ordering::Relaxed);
+                    r.oversized.push(n);
+                }
+                Got::Foreign(uid) => {
+                    counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
+                    let uid = uid.map_or(NO_UID, u64::from);
+                    counters.last_rejected_uid.store(uid, Ordering::Relaxed);
+                }
+            }
+        }
+        if !r.frames.is_empty() || !r.oversized.is_empty() {
+            let total: usize = r.frames.iter().map(|&(_, n)| n).sum();
+            let at = monotonic();
+            if let Ok(mut fed) = sink.lock() {
+                for &(i, n) in &r.frames {
+                    fed.push_frame_at(&r.bufs[i][..n], at);
+                }
+                for &n in &r.oversized {
+                    fed.reject_at(
+                        format!("oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"),
+                        at,
+                    );
+                }
+            }
+            counters
+                .received
+                .fetch_add(r.frames.len() as u64, Ordering::Relaxed);
+            counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
+            counters.batches.fetch_add(1, Ordering::Relaxed);
+        }
+        if again {
+            break;
+        }
+    }
+    counters.busy.store(false, Ordering::SeqCst);
+    taken
+}
+
 fn read_loop(
     fd: libc::c_int,
     wake: libc::c_int,
@@ -445,127 +665,56 @@ fn read_loop(
     counters: &ReceiverCounters,
     me: u32,
     accept: &[u32],
+    pace: Pace,
 ) {
-    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
-    let mut cbufs = vec![[0u64; CMSG_BUF / 8]; BATCH];
-    // What each datagram of a batch was (datagram i is in bufs[i]), and the
-    // admitted ones as (i, length), in the order they were sent.
-    let mut got: Vec<Got> = Vec::with_capacity(BATCH);
-    let mut frames: Vec<(usize, usize)> = Vec::with_capacity(BATCH);
-    let mut oversized: Vec<usize> = Vec::new();
-    // recvmmsg (Linux 2.6.33) can still be refused (ENOSYS under some
-    // sandboxes): then one recvmsg per datagram, as before.
-    let mut batched = true;
+    let mut reads = Reads::new();
+    // After a read: how long to let datagrams queue before the next one
+    // (zero: wait in poll for the next arrival), and when the last read that
+    // brought datagrams ended.
+    let mut pause = Duration::ZERO;
+    let mut last_read = Instant::now();
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            counters.errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let stop = fds[1].revents != 0;
-        counters.busy.store(true, Ordering::SeqCst);
-        // Read everything queued, a batch at a time (also when stopping: what
-        // was sent before close() is not lost).
-        loop {
-            got.clear();
-            let mut again = false;
-            if batched {
-                loop {
-                    match recv_many(fd, &mut bufs, &mut cbufs, me, accept, &mut got) {
-                        Ok(n) => again = n < BATCH,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => batched = false,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => again = true,
-                        Err(_) => {
-                            counters.errors.fetch_add(1, Ordering::Relaxed);
-                            again = true;
-                        }
-                    }
-                    break;
+        counters.wakeups.fetch_add(1, Ordering::Relaxed);
+        let stop = if pause.is_zero() {
+            let mut fds = [
+                libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: wake,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if r < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
                 }
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                return;
             }
-            if !batched {
-                while got.len() < BATCH {
-                    let i = got.len();
-                    match recv_one(fd, &mut bufs[i], &mut cbufs[i], me, accept) {
-                        Ok(g) => got.push(g),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            again = true;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => {
-                            counters.errors.fetch_add(1, Ordering::Relaxed);
-                            again = true;
-                            break;
-                        }
-                    }
-                }
-            }
-            frames.clear();
-            oversized.clear();
-            for (i, g) in got.iter().enumerate() {
-                match *g {
-                    Got::Frame { len, accepted } => {
-                        if accepted {
-                            counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
-                        }
-                        frames.push((i, len));
-                    }
-                    Got::Oversized(n) => {
-                        counters.oversized.fetch_add(1, Ordering::Relaxed);
-                        oversized.push(n);
-                    }
-                    Got::Foreign(uid) => {
-                        counters.rejected_uid.fetch_add(1, Ordering::Relaxed);
-                        let uid = uid.map_or(NO_UID, u64::from);
-                        counters.last_rejected_uid.store(uid, Ordering::Relaxed);
-                    }
-                }
-            }
-            if !frames.is_empty() || !oversized.is_empty() {
-                let total: usize = frames.iter().map(|&(_, n)| n).sum();
-                let at = monotonic();
-                if let Ok(mut r) = sink.lock() {
-                    for &(i, n) in &frames {
-                        r.push_frame_at(&bufs[i][..n], at);
-                    }
-                    for &n in &oversized {
-                        r.reject_at(
-                            format!("oversized frame: {n} bytes, limit {MAX_FRAME_BYTES}"),
-                            at,
-                        );
-                    }
-                }
-                counters
-                    .received
-                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
-                counters.bytes.fetch_add(total as u64, Ordering::Relaxed);
-                counters.batches.fetch_add(1, Ordering::Relaxed);
-            }
-            if again {
-                break;
-            }
-        }
-        counters.busy.store(false, Ordering::SeqCst);
+            fds[1].revents != 0
+        } else {
+            // The queue is read after the pause whatever it holds (nothing:
+            // the next round waits in poll); a close ends the pause early.
+            sleep_unless_woken(wake, pause)
+        };
+        // Read everything queued (also when stopping: what was sent before
+        // close() is not lost).
+        let n = drain(&mut reads, fd, sink, counters, me, accept);
         if stop {
             return;
+        }
+        let now = Instant::now();
+        pause = next_pause(n, now - last_read, !pause.is_zero(), pace);
+        if n > 0 {
+            // Spans run from a read that brought datagrams (an empty one after a
+            // pause must not make the next arrival look close to the last).
+            last_read = now;
         }
     }
 }
@@ -857,5 +1006,183 @@ mod tests {
         let r = rec.lock().unwrap();
         assert_eq!(r.counters().frames, count);
         assert_eq!(r.counters().rejected_frames, count);
+    }
+
+    fn ms(x: f64) -> Duration {
+        Duration::from_secs_f64(x / 1e3)
+    }
+
+    #[test]
+    fn a_pause_lets_at_most_half_the_queue_fill_and_never_exceeds_the_limit() {
+        let pace = Pace {
+            max: ms(10.0),
+            qlen: 10,
+        };
+        // Nothing read, or pausing turned off: wait in poll as before.
+        assert_eq!(next_pause(0, ms(5.0), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(0, ms(5.0), true, pace), Duration::ZERO);
+        let off = Pace {
+            max: Duration::ZERO,
+            ..pace
+        };
+        assert_eq!(next_pause(8, ms(5.0), false, off), Duration::ZERO);
+        // Arrivals further apart than a pause (a burst of 3 per 12.8 ms engine
+        // step, 5k step records/s): no pause, one wake-up per burst as before.
+        assert_eq!(next_pause(1, ms(30.0), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(3, ms(12.8), false, pace), Duration::ZERO);
+        assert_eq!(
+            next_pause(10, Duration::from_secs(2), false, pace),
+            Duration::ZERO
+        );
+        // A datagram 5 ms after the last: the full pause (two or so per wake-up).
+        assert_eq!(next_pause(1, ms(5.0), false, pace), ms(10.0));
+        // The bench's rate (~620 datagrams/s): 5 queue in the 8 ms it pauses.
+        assert_eq!(next_pause(5, ms(8.0), true, pace), ms(8.0));
+        // Fast: 10 in 2 ms, so half the queue fills in 1 ms (the shortest pause).
+        assert_eq!(next_pause(10, ms(2.0), false, pace), ms(1.0));
+        // Faster (or a burst read while it was still arriving): no pause.
+        assert_eq!(next_pause(10, ms(1.9), false, pace), Duration::ZERO);
+        assert_eq!(next_pause(1, ms(0.1), false, pace), Duration::ZERO);
+        // After a pause (its span is the pause and the read): 10 over 12 ms,
+        // the fill timed over at most `max` (10 ms): 5 ms.
+        assert_eq!(next_pause(10, ms(12.0), true, pace), ms(5.0));
+        assert_eq!(next_pause(2, ms(10.5), true, pace), ms(10.0));
+        // Everywhere: never above the limit; where it pauses, the rate just seen
+        // (over the measured span, at most `max`) fills at most half the queue.
+        for qlen in [1, 2, 10, 64] {
+            let pace = Pace { qlen, ..pace };
+            for n in 1..=130usize {
+                for tenths in 1..=600u32 {
+                    let span = ms(f64::from(tenths) / 10.0);
+                    for paused in [false, true] {
+                        let p = next_pause(n, span, paused, pace);
+                        assert!(p <= pace.max, "{n} {span:?} {p:?}");
+                        assert!(p.is_zero() || p >= MIN_PAUSE, "{n} {span:?} {p:?}");
+                        if !paused && span > pace.max {
+                            assert_eq!(p, Duration::ZERO);
+                        }
+                        if !p.is_zero() {
+                            let rate = n as f64 / span.min(pace.max).as_secs_f64();
+                            let queued = rate * p.as_secs_f64();
+                            let half = (qlen / 2).max(1) as f64;
+                            assert!(queued <= half + 1e-6, "{n} {span:?} {p:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn queue_limit_is_the_kernels() {
+        let limit = queue_limit();
+        match std::fs::read_to_string(QLEN_PATH) {
+            Ok(s) => assert_eq!(limit, s.trim().parse::<usize>().unwrap()),
+            Err(_) => assert_eq!(limit, DEFAULT_QLEN),
+        }
+    }
+
+    /// Send `count` datagrams, `burst` at a time every `gap`, close, and
+    /// return (frames, batches, wake-ups).
+    fn paced_send(
+        name: &str,
+        max_pause: Duration,
+        count: u64,
+        burst: u64,
+        gap: Duration,
+    ) -> (u64, u64, u64) {
+        let path = tmp_path(name);
+        let _ = std::fs::remove_file(&path);
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([8; 16], 1))));
+        let mut rx = Receiver::bind_with(&path, 1 << 20, Arc::clone(&rec), &[], max_pause).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        let start = Instant::now();
+        for i in 0..count {
+            // Blocking sends: a full queue makes the sender wait, never lose one.
+            tx.send_to(b"not a frame", &path).unwrap();
+            if (i + 1) % burst == 0 {
+                let due = start + gap * ((i + 1) / burst) as u32;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+        rx.close().unwrap();
+        let st = rx.stats();
+        let frames = rec.lock().unwrap().counters().frames;
+        assert_eq!(st.received, count);
+        (
+            frames,
+            st.batches,
+            rx.counters.wakeups.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn a_steady_stream_of_datagrams_is_read_in_fewer_wakeups_and_all_arrive() {
+        // 400 datagrams at ~2,000/s: pausing reads several per wake-up (about 5:
+        // half the kernel's queue of 10); without pauses each arrival is a
+        // wake-up of its own unless the machine is slow.
+        let (frames, batches, wakeups) = paced_send("paced", DEFAULT_MAX_PAUSE, 400, 1, ms(0.5));
+        assert_eq!(frames, 400);
+        assert!(batches <= 400 / 2, "{batches} batches for 400 datagrams");
+        assert!(wakeups <= 400 / 2, "{wakeups} wake-ups for 400 datagrams");
+        // Pausing off: the same datagrams, all there.
+        let (frames, _, _) = paced_send("unpaced", Duration::ZERO, 400, 1, ms(0.5));
+        assert_eq!(frames, 400);
+    }
+
+    #[test]
+    fn bursts_further_apart_than_a_pause_cost_no_extra_wakeup() {
+        // 3 datagrams every 15 ms (a slower engine): a pause would end before
+        // the next burst and read nothing. Every wait but the last (the close)
+        // must bring datagrams; how many waits a burst takes (the thread may
+        // wake before its sender's third send) is the scheduler's.
+        let (frames, batches, wakeups) = paced_send("bursts", DEFAULT_MAX_PAUSE, 90, 3, ms(15.0));
+        assert_eq!(frames, 90);
+        assert!(
+            wakeups <= batches + 3,
+            "{wakeups} waits, {batches} with datagrams"
+        );
+    }
+
+    #[test]
+    fn close_during_a_pause_returns_promptly_with_everything_read() {
+        let path = tmp_path("closepause");
+        let _ = std::fs::remove_file(&path);
+        let rec = Arc::new(Mutex::new(Fed::new(Reconciler::with_run_id([9; 16], 1))));
+        // Pauses of up to 5 s: one datagram 1 s after the start is read, then the
+        // thread pauses 5 s (half a queue of 10 at one datagram a second, capped).
+        let mut rx = Receiver::bind_with(
+            &path,
+            1 << 20,
+            Arc::clone(&rec),
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        std::thread::sleep(Duration::from_secs(1));
+        tx.send_to(b"not a frame", &path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rx.stats().received < 1 && Instant::now() < deadline {
+            std::thread::sleep(ms(1.0));
+        }
+        for _ in 0..3 {
+            tx.send_to(b"not a frame", &path).unwrap();
+        }
+        std::thread::sleep(ms(50.0));
+        assert_eq!(rx.stats().received, 1, "read during the pause");
+        assert!(rx.pending(), "queued datagrams are pending during a pause");
+        // A close that waited the pause out would take about 5 s.
+        let started = Instant::now();
+        rx.close().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(rx.stats().received, 4);
+        assert_eq!(rec.lock().unwrap().counters().frames, 4);
     }
 }
