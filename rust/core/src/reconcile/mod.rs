@@ -28,6 +28,8 @@ mod stream;
 mod tokens;
 
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod skip_tests;
 
 pub use args::{parse_run_id, run_id_hex, ArgError};
@@ -330,6 +332,14 @@ pub struct Reconciler {
     /// `advance` calls skipped after provenance, text and SSE inputs.
     #[cfg(test)]
     skipped: [u64; 3],
+    /// Prove a run of confirmed fragments with one three-way comparison
+    /// (`prove.rs` `run_of_fragments`); false only in the test that holds it
+    /// against a reconciler that proves fragment by fragment.
+    prove_runs: bool,
+    /// Runs proven by `run_of_fragments`, and runs whose bytes differed (for that
+    /// test: the fast path and its fallback were taken).
+    #[cfg(test)]
+    runs_proven: [u64; 2],
 }
 
 impl Reconciler {
@@ -364,6 +374,9 @@ impl Reconciler {
             skip_advance: true,
             #[cfg(test)]
             skipped: [0; 3],
+            prove_runs: true,
+            #[cfg(test)]
+            runs_proven: [0; 2],
         }
     }
 
