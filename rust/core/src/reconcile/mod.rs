@@ -19,6 +19,7 @@
 mod admission;
 mod args;
 mod ending;
+mod fifo;
 mod finalize;
 mod metrics;
 mod prove;
@@ -38,6 +39,8 @@ pub use source::SourceInfo;
 use source::{role_name, source_info, Source};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use fifo::Fifo;
 
 use crate::digest::FrameDigest;
 use crate::protocol::{
@@ -246,13 +249,13 @@ struct Stream {
     /// The tokens not yet released, by offset.
     toks: tokens::TokRing,
     // --- what records and chunks queue, and `advance` proves
-    recs: VecDeque<PRec>,
-    frags: VecDeque<Frag>,
+    recs: Fifo<PRec>,
+    frags: Fifo<Frag>,
     /// (token end, HTTP byte end) of each text record the SSE has not yet
     /// passed, and of each SSE chunk not yet held against them: a chunk
     /// carries whole steps, so it ends where a text record ends.
-    t_ends: VecDeque<(u64, u64)>,
-    q_ends: VecDeque<(u64, u64)>,
+    t_ends: Fifo<(u64, u64)>,
+    q_ends: Fifo<(u64, u64)>,
     f: ByteWindow,
     h: ByteWindow,
     s: ByteWindow,
@@ -288,12 +291,12 @@ impl Stream {
     /// Release everything once the stream has its verdict.
     fn release_all(&mut self) {
         self.toks.clear();
-        self.recs = VecDeque::new();
+        self.recs.release();
         self.spec_steps = Vec::new();
-        self.frags = VecDeque::new();
+        self.frags.release();
         self.pending_gives = VecDeque::new();
-        self.t_ends = VecDeque::new();
-        self.q_ends = VecDeque::new();
+        self.t_ends.release();
+        self.q_ends.release();
         self.f.clear();
         self.h.clear();
         self.s.clear();

@@ -75,7 +75,7 @@ impl Reconciler {
                         }
                         st.proven = end;
                         st.stats.bytes += end - start;
-                        st.frags.drain(..n);
+                        st.frags.drop_front(n);
                         for p in pieces.iter() {
                             let bytes = &hb[p.from..p.to];
                             debug_assert!(std::str::from_utf8(bytes).is_ok());
