@@ -1,6 +1,6 @@
 //! A first-in first-out queue of small `Copy` items for the per-stream
-//! queues `advance` reads on every call (provenance records, fragments,
-//! text record and chunk ends): a vector and the index of its front. The
+//! queues of a stream (provenance records, fragments, text record and chunk
+//! ends, pending give counts): a vector and the index of its front. The
 //! front is `buf[head]` (no wrap-around arithmetic, unlike `VecDeque`), a
 //! queue that empties goes back to the start of its buffer, and the items
 //! left are iterated as one slice. Most queues empty at every step.
@@ -83,9 +83,26 @@ impl<T: Copy> Fifo<T> {
         }
     }
 
+    /// Drop every item, keeping the memory.
+    #[inline]
+    pub(super) fn clear(&mut self) {
+        self.buf.clear();
+        self.head = 0;
+    }
+
     /// Drop every item and the memory.
     pub(super) fn release(&mut self) {
         *self = Fifo::default();
+    }
+}
+
+impl<T> std::ops::Index<usize> for Fifo<T> {
+    type Output = T;
+
+    /// The `i`-th item from the front (panics beyond the last, as `VecDeque`).
+    #[inline]
+    fn index(&self, i: usize) -> &T {
+        &self.buf[self.head..][i]
     }
 }
 
@@ -129,6 +146,13 @@ mod tests {
             assert_eq!(fifo.is_empty(), model.is_empty());
             assert_eq!(fifo.front(), model.front());
             assert_eq!(fifo.get(1), model.get(1));
+            if !model.is_empty() {
+                assert_eq!(fifo[model.len() - 1], model[model.len() - 1]);
+            }
+            if i % 1_013 == 0 {
+                fifo.clear();
+                model.clear();
+            }
             if i % 97 == 0 {
                 assert!(fifo.iter().eq(model.iter()));
             }

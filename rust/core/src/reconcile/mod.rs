@@ -38,7 +38,7 @@ pub use source::SourceInfo;
 
 use source::{role_name, source_info, Source};
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 use fifo::Fifo;
 
@@ -259,7 +259,7 @@ struct Stream {
     f: ByteWindow,
     h: ByteWindow,
     s: ByteWindow,
-    pending_gives: VecDeque<u16>,
+    pending_gives: Fifo<u16>,
     /// The records with drafts, in order (the fourth witness lists them).
     spec_steps: Vec<SpecStep>,
     // --- counters (settled records, spans)
@@ -294,7 +294,7 @@ impl Stream {
         self.recs.release();
         self.spec_steps = Vec::new();
         self.frags.release();
-        self.pending_gives = VecDeque::new();
+        self.pending_gives.release();
         self.t_ends.release();
         self.q_ends.release();
         self.f.clear();
