@@ -347,7 +347,7 @@ impl Stream {
 
 /// Emit one piece as a span, or extend the previous span of this input
 /// when it is the same stream, step and role and ends where this starts.
-#[inline]
+#[inline(always)]
 pub(super) fn emit_span(
     events: &mut Vec<Event>,
     packed: &mut Option<SpanSink>,
