@@ -25,7 +25,7 @@ impl ByteWindow {
     /// Append `bytes`. Most appends are a record's or a delta's few bytes
     /// (about 5 on the benchmark workload): up to 16 are copied inline with
     /// two overlapping loads and stores, not by a call to `memcpy`.
-    #[inline]
+    #[inline(always)]
     pub fn extend(&mut self, bytes: &[u8]) {
         let n = bytes.len();
         if n > 16 {

@@ -48,7 +48,7 @@ impl<T: Copy> Fifo<T> {
         self.buf[self.head..].iter()
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn push_back(&mut self, item: T) {
         // Full with at least half of it popped: move the rest to the start
         // (at most as many moves as pops since the last move: amortised O(1)).
