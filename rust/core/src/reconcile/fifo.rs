@@ -1,9 +1,10 @@
-//! A first-in first-out queue of small `Copy` items for the per-stream
-//! queues of a stream (provenance records, fragments, text record and chunk
-//! ends, pending give counts): a vector and the index of its front. The
-//! front is `buf[head]` (no wrap-around arithmetic, unlike `VecDeque`), a
-//! queue that empties goes back to the start of its buffer, and the items
-//! left are iterated as one slice. Most queues empty at every step.
+//! A first-in first-out queue of small `Copy` items, for a stream's queues
+//! (provenance records, fragments, text record and chunk ends, pending give
+//! counts) that `advance` and the joins read on every input: a vector and
+//! the index of its front. The front is `buf[head]` (no wrap-around
+//! arithmetic, unlike `VecDeque`), a queue that empties goes back to the
+//! start of its buffer, and the items left are iterated as one slice. Most
+//! queues empty at every step.
 
 /// Items `buf[head..]`, oldest first.
 #[derive(Debug)]
