@@ -92,10 +92,9 @@ pub struct Batch {
 
 #[derive(Default)]
 struct Shown {
-    /// Each stream's span end while counting a batch's records.
-    span_cursor: Vec<u64>,
-    /// Spans per stream in the batch being built, then where each goes.
-    span_count: Vec<usize>,
+    /// Each stream's packed records of the batch being built (kept: no
+    /// allocation per take once they have grown).
+    span_runs: Vec<Vec<u8>>,
     texts: HashMap<u16, StreamText>,
     /// Streams of `texts` in the order they first had news.
     order: Vec<u16>,
@@ -143,7 +142,7 @@ impl Fed {
             shown: Shown {
                 text_bytes: vec![0; n],
                 span_end: vec![0; n],
-                span_count: vec![0; n],
+                span_runs: vec![Vec::new(); n],
                 ..Shown::default()
             },
             scratch: Vec::new(),
@@ -469,66 +468,105 @@ impl Fed {
 }
 
 /// Write `spans` ((stream, byte start, byte end, step/role word), in order)
-/// into `batch.spans` grouped by stream, with `batch.span_index`. Two passes
-/// over the spans, no list in between: the first counts each stream's
-/// records (a span starting beyond the stream's last end adds an uncolored
-/// gap record before it), the second writes them straight to their place.
+/// into `batch.spans` grouped by stream, with `batch.span_index`. One pass
+/// over the spans appends each stream's records to its own kept buffer (a
+/// span starting beyond the stream's last end gets an uncolored gap record
+/// before it), then the buffers are joined in stream order.
 fn pack_spans(
     shown: &mut Shown,
     batch: &mut Batch,
-    spans: impl Iterator<Item = (u16, u64, u64, u64)> + Clone,
+    spans: impl Iterator<Item = (u16, u64, u64, u64)>,
 ) {
-    let ends = &mut shown.span_cursor;
-    ends.clone_from(&shown.span_end);
-    for (stream, byte_start, byte_end, _) in spans.clone() {
-        let s = stream as usize;
-        if s >= ends.len() {
-            continue;
-        }
-        // Spans cover the text contiguously (PROTOCOL.md); should one
-        // ever start further on, the bytes between stay uncolored.
-        if byte_start > ends[s] {
-            shown.span_count[s] += 1;
-        }
-        shown.span_count[s] += 1;
-        ends[s] = ends[s].max(byte_end);
-    }
-    // Group by stream (a counting sort keeps each stream's order).
-    let mut start = 0;
-    for (s, count) in shown.span_count.iter_mut().enumerate() {
-        if *count > 0 {
-            let bytes = *count * SPAN_RECORD_BYTES;
-            batch.span_index.push((s as u16, start, start + bytes));
-            *count = start; // from here on: where the stream's next record goes
-            start += bytes;
-        }
-    }
-    batch.spans = vec![0; start];
-    let out = &mut batch.spans;
-    let mut put = |at: &mut usize, end: u64, word: u64| {
-        out[*at..*at + 8].copy_from_slice(&end.to_le_bytes());
-        out[*at + 8..*at + SPAN_RECORD_BYTES].copy_from_slice(&word.to_le_bytes());
-        *at += SPAN_RECORD_BYTES;
-    };
+    let runs = &mut shown.span_runs;
+    let mut total = 0usize;
     for (stream, byte_start, end, word) in spans {
         let s = stream as usize;
-        if s >= shown.span_end.len() {
+        let (Some(run), Some(last)) = (runs.get_mut(s), shown.span_end.get_mut(s)) else {
             continue;
+        };
+        // Spans cover the text contiguously (PROTOCOL.md); should one
+        // ever start further on, the bytes between stay uncolored.
+        if byte_start > *last {
+            run.extend_from_slice(&byte_start.to_le_bytes());
+            run.extend_from_slice(&span_word(None, None).to_le_bytes());
+            total += SPAN_RECORD_BYTES;
         }
-        let at = &mut shown.span_count[s];
-        if byte_start > shown.span_end[s] {
-            put(at, byte_start, span_word(None, None));
-        }
-        put(at, end, word);
-        shown.span_end[s] = shown.span_end[s].max(end);
+        run.extend_from_slice(&end.to_le_bytes());
+        run.extend_from_slice(&word.to_le_bytes());
+        total += SPAN_RECORD_BYTES;
+        *last = (*last).max(end);
     }
-    for &(s, _, _) in &batch.span_index {
-        shown.span_count[s as usize] = 0;
+    if total == 0 {
+        return;
+    }
+    batch.spans.reserve_exact(total);
+    for (s, run) in runs.iter_mut().enumerate() {
+        if !run.is_empty() {
+            let start = batch.spans.len();
+            batch.spans.extend_from_slice(run);
+            batch.span_index.push((s as u16, start, batch.spans.len()));
+            run.clear();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+
+    fn shown_runs(shown: &mut Shown, n: usize) {
+        shown.span_runs = vec![Vec::new(); n];
+    }
+
+    /// Records grouped by stream in stream order, an uncolored gap record
+    /// (its end where the next span starts, no step or role) before a span
+    /// that starts beyond its stream's last end, spans of unknown streams
+    /// left out, and the ends carried over to the next take.
+    #[test]
+    fn pack_spans_groups_by_stream_with_gap_records() {
+        let mut shown = Shown {
+            span_end: vec![0; 3],
+            ..Shown::default()
+        };
+        shown_runs(&mut shown, 3);
+        let w = |step, role| span_word(Some(step), Some(role));
+        let mut batch = Batch::default();
+        let spans = [
+            (2, 0, 3, w(0, 1)),
+            (0, 0, 2, w(0, 0)),
+            (2, 3, 5, w(1, 1)),
+            (0, 4, 6, w(1, 2)),
+            (7, 0, 1, w(0, 0)),
+        ];
+        pack_spans(&mut shown, &mut batch, spans.into_iter());
+        assert_eq!(batch.span_index, vec![(0, 0, 48), (2, 48, 80)]);
+        assert_eq!(
+            unpack_spans(&batch.spans[..48]),
+            vec![
+                (2, Some(0), Some(0)),
+                (4, None, None),
+                (6, Some(1), Some(2))
+            ]
+        );
+        assert_eq!(
+            unpack_spans(&batch.spans[48..]),
+            vec![(3, Some(0), Some(1)), (5, Some(1), Some(1))]
+        );
+        let mut batch = Batch::default();
+        let spans = [(0, 6, 7, w(2, 3)), (1, 2, 4, w(0, 0))];
+        pack_spans(&mut shown, &mut batch, spans.into_iter());
+        assert_eq!(batch.span_index, vec![(0, 0, 16), (1, 16, 48)]);
+        assert_eq!(
+            unpack_spans(&batch.spans[..16]),
+            vec![(7, Some(2), Some(3))]
+        );
+        assert_eq!(
+            unpack_spans(&batch.spans[16..]),
+            vec![(2, None, None), (4, Some(0), Some(0))]
+        );
+        let mut batch = Batch::default();
+        pack_spans(&mut shown, &mut batch, std::iter::empty());
+        assert!(batch.spans.is_empty() && batch.span_index.is_empty());
+    }
     use super::*;
     use crate::outcome::EndKind;
 

@@ -279,6 +279,7 @@ fn u16_at(p: &[u8], i: usize) -> u16 {
     u16::from_le_bytes([p[i], p[i + 1]])
 }
 
+#[inline(always)]
 fn text(p: &[u8], offset: usize, kind: u8) -> Result<&str, RecordError> {
     if p.is_ascii() {
         // SAFETY: ASCII is valid UTF-8. (Most deltas are a few ASCII bytes,

@@ -19,6 +19,7 @@
 mod admission;
 mod args;
 mod ending;
+mod fifo;
 mod finalize;
 mod metrics;
 mod prove;
@@ -28,6 +29,8 @@ mod stream;
 mod tokens;
 
 #[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod skip_tests;
 
 pub use args::{parse_run_id, run_id_hex, ArgError};
@@ -35,7 +38,9 @@ pub use source::SourceInfo;
 
 use source::{role_name, source_info, Source};
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
+
+use fifo::Fifo;
 
 use crate::digest::FrameDigest;
 use crate::protocol::{
@@ -244,17 +249,17 @@ struct Stream {
     /// The tokens not yet released, by offset.
     toks: tokens::TokRing,
     // --- what records and chunks queue, and `advance` proves
-    recs: VecDeque<PRec>,
-    frags: VecDeque<Frag>,
+    recs: Fifo<PRec>,
+    frags: Fifo<Frag>,
     /// (token end, HTTP byte end) of each text record the SSE has not yet
     /// passed, and of each SSE chunk not yet held against them: a chunk
     /// carries whole steps, so it ends where a text record ends.
-    t_ends: VecDeque<(u64, u64)>,
-    q_ends: VecDeque<(u64, u64)>,
+    t_ends: Fifo<(u64, u64)>,
+    q_ends: Fifo<(u64, u64)>,
     f: ByteWindow,
     h: ByteWindow,
     s: ByteWindow,
-    pending_gives: VecDeque<u16>,
+    pending_gives: Fifo<u16>,
     /// The records with drafts, in order (the fourth witness lists them).
     spec_steps: Vec<SpecStep>,
     // --- counters (settled records, spans)
@@ -286,12 +291,12 @@ impl Stream {
     /// Release everything once the stream has its verdict.
     fn release_all(&mut self) {
         self.toks.clear();
-        self.recs = VecDeque::new();
+        self.recs.release();
         self.spec_steps = Vec::new();
-        self.frags = VecDeque::new();
-        self.pending_gives = VecDeque::new();
-        self.t_ends = VecDeque::new();
-        self.q_ends = VecDeque::new();
+        self.frags.release();
+        self.pending_gives.release();
+        self.t_ends.release();
+        self.q_ends.release();
         self.f.clear();
         self.h.clear();
         self.s.clear();
@@ -330,6 +335,14 @@ pub struct Reconciler {
     /// `advance` calls skipped after provenance, text and SSE inputs.
     #[cfg(test)]
     skipped: [u64; 3],
+    /// Prove a run of confirmed fragments with one three-way comparison
+    /// (`prove.rs` `run_of_fragments`); false only in the test that holds it
+    /// against a reconciler that proves fragment by fragment.
+    prove_runs: bool,
+    /// Runs proven by `run_of_fragments`, and runs whose bytes differed (for that
+    /// test: the fast path and its fallback were taken).
+    #[cfg(test)]
+    runs_proven: [u64; 2],
 }
 
 impl Reconciler {
@@ -364,6 +377,9 @@ impl Reconciler {
             skip_advance: true,
             #[cfg(test)]
             skipped: [0; 3],
+            prove_runs: true,
+            #[cfg(test)]
+            runs_proven: [0; 2],
         }
     }
 

@@ -45,14 +45,62 @@ impl Reconciler {
             unit_starts,
             input_start,
             packed,
+            prove_runs,
+            #[cfg(test)]
+            runs_proven,
             ..
         } = self;
         let st = &mut streams[s];
         let input_start = *input_start;
         let mut mismatch = None;
+        // Runs are tried until one differs (then fragment by fragment, which
+        // finds and words the first mismatch).
+        let mut try_runs = *prove_runs && !h_final;
         while let Some(fr) = st.frags.front().copied() {
             if fr.tok >= c {
                 break;
+            }
+            // Two confirmed fragments at least: a single one is proven as
+            // cheaply by the loop below.
+            if try_runs && fr.tok == fr.first && st.frags.get(1).is_some_and(|f| f.tok < c) {
+                let avail = h_len.min(s_len);
+                if let Some((n, start, end)) = st.run_of_fragments(c, avail, pieces) {
+                    let fb = st.f.slice(start, end);
+                    let hb = st.h.slice(start, end);
+                    let sb = st.s.slice(start, end);
+                    if same3(fb, hb, sb) {
+                        #[cfg(test)]
+                        {
+                            runs_proven[0] += 1;
+                        }
+                        st.proven = end;
+                        st.stats.bytes += end - start;
+                        st.frags.drop_front(n);
+                        for p in pieces.iter() {
+                            let bytes = &hb[p.from..p.to];
+                            debug_assert!(std::str::from_utf8(bytes).is_ok());
+                            // SAFETY: `bytes` are whole fragments (each valid
+                            // UTF-8 on its own, checked by the decoder) equal
+                            // to the HTTP bytes at the same place.
+                            let text = unsafe { std::str::from_utf8_unchecked(bytes) };
+                            emit_span(
+                                events,
+                                packed,
+                                input_start,
+                                s,
+                                start + p.from as u64,
+                                text,
+                                p,
+                            );
+                        }
+                        continue;
+                    }
+                    #[cfg(test)]
+                    {
+                        runs_proven[1] += 1;
+                    }
+                    try_runs = false;
+                }
             }
             let fend = fr.byte_start + u64::from(fr.len);
             let limit = if h_final { fend.min(h_len) } else { fend };
@@ -164,6 +212,60 @@ impl Reconciler {
 }
 
 impl Stream {
+    /// The run of fragments from the first unproven one that `advance`'s
+    /// fragment loop would prove one by one without cutting any into pieces:
+    /// each confirmed (`tok < c`), without `span_back` (one piece with its
+    /// carrier's step and role), contiguous with the one before, and with its
+    /// bytes all received (`fend <= avail`, the HTTP and SSE lengths; the
+    /// caller excludes the final-HTTP-text cut). Writes to `out` the spans the
+    /// loop's `emit_span` calls would leave, each fragment merged into the one
+    /// before when they share step and role (as `emit_span` merges them: no
+    /// other event comes between); `from`/`to` relative to the run's start.
+    /// Returns (fragments, byte start, byte end), None when there are none.
+    /// When the run's three byte slices are equal, proving it at once gives
+    /// the loop's events, stats and `proven`; when they differ the loop runs
+    /// fragment by fragment and reports the first mismatch as before.
+    /// `run_tests::proved_runs_change_no_event` holds this against a
+    /// reconciler that proves fragment by fragment.
+    #[inline]
+    pub(super) fn run_of_fragments(
+        &self,
+        c: u64,
+        avail: u64,
+        out: &mut Vec<Piece>,
+    ) -> Option<(usize, u64, u64)> {
+        out.clear();
+        let start = self.frags.front()?.byte_start;
+        let mut end = start;
+        let mut n = 0usize;
+        for f in self.frags.iter() {
+            let fend = end + u64::from(f.len);
+            if f.tok >= c || f.tok != f.first || f.byte_start != end || fend > avail {
+                break;
+            }
+            let t = self.tok(f.tok);
+            let (step, role) = (Some(t.ord), Some(t.role));
+            let to = (fend - start) as usize;
+            match out.last_mut() {
+                Some(p) if p.step == step && p.role == role => {
+                    p.to = to;
+                    p.n = (f.tok + 1 - p.first) as u32;
+                }
+                _ => out.push(Piece {
+                    from: (end - start) as usize,
+                    to,
+                    step,
+                    role,
+                    first: f.tok,
+                    n: 1,
+                }),
+            }
+            end = fend;
+            n += 1;
+        }
+        (n > 0).then_some((n, start, end))
+    }
+
     /// Where the three witnesses' tokens all reach (`advance`'s `c`).
     #[inline]
     pub(super) fn confirmed_end(&self) -> u64 {
@@ -245,7 +347,7 @@ impl Stream {
 
 /// Emit one piece as a span, or extend the previous span of this input
 /// when it is the same stream, step and role and ends where this starts.
-#[inline]
+#[inline(always)]
 pub(super) fn emit_span(
     events: &mut Vec<Event>,
     packed: &mut Option<SpanSink>,

@@ -9,7 +9,7 @@ use crate::workload::{feed_inputs, generate, split_deltas, Input, Rng, WorkloadC
 /// places (a stable sort on `index + jitter`): SSE deltas before the text
 /// records that confirm them, frames out of sequence; with `all` also a
 /// stream's deltas out of order (a lie) when the delay is long.
-fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Vec<Input> {
+pub(super) fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Vec<Input> {
     let mut rng = Rng(seed);
     let mut keyed: Vec<(u64, Input)> = inputs
         .into_iter()
@@ -25,7 +25,7 @@ fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Vec<Input> {
 }
 
 /// Every `every`-th delta one character longer than the text it stands for.
-fn lie(mut inputs: Vec<Input>, every: usize) -> Vec<Input> {
+pub(super) fn lie(mut inputs: Vec<Input>, every: usize) -> Vec<Input> {
     let mut n = 0;
     for input in &mut inputs {
         if let Input::Sse { text, .. } = input {
