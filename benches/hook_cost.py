@@ -62,7 +62,7 @@ from parallelhue_vllm import emitter as emitter_module  # noqa: E402
 # vLLM's output classes and make_request_output: the plugin tests' stand-ins.
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 sys.path.append(TESTS)  # after the plugin under test: it must not shadow it
-from plugin_standins import FakeRequestState  # noqa: E402
+from plugin_standins import FakeRequestState, FinishReason  # noqa: E402
 
 # The predecessor (before issue 13) wrapped make_request_output and decode_next
 # on vLLM's classes, for every request; the current plugin wraps add_request
@@ -180,11 +180,14 @@ class Scheduler:
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:
                 request.num_computed_tokens -= len(drafts) + 1 - len(generated)
+            finish = None
             for token in generated:
                 request.append_output_token_ids(token)
                 if len(request.output_token_ids) >= request.max_tokens:
+                    finish = FinishReason.LENGTH
                     break
-            outputs.setdefault(request.client_index, []).append(EngineCoreOutput(req_id, generated))
+            output = EngineCoreOutput(req_id, generated, finish)
+            outputs.setdefault(request.client_index, []).append(output)
         return {index: EngineCoreOutputs(outs) for index, outs in outputs.items()}
 
 
@@ -342,7 +345,7 @@ class Engine:
         self.processor = OutputProcessor()
         self.update = Scheduler.update_from_output
         self.process = OutputProcessor.process_outputs
-        add = OutputProcessor.add_request
+        add = self.add_request = OutputProcessor.add_request
         self.sched_telemetry = hooks.SchedulerTelemetry("bench")
         if PREDECESSOR:
             self.front_telemetry = hooks.FrontendTelemetry("bench")
@@ -356,7 +359,7 @@ class Engine:
             if PREDECESSOR:
                 self.processor = OutputProcessor(predecessor_classes(self.front_telemetry))
             else:
-                add = adapters._wrap_add_request(add, self.front_telemetry)
+                add = self.add_request = adapters._wrap_add_request(add, self.front_telemetry)
             for telemetry in (self.sched_telemetry, self.front_telemetry):
                 telemetry.emitter = quiet_emitter(telemetry.role, socket_dir)
         for rid in ids:
@@ -396,6 +399,145 @@ class Engine:
 
     def frontend_step(self, inputs: list[EngineCoreOutput]) -> None:
         self.process(self.processor, inputs)
+
+
+# ------------------------------------------------- whole requests (per request)
+LIFE_REQUESTS = 16  # requests per run, as bench_plugin_overhead.py's rounds
+LIFE_STEPS = (2, 10)  # two request lengths, in steps: the per-request part is the intercept
+
+
+class Lifecycle:
+    """Whole requests as the live server runs them, with or without the plugin: each
+    cycle is a new run of LIFE_REQUESTS requests, admitted in the API server
+    (add_request) and listed as new in the EngineCore's first step, `steps` steps
+    of `tokens` tokens in both processes, the last one finishing every request
+    (max_tokens), vLLM dropping their state; with the plugin, the two senders'
+    work for the cycle (the run's registration: socket checks and connect; the
+    hellos; the rows; the notices' absence; end of the run) on this thread.
+
+    A cycle's cost is F + steps x P (per step); two lengths give F, the part that
+    does not grow with the request: the run's registration, hellos and end, each
+    request's admission, first and last step and finish. The live server's
+    requests are short (32 tokens), so F weighs per token there."""
+
+    def __init__(self, hooked: bool, tokens: int, steps: int, drain: MultiDrain) -> None:
+        self.engine = Engine([], tokens, hooked, drain.directory)
+        self.hooked = hooked
+        self.tokens = tokens
+        self.steps = steps
+        self.drain = drain
+        self.cycles = 0
+        self.gone: set[str] = set()  # the previous cycle's requests, finished
+
+    def cycle(self) -> None:
+        engine, tokens, drafts = self.engine, self.tokens, self.tokens - 1
+        run = self.drain.runs[self.cycles % len(self.drain.runs)]
+        self.cycles += 1
+        ids = [f"chatcmpl-ph1_{run}_{i}-{self.cycles:08x}" for i in range(LIFE_REQUESTS)]
+        encoded = [rid.encode() for rid in ids]
+        scheduler = engine.scheduler
+        for rid in ids:
+            request_data = type("EngineCoreRequest", (), {"request_id": rid})()
+            engine.add_request(engine.processor, request_data, None)
+            request = scheduler.requests[rid] = Request(rid)
+            request.max_tokens = self.steps * tokens
+        new_requests = [NewRequestData(rid, [1, 2, 3]) for rid in ids]
+        for step in range(self.steps):
+            base = step * tokens
+            spec = {rid: [base + 1 + k for k in range(drafts)] for rid in ids} if drafts else {}
+            scheduler_output = SchedulerOutput(
+                scheduled_new_reqs=new_requests if step == 0 else [],
+                num_scheduled_tokens=dict.fromkeys(ids, tokens),
+                total_num_scheduled_tokens=len(ids) * tokens,
+                scheduled_spec_decode_tokens=spec,
+                finished_req_ids=self.gone if step == 0 else set(),
+            )
+            runner = ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+                sampled_token_ids=[[base + k for k in range(tokens)] for _ in ids],
+            )  # fmt: skip
+            outputs = engine.update(scheduler, scheduler_output, runner)[0].outputs
+            inputs = [EngineCoreOutput(raw.decode(), list(output.new_token_ids),
+                                       output.finish_reason)
+                      for raw, output in zip(encoded, outputs, strict=True)]  # fmt: skip
+            engine.process(engine.processor, inputs)
+        # vLLM drops finished requests in both processes; the scheduler lists them
+        # as finished in its next step's output (here: the next cycle's first).
+        for rid in ids:
+            del engine.processor.request_states[rid]
+            del scheduler.requests[rid]
+        self.gone = set(ids)
+        if self.hooked:
+            for telemetry in (engine.sched_telemetry, engine.front_telemetry):
+                send_all(telemetry.emitter)
+
+
+def send_all(emitter: Any) -> None:
+    """Everything an emitter queued, sent as its sender thread would."""
+    while not emitter._queue.empty():
+        emitter.process(emitter._queue.get_nowait())
+
+
+class MultiDrain:
+    """The clients' end for many runs: a bound socket per run, read by one thread."""
+
+    def __init__(self, runs: int) -> None:
+        import selectors
+
+        self.tmp = tempfile.TemporaryDirectory(prefix="phl", dir="/tmp")
+        self.directory = self.tmp.name
+        os.chmod(self.directory, 0o700)
+        self.runs = [f"{0xFEED0000 + i:032x}" for i in range(runs)]
+        self.selector = selectors.DefaultSelector()
+        self.sockets = []
+        for run in self.runs:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            path = os.path.join(self.directory, f"{run}.sock")
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.setblocking(False)
+            self.selector.register(sock, selectors.EVENT_READ)
+            self.sockets.append(sock)
+        self.closed = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while not self.closed:
+            for key, _ in self.selector.select(0.2):
+                try:
+                    while True:
+                        key.fileobj.recv(1 << 17)  # type: ignore[union-attr]
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        for sock in self.sockets:
+            sock.close()
+        self.tmp.cleanup()
+
+
+def lifecycle_phase(hooked: bool, tokens: int, steps: int, cycles: int) -> None:
+    """--phase request:...: warm up, then `cycles` cycles inside functools.reduce."""
+    import functools
+
+    drain = MultiDrain(8 + cycles)
+    life = Lifecycle(hooked, tokens, steps, drain)
+    for _ in range(8):
+        life.cycle()
+    gc.collect()
+    functools.reduce(lambda _acc, _i: life.cycle(), range(cycles), None)
+    drain.close()
+
+
+def per_request_costs(counts: dict[str, float]) -> tuple[float, float]:
+    """(the per-request part, the per-request-step part) of the plugin's instructions
+    over whole requests: counts are per cycle, hooked minus plain at two lengths."""
+    short, long = LIFE_STEPS
+    extra = {n: counts[f"request:hooked-{n}"] - counts[f"request:plain-{n}"] for n in LIFE_STEPS}
+    per_step = (extra[long] - extra[short]) / (long - short)
+    fixed = extra[short] - short * per_step
+    return fixed / LIFE_REQUESTS, per_step / LIFE_REQUESTS
 
 
 def predecessor_classes(telemetry: Any) -> type[RequestState]:
@@ -783,7 +925,10 @@ PHASES = (
     "frontend:mixed-plain", "frontend:mixed-hooked", "scheduler:alone-plain",
     "scheduler:alone-hooked", "frontend:alone-plain", "frontend:alone-hooked",
     "scheduler:encode", "frontend:encode",
+    *(f"request:{name}-{steps}" for steps in LIFE_STEPS for name in ("plain", "hooked")),
 )  # fmt: skip
+REQUEST_PHASES = PHASES[-2 * len(LIFE_STEPS) :]
+LIFE_CYCLES = 20  # cycles per callgrind phase of whole requests
 
 
 def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
@@ -791,6 +936,10 @@ def run_phase(phase: str, requests: int, tokens: int, steps: int) -> None:
     import functools
 
     side, what = phase.split(":")
+    if side == "request":
+        name, length = what.split("-")
+        lifecycle_phase(name == "hooked", tokens, int(length), steps)
+        return
     drain = Drain()
     ours = {"idle": 0, "mixed": 1, "alone": 1}.get(what.split("-")[0], requests)
     count = 1 if what.startswith("alone") else requests
@@ -864,8 +1013,24 @@ def callgrind_counts(
 
 def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
     """Instructions per step of each phase from callgrind (deterministic, whatever the load)."""
-    counts = callgrind_counts(PHASES, requests, tokens, steps, {})
+    steady = tuple(phase for phase in PHASES if phase not in REQUEST_PHASES)
+    counts = callgrind_counts(steady, requests, tokens, steps, {})
     return costs_from_counts(counts, requests, tokens)
+
+
+def count_request_instructions(tokens: int) -> tuple[float, float]:
+    """callgrind's (per request, per request-step) of whole requests (Lifecycle)."""
+    counts = callgrind_counts(REQUEST_PHASES, LIFE_REQUESTS, tokens, LIFE_CYCLES, {})
+    return per_request_costs(counts)
+
+
+def request_line(fixed: float, per_step: float, tokens: int, unit: str) -> str:
+    return (
+        f"whole requests ({LIFE_REQUESTS} per run, {tokens} tokens per step, "
+        f"{LIFE_STEPS[0]} and {LIFE_STEPS[1]} steps): the plugin's {unit} per request "
+        f"(admission, hellos, registration, first and last step, finish, end of the run's "
+        f"share) {fixed:.0f}, per request-step {per_step:.0f}"
+    )
 
 
 def costs_from_counts(counts: dict[str, float], requests: int, tokens: int) -> Costs:
@@ -930,7 +1095,8 @@ def compare_versions(
     accelerator built), this plugin on its pure-Python code, this plugin with the
     C accelerator. Prints instructions per request-step and the ratios; returns
     the accelerated costs."""
-    current = callgrind_counts(PHASES, requests, tokens, steps, {})
+    steady = tuple(phase for phase in PHASES if phase not in REQUEST_PHASES)
+    current = callgrind_counts(steady, requests, tokens, steps, {})
     plain = {phase: count for phase, count in current.items() if phase not in HOOKED_PHASES}
     columns: list[tuple[str, Costs]] = []
     with tempfile.TemporaryDirectory(prefix="phpred") as directory:
@@ -1201,6 +1367,8 @@ def main() -> int:
     if args.instructions:
         if args.no_compare:
             costs = count_instructions(args.requests, args.tokens, args.steps)
+            fixed, per_step = count_request_instructions(args.tokens)
+            print(request_line(fixed, per_step, args.tokens, "instructions"))
         else:
             costs = compare_versions(
                 args.requests, args.tokens, args.steps, args.predecessor, args.before

@@ -416,6 +416,36 @@ def test_aborted_requests_are_pruned(
         emitter.close()
 
 
+def test_an_abort_output_put_between_steps_goes_out_with_the_next_step(
+    receiver: socket.socket,
+) -> None:
+    """vLLM's abort_requests puts a final output outside process_outputs: the capture
+    notes it there, and the next step takes its row before that step's own rows,
+    in the order the outputs were put (as when each row was taken at put)."""
+    processor, process, front = make_frontend()
+    r0, r1 = rid(0), rid(1)
+    state0 = FakeRequestState(r0, FakeDetokenizer(PIECES))
+    processor.add(r0, state0)
+    processor.add(r1, FakeRequestState(r1, FakeDetokenizer(PIECES)))
+    process(processor, [output(r0, [1]), output(r1, [4])])
+    capture = front.requests[r0].capture
+    assert front.seen == []  # every noted output was taken at the end of the step
+    # OutputProcessor.abort_requests: the state leaves vLLM's table, its final output is put.
+    del processor.request_states[r0]
+    state0.queue.put(state0.make_request_output([], None, FinishReason.ABORT, None))
+    assert front.seen[0] is capture and len(front.seen) == 2  # noted, not taken yet
+    process(processor, [output(r1, [10])])
+    assert front.seen == [] and list(front.requests) == [r1]
+    assert capture.active is False and type(state0.queue) is FakeCollector
+    frames = frames_of(receiver, front)
+    steps = [[(r.stream, r.offset, r.finished, r.finish_reason) for r in f.records]
+             for f in frames[1:]]  # fmt: skip
+    assert steps == [
+        [(0, 0, False, wire.FINISH_NONE), (1, 0, False, wire.FINISH_NONE)],
+        [(0, 1, True, wire.FINISH_ABORT), (1, 1, False, wire.FINISH_NONE)],
+    ]
+
+
 def test_aborts_reported_by_the_scheduler_end_the_run_at_once(receiver: socket.socket) -> None:
     scheduler, update, telemetry = make_scheduler()
     r0, r1 = rid(0), rid(1)
@@ -493,8 +523,9 @@ def mixed_workload(receiver: socket.socket) -> list[bytes]:
     process(processor, [output(r0, [1, 2]), output(r1, [4]), output(foreign, [1]),
                         output(r2, [4, 4])])  # fmt: skip
     process(processor, [output(r0, [3, 4, 5]), output(r1, [1, 3]), output(r2, [1, 10, 11])])
-    expected = accelerator.QueueCapture if accelerator is not None else hooks._QueueCapture
-    assert type(front.requests[r0].capture) is expected
+    capture = front.requests[r0].capture
+    expected = accelerator.CaptureState if accelerator is not None else hooks._QueueCapture
+    assert type(capture) is expected
     process(processor, [output(r0, [6, 7, 9], finish=FinishReason.STOP),
                         output(r1, [11], finish=FinishReason.LENGTH)])  # fmt: skip
     return frames + raw_frames_of(receiver, front)

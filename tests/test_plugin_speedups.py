@@ -43,13 +43,20 @@ def load_speedups() -> Any:
         sys.path.pop(0)
 
 
+# (the recorder class, the capture class, the step's take_rows) of one implementation
+Kinds = tuple[type, type, Any]
+PYTHON_KINDS: Kinds = (hooks._StreamRecorder, hooks._QueueCapture, hooks._take_rows)
+
+
+def c_kinds(module: Any) -> Kinds:
+    return module.StreamRecorder, module.CaptureState, module.take_rows
+
+
 @pytest.fixture(params=["c", "python"])
-def kinds(request: pytest.FixtureRequest) -> tuple[type, type]:
-    """(StreamRecorder, QueueCapture) of one implementation."""
+def kinds(request: pytest.FixtureRequest) -> Kinds:
     if request.param == "python":
-        return hooks._StreamRecorder, hooks._QueueCapture
-    module = load_speedups()
-    return module.StreamRecorder, module.QueueCapture
+        return PYTHON_KINDS
+    return c_kinds(load_speedups())
 
 
 class Stream:
@@ -63,8 +70,8 @@ class Stream:
         return result
 
 
-def test_recorder_passes_the_stream_through_and_records(kinds: tuple[type, type]) -> None:
-    recorder_type, _ = kinds
+def test_recorder_passes_the_stream_through_and_records(kinds: Kinds) -> None:
+    recorder_type = kinds[0]
     fragments: list[str] = []
     stream = Stream(["a", None, "", "日", OverflowError("bad id")])
     recorder = recorder_type(stream, fragments)
@@ -78,10 +85,10 @@ def test_recorder_passes_the_stream_through_and_records(kinds: tuple[type, type]
     assert fragments == ["a", "", "", "日", ""]
 
 
-def test_recorder_does_vllms_stream_reset_and_keeps_recording(kinds: tuple[type, type]) -> None:
+def test_recorder_does_vllms_stream_reset_and_keeps_recording(kinds: Kinds) -> None:
     """After tokenizers' "invalid prefix" error vLLM replaces its decode stream; the
     recorder makes the same new stream (recover) so it stays in place."""
-    recorder_type, _ = kinds
+    recorder_type = kinds[0]
     fragments: list[str] = []
     errors: list[BaseException] = []
     fresh = Stream(["b", "c"])
@@ -157,19 +164,47 @@ def completion_output(text: Any, token_ids: list[int], finish: str | None = None
     return SimpleNamespace(outputs=[completion])
 
 
-def make_capture(kinds: tuple[type, type]) -> tuple[Any, Queue, Bucket, list[str], list[Any]]:
-    _, capture_type = kinds
-    queue, bucket, fragments = Queue(), Bucket(), []
-    events: list[Any] = []
-    capture = capture_type(
-        queue, fragments, bucket, 7, 0,
+class Step:
+    """A capture as vLLM uses it, each put followed by the step's take_rows (the end
+    of process_outputs): so each output's row is taken before the next put."""
+
+    def __init__(self, capture: Any, seen: list[Any], take: Any) -> None:
+        self.capture, self.seen, self.take = capture, seen, take
+
+    def put(self, output: Any) -> Any:
+        result = self.capture.put(output)
+        assert self.seen[-2:] == [self.capture, output]  # noted, not taken yet
+        self.take(self.seen)
+        assert self.seen == []
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.capture, name)
+
+
+def new_capture(
+    kinds: Kinds, seen: list[Any], stream: int = 7, bucket: Bucket | None = None,
+    events: list[Any] | None = None,
+) -> tuple[Any, Queue, Bucket, list[str], list[Any]]:  # fmt: skip
+    queue, fragments = Queue(), []
+    bucket = Bucket() if bucket is None else bucket
+    events = [] if events is None else events
+    capture = kinds[1](
+        queue, fragments, bucket, stream, 0,
         lambda *args: events.append(("special", args)),
         lambda error: events.append(("failed", repr(error))),
+        seen,
     )  # fmt: skip
     return capture, queue, bucket, fragments, events
 
 
-def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type, type]) -> None:
+def make_capture(kinds: Kinds) -> tuple[Any, Queue, Bucket, list[str], list[Any]]:
+    seen: list[Any] = []
+    capture, queue, bucket, fragments, events = new_capture(kinds, seen)
+    return Step(capture, seen, kinds[2]), queue, bucket, fragments, events
+
+
+def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: Kinds) -> None:
     capture, queue, bucket, fragments, events = make_capture(kinds)
     ids = [4, 5]
     fragments += ["a", "b"]
@@ -182,13 +217,13 @@ def test_capture_takes_the_common_row_and_passes_the_output_on(kinds: tuple[type
     assert (capture.offset, events) == (2, [])
 
 
-def test_capture_claims_tokens_that_ended_inside_a_character(kinds: tuple[type, type]) -> None:
+def test_capture_claims_tokens_that_ended_inside_a_character(kinds: Kinds) -> None:
     capture, _queue, bucket, fragments, events = make_capture(kinds)
     fragments += ["a", "", ""]
     capture.put(completion_output("a", [1, 2, 3]))
     fragments += ["日"]
     capture.put(completion_output("日", [4]))
-    if kinds[1] is hooks._QueueCapture:  # Python hands both rows to hooks' _special_row
+    if kinds is PYTHON_KINDS:  # Python hands both rows to hooks' _special_row
         assert [event[1][0] for event in events] == [[1, 2, 3], [4]]
         return
     # C takes the row whose "" tokens nothing claims yet, and counts them pending;
@@ -198,7 +233,7 @@ def test_capture_claims_tokens_that_ended_inside_a_character(kinds: tuple[type, 
     assert [event[1][0] for event in events] == [[4]]
 
 
-def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> None:
+def test_capture_hands_every_other_row_to_special(kinds: Kinds) -> None:
     capture, queue, bucket, fragments, events = make_capture(kinds)
     fragments += ["x"]
     capture.put(completion_output("x", [3], finish="stop"))  # finished: may have been trimmed
@@ -212,7 +247,7 @@ def test_capture_hands_every_other_row_to_special(kinds: tuple[type, type]) -> N
 
 
 def test_capture_never_raises_its_own_failures_and_forwards_anything(
-    kinds: tuple[type, type],
+    kinds: Kinds,
 ) -> None:
     capture, queue, bucket, fragments, events = make_capture(kinds)
     fragments += ["a"]
@@ -227,6 +262,38 @@ def test_capture_never_raises_its_own_failures_and_forwards_anything(
     assert bucket.meta == bucket.ids == bucket.extra == bucket.fragments == []
     with pytest.raises(RuntimeError, match="queue broke"):
         capture.put("explode")  # the queue's own error reaches vLLM as it would without us
+
+
+def test_take_rows_takes_the_noted_outputs_in_put_order(kinds: Kinds) -> None:
+    """put only notes (capture, output) and passes the output on; take_rows, at the end
+    of the step, takes the rows in the order vLLM put the outputs, skips a capture
+    whose telemetry ended and a capture without its output, and empties the list."""
+    seen: list[Any] = ["not a capture"]  # a stray item: skipped
+    first, queue1, bucket, fragments1, events = new_capture(kinds, seen, stream=1)
+    second, queue2, _, fragments2, _ = new_capture(kinds, seen, 2, bucket, events)
+    ended, _, _, fragments3, _ = new_capture(kinds, seen, 3, bucket, events)
+    fragments2 += ["c"]
+    later = completion_output("c", [3])
+    assert second.put(later) is not None and queue2.outputs == [later]
+    fragments1 += ["a", "b"]
+    earlier = completion_output("ab", [1, 2])
+    first.put(earlier)
+    fragments3 += ["z"]
+    ended.put(completion_output("z", [9]))
+    ended.active = False  # its request's telemetry ended mid-step (hooks._uninstall)
+    seen.append(first)  # a capture whose output could not be noted: skipped
+    assert bucket.meta == [] and queue1.outputs == [earlier]  # nothing taken at put
+    kinds[2](seen)
+    assert seen == [] and events == []
+    assert bucket.meta == [2, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 2, 2, 0]
+    assert (bucket.ids, bucket.fragments, bucket.extra) == ([3, 1, 2], ["c", "a", "b"], ["c", "ab"])
+    assert (first.offset, second.offset, ended.offset) == (2, 1, 0)
+    assert fragments1 == fragments2 == [] and fragments3 == ["z"]
+    kinds[2](seen)  # nothing noted: nothing taken
+    assert len(bucket.meta) == 14
+    with pytest.raises(TypeError) as info:
+        kinds[2](("a tuple",))
+    assert str(info.value) == "take_rows(seen): a list"
 
 
 # vLLM's output classes as they are (a plain class, a dataclass without slots)
@@ -268,7 +335,7 @@ class PlainOutput:
         self.outputs = outputs
 
 
-def capture_rows(kinds: tuple[type, type], outputs: list[tuple[Any, list[str]]]) -> Any:
+def capture_rows(kinds: Kinds, outputs: list[tuple[Any, list[str]]]) -> Any:
     """What a capture took from each output (the step's fragments set before each put;
     the `special` of these tests leaves them in place)."""
     capture, queue, bucket, fragments, events = make_capture(kinds)
@@ -307,8 +374,8 @@ def test_capture_reads_every_kind_of_attribute_as_getattr_does() -> None:
     classes keep their fields in: instance values, a made __dict__, a deleted
     field, a class default, slots (set and unset), a property over a field."""
     module = load_speedups()
-    python = capture_rows((hooks._StreamRecorder, hooks._QueueCapture), reading_cases())
-    c = capture_rows((module.StreamRecorder, module.QueueCapture), reading_cases())
+    python = capture_rows(PYTHON_KINDS, reading_cases())
+    c = capture_rows(c_kinds(module), reading_cases())
     assert c == python
     meta, ids, texts, _fragments, events = c
     assert texts == ["ab", "ab", "cd!", "ab", "gh", "mn", "from a property", "st"]
@@ -331,7 +398,7 @@ def test_capture_follows_a_class_changed_after_its_first_outputs() -> None:
         finish_reason: str | None = None
         stop_reason: Any = None
 
-    def run(kinds: tuple[type, type]) -> Any:
+    def run(kinds: Kinds) -> Any:
         capture, _queue, bucket, fragments, _events = make_capture(kinds)
         for _ in range(3):
             fragments += ["a"]
@@ -344,8 +411,8 @@ def test_capture_follows_a_class_changed_after_its_first_outputs() -> None:
         return bucket.extra
 
     module = load_speedups()
-    python = run((hooks._StreamRecorder, hooks._QueueCapture))
-    assert run((module.StreamRecorder, module.QueueCapture)) == python
+    python = run(PYTHON_KINDS)
+    assert run(c_kinds(module)) == python
     assert python == ["a", "a", "a", "changed"]
 
 
@@ -353,8 +420,12 @@ def test_c_stand_ins_leak_nothing() -> None:
     module = load_speedups()
     fragments: list[str] = []
     recorder = module.StreamRecorder(Stream([]), fragments)
-    queue, bucket = Queue(), Bucket()
-    capture = module.QueueCapture(queue, fragments, bucket, 1, 0, lambda *a: None, lambda e: None)
+    queue, bucket, seen = Queue(), Bucket(), []
+    capture = Step(
+        module.CaptureState(queue, fragments, bucket, 1, 0, lambda *a: None, lambda e: None, seen),
+        seen,
+        module.take_rows,
+    )
     pieces = [str(i) for i in range(8)]
     recorder.stream.results = pieces * 4000
 
@@ -551,22 +622,24 @@ def test_an_accelerator_that_does_not_load_falls_back(
     [
         (
             SimpleNamespace(ABI=0, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 0, this plugin needs 6)",
+            "pure Python (the C accelerator has ABI 0, this plugin needs 7)",
         ),
         (
-            # the build before the frame encoders: all it has is still there, but old
-            SimpleNamespace(ABI=5, **dict.fromkeys(accelerator.REQUIRED)),
-            "pure Python (the C accelerator has ABI 5, this plugin needs 6)",
+            # the build before the step's rows were taken in one loop (its QueueCapture
+            # took each row in put): whatever names it has, it is old
+            SimpleNamespace(ABI=6, **dict.fromkeys(accelerator.REQUIRED)),
+            "pure Python (the C accelerator has ABI 6, this plugin needs 7)",
         ),
         (
-            SimpleNamespace(QueueCapture=None, SchedRequest=None),
-            "pure Python (the C accelerator has ABI None, this plugin needs 6)",
+            SimpleNamespace(CaptureState=None, SchedRequest=None),
+            "pure Python (the C accelerator has ABI None, this plugin needs 7)",
         ),
         (
-            SimpleNamespace(ABI=6, QueueCapture=None, SchedRequest=None),
+            SimpleNamespace(ABI=7, CaptureState=None, SchedRequest=None),
             "pure Python (the C accelerator lacks StreamRecorder, encode_provenance_body, "
             "encode_provenance_frame, encode_provenance_step, encode_text_body, "
-            "encode_text_frame, encode_text_step, has_empty, sampled_lengths, scheduler_rows)",
+            "encode_text_frame, encode_text_step, has_empty, sampled_lengths, scheduler_rows, "
+            "take_rows)",
         ),
     ],
 )
@@ -625,6 +698,33 @@ def test_a_broken_build_on_disk_never_stops_the_plugin(tmp_path: Path) -> None:
     built = Path(load_speedups().__file__)
     shutil.copy(built, package / built.name)
     assert implementation_in_a_fresh_process(tmp_path) == f"C accelerator ({package / built.name})"
+
+
+def test_an_older_build_on_disk_is_refused(tmp_path: Path) -> None:
+    """A _speedups built from the previous ABI's source beside these Python files (an
+    upgrade that kept an old build): it loads, says ABI 6, and the Python code runs."""
+    package = tmp_path / "parallelhue_vllm"
+    shutil.copytree(PLUGIN / "parallelhue_vllm", package,
+                    ignore=shutil.ignore_patterns("_speedups*.so", "__pycache__"))  # fmt: skip
+    source = package / "_speedups.c"
+    text = source.read_text()
+    assert f"#define SPEEDUPS_ABI {accelerator.EXPECTED_ABI}\n" in text
+    source.write_text(text.replace(f"#define SPEEDUPS_ABI {accelerator.EXPECTED_ABI}\n",
+                                   "#define SPEEDUPS_ABI 6\n"))  # fmt: skip
+    suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    compiler = os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")
+    built = subprocess.run(
+        [*compiler.split(), "-O0", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+         str(source), "-o", str(package / f"_speedups{suffix}")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if built.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"the ABI 6 build failed: {built.stderr[-600:]}")
+        pytest.skip("no C compiler")
+    assert implementation_in_a_fresh_process(tmp_path) == (
+        "pure Python (the C accelerator has ABI 6, this plugin needs 7)"
+    )
 
 
 def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:

@@ -8,9 +8,11 @@
  *
  * - SchedRequest, scheduler_rows(...): the EngineCore loop over a step's
  *   outputs (hooks.SchedulerTelemetry.after / _python_rows).
- * - StreamRecorder(stream, fragments, recover), QueueCapture(...): the API server's
- *   stand-ins for a detokenizer's decode stream and a request's output queue
- *   (hooks._StreamRecorder, hooks._QueueCapture).
+ * - StreamRecorder(stream, fragments, recover), CaptureState(...): the API
+ *   server's stand-ins for a detokenizer's decode stream and a request's output
+ *   queue (hooks._StreamRecorder, hooks._QueueCapture: put only notes the
+ *   output); take_rows(seen): the step's rows of the noted outputs, in one loop
+ *   (hooks._take_rows).
  * - encode_provenance_step(meta, ids, roles), encode_text_step(meta, ids,
  *   texts, fragments, span_backs[, leads]): a step's record bytes as wire.py's
  *   functions of the same names; encode_provenance_body / encode_text_body (same
@@ -40,7 +42,7 @@
 #define FLAG_BITS_ONLY 0
 /* The Python side's contract with this file (accelerator.EXPECTED_ABI): bump it
  * with any change of a function's arguments, of the row layout or of the bytes. */
-#define SPEEDUPS_ABI 6
+#define SPEEDUPS_ABI 7
 
 /* ------------------------------------------------------------- helpers */
 #if PY_VERSION_HEX < 0x030A0000
@@ -1069,13 +1071,18 @@ static SlotReader read_outputs, read_request_id, read_new_token_ids, read_finish
 static SlotReader read_completions, read_index, read_token_ids, read_completion_finish;
 static SlotReader read_text;
 
-/* --------------------------------------------------------- QueueCapture */
-/* Stands in for a request's output queue (hooks._QueueCapture): put() takes
- * the step's row from the output, then passes the output to the real queue. */
+/* --------------------------------------------------------- CaptureState */
+/* Stands in for a request's output queue (hooks._QueueCapture): put() only
+ * notes (capture, output) in the process's `seen` list and calls the real
+ * queue's put; take_rows(seen), once per step (the end of process_outputs),
+ * takes every noted output's row in one loop. The per-output code is a few
+ * instructions: the row's work, which missed the instruction cache when it ran
+ * per output between vLLM's own code, runs in that loop instead. */
 typedef struct {
     PyObject_HEAD
     PyObject *queue;
     PyObject *put;           /* queue.put, bound once */
+    PyObject *seen;          /* the process's list of this step's (capture, output) */
     PyObject *fragments;     /* list: what each token decoded to this step */
     PyObject *meta;          /* the run's columns of this step (hooks._Bucket) */
     PyObject *ids;
@@ -1087,7 +1094,8 @@ typedef struct {
     long long index;
     long long offset;
     long long pending_empty;
-} QueueCapture;
+    char active;             /* cleared when the request's telemetry ends (hooks._uninstall) */
+} CaptureState;
 
 static PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
 /* 0..MAX_TOKENS_PER_RECORD, made once (a row's counts, without a call each) */
@@ -1192,9 +1200,31 @@ take_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return taken;
 }
 
-/* 1: the common row was taken; 0: not a RequestOutput, nothing to take; -1: error. */
+/* Move a request's fragments (at most MAX_TOKENS_PER_RECORD) to the end of the
+ * run's column: the references change owner, no count changes; -1 on error
+ * (nothing moved). The request's list keeps its room for the next step. */
 static int
-capture_output(QueueCapture *self, PyObject *output)
+move_items(PyObject *from, PyObject *to)
+{
+    PyListObject *source = (PyListObject *)from, *target = (PyListObject *)to;
+    Py_ssize_t n = Py_SIZE(source), before = Py_SIZE(target);
+    if (target->allocated - before < n) {
+        if (extend_list(to, source->ob_item, n) < 0) {
+            return -1;
+        }
+        clear_keeping_room(from);
+        return 0;
+    }
+    memcpy(target->ob_item + before, source->ob_item, (size_t)n * sizeof(PyObject *));
+    Py_SET_SIZE(target, before + n);
+    Py_SET_SIZE(source, 0);
+    return 0;
+}
+
+/* One noted output's row (hooks._take_row): 1: the common row was taken or
+ * `special` took the row; 0: not a RequestOutput, nothing to take; -1: error. */
+static int
+capture_output(CaptureState *self, PyObject *output)
 {
     PyObject *completions = read_attr(output, str_outputs, &read_completions);
     if (completions == NULL) {
@@ -1231,18 +1261,15 @@ capture_output(QueueCapture *self, PyObject *output)
     int common = finish == Py_None && at == self->index && !overflow && count > 0 &&
                  count <= MAX_TOKENS_PER_RECORD && PyList_GET_SIZE(fragments) == count &&
                  PyUnicode_Check(text);
-    for (Py_ssize_t i = 0; common && i < count; i++) {
-        common = PyUnicode_Check(PyList_GET_ITEM(fragments, i));
-    }
     long long pending = self->pending_empty;
     for (Py_ssize_t i = 0; common && i < count; i++) {
-        if (PyUnicode_GET_LENGTH(PyList_GET_ITEM(fragments, i)) == 0) {
+        PyObject *piece = PyList_GET_ITEM(fragments, i);
+        if (!PyUnicode_Check(piece)) {
+            common = 0;
+        } else if (PyUnicode_GET_LENGTH(piece) == 0) {
             pending++;
-            continue;
-        }
-        if (pending > 0) {
+        } else if (pending > 0) {
             common = 0; /* span_back > 0: the Python special row computes its lead_len */
-            break;
         }
     }
     if (!common) {
@@ -1270,9 +1297,10 @@ capture_output(QueueCapture *self, PyObject *output)
     Py_ssize_t ids_before = PyList_GET_SIZE(self->ids);
     Py_ssize_t fragments_before = PyList_GET_SIZE(self->all_fragments);
     Py_ssize_t texts_before = PyList_GET_SIZE(self->texts);
+    Py_ssize_t meta_before = PyList_GET_SIZE(self->meta);
     int failed = extend_list(self->ids, PySequence_Fast_ITEMS(token_ids), count) < 0 ||
-             extend_list(self->all_fragments, PySequence_Fast_ITEMS(fragments), count) < 0 ||
-             extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0;
+                 extend_list(self->texts, &text, 1) < 0 || append_meta(self->meta, values) < 0 ||
+                 move_items(fragments, self->all_fragments) < 0;
     Py_DECREF(offset);
     if (failed) {
         PyObject *type, *value, *traceback;
@@ -1281,11 +1309,11 @@ capture_output(QueueCapture *self, PyObject *output)
         PyList_SetSlice(self->all_fragments, fragments_before,
                         PyList_GET_SIZE(self->all_fragments), NULL);
         PyList_SetSlice(self->texts, texts_before, PyList_GET_SIZE(self->texts), NULL);
+        PyList_SetSlice(self->meta, meta_before, PyList_GET_SIZE(self->meta), NULL);
         PyErr_Restore(type, value, traceback);
         goto done;
     }
     self->pending_empty = pending;
-    clear_keeping_room(fragments);
     self->offset += count;
     status = 1;
 done:
@@ -1298,33 +1326,113 @@ done:
     return status;
 }
 
-static PyObject *
-capture_put(QueueCapture *self, PyObject *output)
+/* The error of a noted output's row goes to the capture's failed(error); nothing
+ * is raised from here (hooks._take_row does the same). */
+static void
+capture_failed(CaptureState *self)
 {
-    if (capture_output(self, output) < 0) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        PyObject *done = PyObject_CallOneArg(self->failed, value ? value : Py_None);
-        Py_XDECREF(done);
-        PyErr_Clear(); /* nothing reaches vLLM */
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject *done = PyObject_CallOneArg(self->failed, value ? value : Py_None);
+    Py_XDECREF(done);
+    PyErr_Clear();
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+}
+
+static PyTypeObject CaptureStateType;
+
+static ALWAYS_INLINE int
+is_capture(PyObject *obj)
+{
+    return Py_IS_TYPE(obj, &CaptureStateType);
+}
+
+/* take_rows(seen): the rows of a step's noted outputs (hooks._take_rows).
+ *
+ * `seen` holds (capture, output) pairs in the order vLLM put the outputs; it is
+ * emptied first (keeping its room), so whatever the callbacks do cannot change
+ * the items taken here. A capture not followed by an output (its put could not
+ * note it) or no longer active is skipped; each row's failure goes to its
+ * capture's failed(error). Raises only when `seen` is not a list. */
+static PyObject *
+take_rows(PyObject *Py_UNUSED(module), PyObject *seen)
+{
+    if (!PyList_CheckExact(seen)) {
+        PyErr_SetString(PyExc_TypeError, "take_rows(seen): a list");
+        return NULL;
+    }
+    PyListObject *list = (PyListObject *)seen;
+    Py_ssize_t n = Py_SIZE(list);
+    PyObject *stack[512];
+    PyObject **items = stack;
+    if (n > (Py_ssize_t)(sizeof(stack) / sizeof(stack[0]))) {
+        items = PyMem_New(PyObject *, (size_t)n);
+        if (items == NULL) {
+            return PyErr_NoMemory();
+        }
+    }
+    memcpy(items, list->ob_item, (size_t)n * sizeof(PyObject *));
+    Py_SET_SIZE(list, 0); /* the references are ours now */
+    for (Py_ssize_t i = 0; i < n;) {
+        PyObject *item = items[i++];
+        if (!is_capture(item)) {
+            continue;
+        }
+        CaptureState *capture = (CaptureState *)item;
+        if (i >= n || is_capture(items[i])) {
+            continue;
+        }
+        PyObject *output = items[i++];
+        if (capture->active && capture_output(capture, output) < 0) {
+            capture_failed(capture);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i]);
+    }
+    if (items != stack) {
+        PyMem_Free(items);
+    }
+    Py_RETURN_NONE;
+}
+
+/* put(output), as vLLM calls it (hooks._QueueCapture.put): note (self, output) in
+ * `seen`, then the real queue's put (its result and errors go to vLLM). */
+static PyObject *
+capture_put(CaptureState *self, PyObject *output)
+{
+    PyListObject *seen = (PyListObject *)self->seen;
+    Py_ssize_t size = Py_SIZE(seen);
+    if (seen->allocated - size >= 2) {
+        seen->ob_item[size] = Py_NewRef((PyObject *)self);
+        seen->ob_item[size + 1] = Py_NewRef(output);
+        Py_SET_SIZE(seen, size + 2);
+    } else if (PyList_Append(self->seen, (PyObject *)self) < 0 ||
+               PyList_Append(self->seen, output) < 0) {
+        capture_failed(self);
     }
     return PyObject_CallOneArg(self->put, output);
 }
+
+static PyMethodDef capture_methods[] = {
+    {"put", (PyCFunction)capture_put, METH_O,
+     "put(output): note (self, output) in seen, then the real queue's put(output)."},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyObject *
 capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"queue", "fragments", "bucket", "stream", "index", "special",
-                            "failed", NULL};
-    PyObject *queue, *fragments, *bucket, *stream, *special, *failed;
+                            "failed", "seen", NULL};
+    PyObject *queue, *fragments, *bucket, *stream, *special, *failed, *seen;
     long long index;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!LOO:QueueCapture", names, &queue,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO!LOOO!:CaptureState", names, &queue,
                                      &PyList_Type, &fragments, &bucket, &PyLong_Type, &stream,
-                                     &index, &special, &failed)) {
+                                     &index, &special, &failed, &PyList_Type, &seen)) {
         return NULL;
     }
     PyObject *put = PyObject_GetAttr(queue, str_put);
@@ -1345,11 +1453,11 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(put);
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_TypeError,
-                            "QueueCapture: bucket.meta/ids/extra/fragments must be lists");
+                            "CaptureState: bucket.meta/ids/extra/fragments must be lists");
         }
         return NULL;
     }
-    QueueCapture *self = (QueueCapture *)type->tp_alloc(type, 0);
+    CaptureState *self = (CaptureState *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(meta);
         Py_DECREF(ids);
@@ -1358,54 +1466,47 @@ capture_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         Py_DECREF(put);
         return NULL;
     }
-    Py_INCREF(queue);
-    Py_INCREF(fragments);
-    Py_INCREF(stream);
-    Py_INCREF(special);
-    Py_INCREF(failed);
-    self->queue = queue;
+    self->queue = Py_NewRef(queue);
     self->put = put;
-    self->fragments = fragments;
+    self->seen = Py_NewRef(seen);
+    self->fragments = Py_NewRef(fragments);
     self->meta = meta;
     self->ids = ids;
     self->texts = texts;
     self->all_fragments = all_fragments;
-    self->stream = stream;
-    self->special = special;
-    self->failed = failed;
+    self->stream = Py_NewRef(stream);
+    self->special = Py_NewRef(special);
+    self->failed = Py_NewRef(failed);
     self->index = index;
+    self->active = 1;
     return (PyObject *)self;
 }
 
-OBJECT_FIELDS_GC(capture, QueueCapture, queue, failed)
-
-static PyMethodDef capture_methods[] = {
-    {"put", (PyCFunction)capture_put, METH_O,
-     "put(output): take the step's row, then the real queue's put(output)."},
-    {NULL, NULL, 0, NULL},
-};
+OBJECT_FIELDS_GC(capture, CaptureState, queue, failed)
 
 static PyMemberDef capture_members[] = {
-    {"queue", T_OBJECT, offsetof(QueueCapture, queue), READONLY, "the real output queue"},
-    {"offset", T_LONGLONG, offsetof(QueueCapture, offset), 0, "the request's next token offset"},
-    {"pending_empty", T_LONGLONG, offsetof(QueueCapture, pending_empty), 0,
+    {"queue", T_OBJECT, offsetof(CaptureState, queue), READONLY, "the real output queue"},
+    {"offset", T_LONGLONG, offsetof(CaptureState, offset), 0, "the request's next token offset"},
+    {"pending_empty", T_LONGLONG, offsetof(CaptureState, pending_empty), 0,
      "tokens that returned \"\" and no fragment has claimed yet"},
+    {"active", T_BOOL, offsetof(CaptureState, active), 0,
+     "False once the request's telemetry ended: its noted outputs are skipped"},
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject QueueCaptureType = {
+static PyTypeObject CaptureStateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "parallelhue_vllm._speedups.QueueCapture",
-    .tp_doc = "QueueCapture(queue, fragments, bucket, stream, index, special, failed): "
+    .tp_name = "parallelhue_vllm._speedups.CaptureState",
+    .tp_doc = "CaptureState(queue, fragments, bucket, stream, index, special, failed, seen): "
               "see hooks._QueueCapture.",
-    .tp_basicsize = sizeof(QueueCapture),
+    .tp_basicsize = sizeof(CaptureState),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = capture_new,
     .tp_traverse = (traverseproc)capture_traverse,
     .tp_clear = (inquiry)capture_clear,
     .tp_dealloc = (destructor)capture_dealloc,
-    .tp_methods = capture_methods,
     .tp_members = capture_members,
+    .tp_methods = capture_methods,
 };
 
 /* --------------------------------------------------------- SchedRequest */
@@ -1741,6 +1842,8 @@ static PyMethodDef methods[] = {
      "The EngineCore hook's loop over a step's outputs (hooks.SchedulerTelemetry.after)."},
     {"take_lists", (PyCFunction)(void (*)(void))take_lists, METH_FASTCALL,
      "Each list's items moved into a new list; the lists left empty with their room."},
+    {"take_rows", (PyCFunction)take_rows, METH_O,
+     "The rows of a step's noted (capture, output) pairs; the list left empty."},
     {"has_empty", (PyCFunction)has_empty, METH_O,
      "Whether a list holds an empty str (`\"\" in fragments`, without a comparison per item)."},
     {"sampled_lengths", (PyCFunction)sampled_lengths, METH_O,
@@ -1801,7 +1904,7 @@ PyInit__speedups(void)
     if (intern_names() < 0) {
         return NULL;
     }
-    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&QueueCaptureType) < 0 ||
+    if (PyType_Ready(&StreamRecorderType) < 0 || PyType_Ready(&CaptureStateType) < 0 ||
         PyType_Ready(&SchedRequestType) < 0) {
         return NULL;
     }
@@ -1809,7 +1912,7 @@ PyInit__speedups(void)
     if (module == NULL) {
         return NULL;
     }
-    PyTypeObject *types[] = {&StreamRecorderType, &SchedRequestType, &QueueCaptureType};
+    PyTypeObject *types[] = {&StreamRecorderType, &SchedRequestType, &CaptureStateType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         if (PyModule_AddType(module, types[i]) < 0) {
             Py_DECREF(module);

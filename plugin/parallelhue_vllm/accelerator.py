@@ -19,10 +19,10 @@ from typing import Any
 
 ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
 # The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
-EXPECTED_ABI = 6
+EXPECTED_ABI = 7
 # What the hooks call on it.
 REQUIRED = (
-    "QueueCapture",
+    "CaptureState",
     "SchedRequest",
     "StreamRecorder",
     "encode_provenance_body",
@@ -34,6 +34,7 @@ REQUIRED = (
     "has_empty",
     "sampled_lengths",
     "scheduler_rows",
+    "take_rows",
 )
 
 

@@ -674,11 +674,12 @@ def _reset_stream(skip_special_tokens: Any, request_id: Any, error: BaseExceptio
 
 
 class _QueueCapture:
-    """Stands in for a request's output queue (RequestOutputCollector): reads each output.
+    """Stands in for a request's output queue (RequestOutputCollector): notes each
+    output (`put`) and keeps what the request's rows need.
 
-    `put` takes this step's row from the RequestOutput vLLM hands to HTTP (the
-    common row here, every other one through `special`), then passes the output
-    on to vLLM's queue. Nothing it adds can raise into vLLM: failures go to `failed`.
+    At the end of process_outputs, `_take_rows` takes the step's row from each
+    noted RequestOutput vLLM handed to HTTP (the common row there, every other
+    one through `special`), in one loop for the whole step.
     """
 
     __slots__ = (
@@ -689,9 +690,11 @@ class _QueueCapture:
         "_index",
         "_meta_extend",
         "_put",
+        "_seen",
         "_special",
         "_stream",
         "_texts_append",
+        "active",
         "offset",
         "pending_empty",
         "queue",
@@ -706,9 +709,11 @@ class _QueueCapture:
         index: int,
         special: Any,
         failed: Any,
+        seen: list[Any],
     ) -> None:
         self.queue = queue
         self._put = queue.put  # bound once, as the C version does
+        self._seen = seen
         self._fragments = fragments
         self._meta_extend = bucket.meta.extend
         self._ids_extend = bucket.ids.extend
@@ -720,38 +725,90 @@ class _QueueCapture:
         self._failed = failed
         self.offset = 0
         self.pending_empty = 0  # tokens that returned "" and no fragment has claimed yet
+        self.active = True  # False once the request's telemetry ended (_uninstall)
 
     def put(self, output: Any) -> Any:
+        """vLLM's queue.put: the output noted in the process's `seen` list (nothing
+        else runs per output), then passed on to vLLM's queue. Nothing it adds can
+        raise into vLLM: a failure goes to `failed`."""
         try:
-            completions = getattr(output, "outputs", None)
-            if type(completions) is list and completions:
-                completion = completions[0]
-                token_ids = completion.token_ids
-                fragments = self._fragments
-                count = len(token_ids)
-                # The common row: not finished (only a finished step can have been
-                # trimmed after a stop string), every token decoded to text.
-                if (
-                    completion.finish_reason is None
-                    and completion.index == self._index
-                    and 0 < count <= _MAX_TOKENS
-                    and len(fragments) == count
-                    and not self.pending_empty
-                    and "" not in fragments
-                ):
-                    text = completion.text
-                    self._ids_extend(token_ids)  # a copy: outputs are merged later
-                    self._fragments_extend(fragments)
-                    fragments.clear()
-                    self._texts_append(text)
-                    self._meta_extend((self._stream, 0, 0, self.offset, count, count, 0))
-                    self.offset += count
-                else:
-                    self._special(token_ids, completion.finish_reason, completion.stop_reason,
-                                  completion.text, completion.index)  # fmt: skip
-        except Exception as error:
+            seen = self._seen
+            seen.append(self)
+            seen.append(output)
+        except Exception as error:  # pragma: no cover - only MemoryError can get here
             self._failed(error)
-        return self._put(output)
+        put = self._put
+        return put(output)
+
+
+def _take_rows(seen: list[Any]) -> None:
+    """The rows of a step's noted (capture, output) pairs, in the order vLLM put the
+    outputs (_speedups.take_rows does the same in C). `seen` is emptied first; a
+    capture without its output (its put could not note it) or no longer active is
+    skipped."""
+    if type(seen) is not list:
+        raise TypeError("take_rows(seen): a list")
+    items = seen[:]
+    seen.clear()
+    at, end = 0, len(items)
+    while at < end:
+        capture = items[at]
+        at += 1
+        if not _is_capture(capture):
+            continue
+        if at >= end or _is_capture(items[at]):
+            continue
+        output = items[at]
+        at += 1
+        if capture.active:
+            _take_row(capture, output)
+
+
+def _take_row(capture: _QueueCapture, output: Any) -> None:
+    """One noted output's row: the common row here, every other one through `special`."""
+    try:
+        completions = getattr(output, "outputs", None)
+        if type(completions) is list and completions:
+            completion = completions[0]
+            token_ids = completion.token_ids
+            fragments = capture._fragments
+            count = len(token_ids)
+            # The common row: not finished (only a finished step can have been
+            # trimmed after a stop string), every token decoded to text.
+            if (
+                completion.finish_reason is None
+                and completion.index == capture._index
+                and 0 < count <= _MAX_TOKENS
+                and len(fragments) == count
+                and not capture.pending_empty
+                and "" not in fragments
+            ):
+                text = completion.text
+                capture._ids_extend(token_ids)  # a copy: outputs are merged later
+                capture._fragments_extend(fragments)
+                fragments.clear()
+                capture._texts_append(text)
+                capture._meta_extend((capture._stream, 0, 0, capture.offset, count, count, 0))
+                capture.offset += count
+            else:
+                capture._special(token_ids, completion.finish_reason, completion.stop_reason,
+                                 completion.text, completion.index)  # fmt: skip
+    except Exception as error:
+        capture._failed(error)
+
+
+def _is_capture(item: Any) -> bool:
+    return type(item) is _QueueCapture or (
+        _speedups is not None and type(item) is _speedups.CaptureState
+    )
+
+
+def _capture_type() -> type:
+    """The capture class for the implementation in use (the C one: its put in C)."""
+    if _speedups is None:
+        return _QueueCapture
+    made: type = _speedups.CaptureState
+    return made
 
 
 # vLLM's finish reason strings (CompletionOutput.finish_reason) -> protocol codes.
@@ -785,6 +842,9 @@ class FrontendTelemetry(_Base):
         self.stream_detokenizers = stream_detokenizers
         # run -> its text steps held back for give counts (attribution.HeldText).
         self.held: dict[str, attribution.HeldText] = {}
+        # This step's outputs of our requests as (capture, output), in the order
+        # vLLM put them (the captures' put notes them; end_step takes their rows).
+        self.seen: list[Any] = []
 
     def _ensure_emitter(self) -> Emitter:
         if self.emitter is None:
@@ -851,10 +911,9 @@ class FrontendTelemetry(_Base):
         def failed(error: BaseException) -> None:
             self._disable(state, _STREAM_WHERE, error)
 
-        make_capture = _speedups.QueueCapture if _speedups is not None else _QueueCapture
-        state.capture = make_capture(
+        state.capture = _capture_type()(
             state.queue, fragments, state.bucket, state.stream, state.req_state.request_index,
-            special, failed,
+            special, failed, self.seen,
         )  # fmt: skip
         state.req_state.queue = state.capture
 
@@ -999,8 +1058,14 @@ class FrontendTelemetry(_Base):
         super().end_emptied_runs()
 
     def end_step(self, processor: Any, engine_core_outputs: Any = ()) -> None:
-        """At the end of process_outputs: hand the step's rows to the sender."""
+        """At the end of process_outputs: the step's rows of the outputs vLLM put, then
+        to the sender."""
         self.step += 1
+        if self.seen:
+            if _speedups is not None:
+                _speedups.take_rows(self.seen)
+            else:
+                _take_rows(self.seen)
         self.flush_rows(wire.KIND_TEXT)
         if self.finished:
             finished, self.finished = self.finished, []
@@ -1196,8 +1261,10 @@ def _uninstall(state: _FrontRequest) -> None:
     recorder: Any = state.recorder
     if recorder is not None and recorder is getattr(detokenizer, "stream", None):
         detokenizer.stream = state.recorder.stream
-    if state.capture is not None and getattr(state.req_state, "queue", None) is state.capture:
-        state.req_state.queue = state.queue
+    if state.capture is not None:
+        state.capture.active = False  # outputs it noted this step are not taken
+        if getattr(state.req_state, "queue", None) is state.capture:
+            state.req_state.queue = state.queue
     if state.recorder is None:  # the per-instance decode_next (private dict)
         getattr(detokenizer, "__dict__", {}).pop("decode_next", None)
 
