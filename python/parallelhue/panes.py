@@ -97,8 +97,26 @@ _FOCUS_BOX = ("┏", "━", "┓", "┃", "┗", "┛")  # the focused pane: hea
 # --- cells ----------------------------------------------------------------------------
 
 
+# Widths of non-ASCII pieces, and of single characters, as rich's cell_len gives them
+# (every redraw measures the same tails again). Bounded: emptied when full. An ASCII
+# piece is never looked up here (cells: its len).
+_CELLS: dict[str, int] = {}
+_CELLS_MAX = 1 << 16
+# The characters that change a width beyond the sum of its characters' (rich's cell_len:
+# a zero-width joiner, variation selector 16). Pieces without them are measured per character.
+_JOINER = "\u200d"
+_VS16 = "\ufe0f"
+
+
 def cells(text: str) -> int:
-    return len(text) if text.isascii() else cell_len(text)
+    if text.isascii():
+        return len(text)
+    size = _CELLS.get(text)
+    if size is None:
+        if len(_CELLS) >= _CELLS_MAX:
+            _CELLS.clear()
+        size = _CELLS[text] = cell_len(text)
+    return size
 
 
 def line_width(line: Line) -> int:
@@ -127,10 +145,23 @@ def _take(text: str, room: int) -> tuple[str, int]:
     if text.isascii():
         take = text[:room]
         return take, len(take)
-    whole = cell_len(text)
+    whole = cells(text)
     if whole <= room:
         return text, whole
     used = 0
+    if _JOINER not in text and _VS16 not in text:
+        # Here a width is the sum of the characters' widths, and a zero-width character
+        # (size 0) never ends the prefix: the clusters below, measured per character.
+        for end, char in enumerate(text):
+            size = _CELLS.get(char)
+            if size is None:  # rich's width, also for an ASCII control (0, not len)
+                if len(_CELLS) >= _CELLS_MAX:
+                    _CELLS.clear()
+                size = _CELLS[char] = cell_len(char)
+            if used + size > room:
+                return text[:end], used
+            used += size
+        return text, used
     end = 0
     for cluster in _clusters(text):
         size = cell_len(cluster)
@@ -223,7 +254,11 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
             continue
         if "\n" not in text:
             # The common case: a piece that fits on the current line, measured once.
-            size = len(text) if text.isascii() else cell_len(text)
+            if text.isascii():
+                size = len(text)
+            else:
+                cached = _CELLS.get(text)  # cells(text), without the call on a hit
+                size = cells(text) if cached is None else cached
             if used + size <= width:
                 current.append((text, key))
                 used += size
