@@ -189,6 +189,14 @@ pub fn decode_header(data: &[u8]) -> Result<Header, DecodeError> {
 
 /// Decode one datagram.
 pub fn decode(data: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    decode_reusing(data, &mut RecordBufs::default())
+}
+
+/// Decode one datagram into the record vectors of `bufs` (their memory, not
+/// their contents: the frame is the one [`decode`] gives). Give the body back
+/// with [`RecordBufs::recycle`] and the next frame allocates nothing; a frame
+/// that fails to decode drops its vector (the next one allocates again).
+pub fn decode_reusing<'a>(data: &'a [u8], bufs: &mut RecordBufs) -> Result<Frame<'a>, DecodeError> {
     let header = decode_header(data)?;
     let mut r = Reader {
         buf: data,
@@ -197,12 +205,60 @@ pub fn decode(data: &[u8]) -> Result<Frame<'_>, DecodeError> {
     };
     let body = match header.kind {
         Kind::Hello => Body::Hello(decode_hello(&mut r)?),
-        Kind::Provenance => Body::Provenance(decode_provenance(&mut r)?),
-        Kind::Text => Body::Text(decode_text(&mut r)?),
+        Kind::Provenance => Body::Provenance(decode_provenance(&mut r, bufs.take_prov())?),
+        Kind::Text => Body::Text(decode_text(&mut r, bufs.take_text())?),
         Kind::Notice => Body::Notice(decode_notice(&mut r)?),
     };
     r.finish()?;
     Ok(Frame { header, body })
+}
+
+/// The record vectors of provenance and text frames, kept empty between
+/// frames so that decoding a frame allocates no memory
+/// ([`decode_reusing`]).
+#[derive(Debug, Default)]
+pub struct RecordBufs {
+    prov: Vec<ProvRecord<'static>>,
+    text: Vec<TextRecord<'static>>,
+}
+
+/// An empty vector with `v`'s allocation for records of another lifetime.
+/// No element is ever mapped; collecting a `vec::IntoIter` of a type with
+/// the same size and alignment reuses its buffer (`std`'s in-place collect;
+/// `record_bufs_reuse_the_allocation` checks it), and were that to change
+/// the result would only be a fresh allocation.
+#[inline]
+fn relifetime<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!()).collect()
+}
+
+impl RecordBufs {
+    #[inline]
+    fn take_prov<'a>(&mut self) -> Vec<ProvRecord<'a>> {
+        relifetime(std::mem::take(&mut self.prov))
+    }
+
+    #[inline]
+    fn take_text<'a>(&mut self) -> Vec<TextRecord<'a>> {
+        relifetime(std::mem::take(&mut self.text))
+    }
+
+    /// Keep a decoded body's record vector for the next frame.
+    #[inline]
+    pub fn recycle(&mut self, body: Body<'_>) {
+        match body {
+            Body::Provenance(v) => self.prov = relifetime(v),
+            Body::Text(v) => self.text = relifetime(v),
+            Body::Hello(_) | Body::Notice(_) => {}
+        }
+    }
+
+    /// Bytes of capacity kept (for tests).
+    #[cfg(test)]
+    fn capacities(&self) -> (usize, usize) {
+        (self.prov.capacity(), self.text.capacity())
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +281,118 @@ mod tests {
         v.extend_from_slice(&(body.len() as u32).to_le_bytes());
         v.extend_from_slice(body);
         v
+    }
+
+    /// Frames of a generated run (hello, provenance, text, several
+    /// sources) and, per frame, corrupted copies: one to three bytes set at
+    /// random places (inclusive `Rng::range`), a truncation, a byte appended (header length fixed up in
+    /// half of the corrupted copies so that body errors are reached).
+    fn frames_and_corruptions() -> Vec<Vec<u8>> {
+        use crate::workload::{generate, Rng, WorkloadConfig};
+        let w = generate(&WorkloadConfig {
+            streams: 9,
+            tokens_per_stream: 120,
+            k: 4,
+            coalesce: 1,
+            seed: 20261202,
+        });
+        let mut rng = Rng(7);
+        let mut out = Vec::new();
+        for f in w.frames() {
+            out.push(f.to_vec());
+            for i in 0..6u64 {
+                let mut g = f.to_vec();
+                match i {
+                    0..=3 => {
+                        for _ in 0..=rng.range(0, 2) {
+                            let at = rng.range(0, g.len() as u64 - 1) as usize;
+                            g[at] = rng.range(0, 255) as u8;
+                        }
+                    }
+                    4 => g.truncate(rng.range(HEADER_LEN as u64, g.len() as u64 - 1) as usize),
+                    _ => g.push(rng.range(0, 255) as u8),
+                }
+                if i % 2 == 1 && g.len() >= HEADER_LEN {
+                    let body = (g.len() - HEADER_LEN) as u32;
+                    g[60..64].copy_from_slice(&body.to_le_bytes());
+                }
+                out.push(g);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn decode_reusing_equals_decode() {
+        let frames = frames_and_corruptions();
+        let mut bufs = RecordBufs::default();
+        let (mut ok, mut errors) = (0, std::collections::HashSet::new());
+        let mut kinds = std::collections::BTreeSet::new();
+        for f in &frames {
+            let fresh = decode(f);
+            let reused = decode_reusing(f, &mut bufs);
+            assert_eq!(fresh, reused, "frame {f:02x?}");
+            match reused {
+                Ok(frame) => {
+                    ok += 1;
+                    kinds.insert(frame.header.kind.name());
+                    bufs.recycle(frame.body);
+                }
+                Err(e) => {
+                    assert_eq!(fresh.unwrap_err().to_string(), e.to_string());
+                    errors.insert(std::mem::discriminant(&e));
+                }
+            }
+        }
+        // Both ways were exercised: valid frames of every kind decoded on a
+        // kept vector, and many kinds of error (body errors among them).
+        assert!(ok > 200, "{ok} frames decoded of {}", frames.len());
+        assert!(errors.len() >= 15, "{} kinds of error", errors.len());
+        assert_eq!(
+            kinds.into_iter().collect::<Vec<_>>(),
+            ["hello", "provenance", "text"]
+        );
+    }
+
+    #[test]
+    fn record_bufs_reuse_the_allocation() {
+        use crate::encode::{text_body, TextRec};
+        let recs = |n: u16| -> Vec<TextRec> {
+            (0..n)
+                .map(|stream| TextRec {
+                    stream,
+                    offset: 0,
+                    tokens: vec![crate::encode::TextTok {
+                        token_id: 5,
+                        fragment: b"ab".to_vec(),
+                        span_back: 0,
+                        lead_len: 0,
+                    }],
+                    http: b"ab".to_vec(),
+                    ..TextRec::default()
+                })
+                .collect()
+        };
+        let big = header(3, &text_body(&recs(20)));
+        let small = header(3, &text_body(&recs(3)));
+        let mut bufs = RecordBufs::default();
+        let frame = decode_reusing(&big, &mut bufs).unwrap();
+        let Body::Text(v) = &frame.body else {
+            panic!("not text")
+        };
+        let (ptr, cap) = (v.as_ptr() as usize, v.capacity());
+        assert!(cap >= 20);
+        bufs.recycle(frame.body);
+        assert_eq!(bufs.capacities(), (0, cap));
+        for data in [&small, &big, &small] {
+            let frame = decode_reusing(data, &mut bufs).unwrap();
+            assert_eq!(frame, decode(data).unwrap());
+            let Body::Text(v) = &frame.body else {
+                panic!("not text")
+            };
+            assert_eq!((v.as_ptr() as usize, v.capacity()), (ptr, cap));
+            bufs.recycle(frame.body);
+        }
     }
 
     #[test]

@@ -240,10 +240,12 @@ pub(super) fn check_roles(
 
 pub(super) fn decode_provenance<'a>(
     r: &mut Reader<'a>,
+    mut out: Vec<ProvRecord<'a>>,
 ) -> Result<Vec<ProvRecord<'a>>, DecodeError> {
     let count = record_count(r)?;
     let mut seen = SeenStreams::new();
-    let mut out = Vec::with_capacity(count);
+    out.clear();
+    out.reserve(count);
     for _ in 0..count {
         let stream = r.u16()?;
         seen.check(stream, out.iter().map(|o: &ProvRecord<'_>| o.stream))?;
@@ -291,10 +293,14 @@ pub(super) fn decode_provenance<'a>(
     Ok(out)
 }
 
-pub(super) fn decode_text<'a>(r: &mut Reader<'a>) -> Result<Vec<TextRecord<'a>>, DecodeError> {
+pub(super) fn decode_text<'a>(
+    r: &mut Reader<'a>,
+    mut out: Vec<TextRecord<'a>>,
+) -> Result<Vec<TextRecord<'a>>, DecodeError> {
     let count = record_count(r)?;
     let mut seen = SeenStreams::new();
-    let mut out = Vec::with_capacity(count);
+    out.clear();
+    out.reserve(count);
     for _ in 0..count {
         let stream = r.u16()?;
         seen.check(stream, out.iter().map(|o: &TextRecord<'_>| o.stream))?;

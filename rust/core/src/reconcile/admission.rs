@@ -38,10 +38,16 @@ impl Reconciler {
         if self.finalized {
             return self.late_frame();
         }
-        let frame = match protocol::decode(data) {
+        let frame = match protocol::decode_reusing(data, &mut self.record_bufs) {
             Ok(f) => f,
             Err(e) => return self.rejected(&e),
         };
+        self.admit(data, &frame);
+        self.record_bufs.recycle(frame.body);
+    }
+
+    /// A decoded frame: its run, source and sequence number.
+    fn admit(&mut self, data: &[u8], frame: &Frame<'_>) {
         let h = frame.header;
         if h.run_id != self.run_id {
             return self.reject_message(format!(
@@ -85,7 +91,7 @@ impl Reconciler {
                 // Releasing a frame never buffers one, so with nothing buffered
                 // now there is nothing to drain: skip its map lookup.
                 let buffered = source.seq.buffered_len() > 0;
-                self.release(&frame);
+                self.release(frame);
                 if buffered {
                     self.drain_source(h.source_id);
                 }
@@ -140,8 +146,9 @@ impl Reconciler {
             else {
                 return;
             };
-            if let Ok(frame) = protocol::decode(&bytes) {
+            if let Ok(frame) = protocol::decode_reusing(&bytes, &mut self.record_bufs) {
                 self.release(&frame);
+                self.record_bufs.recycle(frame.body);
             }
         }
     }

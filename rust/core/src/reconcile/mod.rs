@@ -322,6 +322,8 @@ pub struct Reconciler {
     /// Index of the first event produced by the input being processed: only
     /// spans of the same input are merged, so merging never depends on drains.
     input_start: usize,
+    /// The record vectors of decoded frames (kept: no allocation per frame).
+    record_bufs: protocol::RecordBufs,
     /// Scratch buffer of a fragment's pieces (kept: no allocation per fragment).
     pieces: Vec<prove::Piece>,
     /// Scratch buffer of a fragment's unit byte starts (kept, like `pieces`).
@@ -371,6 +373,7 @@ impl Reconciler {
             finalized: false,
             digest: FrameDigest::new(),
             input_start: 0,
+            record_bufs: protocol::RecordBufs::default(),
             pieces: Vec::new(),
             unit_starts: Vec::new(),
             packed: None,
