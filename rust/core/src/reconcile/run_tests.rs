@@ -4,9 +4,9 @@
 //! steps and roles, failures and their wording), the same packed spans, and
 //! the same verdicts, statistics and counters.
 
-use super::skip_tests::{jitter, lie};
+use super::skip_tests::{case_inputs, lie};
 use super::*;
-use crate::workload::{feed_inputs, generate, split_deltas, Input, WorkloadConfig};
+use crate::workload::{feed_inputs, Input};
 
 /// Every `every`-th text frame with one byte of one record's HTTP delta
 /// (`http`) or fragments (else) changed to another ASCII byte: the
@@ -87,17 +87,7 @@ fn proved_runs_change_no_event() {
         (1, 400, false, false, 0, 0, 0, 0),
     ] {
         for seed in [5, 31] {
-            let w = generate(&WorkloadConfig {
-                streams,
-                tokens_per_stream: 300,
-                coalesce,
-                seed,
-                ..WorkloadConfig::default()
-            });
-            let mut inputs = jitter(w.inputs.clone(), delay, all, seed ^ 0x7a11);
-            if split {
-                inputs = split_deltas(inputs);
-            }
+            let (w, mut inputs) = case_inputs(streams, coalesce, seed, (delay, all, split), 0x7a11);
             if extra > 0 {
                 inputs = lie(inputs, extra);
             }

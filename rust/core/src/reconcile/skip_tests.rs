@@ -3,7 +3,7 @@
 //! after every input, and the same verdicts, statistics and counters.
 
 use super::*;
-use crate::workload::{feed_inputs, generate, split_deltas, Input, Rng, WorkloadConfig};
+use crate::workload::{feed_inputs, generate, split_deltas, Input, Rng, Workload, WorkloadConfig};
 
 /// Each frame (and, with `all`, each input) moved later by up to `delay`
 /// places (a stable sort on `index + jitter`): SSE deltas before the text
@@ -22,6 +22,30 @@ pub(super) fn jitter(inputs: Vec<Input>, delay: u64, all: bool, seed: u64) -> Ve
         .collect();
     keyed.sort_by_key(|(k, _)| *k);
     keyed.into_iter().map(|(_, input)| input).collect()
+}
+
+/// One differential case's workload: `streams` streams of 300 tokens,
+/// `coalesce` steps per chunk, then [`jitter`] (salted seed) and, with
+/// `split`, each delta cut in two.
+pub(super) fn case_inputs(
+    streams: u16,
+    coalesce: u32,
+    seed: u64,
+    (delay, all, split): (u64, bool, bool),
+    salt: u64,
+) -> (Workload, Vec<Input>) {
+    let w = generate(&WorkloadConfig {
+        streams,
+        tokens_per_stream: 300,
+        coalesce,
+        seed,
+        ..WorkloadConfig::default()
+    });
+    let mut inputs = jitter(w.inputs.clone(), delay, all, seed ^ salt);
+    if split {
+        inputs = split_deltas(inputs);
+    }
+    (w, inputs)
 }
 
 /// Every `every`-th delta one character longer than the text it stands for.
@@ -56,17 +80,7 @@ fn skipped_advance_changes_no_event() {
         (1, 400, false, false, 0),
     ] {
         for seed in [3, 29] {
-            let w = generate(&WorkloadConfig {
-                streams,
-                tokens_per_stream: 300,
-                coalesce,
-                seed,
-                ..WorkloadConfig::default()
-            });
-            let mut inputs = jitter(w.inputs.clone(), delay, all, seed ^ 0x5eed);
-            if split {
-                inputs = split_deltas(inputs);
-            }
+            let (w, mut inputs) = case_inputs(streams, coalesce, seed, (delay, all, split), 0x5eed);
             if every > 0 {
                 inputs = lie(inputs, every);
             }
