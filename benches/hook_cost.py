@@ -928,6 +928,7 @@ PHASES = (
     *(f"request:{name}-{steps}" for steps in LIFE_STEPS for name in ("plain", "hooked")),
 )  # fmt: skip
 REQUEST_PHASES = PHASES[-2 * len(LIFE_STEPS) :]
+STEADY_PHASES = PHASES[: -len(REQUEST_PHASES)]  # one step after another, no whole requests
 LIFE_CYCLES = 20  # cycles per callgrind phase of whole requests
 
 
@@ -1013,8 +1014,7 @@ def callgrind_counts(
 
 def count_instructions(requests: int, tokens: int, steps: int) -> Costs:
     """Instructions per step of each phase from callgrind (deterministic, whatever the load)."""
-    steady = tuple(phase for phase in PHASES if phase not in REQUEST_PHASES)
-    counts = callgrind_counts(steady, requests, tokens, steps, {})
+    counts = callgrind_counts(STEADY_PHASES, requests, tokens, steps, {})
     return costs_from_counts(counts, requests, tokens)
 
 
@@ -1095,8 +1095,7 @@ def compare_versions(
     accelerator built), this plugin on its pure-Python code, this plugin with the
     C accelerator. Prints instructions per request-step and the ratios; returns
     the accelerated costs."""
-    steady = tuple(phase for phase in PHASES if phase not in REQUEST_PHASES)
-    current = callgrind_counts(steady, requests, tokens, steps, {})
+    current = callgrind_counts(STEADY_PHASES, requests, tokens, steps, {})
     plain = {phase: count for phase, count in current.items() if phase not in HOOKED_PHASES}
     columns: list[tuple[str, Costs]] = []
     with tempfile.TemporaryDirectory(prefix="phpred") as directory:

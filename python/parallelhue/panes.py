@@ -112,10 +112,15 @@ def cells(text: str) -> int:
     if text.isascii():
         return len(text)
     size = _CELLS.get(text)
-    if size is None:
-        if len(_CELLS) >= _CELLS_MAX:
-            _CELLS.clear()
-        size = _CELLS[text] = cell_len(text)
+    return _measured(text) if size is None else size
+
+
+def _measured(text: str) -> int:
+    """rich's cell_len of `text`, kept in _CELLS (for an ASCII control too: 0, not len);
+    callers look in _CELLS first, without a call on a hit."""
+    if len(_CELLS) >= _CELLS_MAX:
+        _CELLS.clear()
+    size = _CELLS[text] = cell_len(text)
     return size
 
 
@@ -155,9 +160,7 @@ def _take(text: str, room: int) -> tuple[str, int]:
         for end, char in enumerate(text):
             size = _CELLS.get(char)
             if size is None:  # rich's width, also for an ASCII control (0, not len)
-                if len(_CELLS) >= _CELLS_MAX:
-                    _CELLS.clear()
-                size = _CELLS[char] = cell_len(char)
+                size = _measured(char)
             if used + size > room:
                 return text[:end], used
             used += size
@@ -258,7 +261,7 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
                 size = len(text)
             else:
                 cached = _CELLS.get(text)  # cells(text), without the call on a hit
-                size = cells(text) if cached is None else cached
+                size = _measured(text) if cached is None else cached
             if used + size <= width:
                 current.append((text, key))
                 used += size

@@ -50,6 +50,13 @@ fn span_word(step: Option<u32>, role: Option<u8>) -> u64 {
     u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32)
 }
 
+/// One packed span record ([`SPAN_RECORD_BYTES`]) appended to `out`.
+#[inline]
+fn push_span_record(out: &mut Vec<u8>, end: u64, word: u64) {
+    out.extend_from_slice(&end.to_le_bytes());
+    out.extend_from_slice(&word.to_le_bytes());
+}
+
 /// (end, step, role) of each packed span in `records`, for tests and tools.
 pub fn unpack_spans(records: &[u8]) -> Vec<(u64, Option<u32>, Option<u8>)> {
     records
@@ -478,7 +485,6 @@ fn pack_spans(
     spans: impl Iterator<Item = (u16, u64, u64, u64)>,
 ) {
     let runs = &mut shown.span_runs;
-    let mut total = 0usize;
     for (stream, byte_start, end, word) in spans {
         let s = stream as usize;
         let (Some(run), Some(last)) = (runs.get_mut(s), shown.span_end.get_mut(s)) else {
@@ -487,15 +493,12 @@ fn pack_spans(
         // Spans cover the text contiguously (PROTOCOL.md); should one
         // ever start further on, the bytes between stay uncolored.
         if byte_start > *last {
-            run.extend_from_slice(&byte_start.to_le_bytes());
-            run.extend_from_slice(&span_word(None, None).to_le_bytes());
-            total += SPAN_RECORD_BYTES;
+            push_span_record(run, byte_start, span_word(None, None));
         }
-        run.extend_from_slice(&end.to_le_bytes());
-        run.extend_from_slice(&word.to_le_bytes());
-        total += SPAN_RECORD_BYTES;
+        push_span_record(run, end, word);
         *last = (*last).max(end);
     }
+    let total: usize = runs.iter().map(Vec::len).sum();
     if total == 0 {
         return;
     }
@@ -512,10 +515,8 @@ fn pack_spans(
 
 #[cfg(test)]
 mod tests {
-
-    fn shown_runs(shown: &mut Shown, n: usize) {
-        shown.span_runs = vec![Vec::new(); n];
-    }
+    use super::*;
+    use crate::outcome::EndKind;
 
     /// Records grouped by stream in stream order, an uncolored gap record
     /// (its end where the next span starts, no step or role) before a span
@@ -525,9 +526,9 @@ mod tests {
     fn pack_spans_groups_by_stream_with_gap_records() {
         let mut shown = Shown {
             span_end: vec![0; 3],
+            span_runs: vec![Vec::new(); 3],
             ..Shown::default()
         };
-        shown_runs(&mut shown, 3);
         let w = |step, role| span_word(Some(step), Some(role));
         let mut batch = Batch::default();
         let spans = [
@@ -567,8 +568,6 @@ mod tests {
         pack_spans(&mut shown, &mut batch, std::iter::empty());
         assert!(batch.spans.is_empty() && batch.span_index.is_empty());
     }
-    use super::*;
-    use crate::outcome::EndKind;
 
     #[test]
     fn take_gives_text_once_spans_as_ranges_and_ends() {

@@ -67,10 +67,7 @@ impl<T: Copy> Fifo<T> {
     pub(super) fn pop_front(&mut self) -> Option<T> {
         let item = *self.buf.get(self.head)?;
         self.head += 1;
-        if self.head == self.buf.len() {
-            self.buf.clear();
-            self.head = 0;
-        }
+        self.restart_if_empty();
         Some(item)
     }
 
@@ -78,9 +75,14 @@ impl<T: Copy> Fifo<T> {
     #[inline]
     pub(super) fn drop_front(&mut self, n: usize) {
         self.head += n.min(self.len());
+        self.restart_if_empty();
+    }
+
+    /// An emptied queue goes back to the start of its buffer.
+    #[inline]
+    fn restart_if_empty(&mut self) {
         if self.head == self.buf.len() {
-            self.buf.clear();
-            self.head = 0;
+            self.clear();
         }
     }
 
