@@ -64,7 +64,7 @@ impl Reconciler {
                 self.source_order.push(h.source_id);
                 self.sources.entry(h.source_id).or_insert(Source {
                     seq: SeqTracker::default(),
-                    digests: BTreeMap::new(),
+                    digests: Digests::default(),
                     role: None,
                     info: 0,
                     broken: false,
@@ -76,7 +76,7 @@ impl Reconciler {
             Offer::Duplicate => {
                 self.counters.duplicate_frames += 1;
                 // A sequence number given up after a gap has no digest: nothing to compare.
-                if source.digests.get(&h.seq).is_some_and(|&d| d != digest) {
+                if source.digests.get(h.seq).is_some_and(|d| d != digest) {
                     self.run_failure(format!(
                         "source {:016x}: seq {} received twice with different content",
                         h.source_id, h.seq

@@ -36,9 +36,9 @@ mod skip_tests;
 pub use args::{parse_run_id, run_id_hex, ArgError};
 pub use source::SourceInfo;
 
-use source::{role_name, source_info, Source};
+use source::{role_name, source_info, Digests, Source};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use fifo::Fifo;
 

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::digest::Digest;
 use crate::protocol::{Hello, HelloFields};
 use crate::sequence::SeqTracker;
 
@@ -69,7 +70,7 @@ pub(super) struct Source {
     pub(super) seq: SeqTracker<Vec<u8>>,
     /// Keyed digest of every frame received, by sequence number: a
     /// duplicate must be byte-identical.
-    pub(super) digests: BTreeMap<u64, crate::digest::Digest>,
+    pub(super) digests: Digests,
     /// Role from its hello, once released.
     pub(super) role: Option<u8>,
     /// Index of its hello in `infos`.
@@ -80,4 +81,43 @@ pub(super) struct Source {
 
 pub(super) fn source_info(sources: &HashMap<u64, Source>, src: u64) -> usize {
     sources.get(&src).map_or(0, |s| s.info)
+}
+
+/// The keyed digest of each frame received, by sequence number (a map).
+/// Sequence numbers come in order from 0 almost always: those from 0 up
+/// without a hole are a vector indexed by sequence number, the rest a map.
+/// Each number lives in one of the two.
+#[derive(Default)]
+pub(super) struct Digests {
+    dense: Vec<Digest>,
+    sparse: BTreeMap<u64, Digest>,
+}
+
+impl Digests {
+    /// The digest recorded for `seq`.
+    #[inline]
+    pub(super) fn get(&self, seq: u64) -> Option<Digest> {
+        match usize::try_from(seq) {
+            Ok(i) if i < self.dense.len() => Some(self.dense[i]),
+            _ => self.sparse.get(&seq).copied(),
+        }
+    }
+
+    /// Record (or replace) the digest for `seq`.
+    #[inline]
+    pub(super) fn insert(&mut self, seq: u64, digest: Digest) {
+        let len = self.dense.len();
+        match usize::try_from(seq) {
+            Ok(i) if i < len => self.dense[i] = digest,
+            Ok(i) if i == len => {
+                if !self.sparse.is_empty() {
+                    self.sparse.remove(&seq);
+                }
+                self.dense.push(digest);
+            }
+            _ => {
+                self.sparse.insert(seq, digest);
+            }
+        }
+    }
 }
