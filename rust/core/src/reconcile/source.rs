@@ -121,3 +121,49 @@ impl Digests {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{BTreeMap, Digest, Digests};
+
+    /// `Digests` answers as the map it replaced for any order of sequence
+    /// numbers: in order, with holes filled late, and far out of order.
+    #[test]
+    fn digests_equal_a_map() {
+        let mut state = 20261202u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..200u64 {
+            let mut digests = Digests::default();
+            let mut map: BTreeMap<u64, Digest> = BTreeMap::new();
+            for op in 0..300u64 {
+                let seq = match case % 3 {
+                    0 => op,                // in order
+                    1 => op ^ (next() & 7), // locally shuffled, holes filled late
+                    _ => next() % 400,      // anywhere, repeats included
+                };
+                let digest: Digest = (op as u32, u128::from(next()));
+                digests.insert(seq, digest);
+                map.insert(seq, digest);
+                let probe = next() % 410;
+                assert_eq!(
+                    digests.get(probe),
+                    map.get(&probe).copied(),
+                    "case {case} op {op}"
+                );
+                assert_eq!(digests.get(seq), Some(digest));
+            }
+            for seq in 0..410 {
+                assert_eq!(
+                    digests.get(seq),
+                    map.get(&seq).copied(),
+                    "case {case} seq {seq}"
+                );
+            }
+        }
+    }
+}
