@@ -85,8 +85,10 @@ pub(super) fn source_info(sources: &HashMap<u64, Source>, src: u64) -> usize {
 
 /// The keyed digest of each frame received, by sequence number (a map).
 /// Sequence numbers come in order from 0 almost always: those from 0 up
-/// without a hole are a vector indexed by sequence number, the rest a map.
-/// Each number lives in one of the two.
+/// without a hole are a vector indexed by sequence number, the rest a map
+/// whose keys are all above the vector's length (a number that closes a
+/// hole pulls the run after it into the vector, so one reordered datagram
+/// does not leave the rest of the run on the map).
 #[derive(Default)]
 pub(super) struct Digests {
     dense: Vec<Digest>,
@@ -110,10 +112,10 @@ impl Digests {
         match usize::try_from(seq) {
             Ok(i) if i < len => self.dense[i] = digest,
             Ok(i) if i == len => {
-                if !self.sparse.is_empty() {
-                    self.sparse.remove(&seq);
-                }
                 self.dense.push(digest);
+                while let Some(next) = self.sparse.remove(&(self.dense.len() as u64)) {
+                    self.dense.push(next);
+                }
             }
             _ => {
                 self.sparse.insert(seq, digest);
@@ -125,18 +127,14 @@ impl Digests {
 #[cfg(test)]
 mod tests {
     use super::{BTreeMap, Digest, Digests};
+    use crate::workload::Rng;
 
     /// `Digests` answers as the map it replaced for any order of sequence
     /// numbers: in order, with holes filled late, and far out of order.
     #[test]
     fn digests_equal_a_map() {
-        let mut state = 20261202u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = Rng(20261202);
+        let mut next = move || rng.next_u64();
         for case in 0..200u64 {
             let mut digests = Digests::default();
             let mut map: BTreeMap<u64, Digest> = BTreeMap::new();
@@ -157,6 +155,14 @@ mod tests {
                 );
                 assert_eq!(digests.get(seq), Some(digest));
             }
+            // The vector holds the whole run from 0 present so far (a closed
+            // hole moved the run after it in), the map only keys beyond it.
+            let run = (0u64..).take_while(|k| map.contains_key(k)).count();
+            assert_eq!(digests.dense.len(), run, "case {case}");
+            assert!(
+                digests.sparse.keys().all(|&k| k > run as u64),
+                "case {case}"
+            );
             for seq in 0..410 {
                 assert_eq!(
                     digests.get(seq),
