@@ -121,10 +121,9 @@ def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any,
     events = 0
 
     def apply() -> int:
-        _texts, (packed, index), others, _ends = rec.take()
-        view = memoryview(packed)
-        for stream, start, end in index:
-            records[stream].frombytes(view[start:end])
+        _texts, spans, others, _ends = rec.take()
+        for stream, run in spans:
+            records[stream].frombytes(run)
         return len(others)
 
     for buffer in buffers:

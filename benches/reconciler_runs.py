@@ -27,10 +27,14 @@ def run_packed(cls: Any, run_id: str, num_streams: int, buffers: list[bytes]) ->
     records = [array("Q") for _ in range(num_streams)]
     for buffer in buffers:
         rec.push_recorded(buffer)
-        packed, index = rec.take()[1]
-        view = memoryview(packed)
-        for stream, start, end in index:
-            records[stream].frombytes(view[start:end])
+        spans = rec.take()[1]
+        if isinstance(spans, tuple):  # a build before 2026-12-02: (buffer, index)
+            view = memoryview(spans[0])
+            for stream, start, end in spans[1]:
+                records[stream].frombytes(view[start:end])
+        else:
+            for stream, run in spans:
+                records[stream].frombytes(run)
     rec.finalize()
     rec.take()
 

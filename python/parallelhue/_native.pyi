@@ -67,10 +67,10 @@ TELEMETRY_CONTENT_TYPE: str  # of a telemetry stream response (Unix only)
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
 # delta (f64 LE, time.monotonic's clock), tokens)
 _Text = tuple[int, bytes, bytes, bytes, int]
-# (every stream's spans, 16 bytes a span: u64 LE end offset, u64 LE
-# step | role << 32 with step 0xFFFFFFFF for a mixed span and role 0xFF for
-# none; grouped by stream), [(stream, start, end) byte ranges of each stream's part]
-_SpanRuns = tuple[bytes, list[tuple[int, int, int]]]
+# [(stream, its new spans)] in stream order, 16 bytes a span: u64 LE end
+# offset, u64 LE step | role << 32 with step 0xFFFFFFFF for a mixed span and
+# role 0xFF for none
+_SpanRuns = list[tuple[int, bytes]]
 # (stream, end kind or None for a normal finish, HTTP status, detail,
 #  finish_reason, usage, monotonic time)
 _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]

@@ -207,11 +207,9 @@ class RustIngest:
                 streams[stream].add_text(utf8, chunk_ends, times, tokens)
             except Exception as error:
                 self._failed_here(stream, error)
-        records, index = spans
-        view = memoryview(records)
-        for stream, start, end in index:
+        for stream, run in spans:
             try:
-                streams[stream].add_span_runs(view[start:end])
+                streams[stream].add_span_runs(run)
             except Exception as error:
                 self._failed_here(stream, error)
         self.feed.events(events)
