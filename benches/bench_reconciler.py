@@ -5,8 +5,8 @@ Workload: 64 streams x 2,000 tokens (tests/workloads.py, fixed length), steps of
 SSE chunks one per step or coalesced. The side-by-side test times both
 reconcilers alternately in one run and writes docs/benchmarks/reconciler.md:
 the Rust one through its packed API (inputs as one recording buffer per batch,
-`push_recorded`; output as packed span runs per stream, `take`, applied to
-arrays as the screen model does), then both fed the same tuple way
+`push_recorded`; output through `take`, which appends each stream's new
+spans to its `SpanRecords` as in the screen model), then both fed the same tuple way
 (`push_inputs` batches of BATCH inputs, one `drain()` per batch), then both fed
 per call (the previous method), so that each cost stays visible.
 
@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from parallelhue.reference import Reconciler as ReferenceReconciler  # noqa: E40
 
 try:
     from parallelhue._native import Reconciler as NativeReconciler
-    from parallelhue._native import pack_inputs
+    from parallelhue._native import SpanRecords, pack_inputs
 except ImportError:  # pragma: no cover - depends on `make native`
     NativeReconciler = None
 
@@ -113,17 +112,16 @@ def pack(workload: workloads.Workload, size: int = BATCH) -> list[bytes]:
 
 
 def run_packed(workload: workloads.Workload, buffers: list[bytes]) -> tuple[Any, int]:
-    """The packed API: push_recorded per buffer, take() after each, its span runs
-    appended to per-stream arrays (what StreamState.add_span_runs does); spans
-    packed as the live client's reconciler packs them (`ingest.py`)."""
+    """The packed API: push_recorded per buffer, take() after each, which
+    appends each stream's new spans to its SpanRecords (the screen model's
+    `StreamState.span_records`, `ingest.py`); spans packed as the live
+    client's reconciler packs them."""
     rec = NativeReconciler(workload.run_id, workload.num_streams, packed_spans=True)
-    records = [array("Q") for _ in range(workload.num_streams)]
+    records = [SpanRecords() for _ in range(workload.num_streams)]
     events = 0
 
     def apply() -> int:
-        _texts, spans, others, _ends = rec.take()
-        for stream, run in spans:
-            records[stream].frombytes(run)
+        _texts, others, _ends = rec.take(records)
         return len(others)
 
     for buffer in buffers:
@@ -403,9 +401,9 @@ def _write_report(
         f"The Rust reconciler gets the inputs as one recording buffer of {BATCH} inputs per",
         "`push_recorded` call (the recording format: what the tap writes and a replay",
         "reads; packing is not timed, as in a live run the Rust threads produce the",
-        "inputs), and after each buffer one `take()`: the spans as packed runs per",
-        "stream (16 bytes a span: end offset, step and role), appended to an array",
-        "with `frombytes` as the screen model does. The reference, which has no",
+        "inputs), and after each buffer one `take()`, which appends each stream's new",
+        "spans (16 bytes a span: end offset, step and role) to its `SpanRecords`, the",
+        "screen model's `StreamState.span_records`. The reference, which has no",
         "packed API, is fed its",
         "best way (`push_inputs`, `drain()`), alternating with the Rust runs.",
         "",

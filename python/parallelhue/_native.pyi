@@ -9,6 +9,7 @@ list (tests/test_native_types.py holds them equal).
 """
 
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, final
 
@@ -41,6 +42,7 @@ __all__ = [
     "Receiver",
     "Reconciler",
     "RecordWriter",
+    "SpanRecords",
     "decode_frame",
     "decode_recording",
     "encode_recording",
@@ -67,13 +69,35 @@ TELEMETRY_CONTENT_TYPE: str  # of a telemetry stream response (Unix only)
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
 # delta (f64 LE, time.monotonic's clock), tokens)
 _Text = tuple[int, bytes, bytes, bytes, int]
-# [(stream, its new spans)] in stream order, 16 bytes a span: u64 LE end
-# offset, u64 LE step | role << 32 with step 0xFFFFFFFF for a mixed span and
-# role 0xFF for none
-_SpanRuns = list[tuple[int, bytes]]
 # (stream, end kind or None for a normal finish, HTTP status, detail,
 #  finish_reason, usage, monotonic time)
 _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
+
+@final
+class SpanRecords:
+    """One stream's proven spans, two u64 words a span: the end offset into
+    the stream's SSE text, then step | role << 32 (step 0xFFFFFFFF: a mixed
+    span; role 0xFF: none). Grows by doubling; `Reconciler.take` appends to
+    it without a Python call. No buffer protocol (`tail_pieces` reads it
+    in place)."""
+
+    def __init__(self) -> None: ...
+    def __len__(self) -> int:
+        """Words (two a span)."""
+    def __getitem__(self, index: int, /) -> int: ...
+    def __setitem__(self, index: int, word: int, /) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def extend(self, words: Iterable[int]) -> None:
+        """Append words, as array.extend."""
+    def frombytes(self, data: bytes) -> None:
+        """Append packed spans (16 bytes each, little-endian); ValueError
+        "span records come in 16-byte spans; got N bytes" otherwise."""
+    def tobytes(self) -> bytes: ...
+    def tolist(self) -> list[int]: ...
+    @property
+    def has_roles(self) -> bool:
+        """A span carried a token role (contract C2)."""
 
 @final
 class Reconciler:
@@ -138,10 +162,14 @@ class Reconciler:
         """("pending" | "exact" | "failed", the failure reason or None); final once
         finalize() ran."""
     # display.rs
-    def take(self) -> tuple[list[_Text], _SpanRuns, list[Event], list[_Ended]]:
+    def take(
+        self, span_records: Sequence[SpanRecords]
+    ) -> tuple[list[_Text], list[Event], list[_Ended]]:
         """Since the last call, for the screen: new SSE text per stream (from
-        HttpStreams), the spans as runs of that text (grouped by stream), every
-        other event in order, and the streams whose exchange ended."""
+        HttpStreams), every other event in order, and the streams whose
+        exchange ended; each stream's new spans over its text are appended to
+        `span_records[stream]` (one per stream: ValueError for another count,
+        TypeError for another type, both before anything is taken)."""
     def push_recorded(self, data: bytes) -> None:
         """Apply a buffer of recording items (no preamble) in order, the GIL
         released; ValueError at an invalid item, after the items before it."""
@@ -181,8 +209,8 @@ def tail_pieces(
     by_role: bool,
     other: str,
 ) -> list[tuple[str, str | None]]:
-    """The last spans of a stream (`records`: an array("Q") of two words a span,
-    end offset into `data` and step | role << 32, as StreamState.span_records)
+    """The last spans of a stream (`records`: a SpanRecords or any u64 buffer
+    such as an array("Q"), two words a span as in SpanRecords)
     holding at least `limit - total` characters (all for limit < 0), each
     decoded as bytes.decode("utf-8", "replace") does, as (text, key) in text
     order. Keys: None without `keys`; by role keys[role byte] (256 keys); by

@@ -7,8 +7,9 @@ stream's whole HTTP exchange, TLS included, its SSE deltas pushed into the
 reconciler, its end applied by the thread itself; with `--telemetry http`
 also the run's telemetry stream, its frames pushed like datagrams). Python composes the
 requests (`streams.py`) and then only collects: `poll()` applies one
-`Reconciler.take()` batch — new text once per stream, spans as byte ranges
-of it, verdicts, stream ends — to the screen model. docs/ARCHITECTURE.md has
+`Reconciler.take()` batch — new text once per stream, the spans over it
+appended to each stream's `SpanRecords` in Rust, verdicts, stream ends — to
+the screen model. docs/ARCHITECTURE.md has
 the picture.
 """
 
@@ -18,7 +19,7 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from . import _native
 from .feed import Feed
@@ -200,16 +201,13 @@ class RustIngest:
                     )
         if self.telemetry is not None and self.telemetry.path == "http":
             self._telemetry_news()
-        texts, spans, events, ends = self.reconciler.take()
         streams = self.model.streams
+        # Each stream's new spans land on its span_records inside take().
+        records = cast("list[_native.SpanRecords]", [s.span_records for s in streams])
+        texts, events, ends = self.reconciler.take(records)
         for stream, utf8, chunk_ends, times, tokens in texts:
             try:
                 streams[stream].add_text(utf8, chunk_ends, times, tokens)
-            except Exception as error:
-                self._failed_here(stream, error)
-        for stream, run in spans:
-            try:
-                streams[stream].add_span_runs(run)
             except Exception as error:
                 self._failed_here(stream, error)
         self.feed.events(events)

@@ -20,9 +20,9 @@ import math
 import sys
 import time
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union, cast
 
 from .backend import Backend
 from .sanitize import one_line
@@ -141,7 +141,7 @@ class _Spans:
 
     __slots__ = ("_data", "_records")
 
-    def __init__(self, data: bytearray, records: array[int]) -> None:
+    def __init__(self, data: bytearray, records: SpanStore) -> None:
         self._data = data
         self._records = records
 
@@ -248,10 +248,65 @@ def python_tail_pieces(
     return pieces
 
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    _WordArray = array[int]
+else:
+    _WordArray = array
+
+
+class PySpanRecords(_WordArray):
+    """`_native.SpanRecords` without the extension (`--reconciler python`
+    needs none): an array("Q") of two words a span that notes whether a span
+    carried a token role. tests/test_span_records.py holds the two alike."""
+
+    __slots__ = ("has_roles",)
+    has_roles: bool
+
+    def __new__(cls) -> PySpanRecords:
+        self = cast(PySpanRecords, super().__new__(cls, "Q"))
+        self.has_roles = False
+        return self
+
+    def _saw(self, start: int) -> None:
+        if not self.has_roles:
+            self.has_roles = any(
+                (self[i] >> 32) & _NO_ROLE != _NO_ROLE for i in range(start | 1, len(self), 2)
+            )
+
+    def extend(self, words: Iterable[int]) -> None:
+        start = len(self)
+        super().extend(words)
+        self._saw(start)
+
+    def frombytes(self, data: ReadableBuffer) -> None:
+        size = memoryview(data).nbytes
+        if size % 16:
+            raise ValueError(f"span records come in 16-byte spans; got {size} bytes")
+        start = len(self)
+        super().frombytes(data)
+        if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
+            tail = self[start:]
+            tail.byteswap()
+            self[start:] = tail
+        self._saw(start)
+
+    def __setitem__(self, index: Any, word: Any) -> None:
+        super().__setitem__(index, word)
+        self._saw(0)
+
+
+SpanStore = Union["_native.SpanRecords", PySpanRecords]
+
 try:
+    from . import _native
     from ._native import tail_pieces
+
+    new_span_records: Callable[[], SpanStore] = _native.SpanRecords
 except ImportError:  # not built: the whole client still runs (--reconciler python)
     tail_pieces = python_tail_pieces
+    new_span_records = PySpanRecords
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -280,8 +335,9 @@ class StreamState:
     # When each non-empty delta arrived (the timeline; see add_text for its precision).
     chunk_times: array[float] = field(default_factory=lambda: array("d"))
     sse_tokens: int = 0  # token ids received over SSE
-    # The proven spans, two words each (see _Spans): end offset, step | role << 32.
-    span_records: array[int] = field(default_factory=lambda: array("Q"))
+    # The proven spans, two words each (see _Spans): end offset, step | role << 32;
+    # the Rust path's Reconciler.take appends to them itself.
+    span_records: SpanStore = field(default_factory=lambda: new_span_records())
     verdict: str = "pending"  # pending, exact, failed
     reason: str | None = None
     error: str | None = None  # the HTTP stream's own failure
@@ -298,7 +354,6 @@ class StreamState:
     usage: Usage | None = None
     # reconciler.stream_stats (a StreamStats once the first update arrived)
     stats: Mapping[str, Any] = field(default_factory=dict)
-    has_roles: bool = False  # a span of it carried a token role (contract C2)
 
     def __repr__(self) -> str:
         return (
@@ -352,19 +407,17 @@ class StreamState:
             records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
         step = _NO_STEP if step_index is None else step_index
         role_code = _NO_ROLE if role is None else role
-        if role is not None:
-            self.has_roles = True
         records.extend((byte_start + len(text.encode("utf-8")), step | role_code << 32))
 
-    def add_span_runs(self, records: bytes | memoryview) -> None:
-        """Spans as the Rust path packs them (16 bytes each, see _Spans)."""
-        before = len(self.span_records)
-        _append_le(self.span_records, records)
-        if not self.has_roles:
-            words = self.span_records
-            self.has_roles = any(
-                (words[i] >> 32) & _NO_ROLE != _NO_ROLE for i in range(before + 1, len(words), 2)
-            )
+    def add_span_runs(self, records: bytes) -> None:
+        """Spans as the Rust path packs them (16 bytes each, see _Spans); the
+        live path's `Reconciler.take` appends them to `span_records` itself."""
+        self.span_records.frombytes(records)
+
+    @property
+    def has_roles(self) -> bool:
+        """A span of it carried a token role (contract C2)."""
+        return self.span_records.has_roles
 
     @property
     def chunks(self) -> _Runs:

@@ -2,21 +2,21 @@
 //! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
 //!
 //! `take` replaces a Python tuple per event by a few `bytes`: each stream's
-//! new SSE text once, and each stream's spans as one packed run of that text
-//! (16 bytes a span, `fed::SPAN_RECORD_BYTES`), appended with one
-//! `array('Q').frombytes`.
+//! new SSE text once; its new spans (16 bytes a span, `fed::SPAN_RECORD_BYTES`)
+//! go straight onto the stream's `SpanRecords`.
 
 use std::path::PathBuf;
 
 use parallelhue_core::fed::{monotonic, Batch};
 use parallelhue_core::record::{self, Item};
 use parallelhue_core::tap::Tap;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::convert::value_error;
 use crate::reconciler::{event_tuple, Reconciler};
+use crate::spans::SpanRecords;
 use crate::streams::usage_dict;
 
 fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
@@ -27,7 +27,11 @@ fn le_bytes<T: Copy, const N: usize>(values: &[T], f: impl Fn(T) -> [u8; N]) -> 
     out
 }
 
-fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTuple>> {
+fn batch_tuple<'py>(
+    py: Python<'py>,
+    batch: Batch,
+    stores: &[Bound<'py, SpanRecords>],
+) -> PyResult<Bound<'py, PyTuple>> {
     let texts = PyList::empty(py);
     for (stream, t) in batch.texts {
         texts.append((
@@ -38,12 +42,12 @@ fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTupl
             t.tokens,
         ))?;
     }
-    // One `bytes` per stream, not one buffer with a (stream, start, end)
-    // index: slicing a memoryview per stream cost the client more than the
-    // copy it saved (about 90 ns a slice, 10,576 slices on the benchmark run).
-    let spans = PyList::empty(py);
+    // Each stream's new spans go straight onto its records: no Python object
+    // and no Python call per stream (see spans.rs).
     for (stream, start, end) in batch.span_index {
-        spans.append((stream, PyBytes::new(py, &batch.spans[start..end])))?;
+        if let Some(store) = stores.get(usize::from(stream)) {
+            store.borrow_mut().append_packed(&batch.spans[start..end]);
+        }
     }
     let events = PyList::empty(py);
     for e in batch.events {
@@ -62,26 +66,50 @@ fn batch_tuple<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyTupl
             e.at,
         ))?;
     }
-    PyTuple::new(
-        py,
-        [
-            texts.into_any(),
-            spans.into_any(),
-            events.into_any(),
-            ends.into_any(),
-        ],
-    )
+    PyTuple::new(py, [texts.into_any(), events.into_any(), ends.into_any()])
+}
+
+/// One `SpanRecords` per stream, checked before anything is taken (so a
+/// wrong argument loses nothing).
+fn span_stores<'py>(
+    span_records: &Bound<'py, PyAny>,
+    num_streams: u16,
+) -> PyResult<Vec<Bound<'py, SpanRecords>>> {
+    let n = span_records.len()?;
+    if n != usize::from(num_streams) {
+        return Err(value_error(format!(
+            "take(): span_records has {n} entries; the reconciler has {num_streams} streams"
+        )));
+    }
+    (0..n)
+        .map(|i| {
+            span_records
+                .get_item(i)?
+                .cast_into::<SpanRecords>()
+                .map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "take(): span_records[{i}] is not a parallelhue._native.SpanRecords"
+                    ))
+                })
+        })
+        .collect()
 }
 
 #[pymethods]
 impl Reconciler {
-    /// `(texts, spans, events, ends)` since the last call (see the stub).
-    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+    /// `(texts, events, ends)` since the last call, each stream's new spans
+    /// appended to `span_records[stream]` (see the stub).
+    fn take<'py>(
+        &self,
+        py: Python<'py>,
+        span_records: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let stores = span_stores(span_records, self.num_streams)?;
         let inner = &self.inner;
         let batch = py
             .detach(|| inner.lock().map(|mut fed| fed.take()).map_err(|_| ()))
             .map_err(|_| PyRuntimeError::new_err("reconciler poisoned by a panic"))?;
-        batch_tuple(py, batch)
+        batch_tuple(py, batch, &stores)
     }
 
     /// Apply a buffer of recording items (no preamble) in order: SSE deltas,

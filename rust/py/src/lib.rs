@@ -15,6 +15,7 @@ mod receiver;
 mod reconciler;
 mod recording;
 #[cfg(unix)]
+mod spans;
 mod streams;
 
 use parallelhue_core::outcome::END_KINDS;
@@ -85,6 +86,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         END_KINDS.iter().map(|k| k.name()).collect::<Vec<_>>(),
     )?;
     m.add_class::<Reconciler>()?;
+    m.add_class::<spans::SpanRecords>()?;
     m.add_class::<Receiver>()?;
     m.add_class::<RecordWriter>()?;
     #[cfg(unix)]

@@ -12,6 +12,8 @@ use pyo3::buffer::{PyBuffer, PyUntypedBuffer};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+use crate::spans::SpanRecords;
+
 /// A span's step word when its tokens came from several steps.
 const NO_STEP: u64 = 0xFFFF_FFFF;
 /// The role byte of a span without a proven role.
@@ -62,12 +64,19 @@ pub(crate) fn tail_pieces<'py>(
     other: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyList>> {
     let data_buf = PyBuffer::<u8>::get(data)?;
-    let records_buf = PyUntypedBuffer::get(records)?;
-    // An empty array's buffer may not be aligned: no spans, nothing to check.
-    let records_buf = if records_buf.len_bytes() == 0 {
-        None
-    } else {
-        Some(records_buf.into_typed::<u64>()?)
+    // The live screen's records: read in place (no buffer to export).
+    let store = records.cast::<SpanRecords>().ok().map(|r| r.borrow());
+    let records_buf = match &store {
+        Some(_) => None,
+        None => {
+            let buf = PyUntypedBuffer::get(records)?;
+            // An empty array's buffer may not be aligned: no spans, nothing to check.
+            if buf.len_bytes() == 0 {
+                None
+            } else {
+                Some(buf.into_typed::<u64>()?)
+            }
+        }
     };
     if !data_buf.is_c_contiguous() || records_buf.as_ref().is_some_and(|b| !b.is_c_contiguous()) {
         return Err(pyo3::exceptions::PyBufferError::new_err(
@@ -89,12 +98,13 @@ pub(crate) fn tail_pieces<'py>(
         let bytes = unsafe {
             std::slice::from_raw_parts(data_buf.buf_ptr() as *const u8, data_buf.item_count())
         };
-        let words: &[u64] = match &records_buf {
+        let words: &[u64] = match (&store, &records_buf) {
+            (Some(store), _) => &store.words,
             // SAFETY: as above; `into_typed` checked the u64 format and alignment.
-            Some(buf) => unsafe {
+            (None, Some(buf)) => unsafe {
                 std::slice::from_raw_parts(buf.buf_ptr() as *const u64, buf.item_count())
             },
-            None => &[],
+            (None, None) => &[],
         };
         let mut total = total;
         let mut position = words.len() / 2;
