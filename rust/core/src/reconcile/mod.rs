@@ -29,6 +29,8 @@ mod stream;
 mod tokens;
 
 #[cfg(test)]
+mod pieces_tests;
+#[cfg(test)]
 mod run_tests;
 #[cfg(test)]
 mod skip_tests;

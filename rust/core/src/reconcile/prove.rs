@@ -485,25 +485,13 @@ impl Stream {
         }
         let frag = self.f.slice(fr.byte_start, fr.byte_start + len as u64);
         let lead = usize::from(fr.lead);
-        // The unit owning byte position `at`..: (first token, token end, byte end),
-        // found by walking the units in order.
-        let unit_count = if fr.gives { span_back as usize + 1 } else { 2 };
-        let unit = |u: usize| -> (u64, u64, usize, usize) {
-            if !fr.gives {
-                return if u == 0 {
-                    (fr.first, fr.tok, 0, lead)
-                } else {
-                    (fr.tok, fr.tok + 1, lead, len)
-                };
-            }
-            if u == span_back as usize {
-                return (fr.tok, fr.tok + 1, lead, len);
-            }
-            (fr.first + u as u64, fr.first + u as u64 + 1, 0, 0)
-        };
-        // Byte ranges of the per-token units: running sums of the gives
-        // (a kept buffer: a fresh 257-word array per fragment was zeroed
-        // each time, the largest single cost of the packed run in callgrind).
+        // The units in order: unit `u` owns bytes `starts[u]..starts[u + 1]`
+        // and tokens `unit_tok(u)..unit_tok(u + 1)`. With every give known,
+        // one unit per token (the predecessors' gives, then the carrier's
+        // rest); else two: the predecessors together (`lead` bytes), then
+        // the carrier. `starts` is a kept buffer: a fresh 257-word array
+        // per fragment was zeroed each time, the largest single cost of the
+        // packed run in callgrind.
         starts.clear();
         if fr.gives {
             let mut at = 0usize;
@@ -513,32 +501,50 @@ impl Stream {
             }
             starts.push(at);
             starts.push(len);
+        } else {
+            starts.extend_from_slice(&[0, lead, len]);
         }
-        let range = |u: usize| -> (u64, u64, usize, usize) {
-            let (a, b, from, to) = unit(u);
-            if fr.gives {
-                (a, b, starts[u], starts[u + 1])
+        let starts = &starts[..];
+        let unit_count = starts.len() - 1;
+        let unit_tok = |u: usize| -> u64 {
+            if fr.gives || u == 0 {
+                fr.first + u as u64
             } else {
-                (a, b, from, to)
+                fr.tok + u as u64 - 1
             }
         };
         let mut first_unit = 0usize;
         let mut pos = 0usize;
         while pos < avail {
-            let mut end = pos + 1;
+            // Skip the units that end at or before this character.
+            while first_unit + 1 < unit_count && starts[first_unit + 1] <= pos {
+                first_unit += 1;
+            }
+            // The characters from `pos` that end within the first unit (at
+            // most at `x`, where the next unit starts) overlap it alone: one
+            // character at a time each would get the same tokens and merge
+            // into one piece. So they are taken at once, up to `q`, the last
+            // character boundary at or before `x`; only a character across a
+            // unit boundary is taken alone.
+            let x = if first_unit + 1 < unit_count {
+                starts[first_unit + 1]
+            } else {
+                len
+            };
+            let mut q = x;
+            while q > pos && q < len && is_continuation(frag[q]) {
+                q -= 1;
+            }
+            let mut end = if q > pos { q } else { pos + 1 };
             while end < len && is_continuation(frag[end]) {
                 end += 1;
             }
-            // Skip the units that end at or before this character.
-            while first_unit + 1 < unit_count && range(first_unit).3 <= pos {
-                first_unit += 1;
-            }
             let mut last_unit = first_unit;
-            while last_unit + 1 < unit_count && range(last_unit + 1).2 < end {
+            while last_unit + 1 < unit_count && starts[last_unit + 1] < end {
                 last_unit += 1;
             }
-            let low = range(first_unit).0;
-            let high = range(last_unit).1;
+            let low = unit_tok(first_unit);
+            let high = unit_tok(last_unit + 1);
             let end = end.min(avail);
             match out.last_mut() {
                 Some(p) if p.first == low && u64::from(p.n) == high - low => p.to = end,
@@ -559,7 +565,7 @@ impl Stream {
     }
 
     /// The step and role shared by every token in `from..to`, else None.
-    fn shared(&self, from: u64, to: u64) -> (Option<u32>, Option<u8>) {
+    pub(super) fn shared(&self, from: u64, to: u64) -> (Option<u32>, Option<u8>) {
         let t0 = self.tok(from);
         let (mut step, mut role) = (Some(t0.ord), Some(t0.role));
         for o in from + 1..to {
@@ -616,10 +622,10 @@ pub(super) fn is_continuation(b: u8) -> bool {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Piece {
     /// Byte range relative to the fragment start.
-    from: usize,
-    to: usize,
-    step: Option<u32>,
-    role: Option<u8>,
-    first: u64,
-    n: u32,
+    pub(super) from: usize,
+    pub(super) to: usize,
+    pub(super) step: Option<u32>,
+    pub(super) role: Option<u8>,
+    pub(super) first: u64,
+    pub(super) n: u32,
 }
