@@ -29,7 +29,7 @@ mod stream;
 mod tokens;
 
 #[cfg(test)]
-mod pieces_tests;
+mod prove_tests;
 #[cfg(test)]
 mod run_tests;
 #[cfg(test)]

@@ -1,9 +1,10 @@
-//! `Stream::pieces` against the character-by-character walk it replaced
-//! (kept here as the reference): the same pieces for random fragments with
-//! span_back, per-token gives or only lead_len, multi-byte characters across
-//! unit boundaries, and cuts at the final HTTP text.
+//! `prove.rs`'s helpers against plain versions of them: `Stream::pieces`
+//! against the character-by-character walk it replaced (kept here as the
+//! reference), for random fragments with span_back, per-token gives or only
+//! lead_len, multi-byte characters across unit boundaries, and cuts at the
+//! final HTTP text; `same3` against `==`.
 
-use super::prove::{is_continuation, Piece};
+use super::prove::{is_continuation, same3, Piece};
 use super::*;
 use crate::workload::Rng;
 
@@ -151,4 +152,26 @@ fn pieces_equal_the_character_walk() {
         multi > 5_000 && cut > 3_000 && gives_cases > 10_000,
         "{multi} {cut} {gives_cases}"
     );
+}
+
+/// `same3` is `a == b && b == c` at every length around its word paths
+/// (0 to 40 bytes), with one byte changed anywhere in any of the three.
+#[test]
+fn same3_is_two_equalities() {
+    let mut rng = Rng(7);
+    let mut differ = 0;
+    for n in 0..=40usize {
+        let base: Vec<u8> = (0..n).map(|_| rng.range(0, 255) as u8).collect();
+        assert!(same3(&base, &base.clone(), &base.clone()), "n {n}");
+        for at in 0..n {
+            for which in 0..3 {
+                let mut v = [base.clone(), base.clone(), base.clone()];
+                v[which][at] ^= 1 << rng.range(0, 7);
+                let want = v[0] == v[1] && v[1] == v[2];
+                assert_eq!(same3(&v[0], &v[1], &v[2]), want, "n {n} at {at} in {which}");
+                differ += usize::from(!want);
+            }
+        }
+    }
+    assert_eq!(differ, 3 * (0..=40).sum::<usize>());
 }
