@@ -38,9 +38,7 @@ mod skip_tests;
 pub use args::{parse_run_id, run_id_hex, ArgError};
 pub use source::SourceInfo;
 
-use source::{role_name, source_info, Digests, Source};
-
-use std::collections::HashMap;
+use source::{role_name, source_info, Digests, Source, Sources};
 
 use fifo::Fifo;
 
@@ -309,9 +307,8 @@ impl Stream {
 pub struct Reconciler {
     run_id: [u8; 16],
     streams: Vec<Stream>,
-    sources: HashMap<u64, Source>,
-    /// Source ids in order of their first admitted frame.
-    source_order: Vec<u64>,
+    /// The sources, in order of their first admitted frame.
+    sources: Sources,
     infos: Vec<SourceInfo>,
     events: Vec<Event>,
     counters: Counters,
@@ -366,8 +363,7 @@ impl Reconciler {
         Reconciler {
             run_id,
             streams: (0..num_streams).map(|_| Stream::default()).collect(),
-            sources: HashMap::new(),
-            source_order: Vec::new(),
+            sources: Sources::default(),
             infos: Vec::new(),
             events: Vec::new(),
             counters: Counters::default(),
