@@ -336,6 +336,10 @@ pub struct Reconciler {
     /// `advance` calls skipped after provenance, text and SSE inputs.
     #[cfg(test)]
     skipped: [u64; 3],
+    /// Of those after text and SSE, skipped while a fragment waited for
+    /// bytes (`Stream::front_still_waits`).
+    #[cfg(test)]
+    skipped_waiting: u64,
     /// Prove a run of confirmed fragments with one three-way comparison
     /// (`prove.rs` `run_of_fragments`); false only in the test that holds it
     /// against a reconciler that proves fragment by fragment.
@@ -378,6 +382,8 @@ impl Reconciler {
             skip_advance: true,
             #[cfg(test)]
             skipped: [0; 3],
+            #[cfg(test)]
+            skipped_waiting: 0,
             prove_runs: true,
             #[cfg(test)]
             runs_proven: [0; 2],
