@@ -293,6 +293,7 @@ fn text(p: &[u8], offset: usize, kind: u8) -> Result<&str, RecordError> {
     })
 }
 
+#[inline(always)]
 fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError> {
     let bad = |why| RecordError::BadItem { offset, kind, why };
     let need = |n: usize| {

@@ -70,6 +70,10 @@ impl ByteWindow {
     /// buffer is compacted once the dead prefix is at least half of it).
     #[inline]
     pub fn release_before(&mut self, pos: u64) {
+        // Most calls release nothing: less than 256 bytes to drop.
+        if pos < self.base.saturating_add(256) {
+            return;
+        }
         let dead = pos.saturating_sub(self.base).min(self.buf.len() as u64) as usize;
         if dead >= 256 && dead * 2 >= self.buf.len() {
             self.buf.drain(..dead);
@@ -126,5 +130,30 @@ mod tests {
         w.clear();
         assert_eq!(w.len(), 1002);
         assert_eq!(w.retained(), 0);
+    }
+
+    /// `release_before` drops the dead prefix exactly when it is at least
+    /// 256 bytes and half the buffer, for positions before, inside and
+    /// beyond the retained bytes (the early return included).
+    #[test]
+    fn release_compacts_by_the_rule() {
+        for base_bytes in [0usize, 300, 1000] {
+            for len in [0usize, 100, 255, 256, 511, 512, 2000] {
+                for pos in [0u64, 1, 255, 256, 257, 300, 555, 556, 1000, 1256, 5000] {
+                    let mut w = ByteWindow::default();
+                    w.extend(&vec![1u8; base_bytes]);
+                    w.release_before(base_bytes as u64);
+                    let base = w.len() - w.retained() as u64;
+                    w.extend(&vec![2u8; len]);
+                    let held = w.retained();
+                    let dead = pos.saturating_sub(base).min(held as u64) as usize;
+                    let compacts = dead >= 256 && dead * 2 >= held;
+                    w.release_before(pos);
+                    let want = if compacts { held - dead } else { held };
+                    assert_eq!(w.retained(), want, "base {base} len {len} pos {pos}");
+                    assert_eq!(w.len(), base + held as u64);
+                }
+            }
+        }
     }
 }

@@ -38,9 +38,47 @@ impl<'a> Reader<'a> {
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
 
+    /// Bytes not yet read.
     #[inline]
-    pub(super) fn u32(&mut self) -> Result<u32, DecodeError> {
-        let b = self.take(4)?;
+    pub(super) fn left(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// `take(n)`, or with `CHECKED` false the same without its check: the
+    /// caller saw at least `n` bytes left (`left()`) for the whole run of
+    /// fixed-size fields this read belongs to, so a record's fixed head is
+    /// bounds-checked once, not field by field (a truncation can then not
+    /// happen inside it, so the errors reported are the same).
+    #[inline(always)]
+    pub(super) fn take_f<const CHECKED: bool>(
+        &mut self,
+        n: usize,
+    ) -> Result<&'a [u8], DecodeError> {
+        if CHECKED {
+            return self.take(n);
+        }
+        debug_assert!(self.left() >= n);
+        // SAFETY: the caller checked `n <= buf.len() - pos` (see above), and
+        // `pos <= buf.len()` always holds (as in `take`).
+        let s = unsafe { self.buf.get_unchecked(self.pos..self.pos + n) };
+        self.pos += n;
+        Ok(s)
+    }
+
+    #[inline(always)]
+    pub(super) fn u8_f<const CHECKED: bool>(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take_f::<CHECKED>(1)?[0])
+    }
+
+    #[inline(always)]
+    pub(super) fn u16_f<const CHECKED: bool>(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take_f::<CHECKED>(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    #[inline(always)]
+    pub(super) fn u32_f<const CHECKED: bool>(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take_f::<CHECKED>(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 

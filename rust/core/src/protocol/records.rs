@@ -200,6 +200,7 @@ fn role_letter(r: u8) -> char {
 
 /// The role rules of docs/PROTOCOL.md "provenance"; returns the number of
 /// accepted drafts (the leading `A`s).
+#[inline(always)]
 pub(super) fn check_roles(
     stream: u16,
     roles: &[u8],
@@ -247,50 +248,82 @@ pub(super) fn decode_provenance<'a>(
     out.clear();
     out.reserve(count);
     for _ in 0..count {
-        let stream = r.u16()?;
-        seen.check(stream, out.iter().map(|o: &ProvRecord<'_>| o.stream))?;
-        let flags = r.u8()?;
-        if flags & !(FLAG_FINISHED | FLAG_TRIMMED) != 0 {
-            return Err(DecodeError::InvalidFlags { stream, flags });
+        // A record's fixed fields bounds-checked at once when all are there
+        // (`Reader::take_f`); field by field near the end of the body.
+        if r.left() >= PROV_HEAD_BYTES {
+            prov_record::<false>(r, &mut seen, &mut out)?;
+        } else {
+            prov_record_checked(r, &mut seen, &mut out)?;
         }
-        let finish_reason = r.u8()?;
-        check_finish(stream, flags, finish_reason)?;
-        let offset = r.u32()?;
-        let n = r.u16()?;
-        check_token_count(stream, offset, n, 1)?;
-        let drafts_scheduled = r.u16()?;
-        let drafts_padded = r.u16()?;
-        if drafts_padded > drafts_scheduled {
-            return Err(DecodeError::PaddedExceedsScheduled {
-                stream,
-                padded: drafts_padded,
-                scheduled: drafts_scheduled,
-            });
-        }
-        let token_ids_raw = r.take(4 * n as usize)?;
-        let roles = r.take(n as usize)?;
-        let accepted = check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
-        // A padded draft slot held no draft: it cannot have been accepted.
-        if accepted > usize::from(drafts_scheduled - drafts_padded) {
-            return Err(DecodeError::AcceptedExceedsDrafts {
-                stream,
-                accepted,
-                scheduled: drafts_scheduled,
-                padded: drafts_padded,
-            });
-        }
-        out.push(ProvRecord {
-            stream,
-            flags,
-            finish_reason,
-            offset,
-            drafts_scheduled,
-            drafts_padded,
-            token_ids_raw,
-            roles,
-        });
     }
     Ok(out)
+}
+
+/// Bytes of a provenance record's fixed fields (stream to drafts_padded).
+const PROV_HEAD_BYTES: usize = 14;
+
+/// [`prov_record`] field by field, near the end of a body (rare: the
+/// checks of the common case stay inlined in the loop).
+#[cold]
+#[inline(never)]
+fn prov_record_checked<'a>(
+    r: &mut Reader<'a>,
+    seen: &mut SeenStreams,
+    out: &mut Vec<ProvRecord<'a>>,
+) -> Result<(), DecodeError> {
+    prov_record::<true>(r, seen, out)
+}
+
+/// One provenance record; `CHECKED` false: its fixed fields are all there.
+#[inline(always)]
+fn prov_record<'a, const CHECKED: bool>(
+    r: &mut Reader<'a>,
+    seen: &mut SeenStreams,
+    out: &mut Vec<ProvRecord<'a>>,
+) -> Result<(), DecodeError> {
+    let stream = r.u16_f::<CHECKED>()?;
+    seen.check(stream, out.iter().map(|o: &ProvRecord<'_>| o.stream))?;
+    let flags = r.u8_f::<CHECKED>()?;
+    if flags & !(FLAG_FINISHED | FLAG_TRIMMED) != 0 {
+        return Err(DecodeError::InvalidFlags { stream, flags });
+    }
+    let finish_reason = r.u8_f::<CHECKED>()?;
+    check_finish(stream, flags, finish_reason)?;
+    let offset = r.u32_f::<CHECKED>()?;
+    let n = r.u16_f::<CHECKED>()?;
+    check_token_count(stream, offset, n, 1)?;
+    let drafts_scheduled = r.u16_f::<CHECKED>()?;
+    let drafts_padded = r.u16_f::<CHECKED>()?;
+    if drafts_padded > drafts_scheduled {
+        return Err(DecodeError::PaddedExceedsScheduled {
+            stream,
+            padded: drafts_padded,
+            scheduled: drafts_scheduled,
+        });
+    }
+    let token_ids_raw = r.take(4 * n as usize)?;
+    let roles = r.take(n as usize)?;
+    let accepted = check_roles(stream, roles, drafts_scheduled, flags & FLAG_TRIMMED != 0)?;
+    // A padded draft slot held no draft: it cannot have been accepted.
+    if accepted > usize::from(drafts_scheduled - drafts_padded) {
+        return Err(DecodeError::AcceptedExceedsDrafts {
+            stream,
+            accepted,
+            scheduled: drafts_scheduled,
+            padded: drafts_padded,
+        });
+    }
+    out.push(ProvRecord {
+        stream,
+        flags,
+        finish_reason,
+        offset,
+        drafts_scheduled,
+        drafts_padded,
+        token_ids_raw,
+        roles,
+    });
+    Ok(())
 }
 
 pub(super) fn decode_text<'a>(
@@ -302,89 +335,119 @@ pub(super) fn decode_text<'a>(
     out.clear();
     out.reserve(count);
     for _ in 0..count {
-        let stream = r.u16()?;
-        seen.check(stream, out.iter().map(|o: &TextRecord<'_>| o.stream))?;
-        let flags = r.u8()?;
-        let finished = flags & FLAG_FINISHED != 0;
-        let all = FLAG_FINISHED | FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED;
-        if flags & !all != 0 || (!finished && flags != 0) {
-            return Err(DecodeError::InvalidFlags { stream, flags });
-        }
-        let finish_reason = r.u8()?;
-        check_finish(stream, flags, finish_reason)?;
-        // text_truncated and tokens_trimmed both say a stop string ended the request.
-        if flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0 && finish_reason != FINISH_STOP
-        {
-            return Err(DecodeError::StopFlagsReason {
-                stream,
-                flags,
-                reason: finish_reason,
-            });
-        }
-        let offset = r.u32()?;
-        let n = r.u16()?;
-        check_token_count(stream, offset, n, if finished { 0 } else { 1 })?;
-        let trimmed_tokens = r.u16()?;
-        if trimmed_tokens != 0 && flags & FLAG_TOKENS_TRIMMED == 0 {
-            return Err(DecodeError::TrimmedWithoutFlag {
-                stream,
-                n: trimmed_tokens,
-            });
-        }
-        let http_len = r.u32()? as usize;
-        let tokens_raw = r.take(TEXT_TOKEN_BYTES * n as usize)?;
-        // One pass over the entries: their rules, the fragments' total length
-        // and whether every fragment starts on a character boundary (a byte
-        // read beyond the fragments and HTTP delta can only make this false,
-        // which takes the exact path below).
-        let frag_start = r.pos;
-        let buf = r.buf;
-        let mut frag_total = 0usize;
-        let mut aligned = true;
-        for (index, t) in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES).enumerate() {
-            let token = text_token(t);
-            if token.span_back != 0 || token.lead_len != 0 {
-                check_token_entry(stream, index, token)?;
-            }
-            aligned &= buf
-                .get(frag_start + frag_total)
-                .is_none_or(|&b| (b as i8) >= -0x40);
-            frag_total += token.frag_len as usize;
-        }
-        let fragments = r.take(frag_total)?;
-        // Fast path: fragments and HTTP delta are adjacent; one validation of
-        // both, plus the character-boundary checks where each piece starts.
-        let both = if aligned {
-            r.buf
-                .get(frag_start..frag_start + frag_total + http_len)
-                .and_then(|b| fragments_and_delta(b, frag_total))
+        // As in `decode_provenance`: the fixed fields checked at once.
+        if r.left() >= TEXT_HEAD_BYTES {
+            text_record::<false>(r, &mut seen, &mut out)?;
         } else {
-            None
-        };
-        let starts_char = |s: &str| s.is_char_boundary(frag_total);
-        let http_delta = match both {
-            Some(s) if starts_char(s) => {
-                r.take(http_len)?;
-                &s[frag_total..]
-            }
-            _ => {
-                check_fragments(stream, tokens_raw, fragments)?;
-                let http = r.take(http_len)?;
-                std::str::from_utf8(http).map_err(|_| DecodeError::InvalidUtf8Http { stream })?
-            }
-        };
-        out.push(TextRecord {
-            stream,
-            flags,
-            finish_reason,
-            offset,
-            trimmed_tokens,
-            tokens_raw,
-            fragments,
-            http_delta,
-        });
+            text_record_checked(r, &mut seen, &mut out)?;
+        }
     }
     Ok(out)
+}
+
+/// Bytes of a text record's fixed fields (stream to http_len).
+const TEXT_HEAD_BYTES: usize = 16;
+
+/// [`text_record`] field by field, near the end of a body (rare: the
+/// checks of the common case stay inlined in the loop).
+#[cold]
+#[inline(never)]
+fn text_record_checked<'a>(
+    r: &mut Reader<'a>,
+    seen: &mut SeenStreams,
+    out: &mut Vec<TextRecord<'a>>,
+) -> Result<(), DecodeError> {
+    text_record::<true>(r, seen, out)
+}
+
+/// One text record; `CHECKED` false: its fixed fields are all there.
+#[inline(always)]
+fn text_record<'a, const CHECKED: bool>(
+    r: &mut Reader<'a>,
+    seen: &mut SeenStreams,
+    out: &mut Vec<TextRecord<'a>>,
+) -> Result<(), DecodeError> {
+    let stream = r.u16_f::<CHECKED>()?;
+    seen.check(stream, out.iter().map(|o: &TextRecord<'_>| o.stream))?;
+    let flags = r.u8_f::<CHECKED>()?;
+    let finished = flags & FLAG_FINISHED != 0;
+    let all = FLAG_FINISHED | FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED;
+    if flags & !all != 0 || (!finished && flags != 0) {
+        return Err(DecodeError::InvalidFlags { stream, flags });
+    }
+    let finish_reason = r.u8_f::<CHECKED>()?;
+    check_finish(stream, flags, finish_reason)?;
+    // text_truncated and tokens_trimmed both say a stop string ended the request.
+    if flags & (FLAG_TEXT_TRUNCATED | FLAG_TOKENS_TRIMMED) != 0 && finish_reason != FINISH_STOP {
+        return Err(DecodeError::StopFlagsReason {
+            stream,
+            flags,
+            reason: finish_reason,
+        });
+    }
+    let offset = r.u32_f::<CHECKED>()?;
+    let n = r.u16_f::<CHECKED>()?;
+    check_token_count(stream, offset, n, if finished { 0 } else { 1 })?;
+    let trimmed_tokens = r.u16_f::<CHECKED>()?;
+    if trimmed_tokens != 0 && flags & FLAG_TOKENS_TRIMMED == 0 {
+        return Err(DecodeError::TrimmedWithoutFlag {
+            stream,
+            n: trimmed_tokens,
+        });
+    }
+    let http_len = r.u32_f::<CHECKED>()? as usize;
+    let tokens_raw = r.take(TEXT_TOKEN_BYTES * n as usize)?;
+    // One pass over the entries: their rules, the fragments' total length
+    // and whether every fragment starts on a character boundary (a byte
+    // read beyond the fragments and HTTP delta can only make this false,
+    // which takes the exact path below).
+    let frag_start = r.pos;
+    let buf = r.buf;
+    let mut frag_total = 0usize;
+    let mut aligned = true;
+    for (index, t) in tokens_raw.chunks_exact(TEXT_TOKEN_BYTES).enumerate() {
+        let token = text_token(t);
+        if token.span_back != 0 || token.lead_len != 0 {
+            check_token_entry(stream, index, token)?;
+        }
+        aligned &= buf
+            .get(frag_start + frag_total)
+            .is_none_or(|&b| (b as i8) >= -0x40);
+        frag_total += token.frag_len as usize;
+    }
+    let fragments = r.take(frag_total)?;
+    // Fast path: fragments and HTTP delta are adjacent; one validation of
+    // both, plus the character-boundary checks where each piece starts.
+    let both = if aligned {
+        r.buf
+            .get(frag_start..frag_start + frag_total + http_len)
+            .and_then(|b| fragments_and_delta(b, frag_total))
+    } else {
+        None
+    };
+    let starts_char = |s: &str| s.is_char_boundary(frag_total);
+    let http_delta = match both {
+        Some(s) if starts_char(s) => {
+            r.take(http_len)?;
+            &s[frag_total..]
+        }
+        _ => {
+            check_fragments(stream, tokens_raw, fragments)?;
+            let http = r.take(http_len)?;
+            std::str::from_utf8(http).map_err(|_| DecodeError::InvalidUtf8Http { stream })?
+        }
+    };
+    out.push(TextRecord {
+        stream,
+        flags,
+        finish_reason,
+        offset,
+        trimmed_tokens,
+        tokens_raw,
+        fragments,
+        http_delta,
+    });
+    Ok(())
 }
 
 /// The fragments (`both[..frag_total]`) and the HTTP delta after them as
@@ -396,7 +459,7 @@ pub(super) fn decode_text<'a>(
 /// validated again: two valid UTF-8 strings make a valid one, so only the
 /// fragments are checked (`std`'s check costs about 10 instructions per
 /// byte that is not ASCII; comparing, about one).
-#[inline]
+#[inline(always)]
 fn fragments_and_delta(both: &[u8], frag_total: usize) -> Option<&str> {
     if both.is_ascii() {
         // SAFETY: every byte is below 0x80: valid UTF-8.

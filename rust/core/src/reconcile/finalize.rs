@@ -12,9 +12,8 @@ impl Reconciler {
             return;
         }
         self.begin_input();
-        let gap = self.source_order.iter().find_map(|id| {
-            let src = &self.sources[id];
-            (src.seq.buffered_len() > 0).then(|| (*id, src.seq.next_expected()))
+        let gap = self.sources.iter().find_map(|(id, src)| {
+            (src.seq.buffered_len() > 0).then(|| (id, src.seq.next_expected()))
         });
         if let Some((id, seq)) = gap {
             self.frames_lost(&format!(

@@ -29,6 +29,8 @@ mod stream;
 mod tokens;
 
 #[cfg(test)]
+mod prove_tests;
+#[cfg(test)]
 mod run_tests;
 #[cfg(test)]
 mod skip_tests;
@@ -36,9 +38,7 @@ mod skip_tests;
 pub use args::{parse_run_id, run_id_hex, ArgError};
 pub use source::SourceInfo;
 
-use source::{role_name, source_info, Digests, Source};
-
-use std::collections::HashMap;
+use source::{role_name, source_info, Digests, Source, Sources};
 
 use fifo::Fifo;
 
@@ -307,9 +307,8 @@ impl Stream {
 pub struct Reconciler {
     run_id: [u8; 16],
     streams: Vec<Stream>,
-    sources: HashMap<u64, Source>,
-    /// Source ids in order of their first admitted frame.
-    source_order: Vec<u64>,
+    /// The sources, in order of their first admitted frame.
+    sources: Sources,
     infos: Vec<SourceInfo>,
     events: Vec<Event>,
     counters: Counters,
@@ -337,6 +336,10 @@ pub struct Reconciler {
     /// `advance` calls skipped after provenance, text and SSE inputs.
     #[cfg(test)]
     skipped: [u64; 3],
+    /// Of those after text and SSE, skipped while a fragment waited for
+    /// bytes (`Stream::front_still_waits`).
+    #[cfg(test)]
+    skipped_waiting: u64,
     /// Prove a run of confirmed fragments with one three-way comparison
     /// (`prove.rs` `run_of_fragments`); false only in the test that holds it
     /// against a reconciler that proves fragment by fragment.
@@ -364,8 +367,7 @@ impl Reconciler {
         Reconciler {
             run_id,
             streams: (0..num_streams).map(|_| Stream::default()).collect(),
-            sources: HashMap::new(),
-            source_order: Vec::new(),
+            sources: Sources::default(),
             infos: Vec::new(),
             events: Vec::new(),
             counters: Counters::default(),
@@ -380,6 +382,8 @@ impl Reconciler {
             skip_advance: true,
             #[cfg(test)]
             skipped: [0; 3],
+            #[cfg(test)]
+            skipped_waiting: 0,
             prove_runs: true,
             #[cfg(test)]
             runs_proven: [0; 2],

@@ -338,10 +338,28 @@ impl Stream {
     }
 
     /// The first unproven fragment's token is below the confirmed end
-    /// `before`: it waits for HTTP or SSE bytes, so no skip applies.
+    /// `before`: it waits for HTTP or SSE bytes, so the skips above apply
+    /// only if it still does after the input ([`Stream::front_still_waits`]).
     #[inline]
     pub(super) fn fragment_waits_for_bytes(&self, before: u64) -> bool {
         self.frags.front().is_some_and(|f| f.tok < before)
+    }
+
+    /// After an input that left the text unfinished, the first unproven
+    /// fragment (which waited for bytes before it) still lacks HTTP or SSE
+    /// bytes: `advance`'s fragment loop stops at it at once, as when no
+    /// fragment waits, so the `advance_is_noop_after_text`/`_sse` arguments
+    /// hold unchanged. (With the text unfinished no final-HTTP-text cut
+    /// applies, so the fragment's limit is its end; a run of fragments from
+    /// it is empty, since it does not fit in the bytes either.) On the
+    /// benchmark workload a fragment often waits for the SSE delta's bytes
+    /// while the HTTP text holds them back: about 8,000 more skips.
+    #[inline]
+    pub(super) fn front_still_waits(&self) -> bool {
+        self.frags.front().is_some_and(|f| {
+            let fend = f.byte_start + u64::from(f.len);
+            self.h.len() < fend || self.s.len() < fend
+        })
     }
 }
 
@@ -485,25 +503,13 @@ impl Stream {
         }
         let frag = self.f.slice(fr.byte_start, fr.byte_start + len as u64);
         let lead = usize::from(fr.lead);
-        // The unit owning byte position `at`..: (first token, token end, byte end),
-        // found by walking the units in order.
-        let unit_count = if fr.gives { span_back as usize + 1 } else { 2 };
-        let unit = |u: usize| -> (u64, u64, usize, usize) {
-            if !fr.gives {
-                return if u == 0 {
-                    (fr.first, fr.tok, 0, lead)
-                } else {
-                    (fr.tok, fr.tok + 1, lead, len)
-                };
-            }
-            if u == span_back as usize {
-                return (fr.tok, fr.tok + 1, lead, len);
-            }
-            (fr.first + u as u64, fr.first + u as u64 + 1, 0, 0)
-        };
-        // Byte ranges of the per-token units: running sums of the gives
-        // (a kept buffer: a fresh 257-word array per fragment was zeroed
-        // each time, the largest single cost of the packed run in callgrind).
+        // The units in order: unit `u` owns bytes `starts[u]..starts[u + 1]`
+        // and tokens `unit_tok(u)..unit_tok(u + 1)`. With every give known,
+        // one unit per token (the predecessors' gives, then the carrier's
+        // rest); else two: the predecessors together (`lead` bytes), then
+        // the carrier. `starts` is a kept buffer: a fresh 257-word array
+        // per fragment was zeroed each time, the largest single cost of the
+        // packed run in callgrind.
         starts.clear();
         if fr.gives {
             let mut at = 0usize;
@@ -513,32 +519,50 @@ impl Stream {
             }
             starts.push(at);
             starts.push(len);
+        } else {
+            starts.extend_from_slice(&[0, lead, len]);
         }
-        let range = |u: usize| -> (u64, u64, usize, usize) {
-            let (a, b, from, to) = unit(u);
-            if fr.gives {
-                (a, b, starts[u], starts[u + 1])
+        let starts = &starts[..];
+        let unit_count = starts.len() - 1;
+        let unit_tok = |u: usize| -> u64 {
+            if fr.gives || u == 0 {
+                fr.first + u as u64
             } else {
-                (a, b, from, to)
+                fr.tok + u as u64 - 1
             }
         };
         let mut first_unit = 0usize;
         let mut pos = 0usize;
         while pos < avail {
-            let mut end = pos + 1;
+            // Skip the units that end at or before this character.
+            while first_unit + 1 < unit_count && starts[first_unit + 1] <= pos {
+                first_unit += 1;
+            }
+            // The characters from `pos` that end within the first unit (at
+            // most at `x`, where the next unit starts) overlap it alone: one
+            // character at a time each would get the same tokens and merge
+            // into one piece. So they are taken at once, up to `q`, the last
+            // character boundary at or before `x`; only a character across a
+            // unit boundary is taken alone.
+            let x = if first_unit + 1 < unit_count {
+                starts[first_unit + 1]
+            } else {
+                len
+            };
+            let mut q = x;
+            while q > pos && q < len && is_continuation(frag[q]) {
+                q -= 1;
+            }
+            let mut end = if q > pos { q } else { pos + 1 };
             while end < len && is_continuation(frag[end]) {
                 end += 1;
             }
-            // Skip the units that end at or before this character.
-            while first_unit + 1 < unit_count && range(first_unit).3 <= pos {
-                first_unit += 1;
-            }
             let mut last_unit = first_unit;
-            while last_unit + 1 < unit_count && range(last_unit + 1).2 < end {
+            while last_unit + 1 < unit_count && starts[last_unit + 1] < end {
                 last_unit += 1;
             }
-            let low = range(first_unit).0;
-            let high = range(last_unit).1;
+            let low = unit_tok(first_unit);
+            let high = unit_tok(last_unit + 1);
             let end = end.min(avail);
             match out.last_mut() {
                 Some(p) if p.first == low && u64::from(p.n) == high - low => p.to = end,
@@ -559,7 +583,7 @@ impl Stream {
     }
 
     /// The step and role shared by every token in `from..to`, else None.
-    fn shared(&self, from: u64, to: u64) -> (Option<u32>, Option<u8>) {
+    pub(super) fn shared(&self, from: u64, to: u64) -> (Option<u32>, Option<u8>) {
         let t0 = self.tok(from);
         let (mut step, mut role) = (Some(t0.ord), Some(t0.role));
         for o in from + 1..to {
@@ -575,18 +599,35 @@ impl Stream {
     }
 }
 
-/// `a == b && b == c` for slices of equal length (short ones compared inline).
+/// `a == b && b == c` for slices of equal length. Up to 16 bytes (most
+/// fragments and runs) they are compared as two overlapping words each (or
+/// halves, or the first, middle and last byte): a fixed dozen instructions,
+/// not a loop of several per byte.
 #[inline]
 pub(super) fn same3(a: &[u8], b: &[u8], c: &[u8]) -> bool {
-    if a.len() <= 16 {
-        let mut diff = 0u8;
-        for ((x, y), z) in a.iter().zip(b).zip(c) {
-            diff |= (x ^ y) | (y ^ z);
-        }
-        diff == 0
-    } else {
-        a == b && b == c
+    let n = a.len();
+    debug_assert!(b.len() == n && c.len() == n);
+    if b.len() != n || c.len() != n {
+        return false;
     }
+    if n > 16 {
+        return a == b && b == c;
+    }
+    if n >= 8 {
+        let w = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().unwrap_or([0; 8]));
+        let d = |i| (w(a, i) ^ w(b, i)) | (w(b, i) ^ w(c, i));
+        return d(0) | d(n - 8) == 0;
+    }
+    if n >= 4 {
+        let w = |s: &[u8], i: usize| u32::from_le_bytes(s[i..i + 4].try_into().unwrap_or([0; 4]));
+        let d = |i| (w(a, i) ^ w(b, i)) | (w(b, i) ^ w(c, i));
+        return d(0) | d(n - 4) == 0;
+    }
+    if n == 0 {
+        return true;
+    }
+    let d = |i: usize| (a[i] ^ b[i]) | (b[i] ^ c[i]);
+    d(0) | d(n / 2) | d(n - 1) == 0
 }
 
 /// The first differing byte: fragment vs HTTP over the whole fragment first,
@@ -616,10 +657,10 @@ pub(super) fn is_continuation(b: u8) -> bool {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Piece {
     /// Byte range relative to the fragment start.
-    from: usize,
-    to: usize,
-    step: Option<u32>,
-    role: Option<u8>,
-    first: u64,
-    n: u32,
+    pub(super) from: usize,
+    pub(super) to: usize,
+    pub(super) step: Option<u32>,
+    pub(super) role: Option<u8>,
+    pub(super) first: u64,
+    pub(super) n: u32,
 }

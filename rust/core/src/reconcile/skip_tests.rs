@@ -124,3 +124,124 @@ fn skipped_advance_changes_no_event() {
         "skipped {skipped:?}, {exact} exact, {failed} failed, {spans} spans"
     );
 }
+
+/// The skips after text and SSE inputs while a fragment waits for bytes
+/// (`Stream::front_still_waits`), against a reconciler that never skips.
+/// The HTTP text holds back each step's last fragment until the next step
+/// (as a detokenizer holding an incomplete stop string does), and the SSE
+/// deltas repeat the HTTP deltas: a confirmed fragment waits for the next
+/// step's bytes, which the next text record and SSE delta bring in either
+/// order, before or after the next provenance.
+#[test]
+fn skips_while_a_fragment_waits_for_bytes() {
+    use crate::encode::{HelloFields, ProvRec, Sender, TextRec, TextTok};
+    use crate::protocol::{ROLE_ACCEPTED, ROLE_TARGET};
+    let run_id = [7u8; 16];
+    // The frontend's hello has no speculative fields.
+    let hello = |role| {
+        let spec = role == ROLE_SCHEDULER;
+        HelloFields {
+            role,
+            engine: 2,
+            role_derivation: u8::from(spec),
+            async_scheduling: false,
+            num_speculative_tokens: if spec { 2 } else { 0 },
+            verification: u16::from(spec),
+            plugin_version: "0.1.0".into(),
+            engine_version: "sim".into(),
+            spec_method: if spec { "ngram".into() } else { String::new() },
+        }
+    };
+    let (streams, steps) = (3u16, 60u32);
+    let mut sched = Sender::new(run_id, 1);
+    let mut front = Sender::new(run_id, 2);
+    let mut inputs = vec![
+        Input::Frame(sched.hello(&hello(ROLE_SCHEDULER))),
+        Input::Frame(front.hello(&hello(ROLE_FRONTEND))),
+    ];
+    let frag = |stream: u16, o: u32| {
+        let c = (b'a' + ((o + u32::from(stream)) % 26) as u8) as char;
+        format!("{c}{c}")
+    };
+    let mut held = vec![String::new(); streams as usize];
+    for j in 0..steps {
+        let (o, step) = (2 * j, u64::from(j) + 1);
+        let prov: Vec<ProvRec> = (0..streams)
+            .map(|stream| ProvRec {
+                stream,
+                offset: o,
+                drafts_scheduled: 2,
+                token_ids: vec![o + 100, o + 101],
+                roles: vec![ROLE_ACCEPTED, ROLE_TARGET],
+                ..ProvRec::default()
+            })
+            .collect();
+        let mut deltas = Vec::new();
+        let text: Vec<TextRec> = (0..streams)
+            .map(|stream| {
+                let (a, b) = (frag(stream, o), frag(stream, o + 1));
+                // The HTTP delta: what was held back, this step's first
+                // fragment; the second is held back until the next step.
+                let http = std::mem::replace(&mut held[stream as usize], b.clone());
+                let http = format!("{http}{a}");
+                deltas.push(Input::Sse {
+                    stream,
+                    text: http.clone(),
+                    token_ids: vec![o + 100, o + 101],
+                });
+                TextRec {
+                    stream,
+                    offset: o,
+                    tokens: [(o + 100, a), (o + 101, b)]
+                        .into_iter()
+                        .map(|(token_id, f)| TextTok {
+                            token_id,
+                            fragment: f.into_bytes(),
+                            span_back: 0,
+                            lead_len: 0,
+                        })
+                        .collect(),
+                    http: http.into_bytes(),
+                    ..TextRec::default()
+                }
+            })
+            .collect();
+        let p = Input::Frame(sched.provenance(step, &prov));
+        let t = Input::Frame(front.text(step, &text));
+        match j % 4 {
+            0 => inputs.extend([p, t].into_iter().chain(deltas)),
+            1 => inputs.extend(deltas.into_iter().chain([p, t])),
+            2 => inputs.extend([t].into_iter().chain(deltas).chain([p])),
+            _ => inputs.extend([p].into_iter().chain(deltas).chain([t])),
+        }
+    }
+    let mut skipping = Reconciler::with_run_id(run_id, streams);
+    let mut always = Reconciler::with_run_id(run_id, streams);
+    always.skip_advance = false;
+    let mut spans = 0;
+    for (i, input) in inputs.iter().enumerate() {
+        feed_inputs(std::slice::from_ref(input), &mut skipping);
+        feed_inputs(std::slice::from_ref(input), &mut always);
+        let (a, b) = (skipping.drain(), always.drain());
+        assert_eq!(a, b, "events after input {i}");
+        assert!(
+            !a.iter()
+                .any(|e| matches!(e, Event::Failed { .. } | Event::Run { .. })),
+            "input {i}: {a:?}"
+        );
+        spans += a.iter().filter(|e| matches!(e, Event::Span { .. })).count();
+    }
+    for s in 0..streams {
+        assert_eq!(skipping.stream_stats(s), always.stream_stats(s));
+    }
+    skipping.finalize();
+    always.finalize();
+    assert_eq!(skipping.drain(), always.drain(), "finalize");
+    // Every step but the last proves the previous step's held fragment.
+    assert!(
+        skipping.skipped_waiting > u64::from(streams) * u64::from(steps) / 4
+            && spans >= usize::from(streams) * (steps as usize - 1),
+        "{} skipped waiting, {spans} spans",
+        skipping.skipped_waiting
+    );
+}

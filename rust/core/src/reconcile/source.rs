@@ -79,8 +79,63 @@ pub(super) struct Source {
     pub(super) broken: bool,
 }
 
-pub(super) fn source_info(sources: &HashMap<u64, Source>, src: u64) -> usize {
-    sources.get(&src).map_or(0, |s| s.info)
+pub(super) fn source_info(sources: &Sources, src: u64) -> usize {
+    sources.get(src).map_or(0, |s| s.info)
+}
+
+/// Ids up to which a source is found by scanning the ids, not by the map.
+const SCAN_SOURCES: usize = 8;
+
+/// The sources by id, in order of their first admitted frame. A run has a
+/// scheduler and a frontend, or a few of each: their ids are scanned (a
+/// couple of compares; SipHash on every frame cost more than that, three
+/// lookups a frame); beyond [`SCAN_SOURCES`] a map is kept as well.
+#[derive(Default)]
+pub(super) struct Sources {
+    ids: Vec<u64>,
+    list: Vec<Source>,
+    /// Index in `ids` by id, once there are more than [`SCAN_SOURCES`].
+    map: HashMap<u64, usize>,
+}
+
+impl Sources {
+    #[inline]
+    fn index(&self, id: u64) -> Option<usize> {
+        if self.ids.len() <= SCAN_SOURCES {
+            self.ids.iter().position(|&x| x == id)
+        } else {
+            self.map.get(&id).copied()
+        }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, id: u64) -> Option<&Source> {
+        self.index(id).map(|i| &self.list[i])
+    }
+
+    #[inline]
+    pub(super) fn get_mut(&mut self, id: u64) -> Option<&mut Source> {
+        self.index(id).map(|i| &mut self.list[i])
+    }
+
+    /// Add a source not yet present, last in the order.
+    pub(super) fn push(&mut self, id: u64, source: Source) -> &mut Source {
+        debug_assert!(self.index(id).is_none());
+        self.ids.push(id);
+        self.list.push(source);
+        let n = self.ids.len();
+        if n == SCAN_SOURCES + 1 {
+            self.map = self.ids.iter().enumerate().map(|(i, &x)| (x, i)).collect();
+        } else if n > SCAN_SOURCES {
+            self.map.insert(id, n - 1);
+        }
+        &mut self.list[n - 1]
+    }
+
+    /// (id, source) in order of their first admitted frame.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &Source)> + '_ {
+        self.ids.iter().copied().zip(&self.list)
+    }
 }
 
 /// The keyed digest of each frame received, by sequence number (a map).
@@ -126,7 +181,7 @@ impl Digests {
 
 #[cfg(test)]
 mod tests {
-    use super::{BTreeMap, Digest, Digests};
+    use super::{BTreeMap, Digest, Digests, Source, Sources, SCAN_SOURCES};
     use crate::workload::Rng;
 
     /// `Digests` answers as the map it replaced for any order of sequence
@@ -170,6 +225,47 @@ mod tests {
                     "case {case} seq {seq}"
                 );
             }
+        }
+    }
+
+    fn source(info: usize) -> Source {
+        Source {
+            seq: crate::sequence::SeqTracker::default(),
+            digests: Digests::default(),
+            role: None,
+            info,
+            broken: false,
+        }
+    }
+
+    /// `Sources` finds each source by id as a map does, below, at and past
+    /// the number where it starts keeping a map, and keeps their order.
+    #[test]
+    fn sources_find_every_id() {
+        let mut rng = Rng(3);
+        let mut sources = Sources::default();
+        let mut ids: Vec<u64> = Vec::new();
+        for n in 0..3 * SCAN_SOURCES {
+            let id = loop {
+                let id = rng.next_u64() % 64 + 1;
+                if !ids.contains(&id) {
+                    break id;
+                }
+            };
+            assert!(sources.get(id).is_none());
+            sources.push(id, source(n));
+            ids.push(id);
+            sources.get_mut(id).unwrap().broken = n % 2 == 0;
+            for (i, &x) in ids.iter().enumerate() {
+                let s = sources.get(x).unwrap();
+                assert_eq!((s.info, s.broken), (i, i % 2 == 0), "n {n}");
+            }
+            for probe in 0..70u64 {
+                assert_eq!(sources.get(probe).is_some(), ids.contains(&probe));
+            }
+            let order: Vec<(u64, usize)> = sources.iter().map(|(x, s)| (x, s.info)).collect();
+            let want: Vec<(u64, usize)> = ids.iter().copied().zip(0..).collect();
+            assert_eq!(order, want);
         }
     }
 }

@@ -36,7 +36,13 @@ impl Reconciler {
         if let Err(reason) = self.streams[s].add_sse(s, text, token_ids) {
             return self.fail(s, reason);
         }
-        let noop = !waiting_for_bytes && self.streams[s].advance_is_noop_after_sse(before);
+        let st = &self.streams[s];
+        let noop =
+            (!waiting_for_bytes || st.front_still_waits()) && st.advance_is_noop_after_sse(before);
+        #[cfg(test)]
+        {
+            self.skipped_waiting += u64::from(waiting_for_bytes && noop && self.skip_advance);
+        }
         self.advance_unless_noop(s, noop, 2);
     }
 
