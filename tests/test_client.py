@@ -32,6 +32,19 @@ def table_rows(out: str) -> dict[int, list[str]]:
     return rows
 
 
+def stream_lines(out: str) -> dict[int, str]:
+    """The summary's line about each stream that failed or was downgraded, as
+    `stream i: LABEL; note`, also for streams that share a grouped line
+    (`streams 0-2, 5: LABEL; note`; the request id placeholder stays)."""
+    lines = {}
+    for match in re.finditer(r"^streams? ([0-9, -]+): (.*)$", out, re.M):
+        for part in match.group(1).split(", "):
+            first, _, last = part.partition("-")
+            for index in range(int(first), int(last or first) + 1):
+                lines[index] = f"stream {index}: {match.group(2)}"
+    return lines
+
+
 def write_prompts(directory: str, prompts: list[str]) -> str:
     path = os.path.join(directory, "prompts.json")
     with open(path, "w", encoding="utf-8") as handle:
@@ -121,7 +134,7 @@ def test_each_failure_ends_only_its_stream(
     out, err = capsys.readouterr()
     assert code == 1
     assert err == ("parallelhue: 7 of 9 streams failed; stream 1: HTTP 500: boom red second line\n")
-    lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    lines = stream_lines(out)
     rows = table_rows(out)
     assert "error: HTTP 500: boom red second line" in lines[1]
     assert "error: HTTP 404: no such route" in lines[2]

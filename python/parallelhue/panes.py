@@ -565,7 +565,9 @@ def status_line(model: RunModel, width: int, hidden: int, ui: GridUi | None) -> 
     if model.queueing:
         parts.append(requests_text(model))
     parts.append(labels)
-    if model.run_messages:
+    if model.fix is not None:
+        parts.append(model.fix)  # the cause and its fix (advice.py), before any message
+    elif model.run_messages:
         parts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
     if ui is not None and ui.keys:
         parts.append(_KEY_HINT)

@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.text import Text
 
+from .advice import grouped_notes, run_message_notes
 from .paint import plain_lines, rich_text, theme_for
 from .panes import SHORT_LABELS, Line, cells, fit, word_wrap
 from .results import run_result, stream_result, telemetry_measured
@@ -237,9 +238,7 @@ def _notes(model: RunModel) -> list[str]:
         notes.append(
             f"{_FROM_USAGE} tokens from usage.completion_tokens: the server sent no token ids"
         )
-    for state in model.streams:
-        if state.note:
-            notes.append(f"stream {state.index}: {state.label}; {state.note}")
+    notes.extend(grouped_notes([(s.index, s.label, s.note) for s in model.streams if s.note]))
     result = run_result(model)
     ttft, itl, e2e = result["ttft_s"], result["itl_s"], result["e2e_s"]
     note = (
@@ -281,6 +280,9 @@ def _notes(model: RunModel) -> list[str]:
         notes.append(
             "telemetry: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()) if v)
         )
+    notes.extend(run_message_notes(model.run_messages))
+    if model.fix is not None:
+        notes.append(model.fix)  # last: the one line to act on
     return notes
 
 
