@@ -310,23 +310,32 @@ def test_the_live_status_line_shows_the_fix_before_any_run_message() -> None:
     assert SELF_CHECK_LINE in text and "run: telemetry stream" not in text
 
 
+@pytest.mark.parametrize("metrics", [None, "# TYPE vllm:num_requests_running gauge\n"])
 def test_the_replay_says_what_the_live_run_said(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    metrics: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Item 13: the banner's backend evidence and telemetry line, and the fix line."""
     record = str(tmp_path / "run.phr")
-    metrics = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
     with FakeServer(metrics=metrics) as server:
         code, live, _ = _run(["hi", "--endpoint", server.url, "--json", "--record", record], capsys)
-    assert code == 0
+        assert code == 0
+        code, live_plain, _ = _run(["hi", "--endpoint", server.url, "--view", "plain"], capsys)
     code, replayed, _ = _run(["replay", record, "--speed", "max", "--json"], capsys)
     assert code == 0
+    code, replayed_plain, _ = _run(["replay", record, "--speed", "max", "--view", "plain"], capsys)
     live_doc: dict[str, Any] = json.loads(live)
     replay_doc: dict[str, Any] = json.loads(replayed)
     assert live_doc["fix"] == replay_doc["fix"] == SELF_CHECK_LINE
     assert replay_doc["backend"] == live_doc["backend"]
     assert live_doc["backend"]["evidence"] == (
-        "no plugin hello; /metrics has no spec-decode counters"
+        "no plugin hello; no /metrics"
+        if metrics is None
+        else "no plugin hello; /metrics has no spec-decode counters"
     )
+    telemetry = "telemetry: local socket, sender uid"
+    live_banner, replay_banner = live_plain.splitlines()[0], replayed_plain.splitlines()[0]
+    assert telemetry in live_banner
+    assert live_banner[live_banner.index(telemetry) :] in replay_banner
 
 
 def test_feed_counts_rejections_in_a_replay_of_oversized_datagrams() -> None:
