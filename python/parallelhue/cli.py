@@ -45,7 +45,7 @@ server (environment variable in brackets; flags win):
                         (default http://127.0.0.1:8000/v1)
   --api chat|completions  which API a base URL gets [PARALLELHUE_API] (default chat)
   --model NAME          [PARALLELHUE_MODEL] (default: the server's only model from /v1/models)
-  --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
+  --api-key KEY         [OPENAI_API_KEY, then PARALLELHUE_API_KEY]
   --header 'K: V'       an extra HTTP header on every request (repeatable)
   --timeout SECONDS     [PARALLELHUE_TIMEOUT] longest silence inside a stream (default 60)
 requests:
@@ -60,10 +60,17 @@ requests:
   --request-rate R      [PARALLELHUE_REQUEST_RATE] requests per second, Poisson arrivals drawn
                         from --seed (default inf: each as soon as a stream is free)
   --max-tokens N        [PARALLELHUE_MAX_TOKENS] (default 128)
-  --temperature T       [PARALLELHUE_TEMPERATURE] (default: the server's)
+  --temperature T       [PARALLELHUE_TEMPERATURE] (default 0.8; 0 with --force-full-length)
   --seed N              [PARALLELHUE_SEED] request i uses seed N+i (default 0)
+  --frequency-penalty F, --presence-penalty P  [PARALLELHUE_FREQUENCY_PENALTY,
+                        PARALLELHUE_PRESENCE_PENALTY] -2 to 2 (default: not sent)
+  --repeat-penalty R    [PARALLELHUE_REPEAT_PENALTY] llama.cpp's repeat_penalty (default: not sent)
   --stop TEXT           a stop string (repeatable)
   --ignore-eos          keep generating past the end-of-sequence token (vLLM)
+  --force-full-length   [PARALLELHUE_FORCE_FULL_LENGTH=1] every stream runs to --max-tokens
+                        (ignore_eos, min_tokens) at temperature 0 unless given
+  --start-delay S       [PARALLELHUE_START_DELAY] wait S seconds after the screen is up
+                        before the first request (time to attach to --tmux)
   --system TEXT         a system message before the prompt (chat API)
   --extra-body JSON     more request fields, e.g. '{{"top_p": 0.9}}'
 verification:
@@ -82,9 +89,11 @@ screen and outputs:
                         stream, grid for more, plain when stdout is not a terminal or TERM=dumb)
   --color step|role     [PARALLELHUE_COLOR] color by engine step (default) or by token role
   --palette NAME        [PARALLELHUE_PALETTE] standard (default) | colorblind (Okabe-Ito)
-  --tmux [--no-attach]  one tmux pane per stream plus a summary pane
+  --tmux [--no-attach]  one tmux pane per stream plus a summary pane (without tmux on PATH:
+                        a warning, and the run shows here); --no-tmux cancels --tmux
   --json                the summary and per-stream results as JSON on stdout (screen: stderr)
-  --record FILE         write the run (SSE events, frames, timings) to FILE (gzip'd JSON lines)
+  --record FILE         write the run (SSE inputs, frames, timings) to FILE: recording
+                        format 3 (gzip'd binary items); parallelhue replay FILE re-renders it
   --export FILE         FILE.svg or FILE.html (with plots) picture of the final grid and summary
   --measurement FILE    JSON measurement record, - for stdout (see docs/MEASUREMENTS.md)
 keys in the grid and stream views: arrows/Tab/hjkl focus, z or Enter zoom, Esc back,
@@ -190,6 +199,12 @@ def _finish(result: SessionResult, config: RunConfig, holder: _ViewHolder) -> in
 def _warn(config: RunConfig) -> None:
     for warning in config.warnings:
         print(f"parallelhue: warning: {warning}", file=sys.stderr)
+    if config.start_delay > 0:
+        print(
+            f"parallelhue: the first request starts {config.start_delay:g} s after the screen "
+            "(--start-delay)",
+            file=sys.stderr,
+        )
 
 
 def _run(config: RunConfig) -> int:

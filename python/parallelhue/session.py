@@ -667,7 +667,11 @@ class Session:
             metrics_before = await fetch_metrics(client, cfg.endpoint)
             self._metrics_families = metrics_before.families if metrics_before else None
             # Requests that may wait (for a free stream or their arrival time) say so.
-            waits = cfg.concurrency < len(cfg.prompts) or not math.isinf(cfg.request_rate)
+            waits = (
+                cfg.concurrency < len(cfg.prompts)
+                or not math.isinf(cfg.request_rate)
+                or cfg.start_delay > 0
+            )
             streams = [
                 StreamState(index=i, mode=cfg.mode, prompt=prompt, queued=waits)
                 for i, prompt in enumerate(cfg.prompts)
@@ -737,7 +741,7 @@ class Session:
         dispatcher = Dispatcher(
             arrival_offsets(len(model.streams), cfg.request_rate, cfg.seed), cfg.concurrency
         )
-        dispatcher.begin(time.monotonic())
+        dispatcher.begin(time.monotonic() + cfg.start_delay)  # --start-delay: time to attach
         model.dispatch_at = dispatcher.t0
         for state in model.streams:
             state.scheduled_at = dispatcher.scheduled_at(state.index)
