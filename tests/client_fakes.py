@@ -69,6 +69,7 @@ class FakeServer:
         socket_dir: str | None = None,
     ) -> None:
         self.chunk_id = chunk_id
+        self.completion_status = 200  # 401: every completion refuses the key
         self.frames = frames
         self.socket_dir = socket_dir
         self.models = ["fake-model"] if models is None else models
@@ -158,6 +159,11 @@ class FakeServer:
         if not path.endswith("/completions"):
             # A server without ParallelHue's route (e.g. /v1/parallelhue): like vLLM, 404.
             self._respond(writer, 404, "application/json", b'{"detail":"Not Found"}')
+            return
+        if self.completion_status != 200:
+            error = {"error": {"message": "invalid api key", "code": self.completion_status}}
+            body_out = json.dumps(error).encode()
+            self._respond(writer, self.completion_status, "application/json", body_out)
             return
         request = json.loads(body)
         request["_headers"] = headers

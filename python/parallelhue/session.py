@@ -50,7 +50,12 @@ from .schedule import Dispatcher, arrival_offsets
 from .settings import RunConfig
 from .shapes import VLLM_PREFIX, EndKind, Usage
 from .state import RunModel, StreamState, telemetry_expected
-from .stream_errors import api_key_message, connect_reason, telemetry_end_message
+from .stream_errors import (
+    api_key_message,
+    connect_reason,
+    is_setup_failure,
+    telemetry_end_message,
+)
 from .streams import (
     StreamRequest,
     StreamStopped,
@@ -235,7 +240,11 @@ def outcome(model: RunModel) -> tuple[int, str | None]:
     failed = [s for s in streams if s.error is not None]
     if failed:
         first = failed[0]
-        return 1, (
+        # Every stream failed the same way before a byte (the server is down, the key
+        # is refused): the run never started, the same setup problem as when model
+        # discovery meets it first, and the same exit code.
+        setup = model.nothing_received and is_setup_failure(first.error or "")
+        return 2 if setup else 1, (
             f"{len(failed)} of {len(streams)} streams failed; "
             f"stream {first.index}: {one_line(first.error or '')}"
         )
@@ -271,9 +280,9 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
     try:
         response = await client.get(url, timeout=30.0)
     except httpx.HTTPError as error:
+        # The server is not reachable: --model would not help (the streams would meet it).
         raise SetupError(
-            f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}; "
-            "give --model to skip this"
+            f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}"
         ) from None
     if response.status_code in (401, 403):
         key_given = "Authorization" in client.headers
