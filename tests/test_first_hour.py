@@ -142,8 +142,8 @@ def test_tmux_no_attach_says_how_to_watch(tmp_path: Path) -> None:
     try:
         assert result.returncode == 0, result.stderr
         found = re.search(
-            r"^parallelhue: tmux session (parallelhue-[0-9a-f]+): watch with: tmux attach -t "
-            r"(parallelhue-[0-9a-f]+)$",
+            r"^parallelhue: tmux session (parallelhue-[0-9a-f]+) \(watch with: tmux attach -t "
+            r"(parallelhue-[0-9a-f]+)\)$",
             result.stderr,
             re.M,
         )

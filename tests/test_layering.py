@@ -29,7 +29,8 @@ _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "paralle
 # (test_the_screen_model_imports_without_the_extension). The network libraries
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
-_STATE = (*_MODEL, *_NATIVE, "parallelhue.state", "parallelhue.style")
+# advice.py (the fix line) sits in the screen model: it reads the run, no network.
+_STATE = (*_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.state", "parallelhue.style")
 _PANES = (*_STATE, "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")

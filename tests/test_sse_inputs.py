@@ -377,7 +377,8 @@ def test_a_bad_chunk_fails_its_stream_with_its_reason_in_every_path(
         )  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 1
-    first_line = err.splitlines()[0]
+    # The run's message, after any line confirming the recording.
+    first_line = next(line for line in err.splitlines() if " written to " not in line)
     assert first_line.startswith(
         f"parallelhue: 1 of 2 streams failed; stream 0: bad SSE data: {reason}"
     )

@@ -198,8 +198,8 @@ class TmuxView:
             print(f"parallelhue: tmux session {self.session}", file=sys.stderr)
         else:  # --no-attach: how to look at it
             print(
-                f"parallelhue: tmux session {self.session}: watch with: tmux attach -t "
-                f"{self.session}",
+                f"parallelhue: tmux session {self.session} (watch with: tmux attach -t "
+                f"{self.session})",
                 file=sys.stderr,
             )
         if self.attach and sys.stdout.isatty():
