@@ -91,8 +91,11 @@ def head_cells(text: str, room: int) -> tuple[str, int]:
     if whole <= room:
         return text, whole
     used = 0
+    known = _CHAR
     for end, char in enumerate(text):
-        size = char_cells(char)
+        size = known.get(char)  # char_cells(char), without the call on a hit
+        if size is None:
+            size = char_cells(char)
         if size and used + size > room:
             return text[:end], used
         used += size

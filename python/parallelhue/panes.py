@@ -22,6 +22,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .cells import _TEXT as _MEASURED
 from .cells import cells, char_cells, for_screen, head_cells, tail_cells
 from .sanitize import sanitize
 from .state import (
@@ -182,8 +183,11 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
                     current.append((part, key))
             continue
         if "\n" not in text:
-            # The common case: a piece that fits on the current line, measured once.
-            size = cells(text)
+            if used >= width and (text[0] < "\x80" or char_cells(text[0])):
+                flush()  # a full line: only a mark may still join it
+            # The common case: a piece that fits on the current line, measured once
+            # (cells(text), without the call for ASCII or a cached width).
+            size = len(text) if text.isascii() else (_MEASURED.get(text) or cells(text))
             if used + size <= width:
                 current.append((text, key))
                 used += size
@@ -192,6 +196,8 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
             if number:
                 flush()
             while part:
+                if used >= width and (part[0] < "\x80" or char_cells(part[0])):
+                    flush()  # a full line: only a mark may still join it
                 take, size = head_cells(part, width - used)
                 if not take:
                     if used:
@@ -203,6 +209,8 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
                 current.append((take, key))
                 used += size
                 part = part[len(take) :]
+                if part and (part[0] < "\x80" or char_cells(part[0])):
+                    flush()  # the next letter did not fit (a mark would have)
     if current or not lines:
         flush()
     if max_lines is not None:
