@@ -1,8 +1,8 @@
 """What the patched vLLM methods do: turn engine state into provenance and text rows.
 
-Version-independent. The adapters (adapters/v0_26.py, adapters/v0_33.py) check
-the signatures of the methods they rely on and then wrap them with the
-functions here. Two collectors, one per vLLM process:
+Version-independent. The adapters (adapters/targets.py, one table for every
+release) check the signatures of the methods they rely on and then wrap them
+(adapters/wrappers.py) with the functions here. Two collectors, one per vLLM process:
 
 - `SchedulerTelemetry` runs in the EngineCore process around
   `Scheduler.update_from_output`: roles derived from counts (tokens the step
@@ -404,7 +404,7 @@ class SchedulerTelemetry(_Base):
         invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
         # Under async scheduling every scheduled draft is a -1 placeholder.
         padding = not self.is_async
-        index_of = model_runner_output.req_id_to_index
+        index_of = _SampledIndex(model_runner_output)
         finished: list[str] = []
         if _speedups is not None and not invalid and type(spec_tokens) is dict:
 
@@ -431,7 +431,7 @@ class SchedulerTelemetry(_Base):
         self,
         result: Any,
         scheduler_output: Any,
-        index_of: dict[str, int],
+        index_of: _SampledIndex,
         lengths: list[int],
         spec_tokens: dict[str, list[int]],
         invalid: Any,
@@ -473,7 +473,7 @@ class SchedulerTelemetry(_Base):
         state: _SchedRequest,
         output: Any,
         scheduler_output: Any,
-        index_of: dict[str, int],
+        index_of: _SampledIndex,
         lengths: list[int],
     ) -> bool:
         """A row that finishes, was trimmed, carries padded drafts or looks impossible.
@@ -560,6 +560,24 @@ class SchedulerTelemetry(_Base):
         for rid in [rid for rid in self.requests if rid not in alive]:
             self._forget(rid)
         self.disabled.intersection_update(alive)
+
+
+class _SampledIndex:
+    """Where each request's sampled tokens are in a step's ModelRunnerOutput: its
+    position in `req_ids`, as vLLM's scheduler finds them (0.34 builds that dict
+    from req_ids; 0.26-0.33 read `req_id_to_index`, which their model runners built
+    from the same list). Built on first use: only special rows need it."""
+
+    __slots__ = ("_index", "_output")
+
+    def __init__(self, model_runner_output: Any) -> None:
+        self._output = model_runner_output
+        self._index: dict[str, int] | None = None
+
+    def get(self, request_id: str) -> int | None:
+        if self._index is None:
+            self._index = {rid: at for at, rid in enumerate(self._output.req_ids)}
+        return self._index.get(request_id)
 
 
 class _FrontRequest:

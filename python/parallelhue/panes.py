@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 
+from .backend import untested_engine
 from .sanitize import sanitize
 from .state import (
     LABEL_CANCELLED,
@@ -481,6 +482,8 @@ def banner_line(model: RunModel, width: int | None) -> Line:
         # Contract C1: lossy verification; "accepted" then does not mean "what the target
         # would have sampled", and the banner must not let the colors suggest it.
         parts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
+    if (untested := untested_engine(model.sources)) is not None:
+        parts.append(f"UNTESTED engine: vLLM {untested} was never tested with the plugin")
     if not model.backend.speculative:
         parts.append("monochrome: no speculative decoding proven")
     if model.telemetry:

@@ -3,7 +3,7 @@
 vllm 0.33.0 is a GPU build, but its config, output processor, collectors and
 detokenizer import on the CPU from the wheel's Python sources (extracted once
 from the wheel test_signatures.py downloads) with the vLLM venv's torch.
-tests/vllm/traps_033.py installs the plugin's v0_33 adapter into those real
+tests/vllm/traps_033.py installs the adapter the plugin chooses into those real
 classes and drives a real OutputProcessor (an output carrying `error`; a
 streaming-input request behind the real StreamingInputOutputCollector) and
 the scheduler hook under real SpeculativeConfigs (adaptive verification on;
@@ -79,7 +79,8 @@ def frames_of(result: dict[str, Any]) -> list[bytes]:
 def test_the_traps_exist_in_0_33_as_the_plugin_reads_them(run_033: dict[str, Any]) -> None:
     facts = run_033["facts"]
     assert facts["vllm"] == "0.33.0"
-    assert facts["installed"] is True  # the v0_33 adapter's signature check passed
+    assert facts["installed"] is True  # the adapter's signature and field checks passed
+    assert facts["adapter"] == "vLLM 0.32.0-0.34.0"
     assert facts["adaptive_field_default"] is False
     assert facts["rejection_methods"] == ["standard", "synthetic", "block", "fly"]
     assert facts["streaming_collector_overrides_put"] is True

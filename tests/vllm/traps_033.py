@@ -6,8 +6,8 @@ output processor and the detokenizer):
 
     PYTHONPATH=SRC_0_33:REPO/plugin python traps_033.py MODEL_DIR SOCKET_DIR
 
-Installs the plugin's v0_33 adapter (its real signature check, then the
-patches) into the real 0.33 OutputProcessor / RequestState / detokenizers,
+Installs the adapter the plugin chooses for them (its real signature check,
+then the patches) into the real 0.33 OutputProcessor / RequestState / detokenizers,
 then drives a real OutputProcessor with real EngineCoreRequests and
 EngineCoreOutputs: (1) a request that gets two tokens and then an output
 carrying `error` (what a paused engine, a grammar error or a KV load failure
@@ -46,7 +46,6 @@ def main() -> int:
 
     import vllm
     from parallelhue_vllm import adapters, traps
-    from parallelhue_vllm.adapters import v0_33
 
     facts: dict[str, object] = {"vllm": vllm.__version__}
     fields = speculative.SpeculativeConfig.__dataclass_fields__
@@ -54,7 +53,9 @@ def main() -> int:
     facts["rejection_methods"] = list(typing.get_args(speculative.RejectionSampleMethod))
     facts["streaming_collector_overrides_put"] = "put" in op.StreamingInputOutputCollector.__dict__
     facts["error_field"] = "error" in EngineCoreOutput.__struct_fields__
-    facts["installed"] = adapters.install(v0_33, "0.33.0")
+    choice = adapters.choose(vllm.__version__)
+    facts["adapter"] = choice.adapter.label if choice.adapter is not None else choice.reason
+    facts["installed"] = adapters.install(choice)
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     processor = op.OutputProcessor(tokenizer, log_stats=False)
