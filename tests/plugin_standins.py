@@ -131,15 +131,22 @@ def sched_step(
     scheduler: FakeScheduler,
     update: Any,
     requests: dict[str, tuple[list[int], list[int]]],
+    sampling: dict[str, Any] | None = None,
 ) -> Any:
     """One engine step: request id -> (sampled tokens, scheduled drafts).
 
-    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs,
-    and the ids finished or aborted since the previous step are in finished_req_ids.
+    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs
+    (with its sampling parameters, from `sampling`), and the ids finished or
+    aborted since the previous step are in finished_req_ids.
     """
     ids = list(requests)
+    params = sampling or {}
     scheduler_output = SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in ids if r not in scheduler.scheduled],
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, sampling_params=params.get(r))
+            for r in ids
+            if r not in scheduler.scheduled
+        ],
         num_scheduled_tokens={r: 1 + len(requests[r][1]) for r in ids},
         scheduled_spec_decode_tokens={r: list(requests[r][1]) for r in ids if requests[r][1]},
         num_invalid_spec_tokens=None,
