@@ -40,6 +40,7 @@ def write(
     params: dict[str, tuple[str, ...]] | None = None,
     fields: dict[str, tuple[str, ...]] | None = None,
     configure_logging: bool = True,
+    endpoint_plugins: bool = True,
 ) -> Path:
     """The package under root/vllm; returns root (for sys.path / PYTHONPATH).
 
@@ -76,6 +77,11 @@ def write(
     init.write_text(f"__version__ = {version!r}\n" + init.read_text())
     (package / "logger.py").write_text(LOGGER)
     (package / "envs.py").write_text(f"VLLM_CONFIGURE_LOGGING = {int(configure_logging)}\n")
+    if endpoint_plugins:  # vLLM's endpoint plugin interface (telemetry over HTTP)
+        endpoints = package / "plugins" / "endpoint_plugins"
+        endpoints.mkdir(parents=True)
+        (package / "plugins" / "__init__.py").write_text("")
+        (endpoints / "__init__.py").write_text("")
     return root
 
 
