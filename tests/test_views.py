@@ -646,6 +646,18 @@ def test_banner_names_model_server_and_lossy_verification() -> None:
     model.sources = [{"role": "scheduler", "verification": "fly"}]
     text = line_text(grid_screen(model, 300, 30)[0])
     assert "LOSSY verification (fly): an accepted draft need not be the target's choice" in text
+    assert "UNTESTED" not in text
+
+
+def test_banner_says_when_the_plugin_runs_on_an_untested_engine() -> None:
+    """The plugin's hellos mark a release its adapter matched but nobody tested."""
+    model = model_of([exact_stream()])
+    model.sources = [{"role": "scheduler", "engine_version": "0.32.0+cpu"}]
+    assert "UNTESTED" not in line_text(grid_screen(model, 300, 30)[0])
+    model.sources = [{"role": "scheduler", "engine_version": "0.35.0 (untested)"},
+                     {"role": "frontend", "engine_version": "0.35.0 (untested)"}]  # fmt: skip
+    text = line_text(grid_screen(model, 300, 30)[0])
+    assert "UNTESTED engine: vLLM 0.35.0 was never tested with the plugin" in text
 
 
 def test_emoji_presentation_sequences_keep_every_line_and_export_box_in_its_cells() -> None:

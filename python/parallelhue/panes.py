@@ -22,6 +22,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .backend import untested_engine
 from .cells import _TEXT as _MEASURED
 from .cells import cells, char_cells, for_screen, head_cells, tail_cells
 from .sanitize import sanitize
@@ -493,6 +494,8 @@ def _banner_parts(model: RunModel, short: bool) -> list[Line]:
         # Contract C1: lossy verification; "accepted" then does not mean "what the target
         # would have sampled", and the banner must not let the colors suggest it.
         texts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
+    if (untested := untested_engine(model.sources)) is not None:
+        texts.append(f"UNTESTED engine: vLLM {untested} was never tested with the plugin")
     if not model.backend.speculative:
         texts.append("monochrome: no speculative decoding proven")
     if model.telemetry:
