@@ -32,9 +32,9 @@ $(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
 
 native: $(VENV)/.native
 
-# Watch 16 SIMULATED streams, slow enough to follow (a step every 150 ms).
+# Watch 16 SIMULATED streams (the demo's defaults: 256 tokens, a step every 80 ms: about 15 s).
 demo: native
-	$(PY) -m parallelhue demo --step-ms 150 --max-tokens 256
+	$(PY) -m parallelhue demo
 
 lint: native
 	cargo fmt --all -- --check

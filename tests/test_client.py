@@ -219,8 +219,10 @@ def test_a_refused_key_exits_2_with_or_without_model(
         )
     with FakeServer() as server:
         server.completion_status = 401
-        code = cli.main(["hi", "--endpoint", server.url, "--model", "m", "--mode", "chunk",
-                         "--concurrency", "2", "--reconciler", reconciler, "--api-key", "sk-x"])  # fmt: skip
+        code = cli.main(
+            ["hi", "--endpoint", server.url, "--model", "m", "--mode", "chunk",
+             "--concurrency", "2", "--reconciler", reconciler, "--api-key", "sk-x"]
+        )  # fmt: skip
     _out, err = capsys.readouterr()
     assert code == 2
     assert err == (

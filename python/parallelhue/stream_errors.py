@@ -17,10 +17,10 @@ from .shapes import END_KINDS, EndKind
 
 __all__ = [
     "api_key_message",
-    "is_setup_failure",
     "connect_reason",
     "end_message",
     "error_detail",
+    "is_setup_failure",
     "telemetry_end_message",
 ]
 
