@@ -55,7 +55,7 @@ def test_the_readme_says_what_a_server_needs() -> None:
     """Items 17 and 19: the remote paragraph names both switches; the releases."""
     readme = " ".join(_doc("README.md").split())
     assert "start it with `VLLM_PLUGINS=parallelhue PARALLELHUE_VLLM_EXACT=1`" in readme
-    assert "Supported vLLM releases: 0.26.x, 0.32.x" in readme
+    assert "Supported vLLM releases: 0.26.0 to 0.34.0" in readme
 
 
 def test_plugin_md_says_one_thing_about_vllm_plugins() -> None:

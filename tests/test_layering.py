@@ -31,13 +31,14 @@ _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "paralle
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
 # advice.py (the fix line) sits in the screen model: it reads the run, no network.
 _STATE = (*_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.state", "parallelhue.style")
-_PANES = (*_STATE, "parallelhue.panes")
+_PANES = (*_STATE, "parallelhue.cells", "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
 EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.shapes": ("parallelhue", "parallelhue.shapes"),
     "parallelhue.sanitize": ("parallelhue", "parallelhue.sanitize"),
     "parallelhue.style": ("parallelhue", "parallelhue.style"),
+    "parallelhue.cells": ("parallelhue", "parallelhue.cells"),
     "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
     "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
     "parallelhue.backend": _MODEL,

@@ -579,7 +579,10 @@ class StreamState:
 
     @property
     def steps(self) -> int | None:
-        return None if self.mode == "chunk" else int(self.stats.get("steps", 0))
+        """Proven engine steps; None when none was (chunk mode, no telemetry, not yet):
+        not measured is never shown as 0."""
+        steps = 0 if self.mode == "chunk" else int(self.stats.get("steps", 0))
+        return steps or None
 
     @property
     def tokens_per_step(self) -> float | None:
