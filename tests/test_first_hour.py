@@ -151,3 +151,26 @@ def test_tmux_no_attach_says_how_to_watch(tmp_path: Path) -> None:
         assert found.group(1) == found.group(2)
     finally:
         subprocess.run(["tmux", "kill-server"], env=env, check=False, capture_output=True)
+
+
+def test_help_says_what_record_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 15: format 3 (binary items), not gzip'd JSON lines."""
+    assert cli.main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "JSON lines" not in text
+    assert "recording format 3 (gzip'd binary items)" in text
+
+
+def test_make_demo_runs_the_demo_and_nothing_else_when_nothing_changed() -> None:
+    """Items 21 and 31: after a build (make py-test builds first), `make demo` would
+    rebuild nothing and run no pip: its dry run is the demo alone."""
+    if shutil.which("make") is None or not (ROOT / ".venv" / ".native").exists():
+        pytest.skip("needs make and a tree built by make native")
+    dry = subprocess.run(
+        ["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == ".venv/bin/python -m parallelhue demo\n", (
+        f"make demo would run more than the demo (a Rust file newer than the build? "
+        f"run make native): {dry.stdout}"
+    )

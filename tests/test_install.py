@@ -53,7 +53,9 @@ def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[
 
 
 def _pip(bin_dir: Path, cwd: Path, *args: str) -> None:
-    _run([str(bin_dir / "python"), "-m", "pip", "install", "-q",
+    # No cache: a wheel pip built from an older sdist of the same version must not
+    # stand in for this tree's (it did, before this flag: a 0.3.0 without a new name).
+    _run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-cache-dir",
           "--disable-pip-version-check", *args], cwd)  # fmt: skip
 
 
@@ -84,6 +86,14 @@ def _check_server(bin_dir: Path, cwd: Path) -> None:
     assert found["vllm_imported"] is False
     # Protocol N is spoken by parallelhue-vllm 0.N.
     assert found["version"].split(".")[1] == str(found["protocol"])
+    # The self-check the README says to run first ships with it (here without vLLM).
+    check = subprocess.run(
+        [str(bin_dir / "python"), "-m", "parallelhue_vllm", "check"],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert check.returncode == 1, check.stderr
+    assert "problem: PARALLELHUE_VLLM_EXACT is not set" in check.stdout
+    assert "problem: vLLM does not import" in check.stdout
 
 
 def test_dist_holds_the_wheels_and_sdists_with_their_metadata() -> None:
