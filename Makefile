@@ -82,12 +82,15 @@ bench: native
 
 # Each fuzz target for FUZZ_SECONDS (see docs/FUZZING.md); stable toolchain via RUSTC_BOOTSTRAP.
 FUZZ_SECONDS ?= 600
-fuzz:
+# sse_differential embeds the project's CPython (the reference SSE reader).
+fuzz: native
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
-	$(PYTHON) rust/fuzz/make_seeds.py
-	for target in decode_frame sse_chunks reconciler http_body telemetry_stream; do \
-	    RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- \
-	        -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	$(PY) rust/fuzz/make_seeds.py
+	for target in decode_frame sse_chunks reconciler http_body telemetry_stream chunk_paths \
+	        sse_differential; do \
+	    PYO3_PYTHON=$(abspath $(PY)) LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
+	    ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 nice -n 19 \
+	    cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 clean:

@@ -47,6 +47,7 @@ __all__ = [
     "decode_recording",
     "encode_recording",
     "pack_inputs",
+    "read_sse_body",
     "sse_inputs",
     "tail_pieces",
 ]
@@ -144,8 +145,8 @@ class Reconciler:
         unknown number (its stream ended before the run). Every stream without
         a final verdict fails, an exact one too (docs/PROTOCOL.md, "Lost telemetry")."""
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
-        """The stream's SSE ended normally; `finish_reason` is the last non-null
-        finish_reason of its choice 0."""
+        """The stream's SSE ended normally; `finish_reason` is its choice 0's
+        finish_reason (a chunk may repeat it, never change it)."""
     def finalize(self) -> None:
         """Every stream that is neither exact nor failed gets its verdict; from now
         on every verdict is final and frames are only counted (late_frames)."""
@@ -223,6 +224,11 @@ def sse_inputs(payloads: list[bytes]) -> list[tuple[Any, ...]]:
     0's finish_reason so far), the inputs C2 tuples without the stream (as
     `parallelhue.reference.sse.ChunkInputs` gives them), or ("error", message);
     None for `[DONE]` or an event with its own type. For tests."""
+
+def read_sse_body(parts: list[bytes]) -> tuple[list[tuple[Any, ...]], tuple[str, ...], str | None]:
+    """A stream's body after the HTTP framing, read in `parts` by the Rust reader
+    and ended: (inputs, end, finish_reason), as
+    `parallelhue.reference.sse_body.read_body` gives them. For tests."""
 
 @final
 class RecordWriter:

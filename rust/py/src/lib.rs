@@ -100,6 +100,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame::sse_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::read_sse_body, m)?)?;
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;
