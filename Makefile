@@ -9,7 +9,8 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native \
+	plugin-dist plugin-pythons
 
 all: native
 
@@ -22,9 +23,12 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 # Build the extension in release mode and install the project editable into the
-# venv, after the plugin distribution it depends on (plugin/, pure Python).
+# venv, after the plugin distribution it depends on (plugin/, pure Python) and its
+# C accelerator built in place.
 native: $(VENV)/.deps
 	$(PIP) install -q --no-deps -e ./plugin
+	# The plugin's C accelerator, in place (without a compiler: one line, pure Python).
+	$(PY) plugin/build_speedups.py || true
 	$(VENV)/bin/maturin develop --release -q
 
 demo: native
@@ -45,6 +49,16 @@ rust-test:
 py-test: native
 	$(PY) -m pytest -q -m "not vllm" tests
 
+# The vLLM plugin's wheels into dist/: one pure-Python wheel, and its C accelerator
+# as one wheel per CPython (3.11, 3.12, 3.13 under pyenv or on PATH; PLUGIN_PYTHONS).
+plugin-dist:
+	bash plugin/dist.sh
+
+# The plugin installed from those wheels into a fresh venv per CPython (outside the
+# tree) and its tests run there: the accelerator byte-equal to the Python encoder on each.
+plugin-pythons: plugin-dist
+	bash tests/plugin_pythons.sh
+
 vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
 
@@ -52,7 +66,7 @@ vllm-test: native vllm-venv
 	$(PY) -m pytest -q -m vllm tests
 
 # Everything CI runs, the real-vLLM tier included.
-test: lint rust-test py-test vllm-test
+test: lint rust-test py-test plugin-pythons vllm-test
 
 # Everything except the real-vLLM tier.
 test-fast: lint rust-test py-test
@@ -72,4 +86,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf target $(VENV) dist .pytest_cache .mypy_cache .ruff_cache .hypothesis
