@@ -1,4 +1,4 @@
-"""The plugin's hook logic (plugin/parallelhue_vllm/hooks.py) against stand-ins for vLLM
+"""The plugin's hook logic (plugin/parallelhue_vllm/hooks/) against stand-ins for vLLM
 objects (tests/plugin_standins.py: the vLLM 0.32 code paths the hooks rely on; the
 real classes are exercised by tests/vllm, signatures and the live server).
 """

@@ -316,7 +316,7 @@ def test_take_rows_takes_the_noted_outputs_in_put_order(kinds: Kinds) -> None:
 # vLLM's output classes as they are (a plain class, a dataclass without slots)
 # and as another vLLM could have them: the C capture reads their attributes from
 # where CPython keeps them (a slot, 3.11's instance values) when getattr would
-# give the same, and through getattr otherwise (_speedups.c, read_attr).
+# give the same, and through getattr otherwise (layout.h, read_attr).
 @dataclasses.dataclass
 class PlainCompletion:
     index: int

@@ -14,7 +14,7 @@ from typing import Any
 from .. import __version__, accelerator, wire
 from ..emitter import Emitter
 
-# The optional C versions of the hottest loops (_speedups.c), or None: this
+# The optional C versions of the hottest loops (plugin/speedups/src), or None: this
 # module's Python code then does the same work (accelerator.py decides).
 _speedups: Any
 
