@@ -166,9 +166,11 @@ def test_make_demo_runs_the_demo_and_nothing_else_when_nothing_changed() -> None
     rebuild nothing and run no pip: its dry run is the demo alone."""
     if shutil.which("make") is None or not (ROOT / ".venv" / ".native").exists():
         pytest.skip("needs make and a tree built by make native")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     dry = subprocess.run(
-        ["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+        ["make", "--no-print-directory", "-n", "demo"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout == ".venv/bin/python -m parallelhue demo\n", (
         f"make demo would run more than the demo (a Rust file newer than the build? "
