@@ -14,15 +14,8 @@ pub mod digest;
 pub mod encode;
 pub mod fed;
 pub mod http;
-#[cfg(unix)]
-pub mod http_streams;
 pub mod outcome;
 pub mod protocol;
-#[cfg(target_os = "linux")]
-pub mod receiver;
-#[cfg(not(target_os = "linux"))]
-#[path = "receiver_unsupported.rs"]
-pub mod receiver;
 pub mod reconcile;
 pub mod record;
 pub mod sequence;
@@ -33,9 +26,8 @@ pub mod sse_stream;
 mod sse_typed;
 pub mod stats;
 pub mod tap;
-pub mod telemetry_stream;
+pub mod telemetry;
 pub mod text;
-pub mod tls;
 pub mod window;
 /// Test kit: a deterministic synthetic workload (tests and benchmarks).
 #[cfg(any(test, feature = "testkit"))]

@@ -91,7 +91,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RecordWriter>()?;
     #[cfg(unix)]
     {
-        use parallelhue_core::http_streams as hs;
+        use parallelhue_core::http as hs;
         m.add_class::<HttpStreams>()?;
         m.add("SSE_READ_INTERVAL", hs::DEFAULT_MIN_INTERVAL.as_secs_f64())?;
         m.add("SSE_COALESCE_STREAMS", hs::COALESCE_STREAMS)?;

@@ -2,7 +2,7 @@
 //!
 //! One thread polls every stream's connection and drives each through its
 //! exchange: connect (with the connect timeout; each resolved address in
-//! turn), TLS for `https://` ([`crate::tls`]), write the request Python
+//! turn), TLS for `https://` ([`super::tls`]), write the request Python
 //! composed, read the response head ([`crate::http::Head`]), then either the
 //! error body (status >= 400), a refusal (not `text/event-stream`, or a
 //! compressed body), or the SSE body ([`StreamBody`]: HTTP framing, SSE
@@ -44,7 +44,7 @@ use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD
 use crate::outcome::{EndKind, Outcome};
 use crate::sse_inputs::{SseInput, SseInputRef};
 use crate::sse_stream::{StreamBody, StreamEnd};
-use crate::telemetry_stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
+use crate::telemetry::stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
 
 /// Bytes read by one `recv`.
 const READ_BYTES: usize = 256 * 1024;
@@ -396,7 +396,7 @@ impl Exchange {
         self.phase = Phase::Talking;
         self.last_progress = now;
         if target.tls {
-            match crate::tls::connect(&target.host) {
+            match super::tls::connect(&target.host) {
                 Ok(mut tls) => {
                     // rustls holds the request until the handshake is done.
                     let _ = tls.writer().write_all(&self.request);
@@ -1881,7 +1881,7 @@ mod tests {
     #[test]
     fn the_telemetry_stream_names_the_run_and_its_frames_wait_for_acceptance() {
         use crate::encode::{HelloFields, Sender};
-        use crate::telemetry_stream::{ITEM_DROPPED, ITEM_END, ITEM_FRAME, ITEM_HEARTBEAT};
+        use crate::telemetry::stream::{ITEM_DROPPED, ITEM_END, ITEM_FRAME, ITEM_HEARTBEAT};
         let server_run = [0x5au8; 16];
         let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
         stream.extend_from_slice(&server_run);
@@ -1960,7 +1960,7 @@ mod tests {
     #[test]
     fn a_telemetry_stream_that_ends_before_the_run_fails_the_open_streams() {
         use crate::encode::{HelloFields, Sender};
-        use crate::telemetry_stream::ITEM_FRAME;
+        use crate::telemetry::stream::ITEM_FRAME;
         let server_run = [0x6bu8; 16];
         let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
         stream.extend_from_slice(&server_run);
@@ -1984,7 +1984,7 @@ mod tests {
         assert_eq!(
             state.end,
             Some(TelemetryEnd::Body(BodyEnd::Stream(
-                crate::telemetry_stream::StreamError::ClosedWithoutEnd
+                crate::telemetry::stream::StreamError::ClosedWithoutEnd
             )))
         );
         let fed = r.fed.lock().unwrap();
