@@ -25,6 +25,8 @@ pub mod sse_scan;
 pub mod sse_stream;
 mod sse_typed;
 pub mod stats;
+#[cfg(unix)]
+mod sys;
 pub mod tap;
 pub mod telemetry;
 pub mod text;

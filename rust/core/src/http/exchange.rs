@@ -44,6 +44,7 @@ use crate::http::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD
 use crate::outcome::{EndKind, Outcome};
 use crate::sse_inputs::{SseInput, SseInputRef};
 use crate::sse_stream::{StreamBody, StreamEnd};
+use crate::sys::{self, WakeReceiver, Waker};
 use crate::telemetry::stream::{BodyEnd, Preamble, StreamItem, TelemetryBody};
 
 /// Bytes read by one `recv`.
@@ -787,19 +788,12 @@ impl Exchange {
 pub struct HttpStreams {
     shared: Arc<Mutex<Shared>>,
     telemetry: Arc<Mutex<TelemetryState>>,
-    wake: libc::c_int,
+    /// Wakes the thread for a command or the stop (None once closed).
+    wake: Option<Waker>,
     stop: Arc<AtomicBool>,
     /// Set when the thread ended by a panic: nothing it held will finish.
     failed: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
 }
 
 impl HttpStreams {
@@ -820,10 +814,7 @@ impl HttpStreams {
         min_interval: Duration,
         options: ReadOptions,
     ) -> io::Result<HttpStreams> {
-        let mut pipe = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two descriptors into the array.
-        cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
-        let (wake_r, wake_w) = (pipe[0], pipe[1]);
+        let (wake_r, wake_w) = sys::wake_pipe()?;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let telemetry = Arc::new(Mutex::new(TelemetryState::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -835,7 +826,7 @@ impl HttpStreams {
             .name("parallelhue-http".into())
             .spawn(move || {
                 let mut thread = Thread {
-                    wake: wake_r,
+                    wake: &wake_r,
                     shared: &t_shared,
                     stop: &t_stop,
                     fed: &fed,
@@ -850,35 +841,24 @@ impl HttpStreams {
                 if catch_unwind(AssertUnwindSafe(|| thread.run())).is_err() {
                     t_failed.store(true, Ordering::SeqCst);
                 }
-                // SAFETY: the thread owns the pipe's read end.
-                unsafe { libc::close(wake_r) };
-            });
-        match spawned {
-            Ok(thread) => Ok(HttpStreams {
-                shared,
-                telemetry,
-                wake: wake_w,
-                stop,
-                failed,
-                thread: Some(thread),
-            }),
-            Err(e) => {
-                // SAFETY: closing the pipe we just made.
-                unsafe {
-                    libc::close(wake_r);
-                    libc::close(wake_w);
-                }
-                Err(e)
-            }
-        }
+            })?;
+        Ok(HttpStreams {
+            shared,
+            telemetry,
+            wake: Some(wake_w),
+            stop,
+            failed,
+            thread: Some(spawned),
+        })
     }
 
     fn command(&self, command: Command) {
         if let Ok(mut s) = self.shared.lock() {
             s.commands.push(command);
         }
-        // SAFETY: one byte into our pipe; a full pipe already means "wake up".
-        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
+        if let Some(wake) = &self.wake {
+            wake.wake();
+        }
     }
 
     /// Start stream `stream` with the whole request (head and body); returns
@@ -950,11 +930,10 @@ impl HttpStreams {
             return;
         };
         self.stop.store(true, Ordering::SeqCst);
-        // SAFETY: one byte into our pipe.
-        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
+        if let Some(wake) = self.wake.take() {
+            wake.wake();
+        }
         let _ = thread.join();
-        // SAFETY: closing our write end, once.
-        unsafe { libc::close(self.wake) };
     }
 }
 
@@ -977,7 +956,7 @@ struct Link {
 }
 
 struct Thread<'a> {
-    wake: libc::c_int,
+    wake: &'a WakeReceiver,
     shared: &'a Mutex<Shared>,
     stop: &'a AtomicBool,
     fed: &'a Mutex<Fed>,
@@ -1021,20 +1000,13 @@ enum Waiter {
     /// that changed, not all of them; readiness is kept on each exchange.
     #[cfg(target_os = "linux")]
     Edges {
-        epfd: libc::c_int,
+        set: sys::Epoll,
         events: Vec<libc::epoll_event>,
         /// Exchange index by descriptor, for this round's events.
         slots: Vec<usize>,
         /// The last wait filled `events`: more may be queued.
         full: bool,
     },
-}
-
-/// Empty the wake pipe.
-fn drain_wake(wake: libc::c_int) {
-    let mut drain = [0u8; 64];
-    // SAFETY: reading our own non-blocking pipe into a local buffer.
-    while unsafe { libc::read(wake, drain.as_mut_ptr().cast(), drain.len()) } > 0 {}
 }
 
 fn fail_all(exchanges: &mut [Exchange], why: &str) {
@@ -1045,27 +1017,20 @@ fn fail_all(exchanges: &mut [Exchange], why: &str) {
 
 impl Waiter {
     #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
-    fn new(wake: libc::c_int, edges: bool) -> Waiter {
+    fn new(wake: &WakeReceiver, edges: bool) -> Waiter {
         #[cfg(target_os = "linux")]
         if edges {
-            // SAFETY: plain syscalls on descriptors this thread owns.
-            let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if epfd >= 0 {
-                let mut ev = libc::epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: WAKE_TOKEN,
+            let set = sys::Epoll::new();
+            if let Ok(set) = set.and_then(|set| {
+                set.add(wake.fd(), libc::EPOLLIN as u32, WAKE_TOKEN)
+                    .map(|()| set)
+            }) {
+                return Waiter::Edges {
+                    set,
+                    events: vec![libc::epoll_event { events: 0, u64: 0 }; 128],
+                    slots: Vec::new(),
+                    full: false,
                 };
-                // SAFETY: as above; `ev` outlives the call.
-                if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, wake, &mut ev) } == 0 {
-                    return Waiter::Edges {
-                        epfd,
-                        events: vec![libc::epoll_event { events: 0, u64: 0 }; 128],
-                        slots: Vec::new(),
-                        full: false,
-                    };
-                }
-                // SAFETY: closing the set we just made.
-                unsafe { libc::close(epfd) };
             }
         }
         // No epoll (another Unix, or it failed): `poll` does the same job.
@@ -1076,7 +1041,7 @@ impl Waiter {
     /// events exchange `i` has now.
     fn wait(
         &mut self,
-        wake: libc::c_int,
+        wake: &WakeReceiver,
         exchanges: &mut [Exchange],
         wait_ms: libc::c_int,
         revents: &mut Vec<libc::c_short>,
@@ -1086,7 +1051,7 @@ impl Waiter {
             Waiter::Poll(fds) => {
                 fds.clear();
                 fds.push(libc::pollfd {
-                    fd: wake,
+                    fd: wake.fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 });
@@ -1095,22 +1060,20 @@ impl Waiter {
                     events: ex.interest(),
                     revents: 0,
                 }));
-                // SAFETY: a valid array of pollfds.
-                let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
-                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                    fail_all(
-                        exchanges,
-                        &format!("poll failed: {}", io::Error::last_os_error()),
-                    );
+                match sys::poll(fds, wait_ms) {
+                    Err(e) if e.kind() != io::ErrorKind::Interrupted => {
+                        fail_all(exchanges, &format!("poll failed: {e}"));
+                    }
+                    _ => {}
                 }
                 if fds[0].revents != 0 {
-                    drain_wake(wake);
+                    wake.drain();
                 }
                 revents.extend(fds[1..].iter().map(|p| p.revents));
             }
             #[cfg(target_os = "linux")]
             Waiter::Edges {
-                epfd,
+                set,
                 events,
                 slots,
                 full,
@@ -1121,35 +1084,27 @@ impl Waiter {
                     if fd < 0 {
                         continue;
                     }
-                    let mut ev = libc::epoll_event {
-                        events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET)
-                            as u32,
-                        u64: fd as u64,
-                    };
-                    // SAFETY: a descriptor the exchange owns; `ev` outlives the call.
-                    if unsafe { libc::epoll_ctl(*epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } == 0 {
-                        ex.registered = true;
-                    } else {
-                        let why = format!("epoll_ctl failed: {}", io::Error::last_os_error());
-                        ex.fail(Outcome::failed(EndKind::Io, why));
+                    let events =
+                        (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+                    match set.add(fd, events, fd as u64) {
+                        Ok(()) => ex.registered = true,
+                        Err(e) => {
+                            let why = format!("epoll_ctl failed: {e}");
+                            ex.fail(Outcome::failed(EndKind::Io, why));
+                        }
                     }
                 }
                 // Readiness kept from the last round (a capped read) means no sleep.
                 let pending = *full || exchanges.iter().any(|ex| ex.ready_events() != 0);
-                // SAFETY: `events` is a valid array of its length.
-                let r = unsafe {
-                    libc::epoll_wait(
-                        *epfd,
-                        events.as_mut_ptr(),
-                        events.len() as libc::c_int,
-                        if pending { 0 } else { wait_ms },
-                    )
+                let n = match set.wait(events, if pending { 0 } else { wait_ms }) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            fail_all(exchanges, &format!("epoll_wait failed: {e}"));
+                        }
+                        0
+                    }
                 };
-                if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                    let why = format!("epoll_wait failed: {}", io::Error::last_os_error());
-                    fail_all(exchanges, &why);
-                }
-                let n = r.max(0) as usize;
                 *full = n == events.len();
                 for (i, ex) in exchanges.iter().enumerate() {
                     let fd = ex.fd();
@@ -1164,7 +1119,7 @@ impl Waiter {
                 for ev in &events[..n] {
                     let (flags, token) = (ev.events, ev.u64);
                     if token == WAKE_TOKEN {
-                        drain_wake(wake);
+                        wake.drain();
                         continue;
                     }
                     let Some(&i) = slots.get(token as usize) else {
@@ -1181,16 +1136,6 @@ impl Waiter {
                 slots.fill(usize::MAX);
                 revents.extend(exchanges.iter().map(Exchange::ready_events));
             }
-        }
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        if let Waiter::Edges { epfd, .. } = self {
-            // SAFETY: the set is this waiter's own.
-            unsafe { libc::close(*epfd) };
         }
     }
 }

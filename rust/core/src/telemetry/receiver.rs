@@ -8,9 +8,8 @@
 //! the run's [`Fed`] (tap and reconciler under one lock), with the time of
 //! the read. No Python is involved: the thread never needs the GIL.
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::fed::{monotonic, Fed};
 use crate::protocol::MAX_FRAME_BYTES;
+use crate::sys::{self, CmsgBuf, Datagram, WakeReceiver, Waker};
 
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
@@ -81,66 +81,12 @@ pub struct ReceiverStats {
 /// A bound socket and its reading thread.
 pub struct Receiver {
     path: PathBuf,
-    fd: libc::c_int,
-    wake: libc::c_int,
+    /// The socket; the thread holds it too while it runs.
+    sock: Option<Arc<OwnedFd>>,
+    wake: Option<Waker>,
     thread: Option<JoinHandle<()>>,
     counters: Arc<ReceiverCounters>,
     rcvbuf: u64,
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-struct Fd(libc::c_int);
-
-impl Drop for Fd {
-    fn drop(&mut self) {
-        if self.0 >= 0 {
-            // SAFETY: we own this descriptor.
-            unsafe { libc::close(self.0) };
-        }
-    }
-}
-
-impl Fd {
-    fn into_raw(mut self) -> libc::c_int {
-        std::mem::replace(&mut self.0, -1)
-    }
-}
-
-fn set_int_opt(fd: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid fd and a pointer to an int of the given size.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
-}
-
-fn get_int_opt(fd: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: valid fd, pointers to an int and its length.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    })?;
-    Ok(value)
 }
 
 impl Receiver {
@@ -166,8 +112,7 @@ impl Receiver {
         accept_uids: &[u32],
         max_pause: Duration,
     ) -> io::Result<Receiver> {
-        // SAFETY: geteuid never fails.
-        let me = unsafe { libc::geteuid() };
+        let me = sys::euid();
         let accept: Vec<u32> = accept_uids.iter().copied().filter(|&u| u != me).collect();
         // Root reaches any socket; another accepted uid needs write permission.
         let mode = if accept.iter().any(|&u| u != 0) {
@@ -175,77 +120,40 @@ impl Receiver {
         } else {
             0o600
         };
-        let bytes = path.as_os_str().as_bytes();
-        // SAFETY: sockaddr_un is plain old data.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        if bytes.len() >= addr.sun_path.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "socket path of {} bytes does not fit sun_path ({} usable bytes): {}",
-                    bytes.len(),
-                    addr.sun_path.len() - 1,
-                    path.display()
-                ),
-            ));
-        }
-        if CString::new(bytes).is_err() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "socket path contains a NUL byte",
-            ));
-        }
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: plain syscalls on descriptors we own.
-        let sock = Fd(cvt(unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                0,
-            )
-        })?);
-        // On Linux the socket file takes the socket inode's mode: 0600 from the start.
-        // SAFETY: valid fd.
-        cvt(unsafe { libc::fchmod(sock.0, mode) })?;
-        set_int_opt(sock.0, libc::SO_PASSCRED, 1)?;
         let want = rcvbuf.min(libc::c_int::MAX as usize) as libc::c_int;
-        let root = me == 0;
-        if want > 0 && (!root || set_int_opt(sock.0, libc::SO_RCVBUFFORCE, want).is_err()) {
-            set_int_opt(sock.0, libc::SO_RCVBUF, want)?;
-        }
-        let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
-        cvt(unsafe { libc::bind(sock.0, (&addr as *const libc::sockaddr_un).cast(), len) })?;
+        let sock = Arc::new(sys::bind_datagrams(path, mode, want, me == 0)?);
         // Make sure of the mode even where fchmod before bind is not honoured.
         let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode));
-        let rcvbuf = get_int_opt(sock.0, libc::SO_RCVBUF).unwrap_or(0).max(0) as u64;
-        let mut pipe = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two descriptors into the array.
-        if let Err(e) =
-            cvt(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })
-        {
-            let _ = std::fs::remove_file(path);
-            return Err(e);
-        }
-        let (wake_r, wake_w) = (Fd(pipe[0]), Fd(pipe[1]));
+        let rcvbuf = sys::receive_buffer(sock.as_fd()).unwrap_or(0).max(0) as u64;
+        let (wake_r, wake_w) = match sys::wake_pipe() {
+            Ok(ends) => ends,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
         let counters = Arc::new(ReceiverCounters {
             last_rejected_uid: AtomicU64::new(NO_UID),
             ..ReceiverCounters::default()
         });
-        let fd = sock.0;
+        let thread_sock = Arc::clone(&sock);
         let thread_counters = Arc::clone(&counters);
         let spawned = std::thread::Builder::new()
             .name("parallelhue-receiver".into())
             .spawn(move || {
-                let wake_r = wake_r;
                 let pace = Pace {
                     max: max_pause,
                     qlen: queue_limit(),
                 };
-                read_loop(fd, wake_r.0, &sink, &thread_counters, me, &accept, pace);
+                read_loop(
+                    &thread_sock,
+                    &wake_r,
+                    &sink,
+                    &thread_counters,
+                    me,
+                    &accept,
+                    pace,
+                );
             });
         let thread = match spawned {
             Ok(t) => t,
@@ -256,8 +164,8 @@ impl Receiver {
         };
         Ok(Receiver {
             path: path.to_path_buf(),
-            fd: sock.into_raw(),
-            wake: wake_w.into_raw(),
+            sock: Some(sock),
+            wake: Some(wake_w),
             thread: Some(thread),
             counters,
             rcvbuf,
@@ -276,15 +184,13 @@ impl Receiver {
     /// into the reconciler: queued in the kernel, or read and not yet pushed.
     /// Lets the client tell "no telemetry came" from "the thread has not read it yet".
     pub fn pending(&self) -> bool {
-        if self.thread.is_none() {
+        let (Some(sock), Some(_)) = (&self.sock, &self.thread) else {
             return false;
-        }
-        let mut queued: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int; the fd is open while the thread runs.
-        let r = unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut queued) };
+        };
         // The queue first, then the flag: a datagram taken off the queue after the
         // first look was taken by a thread that set `busy` before reading it.
-        (r < 0 || queued > 0) || self.counters.busy.load(Ordering::SeqCst)
+        let queued = sys::queued_bytes(sock.as_fd());
+        queued.map_or(true, |n| n > 0) || self.counters.busy.load(Ordering::SeqCst)
     }
 
     pub fn stats(&self) -> ReceiverStats {
@@ -311,14 +217,12 @@ impl Receiver {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        // SAFETY: writing one byte to our pipe.
-        unsafe { libc::write(self.wake, [1u8].as_ptr().cast(), 1) };
-        let _ = thread.join();
-        // SAFETY: closing descriptors we own, once.
-        unsafe {
-            libc::close(self.wake);
-            libc::close(self.fd);
+        if let Some(wake) = self.wake.take() {
+            wake.wake();
         }
+        let _ = thread.join();
+        // The thread's references are gone with it: this closes the socket.
+        self.sock = None;
         match std::fs::remove_file(&self.path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -331,9 +235,6 @@ impl Drop for Receiver {
         let _ = self.close();
     }
 }
-
-/// cmsg space for one `ucred`.
-const CMSG_BUF: usize = 64;
 
 /// One datagram's read outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,124 +250,22 @@ enum Got {
     Oversized(usize),
 }
 
-/// Whom a datagram came from, from the control messages the kernel filled
-/// in `msg`; closes any descriptor a sender tried to pass. `n` is the
-/// datagram's real length (`MSG_TRUNC`), `me` the euid that bound the
-/// socket (read once: the client never changes it).
-fn classify(msg: &libc::msghdr, n: usize, me: u32, accept: &[u32]) -> Got {
-    let mut uid = None;
-    // SAFETY: walking the control buffer the kernel filled, with the libc macros.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                uid = Some(cred.uid);
-            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                // Close any descriptor a sender tried to pass us.
-                let data = libc::CMSG_DATA(c);
-                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
-                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
-                    let fd: libc::c_int =
-                        std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                    libc::close(fd);
-                }
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    let accepted = match uid {
+/// Whether a datagram is admitted: from this process's euid `me` (read
+/// once: the client never changes it) or an accepted uid, and no longer
+/// than a frame may be.
+fn classify(d: Datagram, me: u32, accept: &[u32]) -> Got {
+    let accepted = match d.uid {
         Some(u) if u == me => false,
         Some(u) if accept.contains(&u) => true,
         other => return Got::Foreign(other),
     };
-    if n > MAX_FRAME_BYTES {
-        return Got::Oversized(n);
+    if d.len > MAX_FRAME_BYTES {
+        return Got::Oversized(d.len);
     }
-    Got::Frame { len: n, accepted }
-}
-
-/// Flags of every read: `MSG_TRUNC` makes the length the datagram's real one.
-const RECV_FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_TRUNC | libc::MSG_CMSG_CLOEXEC;
-
-/// Read one datagram (the portable path, and the fallback where `recvmmsg`
-/// is not available).
-fn recv_one(
-    fd: libc::c_int,
-    buf: &mut [u8],
-    cbuf: &mut [u64; CMSG_BUF / 8],
-    me: u32,
-    accept: &[u32],
-) -> io::Result<Got> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain old data; every pointer set below outlives the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_BUF as _;
-    // SAFETY: valid fd and msghdr.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, RECV_FLAGS) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+    Got::Frame {
+        len: d.len,
+        accepted,
     }
-    Ok(classify(&msg, n as usize, me, accept))
-}
-
-/// Read up to `bufs.len()` queued datagrams with one `recvmmsg`, datagram
-/// `i` into `bufs[i]`, its verdict pushed to `out`; how many were read
-/// (fewer than `bufs.len()`: the queue was empty). Each datagram's
-/// credentials are checked exactly as `recv_one` checks them (`classify`).
-fn recv_many(
-    fd: libc::c_int,
-    bufs: &mut [Vec<u8>],
-    cbufs: &mut [[u64; CMSG_BUF / 8]],
-    me: u32,
-    accept: &[u32],
-    out: &mut Vec<Got>,
-) -> io::Result<usize> {
-    let count = bufs.len().min(cbufs.len());
-    let mut iovs: Vec<libc::iovec> = bufs[..count]
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: b.len(),
-        })
-        .collect();
-    let mut msgs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .zip(cbufs.iter_mut())
-        .map(|(iov, cbuf)| {
-            // SAFETY: mmsghdr is plain old data; its pointers outlive the call.
-            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-            m.msg_hdr.msg_control = cbuf.as_mut_ptr().cast();
-            m.msg_hdr.msg_controllen = CMSG_BUF as _;
-            m
-        })
-        .collect();
-    // SAFETY: valid fd and `count` initialised mmsghdrs.
-    let r = unsafe {
-        libc::recvmmsg(
-            fd,
-            msgs.as_mut_ptr(),
-            count as libc::c_uint,
-            RECV_FLAGS,
-            std::ptr::null_mut(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let r = r as usize;
-    for m in &msgs[..r] {
-        out.push(classify(&m.msg_hdr, m.msg_len as usize, me, accept));
-    }
-    Ok(r)
 }
 
 /// How the thread spaces its reads.
@@ -517,28 +316,12 @@ fn next_pause(n: usize, span: Duration, paused: bool, pace: Pace) -> Duration {
     pause
 }
 
-/// Sleep `pause` unless the wake pipe is written first; whether it was (stop).
-fn sleep_unless_woken(wake: libc::c_int, pause: Duration) -> bool {
-    let mut fds = [libc::pollfd {
-        fd: wake,
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    let ts = libc::timespec {
-        tv_sec: pause.as_secs() as libc::time_t,
-        tv_nsec: pause.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: one valid pollfd and a valid timespec; no signal mask change.
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
-    r > 0 && fds[0].revents != 0
-}
-
 /// The thread's read buffers, reused from read to read.
 struct Reads {
     bufs: Vec<Vec<u8>>,
-    cbufs: Vec<[u64; CMSG_BUF / 8]>,
-    /// What each datagram of a batch was (datagram i is in bufs[i]).
-    got: Vec<Got>,
+    cbufs: Vec<CmsgBuf>,
+    /// Each datagram of a batch (datagram i is in bufs[i]).
+    got: Vec<Datagram>,
     /// The admitted ones as (i, length), in the order they were sent.
     frames: Vec<(usize, usize)>,
     oversized: Vec<usize>,
@@ -551,7 +334,7 @@ impl Reads {
     fn new() -> Reads {
         Reads {
             bufs: (0..BATCH).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect(),
-            cbufs: vec![[0u64; CMSG_BUF / 8]; BATCH],
+            cbufs: vec![CmsgBuf::default(); BATCH],
             got: Vec::with_capacity(BATCH),
             frames: Vec::with_capacity(BATCH),
             oversized: Vec::new(),
@@ -564,7 +347,7 @@ impl Reads {
 /// datagrams were taken off the queue.
 fn drain(
     r: &mut Reads,
-    fd: libc::c_int,
+    sock: &OwnedFd,
     sink: &Mutex<Fed>,
     counters: &ReceiverCounters,
     me: u32,
@@ -577,7 +360,7 @@ fn drain(
         let mut again = false;
         if r.batched {
             loop {
-                match recv_many(fd, &mut r.bufs, &mut r.cbufs, me, accept, &mut r.got) {
+                match sys::recv_many(sock.as_fd(), &mut r.bufs, &mut r.cbufs, &mut r.got) {
                     Ok(n) => again = n < BATCH,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => r.batched = false,
@@ -593,7 +376,7 @@ fn drain(
         if !r.batched {
             while r.got.len() < BATCH {
                 let i = r.got.len();
-                match recv_one(fd, &mut r.bufs[i], &mut r.cbufs[i], me, accept) {
+                match sys::recv_one(sock.as_fd(), &mut r.bufs[i], &mut r.cbufs[i]) {
                     Ok(g) => r.got.push(g),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         again = true;
@@ -611,8 +394,8 @@ fn drain(
         taken += r.got.len();
         r.frames.clear();
         r.oversized.clear();
-        for (i, g) in r.got.iter().enumerate() {
-            match *g {
+        for (i, &d) in r.got.iter().enumerate() {
+            match classify(d, me, accept) {
                 Got::Frame { len, accepted } => {
                     if accepted {
                         counters.accepted_foreign.fetch_add(1, Ordering::Relaxed);
@@ -659,8 +442,8 @@ fn drain(
 }
 
 fn read_loop(
-    fd: libc::c_int,
-    wake: libc::c_int,
+    sock: &OwnedFd,
+    wake: &WakeReceiver,
     sink: &Mutex<Fed>,
     counters: &ReceiverCounters,
     me: u32,
@@ -678,34 +461,33 @@ fn read_loop(
         let stop = if pause.is_zero() {
             let mut fds = [
                 libc::pollfd {
-                    fd,
+                    fd: sock.as_raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: wake,
+                    fd: wake.fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-            if r < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
+            match sys::poll(&mut fds, -1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return;
                 }
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                return;
             }
             fds[1].revents != 0
         } else {
             // The queue is read after the pause whatever it holds (nothing:
             // the next round waits in poll); a close ends the pause early.
-            sleep_unless_woken(wake, pause)
+            wake.sleep_unless_woken(pause)
         };
         // Read everything queued (also when stopping: what was sent before
         // close() is not lost).
-        let n = drain(&mut reads, fd, sink, counters, me, accept);
+        let n = drain(&mut reads, sock, sink, counters, me, accept);
         if stop {
             return;
         }
@@ -724,6 +506,8 @@ mod tests {
     use super::*;
     use crate::encode::{HelloFields, Sender};
     use crate::reconcile::Reconciler;
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixDatagram;
 
@@ -833,8 +617,7 @@ mod tests {
 
     #[test]
     fn another_uid_is_admitted_only_when_accepted_and_counted() {
-        // SAFETY: geteuid never fails.
-        if unsafe { libc::geteuid() } != 0 {
+        if sys::euid() != 0 {
             eprintln!("skipped: dropping to uid 65534 needs root");
             return;
         }
@@ -879,18 +662,8 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let rx = UnixDatagram::bind(&path).unwrap();
         rx.set_nonblocking(true).unwrap();
-        set_int_opt(
-            std::os::unix::io::AsRawFd::as_raw_fd(&rx),
-            libc::SO_PASSCRED,
-            1,
-        )
-        .unwrap();
-        set_int_opt(
-            std::os::unix::io::AsRawFd::as_raw_fd(&rx),
-            libc::SO_RCVBUF,
-            1 << 20,
-        )
-        .unwrap();
+        sys::set_int_opt(rx.as_fd(), libc::SO_PASSCRED, 1).unwrap();
+        sys::set_int_opt(rx.as_fd(), libc::SO_RCVBUF, 1 << 20).unwrap();
         (path, rx, UnixDatagram::unbound().unwrap())
     }
 
@@ -899,8 +672,7 @@ mod tests {
     /// time or `per_call` at a time with `recvmmsg`, with each frame's bytes.
     fn read_back(name: &str, per_call: Option<usize>) -> Vec<(Got, Vec<u8>)> {
         let (path, rx, tx) = bare_socket(name);
-        // SAFETY: geteuid never fails.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = sys::euid() == 0;
         let mut sent = 0;
         // At most 10 queued: net.unix.max_dgram_qlen is 10 here, and nothing reads yet.
         for i in 0..9u8 {
@@ -921,32 +693,30 @@ mod tests {
             .unwrap();
             sent += 1;
         }
-        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&rx);
-        // SAFETY: geteuid never fails.
-        let me = unsafe { libc::geteuid() };
+        let fd = rx.as_fd();
+        let me = sys::euid();
         let mut bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; MAX_FRAME_BYTES + 1]).collect();
-        let mut cbufs = vec![[0u64; CMSG_BUF / 8]; 5];
+        let mut cbufs = vec![CmsgBuf::default(); 5];
         let mut out = Vec::new();
         loop {
             let mut got = Vec::new();
             let n = match per_call {
-                Some(k) => {
-                    match recv_many(fd, &mut bufs[..k], &mut cbufs[..k], me, &[], &mut got) {
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-                None => match recv_one(fd, &mut bufs[0], &mut cbufs[0], me, &[]) {
-                    Ok(g) => {
-                        got.push(g);
+                Some(k) => match sys::recv_many(fd, &mut bufs[..k], &mut cbufs[..k], &mut got) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(e) => panic!("{e}"),
+                },
+                None => match sys::recv_one(fd, &mut bufs[0], &mut cbufs[0]) {
+                    Ok(d) => {
+                        got.push(d);
                         1
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
                     Err(e) => panic!("{e}"),
                 },
             };
-            for (i, g) in got.into_iter().enumerate() {
+            for (i, d) in got.into_iter().enumerate() {
+                let g = classify(d, me, &[]);
                 let bytes = match g {
                     Got::Frame { len, .. } => bufs[i][..len].to_vec(),
                     _ => Vec::new(),
@@ -964,8 +734,7 @@ mod tests {
 
     #[test]
     fn batched_reads_check_every_datagram_as_single_reads_do() {
-        // SAFETY: geteuid never fails.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = sys::euid() == 0;
         let one = read_back("single", None);
         let expected: Vec<(Got, Vec<u8>)> = (0..9u8)
             .map(|i| match i % 4 {
