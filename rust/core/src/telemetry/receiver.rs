@@ -320,7 +320,7 @@ fn next_pause(n: usize, span: Duration, paused: bool, pace: Pace) -> Duration {
 struct Reads {
     bufs: Vec<Vec<u8>>,
     cbufs: Vec<CmsgBuf>,
-    /// Each datagram of a batch (datagram i is in bufs[i]).
+    /// Each datagram of a batch (datagram i is in `bufs[i]`).
     got: Vec<Datagram>,
     /// The admitted ones as (i, length), in the order they were sent.
     frames: Vec<(usize, usize)>,
