@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native dist
 
 all: native
 
@@ -22,17 +22,28 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 # Build the extension in release mode and install the project editable into the
-# venv, after the plugin distribution it depends on (plugin/, pure Python).
+# venv, after the plugin distribution it depends on (plugin/, pure Python). The
+# development build carries the test kit (rust/py feature `testkit`:
+# decode_frame, sse_inputs, pack_inputs), which the tests and benches call.
 native: $(VENV)/.deps
 	$(PIP) install -q --no-deps -e ./plugin
-	$(VENV)/bin/maturin develop --release -q
+	$(VENV)/bin/maturin develop --release -q --features testkit
+
+# The wheels to ship, into dist/: the client with its extension built without
+# the test kit (as `pip install .` builds it), and the plugin.
+dist: $(VENV)/.deps
+	rm -rf dist
+	$(VENV)/bin/maturin build --release -q --out dist
+	$(PIP) wheel -q --no-deps --wheel-dir dist ./plugin
 
 demo: native
 	$(PY) -m parallelhue demo
 
 lint: native
 	cargo fmt --all -- --check
+	# Twice: as shipped, and with the test kit.
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check python plugin tests benches
 	$(VENV)/bin/ruff format --check python plugin tests benches
 	$(VENV)/bin/mypy
@@ -72,4 +83,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf target dist $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -6,6 +6,10 @@ Checked against the built module by `python -m mypy.stubtest parallelhue._native
 like `parallelhue.reconciler.ReconcilerLike`); the dicts and events it hands
 out are the shapes of `parallelhue.shapes`, whose keys the constants below
 list (tests/test_native_types.py holds them equal).
+
+`decode_frame`, `sse_inputs` and `pack_inputs` are the test kit (rust/py
+feature `testkit`): in the development build only (`make native`); the shipped
+extension (`make dist`, `pip install .`) has none of them.
 """
 
 import os
@@ -183,7 +187,7 @@ class Reconciler:
 def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
     """Decode one datagram into the decoded-meaning dict of tests/vectors/*.json.
 
-    Raises ValueError with the protocol's exact decoder message.
+    Raises ValueError with the protocol's exact decoder message. Test kit only.
     """
 
 def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | None]:
@@ -198,7 +202,7 @@ def encode_recording(header: str, items: Any, footer: str | None = None) -> byte
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
 
 def pack_inputs(inputs: Any) -> bytes:
-    """push_inputs' items as one push_recorded buffer."""
+    """push_inputs' items as one push_recorded buffer. Test kit only."""
 
 def tail_pieces(
     data: bytes | bytearray,

@@ -6,6 +6,9 @@
 //! `cargo test` runs without an interpreter. See docs/PROTOCOL.md for the
 //! contract and docs/ARCHITECTURE.md for the picture.
 
+/// Test kit: a frame's decoded meaning as the vectors' JSON (tests, the
+/// extension's test kit, fuzzing).
+#[cfg(any(test, feature = "testkit"))]
 pub mod describe;
 pub mod digest;
 /// Test kit: a frame encoder (tests, benches, fuzzing; the production

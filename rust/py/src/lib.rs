@@ -1,5 +1,7 @@
 //! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`, one file
-//! per area (reconciler, frame, display, streams, receiver, recording, panes).
+//! per area (reconciler, display, streams, receiver, recording, spans,
+//! panes), and the test kit (`testkit`, only with the crate's `testkit`
+//! feature: the shipped extension carries no test support).
 //!
 //! The Python API of `Reconciler` is exactly the one of docs/PROTOCOL.md
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
@@ -9,7 +11,6 @@
 
 mod convert;
 mod display;
-mod frame;
 mod panes;
 mod receiver;
 mod reconciler;
@@ -17,6 +18,8 @@ mod recording;
 #[cfg(unix)]
 mod spans;
 mod streams;
+#[cfg(feature = "testkit")]
+mod testkit;
 
 use parallelhue_core::outcome::END_KINDS;
 use parallelhue_core::protocol;
@@ -98,11 +101,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("ERROR_BODY_LIMIT", hs::ERROR_BODY_LIMIT)?;
         m.add("TELEMETRY_CONTENT_TYPE", hs::TELEMETRY_CONTENT_TYPE)?;
     }
-    m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
-    m.add_function(wrap_pyfunction!(frame::sse_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
-    m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(panes::tail_pieces, m)?)?;
+    #[cfg(feature = "testkit")]
+    {
+        m.add_function(wrap_pyfunction!(testkit::decode_frame, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::sse_inputs, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::pack_inputs, m)?)?;
+    }
     Ok(())
 }
