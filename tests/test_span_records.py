@@ -6,8 +6,11 @@ takes anything."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -15,12 +18,11 @@ import pytest
 import workloads
 from parallelhue import _native
 from parallelhue.reference import Reconciler as ReferenceReconciler
-from parallelhue.state import PySpanRecords, StreamState
+from parallelhue.state import NO_ROLE, PySpanRecords, StreamState
 
 SpanRecords = getattr(_native, "SpanRecords", None)
 needs_native = pytest.mark.skipif(SpanRecords is None, reason="make native")
 PACK_INPUTS = workloads.native_test_kit("pack_inputs") if SpanRecords else None
-NO_ROLE = 0xFF
 RUN = "0" * 32
 
 
@@ -31,6 +33,20 @@ def packed(*spans: tuple[int, int, int]) -> bytes:
 
 def kinds() -> list[Any]:
     return [PySpanRecords] + ([SpanRecords] if SpanRecords is not None else [])
+
+
+@needs_native
+def test_the_client_without_the_extension_uses_the_extensions_values() -> None:
+    # The values are declared once, in the Rust core; state.py's fallback for a
+    # client without the extension must be the same.
+    code = (
+        "import json, sys; sys.modules['parallelhue._native'] = None; "
+        "from parallelhue import state; "
+        "print(json.dumps([state.NO_STEP, state.NO_ROLE, state.SPAN_RECORD_BYTES]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    native = [_native.NO_STEP, _native.NO_ROLE, _native.SPAN_RECORD_BYTES]
+    assert json.loads(out.stdout) == native
 
 
 @pytest.mark.parametrize("kind", kinds(), ids=lambda k: k.__name__)

@@ -33,11 +33,14 @@ __all__ = [
     "END_KINDS",
     "ERROR_BODY_LIMIT",
     "MAX_FRAME_BYTES",
+    "NO_ROLE",
+    "NO_STEP",
     "PROTOCOL_VERSION",
     "RECEIVER_KEYS",
     "RECORDING_VERSION",
     "REORDER_WINDOW",
     "SOURCE_KEYS",
+    "SPAN_RECORD_BYTES",
     "SSE_COALESCE_STREAMS",
     "SSE_READ_INTERVAL",
     "STAT_KEYS",
@@ -64,6 +67,11 @@ COUNTER_KEYS: list[str]
 SOURCE_KEYS: list[str]
 RECEIVER_KEYS: list[str]
 END_KINDS: list[str]
+# A span record (SpanRecords, Reconciler.take): its bytes, the step of a mixed
+# span, the role of a span without one (parallelhue.state takes them from here).
+SPAN_RECORD_BYTES: int
+NO_STEP: int
+NO_ROLE: int
 SSE_READ_INTERVAL: float  # seconds; HttpStreams' default min_interval (Unix only)
 SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
 ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
@@ -80,8 +88,8 @@ _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
 @final
 class SpanRecords:
     """One stream's proven spans, two u64 words a span: the end offset into
-    the stream's SSE text, then step | role << 32 (step 0xFFFFFFFF: a mixed
-    span; role 0xFF: none). Grows by doubling; `Reconciler.take` appends to
+    the stream's SSE text, then step | role << 32 (step NO_STEP: a mixed
+    span; role NO_ROLE: none). Grows by doubling; `Reconciler.take` appends to
     it without a Python call. No buffer protocol (`tail_pieces` reads it
     in place)."""
 

@@ -22,6 +22,7 @@ pub mod protocol;
 pub mod reconcile;
 pub mod record;
 pub mod sequence;
+pub mod spans;
 pub mod sse;
 pub mod sse_inputs;
 pub mod sse_scan;

@@ -80,6 +80,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "RECORDING_VERSION",
         parallelhue_core::record::FORMAT_VERSION,
     )?;
+    // The span record's values, declared once (state.py takes them from here).
+    m.add("NO_STEP", parallelhue_core::spans::NO_STEP)?;
+    m.add("NO_ROLE", parallelhue_core::spans::NO_ROLE)?;
+    m.add(
+        "SPAN_RECORD_BYTES",
+        parallelhue_core::spans::SPAN_RECORD_BYTES,
+    )?;
     m.add("STAT_KEYS", STAT_KEYS.to_vec())?;
     m.add("COUNTER_KEYS", COUNTER_KEYS.to_vec())?;
     m.add("SOURCE_KEYS", SOURCE_KEYS.to_vec())?;
