@@ -10,12 +10,9 @@ use std::time::Instant;
 use rustls::ClientConnection;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::response::ErrorBody;
-use super::round::RoundInputs;
+use super::response::Response;
 use super::{Target, Timeouts, TELEMETRY_MIN_SILENCE};
 use crate::outcome::{EndKind, Outcome};
-use crate::sse_stream::StreamBody;
-use crate::telemetry::stream::{StreamItem, TelemetryBody};
 
 /// Reads of one connection per round before the others get their turn.
 const READS_PER_ROUND: usize = 4;
@@ -43,17 +40,12 @@ pub(super) struct Exchange {
     pub(super) sent: usize,
     /// The write side is done (or the server closed it).
     pub(super) sent_all: bool,
-    pub(super) head: Vec<u8>,
-    pub(super) error_body: Option<ErrorBody>,
-    pub(super) body: Option<StreamBody>,
-    pub(super) tbody: Option<TelemetryBody>,
-    /// Telemetry items decoded since the last publish.
-    pub(super) items: Vec<StreamItem>,
+    /// What the server answered so far.
+    pub(super) response: Response,
     pub(super) started: Instant,
     pub(super) last_progress: Instant,
     /// Monotonic time of the start, published with the first round.
     pub(super) start_at: Option<f64>,
-    pub(super) deltas: RoundInputs,
     pub(super) end: Option<Outcome>,
     /// Its end was handed to the run: the exchange is dropped.
     pub(super) done: bool,
@@ -98,15 +90,10 @@ impl Exchange {
             request,
             sent: 0,
             sent_all: false,
-            head: Vec::new(),
-            error_body: None,
-            body: None,
-            tbody: None,
-            items: Vec::new(),
+            response: Response::new(stream == TELEMETRY),
             started: now,
             last_progress: now,
             start_at: Some(at),
-            deltas: RoundInputs::default(),
             end: None,
             done: false,
             readable: false,
@@ -390,7 +377,9 @@ impl Exchange {
             match self.read_some(target, buf) {
                 Got::Data(n) => {
                     self.last_progress = now;
-                    self.on_bytes(Some(&buf[..n]), time);
+                    if let Some(end) = self.response.on_bytes(Some(&buf[..n]), time) {
+                        self.fail(end);
+                    }
                     if self.tls.as_ref().is_some_and(|t| t.wants_write()) {
                         self.write_some(target, now);
                     }
@@ -399,10 +388,8 @@ impl Exchange {
                     }
                 }
                 Got::Eof => {
-                    self.on_bytes(None, time);
-                    if self.end.is_none() {
-                        self.fail(Outcome::failed(EndKind::Closed, ""));
-                    }
+                    let end = self.response.on_bytes(None, time);
+                    self.fail(end.unwrap_or_else(|| Outcome::failed(EndKind::Closed, "")));
                     return;
                 }
                 Got::Again => return,

@@ -1,15 +1,10 @@
-//! A round's news handed to the run under one lock: each exchange's start,
-//! its SSE inputs (copied into buffers reused every round), its end; the
-//! telemetry stream's items and end (through [`crate::telemetry::link`]).
+//! One exchange's SSE inputs of a round, copied into buffers reused every
+//! round (no allocation per chunk) until the thread publishes them.
 
 use std::ops::Range;
 
-use super::exchange::Exchange;
-use super::thread::Thread;
-use crate::fed::{monotonic, Ended, Fed};
-use crate::outcome::Outcome;
+use crate::fed::Fed;
 use crate::sse_inputs::{SseInput, SseInputRef};
-use crate::telemetry::link::TelemetryEnd;
 
 /// One SSE input of a stream read in this round, with its arrival time.
 struct Delta {
@@ -70,88 +65,5 @@ impl RoundInputs {
         }
         self.text.clear();
         self.token_ids.clear();
-    }
-}
-
-impl Thread<'_> {
-    /// Hand the round's starts, deltas and ends (and telemetry) to the run (one lock).
-    pub(super) fn publish(
-        &mut self,
-        exchanges: &mut Vec<Exchange>,
-        mut stops: Vec<(u16, Outcome)>,
-    ) {
-        // The telemetry exchange's items and end move to the link first.
-        for ex in exchanges.iter_mut().filter(|ex| ex.telemetry) {
-            ex.start_at = None;
-            self.link.items.append(&mut ex.items);
-            if let Some(outcome) = ex.end.take() {
-                ex.sock = None;
-                ex.tls = None;
-                self.link.end = Some(match ex.tbody.as_mut().and_then(|b| b.end.take()) {
-                    Some(body_end) => TelemetryEnd::Body(body_end),
-                    None => TelemetryEnd::Exchange(outcome),
-                });
-                ex.done = true;
-            }
-        }
-        let link = &self.link;
-        let telemetry_news = !link.items.is_empty() || link.end.is_some() || link.accept;
-        let busy = exchanges
-            .iter()
-            .any(|ex| ex.start_at.is_some() || !ex.deltas.is_empty() || ex.end.is_some());
-        if !busy && stops.is_empty() && !telemetry_news {
-            exchanges.retain(|ex| !ex.done);
-            return;
-        }
-        let mut fed = self.fed.lock().unwrap_or_else(|poisoned| {
-            // The reconciler panicked under another caller: nothing it says
-            // can be trusted any more, so this thread stops (the client then
-            // fails every unfinished stream).
-            drop(poisoned);
-            panic!("the run's reconciler failed")
-        });
-        let time = monotonic();
-        if telemetry_news {
-            self.link.publish(self.telemetry, &mut fed, time);
-        }
-        for ex in exchanges.iter_mut() {
-            if let Some(at) = ex.start_at.take() {
-                fed.stream_started(ex.stream, at);
-            }
-            if ex.end.is_none() && !ex.telemetry {
-                if let Some(i) = stops.iter().position(|(s, _)| *s == ex.stream) {
-                    let (_, outcome) = stops.swap_remove(i);
-                    ex.fail(outcome);
-                }
-            }
-            ex.deltas.publish(&mut fed, ex.stream);
-            if let Some(outcome) = ex.end.take() {
-                ex.sock = None;
-                ex.tls = None;
-                let (finish_reason, usage) = match &ex.body {
-                    Some(b) => (b.finish_reason.clone(), b.usage.clone()),
-                    None => (None, None),
-                };
-                fed.stream_ended(Ended {
-                    stream: ex.stream,
-                    outcome,
-                    finish_reason,
-                    usage,
-                    at: time,
-                });
-                ex.done = true;
-            }
-        }
-        exchanges.retain(|ex| !ex.done);
-        // Stops of streams whose exchange is already over.
-        for (stream, outcome) in stops {
-            fed.stream_ended(Ended {
-                stream,
-                outcome,
-                finish_reason: None,
-                usage: None,
-                at: time,
-            });
-        }
     }
 }

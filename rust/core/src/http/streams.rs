@@ -9,31 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::thread::{ReadOptions, Thread};
+use super::thread::{Command, ReadOptions, Shared, Thread};
 use super::{Target, Timeouts};
 use crate::fed::{monotonic, Fed};
 use crate::outcome::{EndKind, Outcome};
 use crate::sys::{self, Waker};
 use crate::telemetry::link::{Link, TelemetryState};
-
-pub(super) enum Command {
-    Add {
-        stream: u16,
-        request: Vec<u8>,
-        at: f64,
-    },
-    /// End the stream with this outcome (cancelled, or failed by the client).
-    Stop { stream: u16, outcome: Outcome },
-    /// Create the run's telemetry stream on the server (`POST`).
-    Subscribe { request: Vec<u8> },
-    /// The client took the server's run id: frames go to the run from now on.
-    AcceptTelemetry,
-}
-
-#[derive(Default)]
-pub(super) struct Shared {
-    pub(super) commands: Vec<Command>,
-}
 
 /// The HTTP thread of a run.
 pub struct HttpStreams {

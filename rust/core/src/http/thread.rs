@@ -1,5 +1,7 @@
 //! The HTTP thread's loop: wait for the connections, drive each ready
-//! exchange, take the commands, apply the timeouts, publish the round.
+//! exchange, take the commands, apply the timeouts, and publish the round:
+//! each exchange's start, SSE inputs and end, and the telemetry stream's
+//! items and end, handed to the run under one lock.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -8,17 +10,38 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::exchange::{strerror, Exchange, TELEMETRY};
-use super::streams::{Command, Shared};
 use super::waiter::Waiter;
 use super::{Target, Timeouts, COALESCE_STREAMS};
-use crate::fed::{monotonic, Fed};
+use crate::fed::{monotonic, Ended, Fed};
 use crate::outcome::{EndKind, Outcome};
 use crate::sys::WakeReceiver;
-use crate::telemetry::link::{Link, TelemetryState};
+use crate::telemetry::link::{Link, TelemetryEnd, TelemetryState};
 
 /// Bytes read by one `recv`.
 const READ_BYTES: usize = 256 * 1024;
 
+/// What the handle ([`super::HttpStreams`]) asks of the thread.
+pub(super) enum Command {
+    Add {
+        stream: u16,
+        request: Vec<u8>,
+        at: f64,
+    },
+    /// End the stream with this outcome (cancelled, or failed by the client).
+    Stop { stream: u16, outcome: Outcome },
+    /// Create the run's telemetry stream on the server (`POST`).
+    Subscribe { request: Vec<u8> },
+    /// The client took the server's run id: frames go to the run from now on.
+    AcceptTelemetry,
+}
+
+/// The commands not yet taken by the thread.
+#[derive(Default)]
+pub(super) struct Shared {
+    pub(super) commands: Vec<Command>,
+}
+
+/// The thread's own state; what it shares, it borrows from its closure.
 pub(super) struct Thread<'a> {
     pub(super) wake: &'a WakeReceiver,
     pub(super) shared: &'a Mutex<Shared>,
@@ -177,6 +200,91 @@ impl Thread<'_> {
             if ready > 0 && exchanges.len() >= COALESCE_STREAMS && spent < self.min_interval {
                 std::thread::sleep(self.min_interval - spent);
             }
+        }
+    }
+}
+
+impl Thread<'_> {
+    /// Hand the round's starts, deltas and ends (and telemetry) to the run (one lock).
+    pub(super) fn publish(
+        &mut self,
+        exchanges: &mut Vec<Exchange>,
+        mut stops: Vec<(u16, Outcome)>,
+    ) {
+        // The telemetry exchange's items and end move to the link first.
+        for ex in exchanges.iter_mut().filter(|ex| ex.telemetry) {
+            ex.start_at = None;
+            self.link.items.append(&mut ex.response.items);
+            if let Some(outcome) = ex.end.take() {
+                ex.sock = None;
+                ex.tls = None;
+                self.link.end = Some(
+                    match ex.response.tbody.as_mut().and_then(|b| b.end.take()) {
+                        Some(body_end) => TelemetryEnd::Body(body_end),
+                        None => TelemetryEnd::Exchange(outcome),
+                    },
+                );
+                ex.done = true;
+            }
+        }
+        let link = &self.link;
+        let telemetry_news = !link.items.is_empty() || link.end.is_some() || link.accept;
+        let busy = exchanges
+            .iter()
+            .any(|ex| ex.start_at.is_some() || !ex.response.deltas.is_empty() || ex.end.is_some());
+        if !busy && stops.is_empty() && !telemetry_news {
+            exchanges.retain(|ex| !ex.done);
+            return;
+        }
+        let mut fed = self.fed.lock().unwrap_or_else(|poisoned| {
+            // The reconciler panicked under another caller: nothing it says
+            // can be trusted any more, so this thread stops (the client then
+            // fails every unfinished stream).
+            drop(poisoned);
+            panic!("the run's reconciler failed")
+        });
+        let time = monotonic();
+        if telemetry_news {
+            self.link.publish(self.telemetry, &mut fed, time);
+        }
+        for ex in exchanges.iter_mut() {
+            if let Some(at) = ex.start_at.take() {
+                fed.stream_started(ex.stream, at);
+            }
+            if ex.end.is_none() && !ex.telemetry {
+                if let Some(i) = stops.iter().position(|(s, _)| *s == ex.stream) {
+                    let (_, outcome) = stops.swap_remove(i);
+                    ex.fail(outcome);
+                }
+            }
+            ex.response.deltas.publish(&mut fed, ex.stream);
+            if let Some(outcome) = ex.end.take() {
+                ex.sock = None;
+                ex.tls = None;
+                let (finish_reason, usage) = match &ex.response.body {
+                    Some(b) => (b.finish_reason.clone(), b.usage.clone()),
+                    None => (None, None),
+                };
+                fed.stream_ended(Ended {
+                    stream: ex.stream,
+                    outcome,
+                    finish_reason,
+                    usage,
+                    at: time,
+                });
+                ex.done = true;
+            }
+        }
+        exchanges.retain(|ex| !ex.done);
+        // Stops of streams whose exchange is already over.
+        for (stream, outcome) in stops {
+            fed.stream_ended(Ended {
+                stream,
+                outcome,
+                finish_reason: None,
+                usage: None,
+                at: time,
+            });
         }
     }
 }
