@@ -20,6 +20,8 @@ use crate::fed::{monotonic, Fed};
 use crate::protocol::MAX_FRAME_BYTES;
 use crate::sys::{self, CmsgBuf, Datagram, WakeReceiver, Waker};
 
+pub use super::ReceiverStats;
+
 /// Datagrams read per batch before the reconciler is locked once for all.
 const BATCH: usize = 64;
 /// The longest the thread lets datagrams queue in the kernel after a read
@@ -60,22 +62,6 @@ pub struct ReceiverCounters {
     pub errors: AtomicU64,
     /// The thread is between reading datagrams and having pushed them.
     pub busy: AtomicBool,
-}
-
-/// A point-in-time copy of the counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReceiverStats {
-    pub received: u64,
-    pub bytes: u64,
-    pub rejected_uid: u64,
-    /// The uid of the last datagram rejected for its uid (None: none, or no credentials).
-    pub last_rejected_uid: Option<u32>,
-    pub accepted_foreign: u64,
-    pub oversized: u64,
-    pub batches: u64,
-    pub errors: u64,
-    /// The socket's receive buffer as the kernel reports it.
-    pub rcvbuf: u64,
 }
 
 /// A bound socket and its reading thread.
