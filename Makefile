@@ -9,33 +9,33 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native dist
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native dist install-test
 
 all: native
 
-$(VENV)/.deps: pyproject.toml
+# One dependency list: pyproject.toml's (the client's and its `dev` extra); the
+# plugin (plugin/, pure Python) first, editable, since the client depends on it.
+# `pip install -e .[dev]` also builds the extension once (maturin's backend).
+$(VENV)/.deps: pyproject.toml plugin/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "maturin>=1.7,<2" "httpx>=0.27" "rich>=13.7" "prometheus_client>=0.20" \
-	    "pytest>=8" "pytest-benchmark>=4" "hypothesis>=6.100" "ruff>=0.6" "mypy>=1.10" \
-	    "pytest-timeout>=2.3" "jsonschema>=4.20"
+	$(PIP) install -q --disable-pip-version-check --upgrade pip
+	$(PIP) install -q --disable-pip-version-check --no-deps -e ./plugin
+	$(PIP) install -q --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-# Build the extension in release mode and install the project editable into the
-# venv, after the plugin distribution it depends on (plugin/, pure Python). The
-# development build carries the test kit (rust/py feature `testkit`:
-# decode_frame, sse_inputs, pack_inputs), which the tests and benches call.
-native: $(VENV)/.deps
-	$(PIP) install -q --no-deps -e ./plugin
-	$(VENV)/bin/maturin develop --release -q --features testkit
+# The extension in release mode, rebuilt only when a Rust file changed (in place:
+# the editable install above already points Python at python/). This development
+# build carries the test kit (rust/py feature `testkit`: decode_frame,
+# sse_inputs, pack_inputs), which the tests and benches call; what ships
+# (`make dist`, `pip install .`) is built without it.
+RUST_SOURCES := Cargo.toml Cargo.lock $(shell find rust/core rust/py -name '*.rs' -o -name Cargo.toml)
+$(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
+	$(VENV)/bin/maturin develop --release --skip-install -q --features testkit
+	touch $@
 
-# The wheels to ship, into dist/: the client with its extension built without
-# the test kit (as `pip install .` builds it), and the plugin.
-dist: $(VENV)/.deps
-	rm -rf dist
-	$(VENV)/bin/maturin build --release -q --out dist
-	$(PIP) wheel -q --no-deps --wheel-dir dist ./plugin
+native: $(VENV)/.native
 
+# Watch 16 SIMULATED streams (the demo's defaults: 256 tokens, a step every 80 ms: about 15 s).
 demo: native
 	$(PY) -m parallelhue demo
 
@@ -54,7 +54,21 @@ rust-test:
 	cargo test -p parallelhue-core
 
 py-test: native
-	$(PY) -m pytest -q -m "not vllm" tests
+	$(PY) -m pytest -q -m "not vllm and not install" tests
+
+# What a user installs, built from this tree: the client wheel and sdist, the plugin's.
+# (plugin wheels: the plugin's own build, plugin/, decides pure or accelerated.)
+# The client's extension is built without the test kit (pyproject's maturin features).
+dist: $(VENV)/.deps
+	rm -rf dist
+	$(VENV)/bin/maturin build --release --sdist -q -i $(PY) -o dist
+	$(PIP) wheel -q --disable-pip-version-check --no-deps ./plugin -w dist
+	$(PY) -m build -q --sdist --outdir dist plugin
+
+# The README's two installs (GPU server: the plugin; laptop: the client), from dist/
+# and from a git URL, each in a fresh venv outside the tree.
+install-test: dist
+	$(PY) -m pytest -q -m install tests/test_install.py
 
 vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
@@ -63,9 +77,9 @@ vllm-test: native vllm-venv
 	$(PY) -m pytest -q -m vllm tests
 
 # Everything CI runs, the real-vLLM tier included.
-test: lint rust-test py-test vllm-test
+test: lint rust-test py-test install-test vllm-test
 
-# Everything except the real-vLLM tier.
+# Everything except the real-vLLM tier and the installs.
 test-fast: lint rust-test py-test
 
 bench: native

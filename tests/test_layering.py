@@ -30,13 +30,14 @@ _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "paralle
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
 _STATE = (*_MODEL, *_NATIVE, "parallelhue.state", "parallelhue.style")
-_PANES = (*_STATE, "parallelhue.panes")
+_PANES = (*_STATE, "parallelhue.cells", "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
 EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.shapes": ("parallelhue", "parallelhue.shapes"),
     "parallelhue.sanitize": ("parallelhue", "parallelhue.sanitize"),
     "parallelhue.style": ("parallelhue", "parallelhue.style"),
+    "parallelhue.cells": ("parallelhue", "parallelhue.cells"),
     "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
     "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
     "parallelhue.backend": _MODEL,

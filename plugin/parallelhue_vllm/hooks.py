@@ -1,8 +1,8 @@
 """What the patched vLLM methods do: turn engine state into provenance and text rows.
 
-Version-independent. The adapters (adapters/v0_26.py, adapters/v0_33.py) check
-the signatures of the methods they rely on and then wrap them with the
-functions here. Two collectors, one per vLLM process:
+Version-independent. The adapters (adapters/targets.py, one table for every
+release) check the signatures of the methods they rely on and then wrap them
+(adapters/wrappers.py) with the functions here. Two collectors, one per vLLM process:
 
 - `SchedulerTelemetry` runs in the EngineCore process around
   `Scheduler.update_from_output`: roles derived from counts (tokens the step
@@ -309,8 +309,11 @@ class SchedulerTelemetry(_Base):
         super().__init__(engine_version)
         self.requests: dict[str, _SchedRequest] = {}
         self.is_async = False
-        # traps.roles_unverifiable: roles are not derivable on this engine (notice 6).
+        # traps.roles_unverifiable / no_autoregressive_sampling: roles are not derivable
+        # on this engine (notice 6).
         self.roles_problem: str | None = None
+        # traps.rust_frontend: no text witness on this server (notice 7).
+        self.rust_frontend = traps.rust_frontend()
 
     def _ensure_emitter(self, scheduler: Any) -> Emitter:
         if self.emitter is None:
@@ -324,7 +327,9 @@ class SchedulerTelemetry(_Base):
             verification = _VERIFICATION.get(
                 str(getattr(spec, "rejection_sample_method", "standard")), wire.VERIFICATION_UNKNOWN
             )
-            self.roles_problem = traps.roles_unverifiable(spec)
+            self.roles_problem = traps.roles_unverifiable(spec) or (
+                traps.no_autoregressive_sampling(scheduler)
+            )
             if not method or tokens == 0:
                 method, tokens, derivation = "", 0, wire.DERIVATION_NONE
                 verification = wire.VERIFICATION_NONE
@@ -375,14 +380,25 @@ class SchedulerTelemetry(_Base):
             if found is None:
                 continue
             emitter = self._ensure_emitter(scheduler)
-            if self.roles_problem is not None:
-                # traps: refuse roles rather than guess them (no provenance for it).
+            refused = self._refusal(new_request)
+            if refused is not None:
+                # traps: refuse rather than guess (no provenance for it).
                 self.disable(rid)
-                emitter.notice(found[0], found[1], wire.NOTICE_ROLES_UNVERIFIABLE,
-                               self.roles_problem)  # fmt: skip
+                emitter.notice(found[0], found[1], refused[0], refused[1])
                 continue
             make = _speedups.SchedRequest if _speedups is not None else _SchedRequest
             requests[rid] = make(found[0], found[1], self.track(found[0], rid))
+
+    def _refusal(self, new_request: Any) -> tuple[int, str] | None:
+        """Why a new request of ours gets a notice instead of provenance (traps), or None."""
+        if self.rust_frontend is not None:
+            return wire.NOTICE_HOOK_BYPASSED, self.rust_frontend
+        if self.roles_problem is not None:
+            return wire.NOTICE_ROLES_UNVERIFIABLE, self.roles_problem
+        replay = traps.trace_replay(getattr(new_request, "sampling_params", None))
+        if replay is not None:
+            return wire.NOTICE_ROLES_UNVERIFIABLE, replay
+        return None
 
     def after(
         self,
@@ -404,7 +420,7 @@ class SchedulerTelemetry(_Base):
         invalid = getattr(scheduler_output, "num_invalid_spec_tokens", None)
         # Under async scheduling every scheduled draft is a -1 placeholder.
         padding = not self.is_async
-        index_of = model_runner_output.req_id_to_index
+        index_of = _SampledIndex(model_runner_output)
         finished: list[str] = []
         if _speedups is not None and not invalid and type(spec_tokens) is dict:
 
@@ -431,7 +447,7 @@ class SchedulerTelemetry(_Base):
         self,
         result: Any,
         scheduler_output: Any,
-        index_of: dict[str, int],
+        index_of: _SampledIndex,
         lengths: list[int],
         spec_tokens: dict[str, list[int]],
         invalid: Any,
@@ -473,7 +489,7 @@ class SchedulerTelemetry(_Base):
         state: _SchedRequest,
         output: Any,
         scheduler_output: Any,
-        index_of: dict[str, int],
+        index_of: _SampledIndex,
         lengths: list[int],
     ) -> bool:
         """A row that finishes, was trimmed, carries padded drafts or looks impossible.
@@ -560,6 +576,24 @@ class SchedulerTelemetry(_Base):
         for rid in [rid for rid in self.requests if rid not in alive]:
             self._forget(rid)
         self.disabled.intersection_update(alive)
+
+
+class _SampledIndex:
+    """Where each request's sampled tokens are in a step's ModelRunnerOutput: its
+    position in `req_ids`, as vLLM's scheduler finds them (0.34 builds that dict
+    from req_ids; 0.26-0.33 read `req_id_to_index`, which their model runners built
+    from the same list). Built on first use: only special rows need it."""
+
+    __slots__ = ("_index", "_output")
+
+    def __init__(self, model_runner_output: Any) -> None:
+        self._output = model_runner_output
+        self._index: dict[str, int] | None = None
+
+    def get(self, request_id: str) -> int | None:
+        if self._index is None:
+            self._index = {rid: at for at, rid in enumerate(self._output.req_ids)}
+        return self._index.get(request_id)
 
 
 class _FrontRequest:
@@ -840,6 +874,8 @@ class FrontendTelemetry(_Base):
         self.noticed: set[tuple[str, int]] = set()
         self.finished: list[str] = []
         self.stream_detokenizers = stream_detokenizers
+        # traps.rust_frontend: set where vLLM serves HTTP from Rust (notice 7).
+        self.rust_frontend = traps.rust_frontend()
         # run -> its text steps held back for give counts (attribution.HeldText).
         self.held: dict[str, attribution.HeldText] = {}
         # This step's outputs of our requests as (capture, output), in the order
@@ -865,7 +901,7 @@ class FrontendTelemetry(_Base):
         if req_state is None:
             return
         run, stream = found
-        problem = _refusal(req_state)
+        problem = _refusal(req_state, self.rust_frontend)
         if problem is not None:
             self.disable(request_id)
             key = (run, stream)
@@ -1158,8 +1194,10 @@ class FrontendTelemetry(_Base):
             self.noticed.clear()
 
 
-def _refusal(req_state: Any) -> tuple[int, str] | None:
+def _refusal(req_state: Any, rust_frontend: str | None) -> tuple[int, str] | None:
     """Why a request of ours cannot be exact (a notice), or None."""
+    if rust_frontend is not None:
+        return wire.NOTICE_HOOK_BYPASSED, rust_frontend
     if req_state.parent_req is not None:
         n = getattr(req_state.parent_req, "n", None) or getattr(req_state, "n", "?")
         return wire.NOTICE_N, f"n={n}: choices of a parallel-sampling request are not tracked"

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union, cast
 
+from .advice import TelemetrySetup
 from .backend import Backend
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
@@ -589,7 +590,10 @@ class StreamState:
 
     @property
     def steps(self) -> int | None:
-        return None if self.mode == "chunk" else int(self.stats.get("steps", 0))
+        """Proven engine steps; None when none was (chunk mode, no telemetry, not yet):
+        not measured is never shown as 0."""
+        steps = 0 if self.mode == "chunk" else int(self.stats.get("steps", 0))
+        return steps or None
 
     @property
     def tokens_per_step(self) -> float | None:
@@ -676,6 +680,11 @@ class RunModel:
     dispatch_at: float | None = None  # when the first request could go (arrival time 0)
     # The reconciler reports token roles (C2: 8-element span events, per-position stats).
     roles_reported: bool = False
+    # How the telemetry was to arrive (None: chunk mode, or a recording without it), and
+    # the one line naming the likely cause of missing evidence and its fix (advice.py):
+    # every view, the summary and --json print it.
+    telemetry_setup: TelemetrySetup | None = None
+    fix: str | None = None
 
     def __post_init__(self) -> None:
         if self.queueing and not self.slots:
