@@ -25,8 +25,8 @@ $(VENV)/.deps: pyproject.toml plugin/pyproject.toml
 
 # The extension in release mode, rebuilt only when a Rust file changed (in place:
 # the editable install above already points Python at python/). This development
-# build carries the test kit (rust/py feature `testkit`: decode_frame,
-# sse_inputs, pack_inputs), which the tests and benches call; what ships
+# build carries the test kit (rust/py feature `testkit`: decode_frame, sse_inputs,
+# read_sse_body, pack_inputs), which the tests and benches call; what ships
 # (`make dist`, `pip install .`) is built without it.
 RUST_SOURCES := Cargo.toml Cargo.lock $(shell find rust/core rust/py -name '*.rs' -o -name Cargo.toml)
 $(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
@@ -88,12 +88,15 @@ bench: native
 
 # Each fuzz target for FUZZ_SECONDS (see docs/FUZZING.md); stable toolchain via RUSTC_BOOTSTRAP.
 FUZZ_SECONDS ?= 600
-fuzz:
+# sse_differential embeds the project's CPython (the reference SSE reader).
+fuzz: native
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
-	$(PYTHON) rust/fuzz/make_seeds.py
-	for target in decode_frame sse_chunks reconciler http_body telemetry_stream; do \
-	    RUSTC_BOOTSTRAP=1 nice -n 19 cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- \
-	        -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	$(PY) rust/fuzz/make_seeds.py
+	for target in decode_frame sse_chunks reconciler http_body telemetry_stream chunk_paths \
+	        sse_differential; do \
+	    PYO3_PYTHON=$(abspath $(PY)) LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
+	    ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 nice -n 19 \
+	    cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 clean:

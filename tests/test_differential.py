@@ -180,6 +180,24 @@ def test_each_harmful_mutation_agrees_and_fails_its_streams(kind: str) -> None:
     assert applied or kind == "reorder_beyond"  # that one needs long streams (below)
 
 
+@pytest.mark.parametrize("kind", workloads.UNKNOWN_MUTATIONS)
+def test_unknowns_keep_streams_exact_and_never_color_wrongly(kind: str) -> None:
+    # An unknown (a give, a split) is never read as a value: both reconcilers agree,
+    # every stream stays exact, no character shows a step or role it may not have.
+    applied = uncolored = 0
+    for seed in range(120):
+        workload = workloads.mutate(workloads.generate(seed, **SMALL), seed, kind)
+        if workload.mutation != kind:
+            continue
+        applied += 1
+        reference, _ = run_both(workload)
+        verdicts = [reference.verdict(i) for i in range(workload.num_streams)]
+        assert verdicts == [("exact", None)] * workload.num_streams, seed
+        assert workloads.wrongly_colored(workload, LAST_EVENTS) == [], seed
+        uncolored += bool(workloads.attribution_errors(workload, LAST_EVENTS))
+    assert applied >= 10 and uncolored > 0, (applied, uncolored)
+
+
 @pytest.mark.parametrize("start", [0, 100, 200])
 def test_reorder_beyond_the_window_agrees_and_fails_affected_streams(start: int) -> None:
     # Needs more than 64 later frames from one source: long streams, few tokens per step.

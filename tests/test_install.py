@@ -22,7 +22,7 @@ pytestmark = pytest.mark.install
 ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
 # The development build's test kit (rust/py feature `testkit`, `make native`).
-TEST_KIT = ("decode_frame", "sse_inputs", "pack_inputs")
+TEST_KIT = ("decode_frame", "sse_inputs", "read_sse_body", "pack_inputs")
 # The CPython versions the client's abi3 wheel is said to run on (pyenv here and in CI).
 PYENV = Path.home() / ".pyenv" / "versions"
 

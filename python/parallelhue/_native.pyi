@@ -7,9 +7,9 @@ like `parallelhue.reconciler.ReconcilerLike`); the dicts and events it hands
 out are the shapes of `parallelhue.shapes`, whose keys the constants below
 list (tests/test_native_types.py holds them equal).
 
-`decode_frame`, `sse_inputs` and `pack_inputs` are the test kit (rust/py
-feature `testkit`): in the development build only (`make native`); the shipped
-extension (`make dist`, `pip install .`) has none of them.
+`decode_frame`, `sse_inputs`, `read_sse_body` and `pack_inputs` are the test
+kit (rust/py feature `testkit`): in the development build only (`make
+native`); the shipped extension (`make dist`, `pip install .`) has none of them.
 """
 
 import os
@@ -54,6 +54,7 @@ __all__ = [
     "decode_recording",
     "encode_recording",
     "pack_inputs",
+    "read_sse_body",
     "sse_inputs",
     "tail_pieces",
 ]
@@ -156,8 +157,8 @@ class Reconciler:
         unknown number (its stream ended before the run). Every stream without
         a final verdict fails, an exact one too (docs/PROTOCOL.md, "Lost telemetry")."""
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
-        """The stream's SSE ended normally; `finish_reason` is the last non-null
-        finish_reason of its choice 0."""
+        """The stream's SSE ended normally; `finish_reason` is its choice 0's
+        finish_reason (a chunk may repeat it, never change it)."""
     def finalize(self) -> None:
         """Every stream that is neither exact nor failed gets its verdict; from now
         on every verdict is final and frames are only counted (late_frames)."""
@@ -235,6 +236,11 @@ def sse_inputs(payloads: list[bytes]) -> list[tuple[Any, ...]]:
     0's finish_reason so far), the inputs C2 tuples without the stream (as
     `parallelhue.reference.sse.ChunkInputs` gives them), or ("error", message);
     None for `[DONE]` or an event with its own type. For tests."""
+
+def read_sse_body(parts: list[bytes]) -> tuple[list[tuple[Any, ...]], tuple[str, ...], str | None]:
+    """A stream's body after the HTTP framing, read in `parts` by the Rust reader
+    and ended: (inputs, end, finish_reason), as
+    `parallelhue.reference.sse_body.read_body` gives them. For tests."""
 
 @final
 class RecordWriter:

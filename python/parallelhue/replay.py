@@ -157,7 +157,12 @@ def _compare(path: str, model: RunModel, footer: dict[str, Any] | None) -> str |
             f"replay: {one_line(path)} has no footer (the recorded run was interrupted or the "
             "file is cut short): the replayed verdicts could not be compared with the recording"
         )
-    for state, recorded in zip(model.streams, footer["verdicts"], strict=False):
+    if len(footer["verdicts"]) != len(model.streams):
+        return (
+            f"replay differs from the recording: its footer has {len(footer['verdicts'])} "
+            f"verdicts for {len(model.streams)} streams"
+        )
+    for state, recorded in zip(model.streams, footer["verdicts"], strict=True):
         if [state.verdict, state.reason] != list(recorded):
             return (
                 f"replay differs from the recording: stream {state.index} was "

@@ -115,6 +115,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     {
         m.add_function(wrap_pyfunction!(testkit::decode_frame, m)?)?;
         m.add_function(wrap_pyfunction!(testkit::sse_inputs, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::read_sse_body, m)?)?;
         m.add_function(wrap_pyfunction!(testkit::pack_inputs, m)?)?;
     }
     Ok(())

@@ -4,15 +4,18 @@
 //! `pip install .`, is built without it and has none of them).
 //!
 //! `decode_frame`: one datagram as the vectors' decoded-meaning dict;
-//! `sse_inputs`: SSE events as the Rust reader's reconciler inputs (both
-//! hold the Rust decoder and extraction to their references);
+//! `sse_inputs`: SSE events as the Rust reader's reconciler inputs;
+//! `read_sse_body`: a whole SSE body's bytes through the Rust reader (they
+//! hold the Rust decoder, extraction and reader to their references);
 //! `pack_inputs`: reconciler inputs as one `push_recorded` buffer (the
 //! differential tests and the reconciler benches).
 
 use parallelhue_core::describe::frame_meaning;
+use parallelhue_core::http::Framing;
 use parallelhue_core::protocol;
 use parallelhue_core::sse::{SseEvent, SseParser};
 use parallelhue_core::sse_inputs::{ChunkInputs, SseInput};
+use parallelhue_core::sse_stream::{StreamBody, StreamEnd};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 use serde_json::Value;
@@ -103,6 +106,34 @@ pub(crate) fn sse_inputs<'py>(
         }
     }
     Ok(out)
+}
+
+/// A stream's body after the HTTP framing, read in `parts` by the Rust
+/// reader (`StreamBody`), then ended: `(inputs, end, finish_reason)`, the
+/// inputs C2 tuples without the stream, `end` ("done",), ("body_ended",) or
+/// ("bad_event", message), as `parallelhue.reference.sse_body.read_body`.
+#[pyfunction]
+pub(crate) fn read_sse_body<'py>(
+    py: Python<'py>,
+    parts: Vec<Vec<u8>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let mut body = StreamBody::new(Framing::Close);
+    let mut inputs = Vec::new();
+    for part in &parts {
+        body.feed(part, &mut |i| inputs.push(i));
+    }
+    body.finish(&mut |i| inputs.push(i));
+    let tuples = inputs
+        .into_iter()
+        .map(|i| input_tuple(py, i))
+        .collect::<PyResult<Vec<_>>>()?;
+    let end = match &body.end {
+        Some(StreamEnd::Done) => ("done",).into_pyobject(py)?,
+        Some(StreamEnd::BadEvent(message)) => ("bad_event", message).into_pyobject(py)?,
+        Some(StreamEnd::Framing(error)) => ("framing", error.to_string()).into_pyobject(py)?,
+        Some(StreamEnd::BodyEnded) | None => ("body_ended",).into_pyobject(py)?,
+    };
+    (PyList::new(py, tuples)?, end, body.finish_reason.clone()).into_pyobject(py)
 }
 
 /// Reconciler inputs (the items of `push_inputs`) as one `push_recorded`
