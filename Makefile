@@ -25,10 +25,13 @@ $(VENV)/.deps: pyproject.toml plugin/pyproject.toml
 	touch $@
 
 # The extension in release mode, rebuilt only when a Rust file changed (in place:
-# the editable install above already points Python at python/).
+# the editable install above already points Python at python/). This development
+# build carries the test kit (rust/py feature `testkit`: decode_frame, sse_inputs,
+# read_sse_body, pack_inputs), which the tests and benches call; what ships
+# (`make dist`, `pip install .`) is built without it.
 RUST_SOURCES := Cargo.toml Cargo.lock $(shell find rust/core rust/py -name '*.rs' -o -name Cargo.toml)
 $(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
-	$(VENV)/bin/maturin develop --release --skip-install -q
+	$(VENV)/bin/maturin develop --release --skip-install -q --features testkit
 	touch $@
 
 # The plugin's C accelerator, built in place (without a compiler: one line, and the
@@ -46,7 +49,9 @@ demo: native
 
 lint: native
 	cargo fmt --all -- --check
+	# Twice: as shipped, and with the test kit.
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check python plugin tests benches
 	$(VENV)/bin/ruff format --check python plugin tests benches
 	$(VENV)/bin/mypy
@@ -61,6 +66,7 @@ py-test: native
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
 # (plugin wheels: the plugin's own build, plugin/, decides pure or accelerated.)
+# The client's extension is built without the test kit (pyproject's maturin features).
 dist: $(VENV)/.deps
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --sdist -q -i $(PY) -o dist
