@@ -5,8 +5,11 @@ line each with its fix, and the documented exit codes (no vLLM needed: a stand-i
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,15 @@ from parallelhue_vllm import SELF_CHECK, SELF_CHECK_HINT, check
 
 READY = "result: ready: exact telemetry would work here"
 LABEL = "vLLM 0.32.0-0.34.0"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory: pytest's own grows with its run counter, and the socket path
+    in it (<dir>/sockets/<32 hex>.sock) must stay under the AF_UNIX limit."""
+    directory = Path(tempfile.mkdtemp(prefix="phck-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_check(
