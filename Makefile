@@ -111,7 +111,7 @@ fuzz: native
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 	$(PY) rust/fuzz/make_seeds.py
 	for target in decode_frame sse_chunks reconciler http_body telemetry_stream chunk_paths \
-	        sse_differential; do \
+	        sse_differential frame_differential; do \
 	    PYO3_PYTHON=$(abspath $(PY)) LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
 	    ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 nice -n 19 \
 	    cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \

@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -294,10 +295,17 @@ class FakeTokenizer:
     """The `tokenizers.Tokenizer` surface attribution reads: decoder state, id_to_token,
     added tokens. Counts lookups to show the per-tokenizer cache."""
 
-    def __init__(self, state: bytes, vocab: dict[int, str], added: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        state: bytes,
+        vocab: dict[int, str],
+        added: tuple[int, ...] = (),
+        special: tuple[int, ...] = (),
+    ) -> None:
         self.decoder = FakeDecoder(state)
         self.vocab = vocab
-        self.added = added
+        self.added = added + special
+        self.special = special
         self.lookups = 0
 
     def id_to_token(self, token_id: int) -> str | None:
@@ -305,7 +313,7 @@ class FakeTokenizer:
         return self.vocab.get(token_id)
 
     def get_added_tokens_decoder(self) -> dict[int, object]:
-        return {token_id: object() for token_id in self.added}
+        return {i: SimpleNamespace(special=i in self.special) for i in self.added}
 
 
 # Byte-fallback vocabulary: <0xNN> byte tokens 100+NN, text tokens below 100.
@@ -344,6 +352,61 @@ def test_lead_len_reads_the_detokenizers_tokens_and_caches_per_tokenizer() -> No
     # An added token among the group.
     detok_added = FakeDetokenizer(tokenizer, [14, 11])
     assert attribution.lead_len(detok_added, 1, 11, 1, b"\x9d\xb1x") == UNKNOWN
+
+
+def test_a_skipped_special_token_among_the_predecessors_gives_nothing() -> None:
+    # 日 = e6 97 a5 over <0xE6>, a special token, <0x97>, then <0xA5>: a decode with
+    # skip_special_tokens drops the special token before the decoder runs (the byte
+    # run joins across it), so it gives 0 and the others their bytes.
+    tokenizer = FakeTokenizer(LLAMA2_STATE, {**BF_VOCAB, 4: "<|user|>"}, special=(3, 4))
+    bytes_of = [100 + 0xE6, 4, 100 + 0x97, 100 + 0xA5]
+    detok = FakeDetokenizer(tokenizer, bytes_of)
+    assert attribution.lead_and_gives(detok, 3, 100 + 0xA5, 3, "日".encode()) == (2, [1, 0, 1])
+    # Only special tokens before the carrier: the fragment is all the carrier's.
+    detok = FakeDetokenizer(tokenizer, [3, 4, 1])
+    assert attribution.lead_and_gives(detok, 2, 1, 2, b" a") == (0, [0, 0])
+    assert attribution.lead_and_gives(detok, 2, 1, 2, b" b") == (UNKNOWN, [0, 0])
+    # A detokenizer that keeps special tokens: their text is not known here.
+    keeps = FakeDetokenizer(tokenizer, [3, 4, 1])
+    keeps.skip_special_tokens = False  # type: ignore[attr-defined]
+    assert attribution.lead_and_gives(keeps, 2, 1, 2, b" a") == (UNKNOWN, [UNKNOWN, UNKNOWN])
+
+
+class FakeDecodeStream:
+    """tokenizers.decoders.DecodeStream after vLLM's reset: a new stream's first step
+    gives `FRESH[token_id]`."""
+
+    FRESH: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, skip_special_tokens: bool = True) -> None:
+        self.skip_special_tokens = skip_special_tokens
+
+    def step(self, tokenizer: object, token_id: int) -> str | None:
+        return self.FRESH.get(token_id)
+
+
+def test_a_fragment_after_a_decode_stream_reset_is_the_carriers_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM restarts the decode stream at the carrier after tokenizers' "invalid
+    # prefix" error (an emitted byte token and a held one form an invalid run): the
+    # held <0x9F>'s bytes are dropped and the fragment is the carrier's own " a".
+    tokenizer = FakeTokenizer(LLAMA2_STATE, BF_VOCAB)
+    detok = FakeDetokenizer(tokenizer, [100 + 0x0A, 100 + 0x9F, 1])
+    fragment = b" a"
+    # Without the tokenizers library the reset cannot be told apart: unknown.
+    monkeypatch.setitem(sys.modules, "tokenizers.decoders", None)
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (UNKNOWN, [UNKNOWN])
+    monkeypatch.setitem(
+        sys.modules, "tokenizers.decoders", SimpleNamespace(DecodeStream=FakeDecodeStream)
+    )
+    monkeypatch.setattr(FakeDecodeStream, "FRESH", {1: " a"})
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (0, [0])
+    # The group decodes to the fragment: the ordinary split, never the reset's.
+    assert attribution.lead_and_gives(detok, 2, 1, 1, "\ufffd a".encode()) == (3, [3])
+    # A new stream would give something else: not a reset, unknown.
+    monkeypatch.setattr(FakeDecodeStream, "FRESH", {1: "a"})
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (UNKNOWN, [UNKNOWN])
 
 
 def test_lead_len_is_unknown_for_unknown_tokenizers_and_never_raises() -> None:

@@ -165,7 +165,7 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
     counts = {
         "tokens": 0, "carriers": 0, "known": 0, "unknown": 0, "wrong": 0, "mismatch": 0,
         "resets": 0, "recovered": 0, "gives": 0, "gives_known": 0, "carriers_all_gives": 0,
-        "gives_wrong": 0,
+        "gives_wrong": 0, "zero_gives": 0,
     }  # fmt: skip
     wrong: list[Any] = []
     for index, sequence in enumerate(sequences):
@@ -232,6 +232,8 @@ def detok_main(request: dict[str, Any]) -> dict[str, Any]:
             counts["gives_known"] += len(known)
             if len(known) == span_back:  # what the reconciler uses: all of them
                 counts["carriers_all_gives"] += 1
+                # After a decode-stream reset the predecessors gave nothing.
+                counts["zero_gives"] += not any(gives)
                 if sum(gives) != lead:
                     counts["gives_wrong"] += 1
                     wrong.append([index, token_position, "sum", piece, lead, gives])

@@ -45,6 +45,11 @@ PROMPTS = [
     "絵文字 😀🚀🌈 and text: import os, sys; print(sys.argv)",
     "서울은 한국의 수도입니다. class Foo: pass # comment 🎉",
     "Ünïcödé façade — “quotes” … for i in range(10): yield i",
+    # Code with None defaults and newlines (byte-fallback: `=None,▁`, `<0x0A>`).
+    "def get(self, key=None, default=None):\n    if key is None:\n        return default\n",
+    "class Node:\n    def __init__(self, left=None, right=None):\n        self.left = left\n",
+    "x = {'a': None, 'b': [1, 2, None]}\nprint(x.get('c', None))  # 注释 ✓\n",
+    "async def run(url=None, *, timeout=None):\n    return await fetch(url)  # 終わり\n",
 ]
 STREAMS = 16
 MAX_TOKENS = 96
@@ -62,7 +67,7 @@ def shapes() -> list[driver.Shape]:
     return [
         driver.Shape(
             endpoint="chat" if i % 2 else "completions",
-            prompt=PROMPTS[i % 4],
+            prompt=PROMPTS[i % len(PROMPTS)],
             max_tokens=MAX_TOKENS,
             temperature=0.8 if (i // 2) % 2 else 0.0,
             stop=("e",) if i % 4 == 3 else (),
