@@ -14,11 +14,9 @@ from typing import Any
 from .. import __version__, accelerator, wire
 from ..emitter import Emitter
 
-# The optional C versions of the hottest loops (plugin/speedups/src), or None: this
-# module's Python code then does the same work (accelerator.py decides).
+# The optional C versions of the hottest loops (plugin/speedups/src), or None: the
+# hooks' Python code then does the same work (accelerator.py decides).
 _speedups: Any
-
-
 _speedups, IMPLEMENTATION = accelerator.load()
 
 log = logging.getLogger("vllm.parallelhue")
@@ -27,10 +25,8 @@ log = logging.getLogger("vllm.parallelhue")
 # this many steps.
 PRUNE_EVERY = 256
 
-
 # Failed requests remembered so they are not admitted again (bounded).
 MAX_DISABLED = 8192
-
 
 _CHILD_ID = re.compile(r"[0-9]+_")
 

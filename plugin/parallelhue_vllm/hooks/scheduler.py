@@ -32,7 +32,6 @@ _FINISH_CODES = {
 }
 
 _FLAG_FINISHED = wire.ROW_FLAG_FINISHED
-
 _FLAG_TRIMMED = wire.ROW_FLAG_TRIMMED
 
 _SCHEDULER_WHERE = "Scheduler.update_from_output"
