@@ -1,6 +1,6 @@
 """SSE chunk JSON -> the reconciler's SSE inputs, in every reading path.
 
-The Rust extraction (`rust/core/src/sse.rs` + `sse_inputs.rs`, seen through
+The Rust extraction (`rust/core/src/sse/`: `parser.rs` + `inputs.rs`, seen through
 `parallelhue._native.sse_inputs`) and the Python reference
 (`parallelhue.reference.sse`) must accept and refuse the same chunks with the
 same messages and give the same inputs; a chunk they refuse (token ids that

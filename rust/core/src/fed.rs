@@ -21,8 +21,8 @@ use crate::outcome::Outcome;
 use crate::reconcile::{Event, PackedSpan, Reconciler};
 use crate::record::{u32_bytes, Item};
 use crate::spans::{push_span_record, span_word};
+use crate::sse::inputs::SseInput;
 use crate::sse::Usage;
-use crate::sse_inputs::SseInput;
 use crate::tap::Tap;
 
 /// New SSE text of one stream since the last [`Fed::take`].

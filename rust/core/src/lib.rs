@@ -24,10 +24,6 @@ pub mod record;
 pub mod sequence;
 pub mod spans;
 pub mod sse;
-pub mod sse_inputs;
-pub mod sse_scan;
-pub mod sse_stream;
-mod sse_typed;
 pub mod stats;
 #[cfg(unix)]
 mod sys;

@@ -4,10 +4,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use parallelhue_core::http::{self, request_bytes, BodyError, Target, Timeouts};
+use parallelhue_core::http::{BodyEnd, TelemetryEnd};
 use parallelhue_core::outcome::{EndKind, Outcome};
 use parallelhue_core::sse::Usage;
-use parallelhue_core::telemetry::link::TelemetryEnd;
-use parallelhue_core::telemetry::stream::BodyEnd;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -12,10 +12,10 @@
 
 use parallelhue_core::describe::frame_meaning;
 use parallelhue_core::http::Framing;
+use parallelhue_core::http::{StreamBody, StreamEnd};
 use parallelhue_core::protocol;
+use parallelhue_core::sse::inputs::{ChunkInputs, SseInput};
 use parallelhue_core::sse::{SseEvent, SseParser};
-use parallelhue_core::sse_inputs::{ChunkInputs, SseInput};
-use parallelhue_core::sse_stream::{StreamBody, StreamEnd};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 use serde_json::Value;

@@ -8,7 +8,7 @@
 //! resolved address in turn), TLS for `https://`, write the request Python
 //! composed, read the response head ([`Head`]), then either the error body
 //! (status >= 400), a refusal (not `text/event-stream`, or a compressed
-//! body), or the SSE body ([`crate::sse_stream::StreamBody`]: HTTP framing,
+//! body), or the SSE body ([`StreamBody`]: HTTP framing,
 //! SSE events, chunk JSON). Every delta goes into the run's
 //! [`crate::fed::Fed`] — recorded, reconciled, queued for the screen — and
 //! the thread finishes each stream itself: a normal end with its finish
@@ -18,11 +18,11 @@
 //! The same thread also reads the run's HTTP telemetry stream when the run
 //! subscribes to it ([`HttpStreams::subscribe`], docs/PROTOCOL.md "HTTP
 //! telemetry stream"): one more exchange, whose body is decoded by
-//! [`crate::telemetry::stream::TelemetryBody`]. Its preamble names the run
+//! [`TelemetryBody`]. Its preamble names the run
 //! the server created; the frames are held until the client accepts that run
 //! ([`HttpStreams::accept_telemetry`]: the reconciler takes the server's run
 //! id, the recording has begun), then each goes into the run's `Fed` exactly
-//! like a datagram from the telemetry socket ([`crate::telemetry::link`]).
+//! like a datagram from the telemetry socket (`telemetry_link`).
 //!
 //! With several connections open, rounds that read something are at least
 //! `min_interval` apart: each read then brings several chunks, and the
@@ -34,10 +34,15 @@
 //! out), `thread` (the loop: wait, drive, commands, timeouts, publish),
 //! `waiter` (epoll or poll), `exchange` (one connection: connect, TLS,
 //! write, read, timeouts), `response` (what its bytes are: head, error
-//! body, SSE body, telemetry body), `round` (a round's inputs handed to the
-//! run under one lock).
+//! body, SSE body, telemetry body), `round` (a round's SSE inputs until they
+//! are published), `sse_body` and `telemetry_body` (a body's bytes through
+//! the HTTP framing to SSE inputs or telemetry items: [`crate::sse`],
+//! [`crate::telemetry::stream`]), `telemetry_link` (the telemetry stream's
+//! items held until the client accepts its run, then pushed into it).
 
 mod message;
+mod sse_body;
+mod telemetry_body;
 pub mod tls;
 
 #[cfg(unix)]
@@ -48,6 +53,8 @@ mod response;
 mod round;
 #[cfg(unix)]
 mod streams;
+#[cfg(unix)]
+mod telemetry_link;
 #[cfg(all(test, unix))]
 mod tests;
 #[cfg(unix)]
@@ -61,8 +68,12 @@ pub use message::{
     find_head_end, request_bytes, BodyDecoder, BodyError, Framing, Head, HeadError, HeaderError,
     MAX_CHUNK_LINE_BYTES, MAX_HEAD_BYTES,
 };
+pub use sse_body::{StreamBody, StreamEnd};
 #[cfg(unix)]
 pub use streams::HttpStreams;
+pub use telemetry_body::{BodyEnd, TelemetryBody};
+#[cfg(unix)]
+pub use telemetry_link::{TelemetryEnd, TelemetryState};
 
 /// The start of an error body kept for the message.
 pub const ERROR_BODY_LIMIT: usize = 4096;

@@ -5,11 +5,12 @@
 
 use super::message::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD_BYTES};
 use super::round::RoundInputs;
+use super::sse_body::{StreamBody, StreamEnd};
+use super::telemetry_body::TelemetryBody;
 use super::{ERROR_BODY_LIMIT, TELEMETRY_CONTENT_TYPE};
 use crate::outcome::{EndKind, Outcome};
-use crate::sse_inputs::SseInputRef;
-use crate::sse_stream::{StreamBody, StreamEnd};
-use crate::telemetry::stream::{StreamItem, TelemetryBody};
+use crate::sse::inputs::SseInputRef;
+use crate::telemetry::stream::StreamItem;
 
 /// The error body of a status >= 400 being read.
 struct ErrorBody {

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use crate::fed::Fed;
-use crate::sse_inputs::{SseInput, SseInputRef};
+use crate::sse::inputs::{SseInput, SseInputRef};
 
 /// One SSE input of a stream read in this round, with its arrival time.
 struct Delta {

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::telemetry_link::{Link, TelemetryState};
 use super::thread::{Command, ReadOptions, Shared, Thread};
 use super::{Target, Timeouts};
 use crate::fed::{monotonic, Fed};
 use crate::outcome::{EndKind, Outcome};
 use crate::sys::{self, Waker};
-use crate::telemetry::link::{Link, TelemetryState};
 
 /// The HTTP thread of a run.
 pub struct HttpStreams {

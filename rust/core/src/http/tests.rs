@@ -6,13 +6,13 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::telemetry_body::BodyEnd;
+use super::telemetry_link::{TelemetryEnd, TelemetryState};
 use super::thread::ReadOptions;
 use super::*;
 use crate::fed::{monotonic, Batch, Fed};
 use crate::outcome::{EndKind, Outcome};
 use crate::reconcile::Reconciler;
-use crate::telemetry::link::{TelemetryEnd, TelemetryState};
-use crate::telemetry::stream::BodyEnd;
 
 /// A server that answers connection `i` with `answers[i]` (written in
 /// 7-byte pieces when `dribble`), keeping each request it read.

@@ -10,12 +10,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::exchange::{strerror, Exchange, TELEMETRY};
+use super::telemetry_link::{Link, TelemetryEnd, TelemetryState};
 use super::waiter::Waiter;
 use super::{Target, Timeouts, COALESCE_STREAMS};
 use crate::fed::{monotonic, Ended, Fed};
 use crate::outcome::{EndKind, Outcome};
 use crate::sys::WakeReceiver;
-use crate::telemetry::link::{Link, TelemetryEnd, TelemetryState};
 
 /// Bytes read by one `recv`.
 const READ_BYTES: usize = 256 * 1024;

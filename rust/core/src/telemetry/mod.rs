@@ -1,10 +1,7 @@
 //! The telemetry side of the client: the socket the plugin's datagrams
-//! arrive on (`receiver`, Linux), the HTTP telemetry stream's framing
-//! (`stream`) and its way into the run once the HTTP thread has read it
-//! (`link`).
+//! arrive on (`receiver`, Linux) and the HTTP telemetry stream's framing
+//! (`stream`; the HTTP thread reads that stream: [`crate::http`]).
 
-#[cfg(unix)]
-pub mod link;
 #[cfg(target_os = "linux")]
 pub mod receiver;
 #[cfg(not(target_os = "linux"))]

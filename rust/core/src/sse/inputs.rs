@@ -3,9 +3,9 @@
 //! inputs against the other witnesses is a reconciler rule. The Python
 //! reference of the same extraction is `parallelhue.reference.sse`.
 
-use crate::reconcile::Reconciler;
-use crate::sse::{Chunk, SseError};
-use crate::sse_scan::Scanned;
+use super::chunk::Chunk;
+use super::error::SseError;
+use super::scan::Scanned;
 
 /// One SSE input of a stream, in the order the chunks said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,11 +25,6 @@ pub enum SseInput {
 }
 
 impl SseInput {
-    /// Push it into `r` for `stream`, as the matching reconciler call.
-    pub fn push_into(&self, r: &mut Reconciler, stream: u16) {
-        self.as_ref().push_into(r, stream)
-    }
-
     pub fn as_ref(&self) -> SseInputRef<'_> {
         match self {
             SseInput::Delta { text, token_ids } => SseInputRef::Delta { text, token_ids },
@@ -83,25 +78,6 @@ impl SseInputRef<'_> {
                 per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
                 per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
             },
-        }
-    }
-
-    /// Push it into `r` for `stream`, as the matching reconciler call.
-    pub fn push_into(self, r: &mut Reconciler, stream: u16) {
-        match self {
-            SseInputRef::Delta { text, token_ids } => r.push_sse(stream, text, token_ids),
-            SseInputRef::Id(id) => r.push_sse_id(stream, id),
-            SseInputRef::Choice(index) => r.push_sse_choice(stream, index),
-            SseInputRef::Usage {
-                completion_tokens,
-                per_step_accepted,
-                per_step_drafted,
-            } => r.push_sse_usage(
-                stream,
-                completion_tokens,
-                per_step_accepted,
-                per_step_drafted,
-            ),
         }
     }
 }
@@ -411,7 +387,7 @@ mod tests {
         let (mut a, mut b) = (ChunkInputs::new(), ChunkInputs::new());
         let mut refused = 0;
         for data in chunks {
-            assert!(crate::sse_scan::scan_into(data, &mut scanned), "{data}");
+            assert!(crate::sse::scan::scan_into(data, &mut scanned), "{data}");
             let mut from_scan = Vec::new();
             let ra = a.extract_scanned(data, &scanned, &mut |i| from_scan.push(i.to_owned()));
             let mut from_value = Vec::new();

@@ -5,9 +5,10 @@
 
 use std::sync::Mutex;
 
+use super::telemetry_body::BodyEnd;
 use crate::fed::Fed;
 use crate::outcome::{EndKind, Outcome};
-use crate::telemetry::stream::{BodyEnd, Preamble, StreamItem};
+use crate::telemetry::stream::{Preamble, StreamItem};
 
 /// How the telemetry stream ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

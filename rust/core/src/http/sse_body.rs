@@ -1,15 +1,16 @@
 //! One stream's response body, from network reads to the reconciler's SSE
-//! inputs: HTTP framing ([`crate::http`]), then SSE events and chunk JSON
-//! ([`crate::sse`]), then what each chunk says ([`crate::sse_inputs`]):
+//! inputs: HTTP framing ([`super::BodyDecoder`]), then SSE events and chunk
+//! JSON ([`crate::sse::SseParser`]), then what each chunk says
+//! ([`crate::sse::inputs`]):
 //! choice 0's text and token ids, the chunk id, other choices, the usage,
 //! choice 0's finish reason, `[DONE]`.
 //!
 //! This is the fold the client's Python reader applied event by event; done
 //! here, a network read holding many events costs one call.
 
-use crate::http::{BodyDecoder, BodyError, Framing};
+use super::message::{BodyDecoder, BodyError, Framing};
+use crate::sse::inputs::{ChunkInputs, SseInput, SseInputRef};
 use crate::sse::{Parsed, SseEvent, SseParser, Usage};
-use crate::sse_inputs::{ChunkInputs, SseInput, SseInputRef};
 
 /// Why a stream's body ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
