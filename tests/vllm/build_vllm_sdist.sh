@@ -12,7 +12,8 @@
 # The optional Rust frontend (vllm-rs) is not built: cargo is kept off PATH, and
 # setup.py skips an optional Rust extension that fails. Runs under `nice -n 19`; the
 # compile uses MAX_JOBS (default 2) jobs. Idempotent: a venv whose vllm VERSION imports
-# is reused.
+# is reused. vLLM's x86 CPU backend asks for g++ >= 12.3; ALLOW_GCC_12_2=1 relaxes that
+# check to Debian 12's 12.2.0 (a deviation from upstream's build, logged as such).
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -62,6 +63,18 @@ else
     SRC=$WORK/vllm-$VLLM_VERSION
     rm -rf "$SRC"
     tar -C "$WORK" -xzf "$SDIST"
+    if [ "${ALLOW_GCC_12_2:-0}" = 1 ]; then
+        # vLLM's x86 build asks for g++ >= 12.3; Debian 12 ships 12.2.0 and nothing newer.
+        # Opt-in only, and said in the log: the result is not upstream's build.
+        grep -q 'CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.3' \
+            "$SRC/cmake/cpu_extension.cmake" || {
+            echo "build_vllm_sdist: ALLOW_GCC_12_2: the g++ 12.3 check is not where expected" >&2
+            exit 1
+        }
+        sed -i 's/CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12\.3/CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12.2/' \
+            "$SRC/cmake/cpu_extension.cmake"
+        stamp "ALLOW_GCC_12_2: relaxed vLLM's g++ >= 12.3 check to 12.2 (not upstream's build)"
+    fi
     TORCH_PIN=$(grep -o '"torch *== *[0-9.]*"' "$SRC/pyproject.toml" | tr -d '" ')
     ONEDNN_TAG=$(awk '/oneapi-src\/oneDNN.git/ {getline; if ($1 == "GIT_TAG") print $2}' \
         "$SRC/cmake/cpu_extension.cmake" | grep '^v' | head -1)
@@ -87,6 +100,45 @@ else
     stamp "installing $TORCH_PIN and the build requirements"
     "$PY" -m pip install -q "$TORCH_PIN" "cmake>=3.26.1" ninja "packaging>=24.2" \
         "setuptools>=77.0.3,<81.0.0" "setuptools-scm>=8.0" "setuptools-rust>=1.9.0" wheel jinja2
+    # PyPI's torch is the CUDA build: its CMake package refuses to load without a CUDA
+    # toolkit, although the CPU extension uses none of it. A CPU view of that package
+    # (include/ and lib/ linked, the CUDA parts of its three CMake files switched
+    # off) is what find_package(Torch) sees, through Torch_ROOT and Caffe2_ROOT.
+    TORCH_VIEW=$WORK/torch-cpu-view
+    rm -rf "$TORCH_VIEW"
+    "$PY" - "$TORCH_VIEW" <<'PYEOF'
+import os, shutil, sys
+from pathlib import Path
+import torch
+real = Path(torch.__file__).parent
+view = Path(sys.argv[1])
+view.mkdir(parents=True)
+for name in ("include", "lib"):
+    os.symlink(real / name, view / name)
+shutil.copytree(real / "share", view / "share")
+edits = {
+    "share/cmake/Caffe2/Caffe2Config.cmake": [(
+        "if(1)\n  # The file public/cuda.cmake exclusively uses CAFFE2_USE_*.",
+        "if(0)\n  # The file public/cuda.cmake exclusively uses CAFFE2_USE_*.",
+    )],
+    "share/cmake/Torch/TorchConfig.cmake": [(
+        "if(1)\n  if(MSVC)\n    find_library(CAFFE2_NVRTC_LIBRARY",
+        "if(0)\n  if(MSVC)\n    find_library(CAFFE2_NVRTC_LIBRARY",
+    )],
+    "share/cmake/Caffe2/Caffe2Targets.cmake": [(
+        'INTERFACE_LINK_LIBRARIES "torch_cpu_library;torch_cuda_library"',
+        'INTERFACE_LINK_LIBRARIES "torch_cpu_library"',
+    )],
+}
+for name, pairs in edits.items():
+    path = view / name
+    text = path.read_text()
+    for old, new in pairs:
+        if text.count(old) != 1:
+            sys.exit(f"build_vllm_sdist: torch's {name} changed: cannot make its CPU view")
+        text = text.replace(old, new)
+    path.write_text(text)
+PYEOF
     stamp "compiling (VLLM_TARGET_DEVICE=cpu, MAX_JOBS=${MAX_JOBS:-2})"
     # No cargo on PATH: the optional Rust frontend is skipped rather than built.
     (
@@ -94,6 +146,7 @@ else
         PATH=$VENV/bin:$(echo "$PATH" | tr ':' '\n' | grep -v '/\.cargo/bin$' | paste -sd:) \
             VLLM_TARGET_DEVICE=cpu MAX_JOBS=${MAX_JOBS:-2} \
             FETCHCONTENT_SOURCE_DIR_ONEDNN=$ONEDNN_SRC SETUPTOOLS_SCM_PRETEND_VERSION=$VLLM_VERSION \
+            Torch_ROOT=$TORCH_VIEW Caffe2_ROOT=$TORCH_VIEW \
             nice -n 19 "$PY" -m pip install -v --no-build-isolation --no-deps .
     )
     stamp "compiled; installing the runtime requirements"
