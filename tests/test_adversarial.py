@@ -71,7 +71,8 @@ FIELDS = (
     "notice.stream", "notice.code", "notice.message", "notice.timing",
     *(f"sse.{f}" for f in (
         "id", "choices.index", "choices", "delta.content", "text", "token_ids",
-        "finish_reason", "usage.completion_tokens", "done", "event", "comment_lines",
+        "finish_reason", "usage.completion_tokens", "usage.prompt_tokens", "done", "event",
+        "comment_lines", "bytes",
         "metrics.per_step_accepted", "metrics.per_step_drafted",
     )),
 )  # fmt: skip
@@ -124,6 +125,7 @@ C2_INPUT_CASES = (
     "sse.choices.index",
     "sse.usage.completion_tokens",
     "sse.metrics.drafted",
+    "sse.metrics.contradict_then_absent",
     "sse.finish_reason.length",
 )
 
@@ -198,7 +200,7 @@ def test_case_ids_are_unique_and_xfails_name_the_issue() -> None:
     for case in CASES:
         assert case.xfail is None or case.xfail.startswith(("issue 9: ", "finding: ")), case.id
         assert set(case.xfail_in) <= set(COMBOS), case.id
-        assert case.expect in ("fail", "exact", "claim", "limit"), case.id
+        assert case.expect in ("fail", "exact", "claim", "limit", "uncolored"), case.id
         assert case.rule or case.expect == "exact", case.id
 
 

@@ -180,6 +180,24 @@ def test_each_harmful_mutation_agrees_and_fails_its_streams(kind: str) -> None:
     assert applied or kind == "reorder_beyond"  # that one needs long streams (below)
 
 
+@pytest.mark.parametrize("kind", workloads.UNKNOWN_MUTATIONS)
+def test_unknowns_keep_streams_exact_and_never_color_wrongly(kind: str) -> None:
+    # An unknown (a give, a split) is never read as a value: both reconcilers agree,
+    # every stream stays exact, no character shows a step or role it may not have.
+    applied = uncolored = 0
+    for seed in range(120):
+        workload = workloads.mutate(workloads.generate(seed, **SMALL), seed, kind)
+        if workload.mutation != kind:
+            continue
+        applied += 1
+        reference, _ = run_both(workload)
+        verdicts = [reference.verdict(i) for i in range(workload.num_streams)]
+        assert verdicts == [("exact", None)] * workload.num_streams, seed
+        assert workloads.wrongly_colored(workload, LAST_EVENTS) == [], seed
+        uncolored += bool(workloads.attribution_errors(workload, LAST_EVENTS))
+    assert applied >= 10 and uncolored > 0, (applied, uncolored)
+
+
 @pytest.mark.parametrize("start", [0, 100, 200])
 def test_reorder_beyond_the_window_agrees_and_fails_affected_streams(start: int) -> None:
     # Needs more than 64 later frames from one source: long streams, few tokens per step.
@@ -413,10 +431,7 @@ def test_chaotic_inputs_agree(seed: int) -> None:
     run_both(workloads.Workload(seed, run_id, streams, inputs, [], "chaos"))
 
 
-def _native_decode() -> Any:
-    from parallelhue import _native  # type: ignore[attr-defined]
-
-    return _native.decode_frame
+NATIVE_DECODE = workloads.native_test_kit("decode_frame") if NativeReconciler else None
 
 
 _FRAME_POOL: list[bytes] = []
@@ -431,6 +446,7 @@ def _frame_pool() -> list[bytes]:
     return _FRAME_POOL
 
 
+@pytest.mark.skipif(NATIVE_DECODE is None, reason="needs the test kit: make native")
 @PROPERTY
 @given(
     pick=st.integers(0, 10**6),
@@ -450,7 +466,7 @@ def test_decoders_agree_on_frames(pick: int, flips: list[tuple[int, int]], cut: 
     except FrameError as error:
         expected = ("error", str(error))
     try:
-        actual: Any = _native_decode()(bytes(corrupted))
+        actual: Any = NATIVE_DECODE(bytes(corrupted))
     except ValueError as error:
         actual = ("error", str(error))
     _assert_same("decoded frames", expected, actual, f"for {bytes(corrupted).hex()}")

@@ -7,11 +7,12 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 
 import pytest
 
 from parallelhue import cli
-from parallelhue.record import read_recording, write_recording
+from parallelhue.record import Recording, read_recording, write_recording
 from test_cli import _CLEARED
 
 
@@ -69,28 +70,55 @@ def test_demo_records_exports_and_measures(
     assert replayed == original
 
 
-def test_replay_reports_a_changed_verdict(
-    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
-) -> None:
+def tampered_replay(
+    tmp_path: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    streams: int,
+    tamper: Callable[[Recording], None],
+) -> tuple[int, str]:
+    """Record a demo run of `streams` streams, tamper with the recording, replay it:
+    the exit code and stderr."""
     record = os.path.join(str(tmp_path), "run.phr")
     code = cli.main(
-        ["demo", "--concurrency", "1", "--max-tokens", "12", "--step-ms", "1",
+        ["demo", "--concurrency", str(streams), "--max-tokens", "12", "--step-ms", "1",
          "--reconciler", "python", "--view", "plain", "--record", record]
     )  # fmt: skip
     assert code == 0
     capsys.readouterr()
     recording = read_recording(record)
-    # Drop every telemetry frame: the replay cannot prove anything now.
-    recording.events = [event for event in recording.events if event[1] != "frame"]
+    tamper(recording)
     tampered = os.path.join(str(tmp_path), "tampered.phr")
     write_recording(tampered, recording)
     code = cli.main(["replay", tampered, "--speed", "max", "--view", "plain",
                      "--reconciler", "python"])  # fmt: skip
-    _out, err = capsys.readouterr()
-    assert code == 1
-    assert err == (
+    return code, capsys.readouterr()[1]
+
+
+def test_replay_reports_a_changed_verdict(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def drop_frames(recording: Recording) -> None:
+        # Drop every telemetry frame: the replay cannot prove anything now.
+        recording.events = [event for event in recording.events if event[1] != "frame"]
+
+    assert tampered_replay(tmp_path, capsys, 1, drop_frames) == (
+        1,
         "parallelhue: replay differs from the recording: stream 0 was exact, "
-        "replayed failed (missing telemetry: no frames received for this run)\n"
+        "replayed failed (missing telemetry: no frames received for this run)\n",
+    )
+
+
+def test_replay_reports_a_footer_with_fewer_verdicts_than_streams(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def drop_a_verdict(recording: Recording) -> None:
+        # A footer that leaves a stream out compares nothing for it: a difference.
+        assert recording.footer is not None
+        recording.footer["verdicts"] = recording.footer["verdicts"][:1]
+
+    assert tampered_replay(tmp_path, capsys, 2, drop_a_verdict) == (
+        1,
+        "parallelhue: replay differs from the recording: its footer has 1 verdicts for 2 streams\n",
     )
 
 

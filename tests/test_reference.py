@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -216,6 +217,80 @@ def test_character_within_one_step_keeps_its_step_colour() -> None:
     # Step 0 throughout, but an accepted draft and the bonus: no single role.
     assert run.events() == [("span", 0, 0, "日", 0, 0, 2, None), ("exact", 0)]
     assert run.rec.stream_stats(0)["mixed_spans"] == 0
+
+
+def _one_text_record(run: Run, tokens: list[wire.TextToken]) -> list[Any]:
+    """`tokens` as one finished text record, its HTTP text, the SSE and its finish."""
+    whole = b"".join(t.fragment for t in tokens)
+    run.push(run.text(text(0, 0, tokens, whole, **FIN)))
+    run.sse(0, whole.decode(), [t.token_id for t in tokens], finish=True)
+    return run.events()
+
+
+UNKNOWN = wire.LEAD_UNKNOWN
+
+
+def test_an_unclaimed_token_of_unknown_give_keeps_the_carriers_characters_uncolored() -> None:
+    # Token 1 (step 0) holds bytes back and says its give is unknown; token 2 (step 1)
+    # claims no predecessor. 你's bytes may be token 1's: every character of the
+    # fragment may be, so it is mixed, never step 1's alone.
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.prov(prov(0, 1, [2, 3], [A, T], 2, **FIN)),
+    )
+    tokens = [wire.TextToken(1, b"", 0, UNKNOWN), wire.TextToken(2, "你b".encode(), 0, 0)]
+    assert _one_text_record(run, [*tokens, wire.TextToken(3, b"c", 0, 0)]) == [
+        ("span", 0, 0, "你b", None, 0, 2, None),
+        ("span", 0, 4, "c", 1, 2, 1, T),
+        ("exact", 0),
+    ]
+    # The unclaimed token in the carrier's step (and role): colored.
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1], [P], 0)),
+        run.prov(prov(0, 1, [2, 3, 4], [A, A, T], 3, **FIN)),
+    )
+    tokens = [
+        wire.TextToken(1, b"a", 0, 0),
+        wire.TextToken(2, b"", 0, UNKNOWN),
+        wire.TextToken(3, "你b".encode(), 0, 0),
+        wire.TextToken(4, b"c", 0, 0),
+    ]
+    assert _one_text_record(run, tokens) == [
+        ("span", 0, 0, "a", 0, 0, 1, P),
+        ("span", 0, 1, "你b", 1, 1, 2, A),
+        ("span", 0, 5, "c", 1, 3, 1, T),
+        ("exact", 0),
+    ]
+    # Claimed predecessors with known gives, and an earlier unclaimed one of unknown
+    # give: every character's tokens start at the unclaimed one.
+    run = Run()
+    run.push(
+        run.prov(prov(0, 0, [1, 2], [A, T], 2)),
+        run.prov(prov(0, 2, [3, 4], [A, T], 2, **FIN)),
+    )
+    tokens = [
+        wire.TextToken(1, b"", 0, UNKNOWN),
+        wire.TextToken(2, b"", 0, 1),
+        wire.TextToken(3, b"xy", 1, 1),
+        wire.TextToken(4, b"z", 0, 0),
+    ]
+    assert _one_text_record(run, tokens) == [
+        ("span", 0, 0, "x", 0, 0, 2, None),
+        ("span", 0, 1, "y", None, 0, 3, None),
+        ("span", 0, 2, "z", 1, 3, 1, T),
+        ("exact", 0),
+    ]
+
+
+def test_usage_chunks_that_repeat_themselves_add_nothing_and_lose_nothing() -> None:
+    # vLLM's continuous usage (a running count in every chunk) and the final usage
+    # chunk with the per-step lists, repeated: exact, cross-checked.
+    run = Run(num_streams=2)
+    honest(run, usage=[(3, [1], [1]), (3, None, None), (3, [1], [1])])
+    assert run.rec.verdict(0) == ("exact", None)
+    assert run.rec.stream_stats(0)["metrics_steps"] == 1
 
 
 def test_sse_releases_a_character_later_than_its_first_token() -> None:
@@ -987,8 +1062,10 @@ def honest(
     second_t_step: int | None = None,
     sse_reason: str | None = "stop",
     sse_ids: list[int] | None = None,
+    usage: Sequence[tuple[int | None, list[int] | None, list[int] | None]] = (),
 ) -> None:
-    """Stream 0: "Hi" (plain), then " a" "b" (accepted, bonus), finished with stop."""
+    """Stream 0: "Hi" (plain), then " a" "b" (accepted, bonus), finished with stop;
+    `usage` chunks after the last delta."""
     run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
     run.sse(0, "Hi", [10])
     run.push(
@@ -998,6 +1075,8 @@ def honest(
         ),
     )
     run.sse(0, " ab", [11, 12] if sse_ids is None else sse_ids)
+    for count, accepted, drafted in usage:
+        run.rec.push_sse_usage(0, count, accepted, drafted)
     run.finish(0, sse_reason)
 
 
@@ -1139,7 +1218,26 @@ def _lie_choice(run: Run) -> None:
 
 
 def _lie_usage(run: Run) -> None:
-    run.rec.push_sse_usage(0, 5, None, None)
+    honest(run, usage=[(5, None, None)])
+
+
+def _lie_usage_early(run: Run) -> None:
+    run.rec.push_sse_usage(0, 3, None, None)
+    honest(run)
+
+
+def _lie_usage_corrected(run: Run) -> None:
+    honest(run, usage=[(2, None, None), (3, None, None)])
+
+
+def _lie_metrics_then_none(run: Run) -> None:
+    run.rec.push_sse_usage(0, None, [0], [1])
+    honest(run, usage=[(3, None, None)])
+
+
+def _lie_metrics_restated(run: Run) -> None:
+    run.rec.push_sse_usage(0, None, [0], [1])
+    run.rec.push_sse_usage(0, None, [1], [1])
     honest(run)
 
 
@@ -1165,7 +1263,8 @@ def _lie_sse_after_finish(run: Run) -> None:
 
 def _metrics(accepted: list[int] | None, drafted: list[int] | None) -> Any:
     def lie(run: Run) -> None:
-        run.rec.push_sse_usage(0, 3, accepted, drafted)
+        # Before any SSE token: a count would have to be 0 (it counts the SSE tokens so far).
+        run.rec.push_sse_usage(0, None, accepted, drafted)
         honest(run)
 
     return lie
@@ -1256,6 +1355,16 @@ LIES = [
      f"{S0}SSE chunk with a choice other than the single choice 0 (index 1)"),
     ("usage.completion_tokens", _lie_usage,
      f"{S0}usage.completion_tokens 5, but the SSE carried 3 tokens"),
+    ("usage.completion_tokens before the tokens it counts", _lie_usage_early,
+     f"{S0}usage.completion_tokens 3, but the SSE carried 0 tokens"),
+    ("a wrong usage count, corrected by the next usage chunk", _lie_usage_corrected,
+     f"{S0}usage.completion_tokens 2, but the SSE carried 3 tokens"),
+    ("vLLM's metrics contradicting the records, then a usage chunk without them",
+     _lie_metrics_then_none,
+     f"{S0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 drafted, "
+     "the scheduler's step at offset 1 says 1 of 1"),
+    ("vLLM's metrics restated differently", _lie_metrics_restated,
+     f"{S0}vLLM's per-request metrics differ between two usage chunks"),
     ("a chunk id of another stream", _lie_chunk_id_other_stream,
      f"{S0}SSE chunk id does not carry the request id ph1_{RUN}_0"),
     ("a chunk id that changes", _lie_chunk_id_changed, f"{S0}SSE chunk id changed mid-stream"),

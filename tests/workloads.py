@@ -684,7 +684,14 @@ HARMFUL_MUTATIONS = (
     # Protocol 3's give counts.
     "give_sum",
     "give_uncarried",
+    # Issue 24: evidence is monotone (a later statement never erases an earlier one).
+    "metrics_then_none",
+    "metrics_restated",
+    "usage_corrected",
 )
+# Values honest vLLM may send that leave an attribution open (issue 24): every stream
+# stays exact, and no character may be shown with a step the evidence does not prove.
+UNKNOWN_MUTATIONS = ("give_unknown_unclaimed",)
 MUTATIONS = BENIGN_MUTATIONS + HARMFUL_MUTATIONS
 
 
@@ -1320,7 +1327,111 @@ def _give_uncarried(workload: Workload, rng: random.Random) -> Workload | None:
     return _with(workload, "give_uncarried", inputs, {stream}, False)
 
 
+def _usage_with_lists(workload: Workload, rng: random.Random) -> tuple[int, Input] | None:
+    options = [i for i, item in enumerate(workload.inputs) if item[0] == "sse_usage" and item[4]]
+    if not options:
+        return None
+    index = rng.choice(options)
+    return index, workload.inputs[index]
+
+
+def _one_more_drafted(drafted: list[int], rng: random.Random) -> list[int]:
+    changed = list(drafted)
+    changed[rng.randrange(len(changed))] += 1
+    return changed
+
+
+def _metrics_then_none(workload: Workload, rng: random.Random) -> Workload | None:
+    # vLLM's lists contradict the records, then a usage chunk without lists (issue 24
+    # finding 1: the later statement must not erase the contradiction).
+    found = _usage_with_lists(workload, rng)
+    if found is None:
+        return None
+    index, (kind, stream, tokens, accepted, drafted) = found
+    inputs = list(workload.inputs)
+    inputs[index] = (kind, stream, tokens, accepted, _one_more_drafted(drafted, rng))
+    inputs.insert(index + 1, (kind, stream, tokens, None, None))
+    return _with(workload, "metrics_then_none", inputs, {stream}, False)
+
+
+def _metrics_restated(workload: Workload, rng: random.Random) -> Workload | None:
+    # The true lists, then a second usage chunk whose lists differ.
+    found = _usage_with_lists(workload, rng)
+    if found is None:
+        return None
+    index, (kind, stream, tokens, accepted, drafted) = found
+    inputs = list(workload.inputs)
+    inputs.insert(index + 1, (kind, stream, tokens, accepted, _one_more_drafted(drafted, rng)))
+    return _with(workload, "metrics_restated", inputs, {stream}, False)
+
+
+def _usage_corrected(workload: Workload, rng: random.Random) -> Workload | None:
+    # A wrong completion count, then a usage chunk with the right one.
+    def make(stream: int) -> Input:
+        return ("sse_usage", stream, workload.truth[stream].tokens + 1, None, None)
+
+    mutated = _before_finish(workload, rng, make, "usage_corrected")
+    if mutated is None:
+        return None
+    at = next(i for i, item in enumerate(mutated.inputs) if item not in workload.inputs)
+    stream = mutated.inputs[at][1]
+    mutated.inputs.insert(at + 1, ("sse_usage", stream, workload.truth[stream].tokens, None, None))
+    return mutated
+
+
+def _give_unknown_unclaimed(workload: Workload, rng: random.Random) -> Workload | None:
+    # A carrier claims none of its predecessors, and they say their gives are unknown
+    # (issue 24 finding 2): honest vLLM may send that (more than 255 pending tokens),
+    # so the stream stays exact, but its characters may hold the predecessors' bytes.
+    options = _carriers(workload, False)
+    if not options:
+        return None
+    index, position, at, stream = rng.choice(options)
+    inputs = list(workload.inputs)
+    carrier = decode_frame(inputs[index][1]).records[position]
+    assert isinstance(carrier, wire.TextRecord)
+    offset = carrier.offset + at
+    claimed = set(range(offset - carrier.tokens[at].span_back, offset))
+
+    def unclaim(records: list[Any]) -> None:
+        token = records[position].tokens[at]
+        token.span_back, token.lead_len = 0, 0
+
+    def unknown(records: list[Any]) -> None:
+        for record in records:
+            if isinstance(record, wire.TextRecord) and record.stream == stream:
+                for i, token in enumerate(record.tokens):
+                    if record.offset + i in claimed:
+                        token.lead_len = wire.LEAD_UNKNOWN
+
+    for frame_index, frame in _record_frames(workload):
+        if frame.kind == wire.KIND_TEXT:
+            inputs[frame_index] = ("frame", _reencode(inputs[frame_index][1], unknown))
+    inputs[index] = ("frame", _reencode(inputs[index][1], unclaim))
+    return _with(workload, "give_unknown_unclaimed", inputs, {stream}, True)
+
+
+def wrongly_colored(workload: Workload, events: list[tuple[Any, ...]]) -> list[str]:
+    """Characters shown with a step (or role) that is not their true one; uncolored
+    characters are not wrong."""
+    errors = []
+    for index, truth in enumerate(workload.truth):
+        expected = list(zip(truth.char_steps, truth.char_roles, strict=True))
+        shown = span_characters(events, index)
+        for at, ((step, role), (true_step, true_role)) in enumerate(
+            zip(shown, expected, strict=True)
+        ):
+            if (step is not None and step != true_step) or (role is not None and role != true_role):
+                errors.append(f"stream {index} character {at}: shown {step, role}, "
+                              f"true {true_step, true_role}")  # fmt: skip
+    return errors
+
+
 _MUTATORS = {
+    "metrics_then_none": _metrics_then_none,
+    "metrics_restated": _metrics_restated,
+    "usage_corrected": _usage_corrected,
+    "give_unknown_unclaimed": _give_unknown_unclaimed,
     "give_sum": _give_sum,
     "give_uncarried": _give_uncarried,
     "sse_split": _sse_split,
@@ -1384,3 +1495,22 @@ def property_settings() -> Any:
         derandomize=bool(os.environ.get("CI")),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+
+
+def native_test_kit(name: str) -> Any:
+    """The test kit's `parallelhue._native.<name>` (`decode_frame`, `sse_inputs`,
+    `read_sse_body`, `pack_inputs`: in the development build, `make native`, never
+    in the shipped extension), or None without it; PH_REQUIRE_NATIVE=1 (CI) makes
+    that an error."""
+    try:
+        from parallelhue import _native  # type: ignore[attr-defined]
+    except ImportError:
+        function = None
+    else:
+        function = getattr(_native, name, None)
+    if function is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
+        raise RuntimeError(
+            f"PH_REQUIRE_NATIVE=1 but parallelhue._native has no {name}: "
+            "build it with the test kit (`make native`)"
+        )
+    return function

@@ -7,11 +7,12 @@ it; `ingest.py` hands it to the Rust HTTP thread (the shipped path, plain
 http and https alike).
 
 `read_stream` is the reference path's reader (`--reconciler python`): httpx
-and the SSE chunk extraction in Python, every delta reported to a
-`StreamSink`. However a stream ends, it is reported exactly once — a normal
-finish with its finish_reason, or an end kind (`shapes.EndKind`) that
-`stream_errors.end_message` turns into the user's line — and the other
-streams go on. `make_client` is the httpx client of a run (`/v1/models`,
+for the exchange, the body's raw bytes through the reference SSE reader
+(`reference/sse_body.py`: every byte read as the Rust reader reads it),
+every delta reported to a `StreamSink`. However a stream ends, it is
+reported exactly once — a normal finish with its finish_reason, or an end
+kind (`shapes.EndKind`) that `stream_errors.end_message` turns into the
+user's line — and the other streams go on. `make_client` is the httpx client of a run (`/v1/models`,
 `/metrics`, and the reference path's streams).
 """
 
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from . import __version__
-from .reference.sse import ChunkInputs, SseError
+from .reference.sse_body import BodyReader
 from .shapes import EndKind, Usage
 
 __all__ = [
@@ -286,52 +287,35 @@ async def _exchange(
 async def _read_events(
     response: httpx.Response, stream: int, sink: StreamSink, yield_each_read: bool
 ) -> str | None:
-    """httpx's line splitting, then each event's JSON and the reference extraction of
-    the reconciler's SSE inputs (`reference/sse.py`), in Python. An event with its
-    own `event:` type is not a completion chunk (as in the Rust reader)."""
-    extraction = ChunkInputs()
-    data_lines: list[str] = []
-    event_type = ""
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data_lines.append(line[5:].removeprefix(" "))
-            continue
-        if line.startswith("event:"):
-            event_type = line[6:].removeprefix(" ")
-            continue
-        if line.strip():
-            continue  # comments, id and retry fields
-        if not data_lines:
-            event_type = ""
-            continue
-        payload, typed = "\n".join(data_lines), event_type not in ("", "message")
-        data_lines, event_type = [], ""
-        if payload.strip() == "[DONE]" and not typed:
-            return extraction.finish_reason
-        if not typed:
-            _handle_payload(stream, payload, sink, extraction)
+    """The body's raw bytes through the reference reader (`reference/sse_body.py`,
+    the Rust reader's grammar and fold in Python): every SSE input to the sink, in
+    order; a chunk or line the reader refuses ends the stream with the Rust reader's
+    reason. A compressed body is refused as the Rust reader refuses it."""
+    coding = response.headers.get("content-encoding", "").strip().lower()
+    if coding and coding != "identity":
+        raise ExchangeEnded("encoding", response.headers["content-encoding"])
+    reader = BodyReader()
+    async for data in response.aiter_raw():
+        _handle_inputs(stream, reader.feed(data), sink, reader)
+        if reader.end is not None:
+            break
         if yield_each_read:
             await asyncio.sleep(0)
-    if data_lines and event_type in ("", "message"):
-        payload = "\n".join(data_lines)
-        if payload.strip() != "[DONE]":
-            _handle_payload(stream, payload, sink, extraction)
-    return extraction.finish_reason
+    else:
+        _handle_inputs(stream, reader.finish(), sink, reader)
+    if reader.end is not None and reader.end[0] == "bad_event":
+        raise ExchangeEnded("bad_sse", reader.end[1])
+    return reader.finish_reason
 
 
-def _handle_payload(stream: int, payload: str, sink: StreamSink, extraction: ChunkInputs) -> None:
-    """Feed one SSE event's inputs to the sink, in order; a chunk the extraction
-    refuses ends the stream with the Rust reader's reason."""
-    try:
-        inputs = extraction.extract_payload(payload)
-    except SseError as error:
-        raise ExchangeEnded("bad_sse", str(error)) from None
+def _handle_inputs(stream: int, inputs: list[Any], sink: StreamSink, reader: BodyReader) -> None:
+    """Feed one read's SSE inputs to the sink, in order, then the usage shown."""
     for item in inputs:
         if item[0] == "sse":
             sink.on_delta(stream, item[1], item[2])
         else:
             sink.on_sse_input(stream, (item[0], stream, *item[1:]))
-    usage = extraction.usage
+    usage = reader.extraction.usage
     if usage is not None and any(item[0] == "sse_usage" for item in inputs):
         sink.on_usage(
             stream,

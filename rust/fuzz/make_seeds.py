@@ -86,3 +86,16 @@ for chunk in [
     b'{"error":{"message":"x","code":400}}',
 ]:
     write("chunk_paths", chunk)
+
+# sse_differential: whole bodies (first byte 0x03: reads of 4 bytes), vLLM-shaped
+# and with every kind of trouble for a byte reader; 0x80 cuts at each 0x1f.
+trouble = [
+    b"data: \xef\xbb\xbf{}\n\n", b"\xef\xbb\xbf: c\r\n\r\n", b"data: \xff\n\n",
+    b": \xc0\xaf\n", b'data: {"x":"\xed\xa0\x80"}\n\n', b'data: {"x":"\\ud800"}\n\n',
+    b"data: \x00\n\n", b"data: \xc2\xa0[DONE]\x1c\n\n", b"data\r\ndata: 1\r\r",
+    b"data: \xe6\x1f\x97\x1f\xa5\n\n", b"event: \xe6\x97\xa5\ndata: 2\n\n",
+]
+for s in sse + trouble:
+    write("sse_differential", b"\x03" + s)
+    write("sse_differential", b"\x80" + s[: len(s) // 2] + b"\x1f" + s[len(s) // 2 :])
+write("sse_differential", b"\x00" + b"".join(sse))

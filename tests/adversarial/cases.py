@@ -15,7 +15,11 @@ rules define it, the exact reason. Expectations:
   evidence: the lie changes no verdict, and the lying value appears on screen
   only where it is attributed to the plugin's hello (or not at all);
 - `limit`: witnesses lying consistently where no other witness can see it
-  (what EXACT does not prove, PROTOCOL.md): EXACT, and documented there.
+  (what EXACT does not prove, PROTOCOL.md): EXACT, and documented there;
+- `uncolored`: a value honest vLLM may send that leaves an attribution open
+  (an unknown, PROTOCOL.md "Unknown values"): EXACT, and exactly the listed
+  characters are shown without a step, never with one the evidence does not
+  prove.
 
 `xfail` marks a lie that the client on main still lets through (or reports
 wrongly); it is strict, so the mark must go when the rule lands.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from parallelhue_vllm import wire
 
@@ -66,6 +71,8 @@ class Case:
     xfail: str | None = None  # "issue 9: ..." while main lets the lie through
     xfail_in: tuple[str, ...] = COMBOS  # where the xfail applies
     shown: tuple[str, ...] = ()  # claim: the lying values (attributed if shown at all)
+    # uncolored: per stream, the characters shown without a step (mixed), in order.
+    uncolored: dict[int, str] = field(default_factory=dict)
 
     def reason(self, stream: int) -> tuple[str, ...]:
         """The reasons the stream may fail with (empty: not pinned; a trailing … is a prefix)."""
@@ -869,6 +876,135 @@ def _metrics_consistent(t: Transcript) -> None:
     # The same relabelling, with vLLM's counters forged to match.
     _prov_roles_relabelled(t)
     _put_metrics(t, _honest_metrics(t))
+
+
+# --- issue 24: evidence is monotone, an unknown is not a zero, one reading of bytes ---
+
+
+def _usage_event(t: Transcript, stream: int) -> Sse:
+    (event,) = [e for e in t.sse_events(stream) if isinstance(e.data, dict)
+                and e.data is t.usage_chunk(stream)]  # fmt: skip
+    return event
+
+
+def _restate_usage(t: Transcript, edit: Callable[[dict[str, Any]], None]) -> None:
+    """A second usage chunk for stream 0 after its first, a copy changed by `edit`."""
+    first = _usage_event(t, 0)
+    assert isinstance(first.data, dict)
+    copy = json.loads(json.dumps(first.data))
+    edit(copy)
+    t.insert_after(first, Sse(0, copy))
+
+
+def _metrics_then_none(t: Transcript) -> None:
+    # Finding 1: lists that contradict the records, then a usage chunk without them.
+    _sse_metrics_edit(_one_fewer_accepted)(t)
+    _restate_usage(t, lambda chunk: chunk.pop("metrics"))
+
+
+def _metrics_then_forged(t: Transcript) -> None:
+    # The same, and the second usage chunk's lists forged to agree with the records.
+    honest = _honest_metrics(t)[0]
+    _sse_metrics_edit(_one_fewer_accepted)(t)
+    _restate_usage(t, lambda chunk: chunk.update(metrics={"speculative_decoding": honest}))
+
+
+def _usage_corrected(t: Transcript) -> None:
+    t.usage(0)["completion_tokens"] += 1
+    _restate_usage(t, lambda chunk: chunk["usage"].update(completion_tokens=15))
+
+
+def _usage_prompt_restated(t: Transcript) -> None:
+    _restate_usage(t, lambda chunk: chunk["usage"].update(prompt_tokens=5, total_tokens=20))
+
+
+def _finish_restated(t: Transcript) -> None:
+    # The finish chunk says length (the detokenizer: stop), a later chunk says stop.
+    last = t.sse(0, -1)
+    last.choice["finish_reason"] = "length"
+    again = json.loads(json.dumps(last.data))
+    again["choices"][0].update(delta={"content": ""}, token_ids=[], finish_reason="stop")
+    t.insert_after(last, Sse(0, again))
+
+
+def _continuous_usage(t: Transcript) -> None:
+    # vLLM's `continuous_usage_stats`: every chunk carries the running count.
+    for stream in range(t.streams):
+        count = 0
+        for event in t.sse_events(stream):
+            if not isinstance(event.data, dict) or "usage" in event.data:
+                continue
+            if event.data.get("choices"):
+                count += len(event.choice.get("token_ids") or [])
+            event.data["usage"] = {"prompt_tokens": 4, "completion_tokens": count,
+                                   "total_tokens": 4 + count}  # fmt: skip
+
+
+def _smile_unclaimed_unknown(t: Transcript) -> None:
+    # Finding 2: 🙂's carrier (232, step 5) claims no predecessor, and 230/231 (step 4)
+    # say their gives are unknown: 🙂 may hold their bytes, so it must not be step 5's.
+    _text_span_back_less(t)
+    for frame in t.frames(kind=wire.KIND_TEXT):
+        for record in frame.records:
+            if isinstance(record, wire.TextRecord) and record.stream == 0:
+                for token in record.tokens:
+                    if token.token_id in (230, 231):
+                        token.lead_len = wire.LEAD_UNKNOWN
+
+
+def _nihon_split_unknown(t: Transcript) -> None:
+    # 日本's lead_len and 220's give unknown (as for a special token): one mixed span.
+    t.text(0, 2).tokens[1].lead_len = wire.LEAD_UNKNOWN
+    t.text(0, 3).tokens[0].lead_len = wire.LEAD_UNKNOWN
+
+
+def _ok_token(t: Transcript) -> tuple[wire.TextRecord, wire.TextToken, Sse]:
+    """Stream 0's ' ok' (104): its text record, token and SSE chunk."""
+    for frame in t.frames(kind=wire.KIND_TEXT):
+        for record in frame.records:
+            if isinstance(record, wire.TextRecord) and record.stream == 0:
+                for token in record.tokens:
+                    if token.token_id == 104:
+                        (event,) = [e for e in t.sse_events(0)
+                                    if e.is_content and 104 in e.choice["token_ids"]]  # fmt: skip
+                        return record, token, event
+    raise AssertionError("no ' ok' token")
+
+
+def _sse_raw_invalid(t: Transcript) -> None:
+    # Finding 3: fragment and HTTP delta hold ' o\ufffd'; the SSE line holds ' o' + 0xff.
+    record, token, event = _ok_token(t)
+    token.fragment = " o\ufffd".encode()
+    record.http_delta = record.http_delta.replace(b" ok", token.fragment)
+    _set_text(event, t.chat, _get_text(event, t.chat).replace(" ok", " o\ufffd"))
+    event.raw = event.encode().replace("\ufffd".encode(), b"\xff")
+
+
+def _sse_raw_surrogate(t: Transcript) -> None:
+    # An encoded surrogate (CESU-8) where the other witnesses hold U+FFFD.
+    _sse_raw_invalid(t)
+    _, _, event = _ok_token(t)
+    assert event.raw is not None
+    event.raw = event.raw.replace(b"\xff", b"\xed\xa0\x80")
+
+
+def _sse_comment_invalid(t: Transcript) -> None:
+    t.insert_before(t.sse(0, 2), Sse(0, raw=b": keep\xe9alive\n\n"))
+
+
+def _sse_split_reads(t: Transcript) -> None:
+    # CRLF line ends, a BOM first, every content chunk written in two pieces cut
+    # inside a character (or in its middle): the readers see the bytes split.
+    for stream in range(t.streams):
+        events = t.sse_events(stream)
+        for number, event in enumerate(events):
+            data = event.encode().replace(b"\n", b"\r\n")
+            if number == 0:
+                data = b"\xef\xbb\xbf" + data
+            multi = [i for i, byte in enumerate(data) if byte >= 0xC0]
+            cut = multi[0] + 1 if multi else len(data) // 2
+            event.raw = data[:cut]
+            t.insert_after(event, Sse(stream, raw=data[cut:]))
 
 
 def _sse_done_early(t: Transcript) -> None:
@@ -2503,6 +2639,124 @@ CASES: list[Case] = [
             "per_step_drafted"
         },
         rule="the fourth witness: both lists or neither",
+    ),
+    # -------------------------------------------------- issue 24: monotone evidence
+    _C(
+        "sse.metrics.contradict_then_absent",
+        "sse.metrics.per_step_accepted",
+        "stream 0's first usage chunk lists one accepted draft fewer; a second has no lists",
+        "sse",
+        _metrics_then_none,
+        reasons={0: metrics_disagree(1, "0 accepted of 3", 4, "1 of 3")},
+        rule="evidence is monotone: a usage chunk without the lists says nothing about them",
+    ),
+    _C(
+        "sse.metrics.contradict_then_forged",
+        "sse.metrics.per_step_accepted",
+        "stream 0's first usage chunk lists one accepted draft fewer; a second lists the truth",
+        "sse",
+        _metrics_then_forged,
+        reasons={
+            0: (
+                metrics_disagree(1, "0 accepted of 3", 4, "1 of 3"),
+                "stream 0: vLLM's per-request metrics differ between two usage chunks",
+            )
+        },
+        rule="evidence is monotone: the first lists are kept, a different restatement fails",
+    ),
+    _C(
+        "sse.usage.completion_tokens.corrected",
+        "sse.usage.completion_tokens",
+        "stream 0's usage says 16 completion tokens, a second usage chunk says 15",
+        "sse",
+        _usage_corrected,
+        reasons={0: "stream 0: usage.completion_tokens 16, but the SSE carried 15 tokens"},
+        rule="evidence is monotone: each usage count is checked when it arrives",
+    ),
+    _C(
+        "sse.usage.prompt_tokens.restated",
+        "sse.usage.prompt_tokens",
+        "a second usage chunk of stream 0 says 5 prompt tokens (the first: 4)",
+        "sse",
+        _usage_prompt_restated,
+        reasons={0: "bad SSE data: invalid SSE chunk: usage.prompt_tokens 5 after 4"},
+        rule="evidence is monotone: a restatement that differs is refused",
+    ),
+    _C(
+        "sse.finish_reason.restated",
+        "sse.finish_reason",
+        "stream 0's finish chunk says length; an empty chunk after it says stop",
+        "sse",
+        _finish_restated,
+        reasons={
+            0: "bad SSE data: invalid SSE chunk: choice 0's finish_reason 'stop' after 'length'"
+        },
+        rule="evidence is monotone: a finish_reason is never replaced",
+    ),
+    _C(
+        "honest.sse_continuous_usage",
+        "sse.usage.completion_tokens",
+        "every chunk carries vLLM's running usage (continuous_usage_stats), then the final one",
+        "none",
+        _continuous_usage,
+        expect="exact",
+    ),
+    # ------------------------------------------------- issue 24: unknown is not zero
+    _C(
+        "text.span_back.less_unknown",
+        "text.span_back",
+        "🙂's carrier claims no earlier tokens; 230 and 231 (step 4) say their gives are unknown",
+        "frontend",
+        _smile_unclaimed_unknown,
+        expect="uncolored",
+        uncolored={0: "本🙂"},
+        rule="an unknown give may be any number: 🙂 may hold step 4's bytes, never step 5's alone",
+    ),
+    _C(
+        "text.lead_len.unknown",
+        "text.lead_len",
+        "日本's lead_len and 220's give are unknown (0xFFFF)",
+        "frontend",
+        _nihon_split_unknown,
+        expect="uncolored",
+        uncolored={0: "日本🙂"},
+        rule="an unknown split: the fragment is attributed to all its tokens",
+    ),
+    # ----------------------------------------------- issue 24: one reading of bytes
+    _C(
+        "sse.bytes.invalid_utf8",
+        "sse.bytes",
+        "fragment and HTTP delta hold ' o\ufffd'; stream 0's SSE line holds ' o' and a raw 0xff",
+        "frontend+sse",
+        _sse_raw_invalid,
+        reasons={0: "bad SSE data: invalid UTF-8 in SSE line …"},
+        rule="one reading of bytes: a line that is not UTF-8 is refused, never read as U+FFFD",
+    ),
+    _C(
+        "sse.bytes.encoded_surrogate",
+        "sse.bytes",
+        "the same, with the SSE line holding an encoded surrogate (ed a0 80)",
+        "frontend+sse",
+        _sse_raw_surrogate,
+        reasons={0: "bad SSE data: invalid UTF-8 in SSE line …"},
+        rule="one reading of bytes: strict UTF-8 (no surrogates, no overlong forms)",
+    ),
+    _C(
+        "sse.bytes.comment",
+        "sse.bytes",
+        "a comment line of stream 0 holds a raw Latin-1 byte",
+        "sse",
+        _sse_comment_invalid,
+        reasons={0: "bad SSE data: invalid UTF-8 in SSE line …"},
+        rule="one reading of bytes: every line must be UTF-8, comments too",
+    ),
+    _C(
+        "honest.sse_split_reads",
+        "sse.bytes",
+        "a BOM first, CRLF line ends, every event written in two pieces cut inside a character",
+        "none",
+        _sse_split_reads,
+        expect="exact",
     ),
     _C(
         "sse.done.early",

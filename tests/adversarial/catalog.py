@@ -38,6 +38,9 @@ def _expected(case: Case) -> str:
         return "EXACT; the value is the sender's claim"
     if case.expect == "limit":
         return "EXACT (a consistent lie: what EXACT does not prove)"
+    if case.expect == "uncolored":
+        shown = "<br>".join(f"#{s}: `{_cell(chars)}`" for s, chars in case.uncolored.items())
+        return f"EXACT; shown without a step (mixed) exactly:<br>{shown}"
     parts = []
     for stream in case.streams:
         reasons = case.reason(stream)

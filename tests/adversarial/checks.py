@@ -47,6 +47,10 @@ def check(case: Case, outcome: Outcome, mode: str) -> None:
         assert state.stats.get("tokens") == state.sse_tokens > 0, context
     assert (outcome.exit_code, outcome.message) == (0, None), context
     assert outcome.player.get("send_errors") == [], context
+    if case.expect == "uncolored":
+        shown = {index: state.uncolored for index, state in enumerate(outcome.streams)}
+        for stream, chars in case.uncolored.items():
+            assert shown[stream] == chars, f"uncolored {shown[stream]!r}, not {chars!r}\n{context}"
     if case.expect == "claim":
         for value in case.shown:
             for line in outcome.screen.splitlines():

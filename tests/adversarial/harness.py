@@ -35,6 +35,7 @@ class StreamOutcome:
     error: str | None  # the HTTP stream's own failure
     sse_tokens: int  # token ids the client read over SSE
     stats: dict[str, object]  # the reconciler's stream_stats
+    uncolored: str  # the characters shown without a step (mixed spans), in order
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,15 @@ def run_transcript(
         exit_code=result.exit_code,
         message=result.message,
         streams=tuple(
-            StreamOutcome(s.verdict, s.reason, s.label, s.error, s.sse_tokens, dict(s.stats))
+            StreamOutcome(
+                s.verdict,
+                s.reason,
+                s.label,
+                s.error,
+                s.sse_tokens,
+                dict(s.stats),
+                "".join(text for text, step in s.spans if step is None),
+            )
             for s in model.streams
         ),
         screen=console.file.getvalue(),

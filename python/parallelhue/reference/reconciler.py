@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue.reference.sse import shown_reason
 from parallelhue.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
 from parallelhue.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
 from parallelhue_vllm.wire import (
@@ -135,6 +136,9 @@ class _Fragment:
     lead_len: int  # bytes from the span_back predecessors (LEAD_UNKNOWN: not known)
     # Each predecessor's give count, when all are known and add up to lead_len.
     gives: list[int] | None = None
+    # The first token that may have given bytes: offset - span_back, or an earlier
+    # pending token it does not claim whose give count is unknown.
+    reach: int = 0
 
 
 @dataclass
@@ -147,13 +151,6 @@ class _Piece:
     role: int | None
     first: int
     count: int
-
-
-@dataclass
-class _Usage:
-    completion_tokens: int | None
-    per_step_accepted: list[int] | None
-    per_step_drafted: list[int] | None
 
 
 @dataclass
@@ -201,7 +198,9 @@ class _Stream:
     sse_reason: str | None = None
     sse_id: str | None = None
     sse_choice: int | None = None
-    usage: _Usage | None = None
+    # vLLM's per-request metrics (per_step_accepted, per_step_drafted) as first
+    # received: kept, never replaced (evidence is monotone).
+    metrics: tuple[list[int], list[int]] | None = None
     stats: dict[str, Any] = field(default_factory=lambda: _empty_stats())
 
     @property
@@ -242,13 +241,6 @@ def _carries_request_id(chunk_id: str, request_id: str) -> bool:
             return True
         start = chunk_id.find(request_id, start + 1)
     return False
-
-
-def _shown_reason(reason: str | None) -> str:
-    """An SSE finish_reason in a message: quoted (at most 40 characters), or null."""
-    if reason is None:
-        return "null"
-    return f"'{reason[:40]}…'" if len(reason) > 40 else f"'{reason}'"
 
 
 def _finish_name(code: int) -> str:
@@ -437,19 +429,48 @@ class Reconciler:
         state = self._sse_state(stream)
         if state is None:
             return
-        state.usage = _Usage(
-            completion_tokens,
-            None if per_step_accepted is None else list(per_step_accepted),
-            None if per_step_drafted is None else list(per_step_drafted),
-        )
-        state.metrics_checked = False
         try:
+            self._usage_rules(state, completion_tokens, per_step_accepted, per_step_drafted)
             self._metrics_rules(state)
         except _Failed:
             pass
 
+    def _usage_rules(
+        self,
+        state: _Stream,
+        completion_tokens: int | None,
+        accepted: list[int] | None,
+        drafted: list[int] | None,
+    ) -> None:
+        """One usage statement, checked as it arrives and kept (evidence is monotone):
+        `completion_tokens` counts the SSE tokens so far; the per-step lists come as a
+        pair, and once received they never change (a usage chunk without them says
+        nothing about them)."""
+        stream = state.index
+        if completion_tokens is not None and completion_tokens != len(state.q_ids):
+            raise self._fail(
+                state,
+                f"stream {stream}: usage.completion_tokens {completion_tokens}, but the SSE "
+                f"carried {len(state.q_ids)} tokens",
+            )
+        if accepted is None and drafted is None:
+            return
+        prefix = f"stream {stream}: vLLM's per-request metrics"
+        if drafted is None:
+            raise self._fail(state, f"{prefix} carry per_step_accepted without per_step_drafted")
+        if accepted is None:
+            raise self._fail(state, f"{prefix} carry per_step_drafted without per_step_accepted")
+        if len(accepted) != len(drafted):
+            raise self._fail(
+                state, f"{prefix} list {len(accepted)} accepted and {len(drafted)} drafted steps"
+            )
+        if state.metrics is None:
+            state.metrics = (list(accepted), list(drafted))
+        elif state.metrics != (list(accepted), list(drafted)):
+            raise self._fail(state, f"{prefix} differ between two usage chunks")
+
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
-        """The body ended normally; `finish_reason` is the last non-null one of choice 0."""
+        """The body ended normally; `finish_reason` is choice 0's (one value, or None)."""
         self._check_stream_index(stream)
         if finish_reason is not None and not isinstance(finish_reason, str):
             raise TypeError(
@@ -817,30 +838,16 @@ class Reconciler:
 
     @staticmethod
     def _has_metrics(state: _Stream) -> bool:
-        usage = state.usage
-        return usage is not None and (
-            usage.per_step_accepted is not None or usage.per_step_drafted is not None
-        )
+        return state.metrics is not None
 
     def _metrics_rules(self, state: _Stream) -> None:
         """The fourth witness: vLLM's per-request metrics list the scheduler's steps with
         drafts, in order, with their accepted (counted before a stop cut the step) and
         drafted counts. Checked once both the lists and the scheduler's finish are known."""
-        stream, usage = state.index, state.usage
-        if usage is None:
+        if state.metrics is None:
             return
-        accepted, drafted = usage.per_step_accepted, usage.per_step_drafted
-        if accepted is None and drafted is None:
-            return
+        stream, (accepted, drafted) = state.index, state.metrics
         prefix = f"stream {stream}: vLLM's per-request metrics"
-        if drafted is None:
-            raise self._fail(state, f"{prefix} carry per_step_accepted without per_step_drafted")
-        if accepted is None:
-            raise self._fail(state, f"{prefix} carry per_step_drafted without per_step_accepted")
-        if len(accepted) != len(drafted):
-            raise self._fail(
-                state, f"{prefix} list {len(accepted)} accepted and {len(drafted)} drafted steps"
-            )
         if state.p_finished is None or state.metrics_checked:
             return
         steps = [step for step in state.p_steps if step.drafts_scheduled > 0]
@@ -929,7 +936,7 @@ class Reconciler:
             if not token.fragment:
                 state.pending_gives.append(token.lead_len)
                 continue
-            gives = self._claim_gives(state, offset, token.span_back, token.lead_len)
+            gives, reach = self._claim_gives(state, offset, token.span_back, token.lead_len)
             start = len(state.fragment_bytes)
             state.fragment_bytes += token.fragment
             state.fragments.append(
@@ -940,6 +947,7 @@ class Reconciler:
                     len(state.fragment_bytes),
                     token.lead_len,
                     gives,
+                    reach,
                 )
             )
         state.http_bytes += record.http_delta
@@ -960,11 +968,13 @@ class Reconciler:
 
     def _claim_gives(
         self, state: _Stream, offset: int, span_back: int, lead: int
-    ) -> list[int] | None:
+    ) -> tuple[list[int] | None, int]:
         """A fragment at `offset` claims its `span_back` predecessors among the pending
         empty tokens: none of the others gave bytes (no fragment will carry them), and
         the predecessors' known give counts add up to at most its lead_len, exactly
-        when all are known. Returns the gives when all are known and lead_len is."""
+        when all are known. Returns the gives when all are known and lead_len is, and
+        the fragment's reach: an unclaimed token whose give is unknown may have given
+        any number of its bytes, so the fragment's characters may come from it too."""
         stream, pending = state.index, state.pending_gives
         if span_back > len(pending):
             raise self._fail(
@@ -980,10 +990,14 @@ class Reconciler:
                     f"stream {stream}: token at offset {offset - len(pending) + index} gave "
                     f"{give} bytes that no fragment carries",
                 )
+        unknown = next(
+            (i for i, give in enumerate(pending[:unclaimed]) if give == LEAD_UNKNOWN), None
+        )
+        reach = offset - span_back if unknown is None else offset - len(pending) + unknown
         claimed = pending[unclaimed:]
         state.pending_gives = []
         if lead == LEAD_UNKNOWN or not claimed:
-            return None
+            return None, reach
         known = [give for give in claimed if give != LEAD_UNKNOWN]
         total = sum(known)
         if total > lead or (len(known) == len(claimed) and total != lead):
@@ -992,7 +1006,7 @@ class Reconciler:
                 f"stream {stream}: the {span_back} tokens before offset {offset} give "
                 f"{total} bytes, its lead_len says {lead}",
             )
-        return claimed if len(known) == len(claimed) else None
+        return (claimed if len(known) == len(claimed) else None), reach
 
     def _t_end_rules(self, state: _Stream) -> None:
         """The detokenizer finished the request: how it ended must agree with its own
@@ -1047,24 +1061,16 @@ class Reconciler:
         if state.sse_reason != expected:
             raise self._fail(
                 state,
-                f"stream {state.index}: SSE finish_reason {_shown_reason(state.sse_reason)}, "
+                f"stream {state.index}: SSE finish_reason {shown_reason(state.sse_reason)}, "
                 f"the detokenizer finished with '{expected}'",
             )
 
     def _sse_end_rules(self, state: _Stream) -> None:
-        """The SSE body ended: it carried the stream's chunk id, a usage count equal to
-        its tokens, and the detokenizer's finish reason."""
+        """The SSE body ended: it carried the stream's chunk id and the detokenizer's
+        finish reason."""
         stream = state.index
         if state.sse_id is None:
             raise self._fail(state, f"stream {stream}: no SSE chunk id")
-        usage = state.usage
-        if usage is not None and usage.completion_tokens is not None:
-            if usage.completion_tokens != len(state.q_ids):
-                raise self._fail(
-                    state,
-                    f"stream {stream}: usage.completion_tokens {usage.completion_tokens}, but "
-                    f"the SSE carried {len(state.q_ids)} tokens",
-                )
         if state.t_finished:
             self._sse_reason_rule(state)
 
@@ -1206,7 +1212,9 @@ class Reconciler:
         lead_len known, the predecessors together the first lead_len bytes and the
         carrier the rest; else all its tokens the whole fragment. A character's
         tokens are those of the units overlapping it, first to last. Only the first
-        `available` bytes are output."""
+        `available` bytes are output. Every character's tokens start at the
+        fragment's reach (an unclaimed token of unknown give may have given any of
+        them)."""
         carrier, first = fragment.offset, fragment.offset - fragment.span_back
         size = fragment.end - fragment.start
         # (first token, token count, byte start, byte end) per unit, in order.
@@ -1231,7 +1239,7 @@ class Reconciler:
                 end += 1
             # A unit overlaps [position, end) (an empty unit: lies strictly inside it).
             owners = [u for u in units if u[2] < end and u[3] > position]
-            low = owners[0][0]
+            low = fragment.reach if fragment.reach < first else owners[0][0]
             high = owners[-1][0] + owners[-1][1]
             end = min(end, available)
             last = pieces[-1] if pieces else None

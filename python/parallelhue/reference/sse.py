@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["MAX_NESTING", "ChunkInputs", "SseError", "parse_data"]
+__all__ = ["MAX_NESTING", "ChunkInputs", "SseError", "parse_data", "shown_reason"]
 
 U32_MAX = 0xFFFFFFFF
 U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -143,6 +143,13 @@ def _server_error(error: Any) -> SseError:
     return SseError(f"server error in SSE stream: {message}")
 
 
+def shown_reason(reason: str | None) -> str:
+    """A finish_reason in a message: quoted (at most 40 characters), or null."""
+    if reason is None:
+        return "null"
+    return f"'{reason[:40]}…'" if len(reason) > 40 else f"'{reason}'"
+
+
 def _choice(index: int, value: Any) -> tuple[int, str, list[int] | None, str | None]:
     """(index, text, token_ids, finish_reason) of one choice."""
     if not isinstance(value, dict):
@@ -181,7 +188,8 @@ class ChunkInputs:
     def __init__(self) -> None:
         self._last_id: str | None = None  # None before the first chunk
         self._choice_reported = False
-        self.finish_reason: str | None = None  # last non-null finish_reason of choice 0
+        self.finish_reason: str | None = None  # choice 0's finish_reason, once given
+        self.prompt_tokens: int | None = None  # usage.prompt_tokens, once given
         self.usage: dict[str, Any] | None = None  # the last chunk's usage object
 
     def extract_payload(self, payload: str) -> list[Input]:
@@ -213,21 +221,13 @@ class ChunkInputs:
                 if key == "completion_tokens":
                     completion_tokens = number
         steps = self._spec_steps(data.get("metrics"))
-        # The first choice 0 with text or token ids after choice 0's finish_reason.
-        zero_content = next((bool(c[1] or c[2]) for c in parsed if c[0] == 0), False)
-        if self.finish_reason is not None and zero_content:
-            raise SseError("invalid SSE chunk: choice 0 has content after its finish_reason")
+        zero = next((c for c in parsed if c[0] == 0), None)
+        self._restatements(zero, usage)
         inputs: list[Input] = []
         if chunk_id != self._last_id:
             inputs.append(("sse_id", chunk_id))
             self._last_id = chunk_id
-        zero = None
-        other = None
-        for choice in parsed:
-            if choice[0] == 0 and zero is None:
-                zero = choice
-            elif other is None:
-                other = choice[0]
+        other = next((c[0] for c in parsed if c is not zero), None)
         if other is not None and not self._choice_reported:
             self._choice_reported = True
             inputs.append(("sse_choice", other))
@@ -237,11 +237,33 @@ class ChunkInputs:
                 inputs.append(("sse", text, token_ids or []))
             if finish is not None:
                 self.finish_reason = finish
+        if isinstance(usage, dict) and self.prompt_tokens is None:
+            self.prompt_tokens = usage.get("prompt_tokens")
         if usage is not None or steps is not None:
             self.usage = usage if isinstance(usage, dict) else self.usage
             accepted, drafted = steps if steps is not None else (None, None)
             inputs.append(("sse_usage", completion_tokens, accepted, drafted))
         return inputs
+
+    def _restatements(
+        self, zero: tuple[int, str, list[int] | None, str | None] | None, usage: Any
+    ) -> None:
+        """What the stream already said stays said (evidence is monotone): no content of
+        choice 0 after its finish_reason, no other finish_reason, no other
+        usage.prompt_tokens. Checked before any input of the chunk."""
+        if zero is not None and self.finish_reason is not None:
+            if zero[1] or zero[2]:
+                raise SseError("invalid SSE chunk: choice 0 has content after its finish_reason")
+            if zero[3] is not None and zero[3] != self.finish_reason:
+                raise SseError(
+                    f"invalid SSE chunk: choice 0's finish_reason {shown_reason(zero[3])} "
+                    f"after {shown_reason(self.finish_reason)}"
+                )
+        prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if prompt is not None and self.prompt_tokens is not None and prompt != self.prompt_tokens:
+            raise SseError(
+                f"invalid SSE chunk: usage.prompt_tokens {prompt} after {self.prompt_tokens}"
+            )
 
     @staticmethod
     def _spec_steps(metrics: Any) -> tuple[list[int] | None, list[int] | None] | None:

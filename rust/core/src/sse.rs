@@ -41,6 +41,10 @@ pub enum SseError {
     Server { message: String },
     /// Choice 0 has text or token ids after a chunk gave its finish_reason.
     ContentAfterFinish,
+    /// Choice 0 gives another finish_reason than an earlier chunk's.
+    FinishReasonChanged { before: String, now: String },
+    /// `usage.prompt_tokens` differs from an earlier chunk's.
+    PromptTokensChanged { before: u64, now: u64 },
 }
 
 impl fmt::Display for SseError {
@@ -65,11 +69,33 @@ impl fmt::Display for SseError {
             SseError::ContentAfterFinish => {
                 f.write_str("invalid SSE chunk: choice 0 has content after its finish_reason")
             }
+            SseError::FinishReasonChanged { before, now } => write!(
+                f,
+                "invalid SSE chunk: choice 0's finish_reason {} after {}",
+                shown_reason(Some(now)),
+                shown_reason(Some(before))
+            ),
+            SseError::PromptTokensChanged { before, now } => write!(
+                f,
+                "invalid SSE chunk: usage.prompt_tokens {now} after {before}"
+            ),
         }
     }
 }
 
 impl std::error::Error for SseError {}
+
+/// An SSE finish_reason as shown in a message: quoted (at most 40
+/// characters), or null.
+pub fn shown_reason(reason: Option<&str>) -> String {
+    match reason {
+        None => "null".to_owned(),
+        Some(r) if r.chars().count() > 40 => {
+            format!("'{}…'", r.chars().take(40).collect::<String>())
+        }
+        Some(r) => format!("'{r}'"),
+    }
+}
 
 /// One dispatched event of the event stream.
 #[derive(Clone, Debug, PartialEq, Eq)]

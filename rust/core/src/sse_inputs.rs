@@ -123,8 +123,11 @@ pub struct ChunkInputs {
     last_id: String,
     seen_chunk: bool,
     choice_reported: bool,
-    /// The last non-null `finish_reason` of choice 0 (what `finish_sse` gets).
+    /// Choice 0's `finish_reason` once a chunk gave it (what `finish_sse`
+    /// gets); a later chunk may repeat it, never change it.
     pub finish_reason: Option<String>,
+    /// `usage.prompt_tokens` once a chunk gave it; never changes after.
+    prompt_tokens: Option<u64>,
 }
 
 impl ChunkInputs {
@@ -135,9 +138,12 @@ impl ChunkInputs {
     /// The inputs of one chunk, in order: its id (first chunk, or a new id),
     /// a choice other than the single choice 0 (once per stream), choice 0's
     /// delta (when it has text or token ids), the usage (when the chunk has
-    /// `usage` or `metrics.speculative_decoding`). A chunk whose choice 0 has
+    /// `usage` or `metrics.speculative_decoding`). What the stream already
+    /// said stays said (evidence is monotone): a chunk whose choice 0 has
     /// text or token ids after an earlier chunk gave choice 0's finish_reason
-    /// is refused ([`SseError::ContentAfterFinish`]), before any of its inputs.
+    /// ([`SseError::ContentAfterFinish`]), another finish_reason
+    /// ([`SseError::FinishReasonChanged`]) or another `usage.prompt_tokens`
+    /// ([`SseError::PromptTokensChanged`]) is refused, before any of its inputs.
     pub fn extract(
         &mut self,
         chunk: Chunk,
@@ -158,7 +164,13 @@ impl ChunkInputs {
             token_ids: c.token_ids.as_deref(),
             finish_reason: c.finish_reason.as_deref(),
         });
-        self.extract_choices(chunk.id.as_deref().unwrap_or_default(), choices, out)?;
+        let prompt_tokens = chunk.usage.as_ref().and_then(|u| u.prompt_tokens);
+        self.extract_choices(
+            chunk.id.as_deref().unwrap_or_default(),
+            choices,
+            prompt_tokens,
+            out,
+        )?;
         if chunk.usage.is_some() || chunk.spec_steps.is_some() {
             let steps = chunk.spec_steps.as_ref();
             out(SseInputRef::Usage {
@@ -185,25 +197,37 @@ impl ChunkInputs {
             finish_reason: c.finish_reason.clone().map(|r| &data[r]),
         });
         let id = chunk.id.clone().map_or("", |r| &data[r]);
-        self.extract_choices(id, choices, out)
+        self.extract_choices(id, choices, None, out)
     }
 
-    /// The id, other-choice and delta inputs of a chunk.
+    /// The id, other-choice and delta inputs of a chunk (whose usage, if
+    /// any, says `prompt_tokens`).
     fn extract_choices<'a>(
         &mut self,
         id: &'a str,
         choices: impl Iterator<Item = ChoiceRef<'a>> + Clone,
+        prompt_tokens: Option<u64>,
         out: &mut impl FnMut(SseInputRef<'a>),
     ) -> Result<(), SseError> {
-        let content =
-            |c: &ChoiceRef<'_>| !c.text.is_empty() || c.token_ids.is_some_and(|t| !t.is_empty());
-        if self.finish_reason.is_some()
-            && choices
-                .clone()
-                .find(|c| c.index == 0)
-                .is_some_and(|c| content(&c))
+        if let (Some(before), Some(c)) =
+            (&self.finish_reason, choices.clone().find(|c| c.index == 0))
         {
-            return Err(SseError::ContentAfterFinish);
+            if !c.text.is_empty() || c.token_ids.is_some_and(|t| !t.is_empty()) {
+                return Err(SseError::ContentAfterFinish);
+            }
+            if let Some(now) = c.finish_reason.filter(|&now| now != before) {
+                return Err(SseError::FinishReasonChanged {
+                    before: before.clone(),
+                    now: now.to_owned(),
+                });
+            }
+        }
+        match (self.prompt_tokens, prompt_tokens) {
+            (Some(before), Some(now)) if now != before => {
+                return Err(SseError::PromptTokensChanged { before, now })
+            }
+            (None, now) => self.prompt_tokens = now,
+            _ => {}
         }
         if !self.seen_chunk || self.last_id != id {
             out(SseInputRef::Id(id));
@@ -329,6 +353,44 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "invalid SSE chunk: choice 0 has content after its finish_reason"
+        );
+    }
+
+    /// What a stream said stays said: a chunk may repeat choice 0's
+    /// finish_reason and usage.prompt_tokens, never change them.
+    #[test]
+    fn a_changed_finish_reason_or_prompt_count_is_refused() {
+        let refused = |chunks: &[&str]| {
+            let mut x = ChunkInputs::new();
+            let mut out = Vec::new();
+            let mut result = Ok(());
+            for c in chunks {
+                result = x.extract(parse_chunk(c).unwrap(), &mut |i| out.push(i));
+                if result.is_err() {
+                    break;
+                }
+            }
+            result.map_err(|e| e.to_string())
+        };
+        let finish = |r: &str| {
+            format!(r#"{{"id":"a","choices":[{{"index":0,"text":"","finish_reason":"{r}"}}]}}"#)
+        };
+        let usage = |n: u64| {
+            format!(
+                r#"{{"id":"a","choices":[],"usage":{{"prompt_tokens":{n},"completion_tokens":1}}}}"#
+            )
+        };
+        assert_eq!(
+            refused(&[&finish("stop"), &finish("stop"), &usage(4), &usage(4)]),
+            Ok(())
+        );
+        assert_eq!(
+            refused(&[&finish("length"), &finish("stop")]),
+            Err("invalid SSE chunk: choice 0's finish_reason 'stop' after 'length'".into())
+        );
+        assert_eq!(
+            refused(&[&usage(4), &finish("stop"), &usage(5)]),
+            Err("invalid SSE chunk: usage.prompt_tokens 5 after 4".into())
         );
     }
 

@@ -31,7 +31,7 @@ pub struct StreamBody {
     sse: SseParser,
     decoded: Vec<u8>,
     inputs: ChunkInputs,
-    /// The last non-null finish_reason of choice 0.
+    /// Choice 0's finish_reason, once a chunk gave it.
     pub finish_reason: Option<String>,
     /// The usage of the last chunk that had one.
     pub usage: Option<Usage>,

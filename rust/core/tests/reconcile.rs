@@ -952,7 +952,11 @@ struct Honest {
     second_t_step: Option<u64>,
     sse_reason: Option<&'static str>,
     sse_ids: Vec<u32>,
+    /// Usage chunks after the last delta: (completion_tokens, accepted, drafted).
+    usage: Vec<UsageChunk>,
 }
+
+type UsageChunk = (Option<u64>, Option<&'static [u32]>, Option<&'static [u32]>);
 
 impl Default for Honest {
     fn default() -> Self {
@@ -964,6 +968,7 @@ impl Default for Honest {
             second_t_step: None,
             sse_reason: Some("stop"),
             sse_ids: vec![11, 12],
+            usage: Vec::new(),
         }
     }
 }
@@ -1015,7 +1020,18 @@ fn honest(run: &mut Run, h: Honest) {
     run.r.push_frame(&f);
     run.sse(0, " ab", &h.sse_ids);
     run.ids_sent[0] = true;
+    for &(n, accepted, drafted) in &h.usage {
+        run.r.push_sse_usage(0, n, accepted, drafted);
+    }
     run.r.finish_sse(0, h.sse_reason);
+}
+
+/// The honest run with these usage chunks after its last delta.
+fn with_usage(usage: Vec<UsageChunk>) -> Honest {
+    Honest {
+        usage,
+        ..Honest::default()
+    }
 }
 
 fn hello_with(role: u8, k: u16, engine_version: &str) -> HelloFields {
@@ -1232,12 +1248,46 @@ fn lies() -> Vec<(&'static str, Lie, String)> {
         ),
         (
             "usage.completion_tokens",
+            Box::new(|run: &mut Run| honest(run, with_usage(vec![(Some(5), None, None)]))),
+            format!("{s0}usage.completion_tokens 5, but the SSE carried 3 tokens"),
+        ),
+        (
+            "usage.completion_tokens before the tokens it counts",
             Box::new(|run: &mut Run| {
-                run.sse(0, "", &[]);
-                run.r.push_sse_usage(0, Some(5), None, None);
+                run.r.push_sse_usage(0, Some(3), None, None);
                 honest(run, Honest::default())
             }),
-            format!("{s0}usage.completion_tokens 5, but the SSE carried 3 tokens"),
+            format!("{s0}usage.completion_tokens 3, but the SSE carried 0 tokens"),
+        ),
+        (
+            "a wrong usage count, corrected by the next usage chunk",
+            Box::new(|run: &mut Run| {
+                honest(
+                    run,
+                    with_usage(vec![(Some(2), None, None), (Some(3), None, None)]),
+                )
+            }),
+            format!("{s0}usage.completion_tokens 2, but the SSE carried 3 tokens"),
+        ),
+        (
+            "vLLM's metrics contradicting the records, then a usage chunk without them",
+            Box::new(|run: &mut Run| {
+                run.r.push_sse_usage(0, None, Some(&[0]), Some(&[1]));
+                honest(run, with_usage(vec![(Some(3), None, None)]))
+            }),
+            format!(
+                "{s0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 \
+                 drafted, the scheduler's step at offset 1 says 1 of 1"
+            ),
+        ),
+        (
+            "vLLM's metrics restated differently",
+            Box::new(|run: &mut Run| {
+                run.r.push_sse_usage(0, None, Some(&[0]), Some(&[1]));
+                run.r.push_sse_usage(0, None, Some(&[1]), Some(&[1]));
+                honest(run, Honest::default())
+            }),
+            format!("{s0}vLLM's per-request metrics differ between two usage chunks"),
         ),
         (
             "a chunk id of another stream",
@@ -1360,7 +1410,8 @@ fn lies() -> Vec<(&'static str, Lie, String)> {
 
 fn metrics(accepted: Option<&'static [u32]>, drafted: Option<&'static [u32]>) -> Lie {
     Box::new(move |run: &mut Run| {
-        run.r.push_sse_usage(0, Some(3), accepted, drafted);
+        // Before any SSE token: a count would have to be 0 (it counts the SSE tokens so far).
+        run.r.push_sse_usage(0, None, accepted, drafted);
         honest(run, Honest::default())
     })
 }
@@ -1748,4 +1799,123 @@ fn pending_gives_at_the_finish_are_held_back_bytes_not_a_contradiction() {
     run.sse(0, "", &[11]);
     run.finish(0, "stop");
     assert!(run.events().contains(&Event::Exact { stream: 0 }));
+}
+
+/// The text of `tokens` (id, fragment, span_back, lead_len) as one finished
+/// record, with its HTTP text, the SSE and its finish: the events.
+fn one_text_record(run: &mut Run, tokens: &[(u32, &str, u8, u16)]) -> Vec<Event> {
+    let toks: Vec<TextTok> = tokens
+        .iter()
+        .map(|&(token_id, fragment, span_back, lead_len)| TextTok {
+            token_id,
+            fragment: fragment.as_bytes().to_vec(),
+            span_back,
+            lead_len,
+        })
+        .collect();
+    let text: String = tokens.iter().map(|t| t.1).collect();
+    let rec = TextRec {
+        stream: 0,
+        flags: 1,
+        finish_reason: 1,
+        tokens: toks,
+        http: text.as_bytes().to_vec(),
+        ..TextRec::default()
+    };
+    let f = run.front.text(1, &[rec]);
+    run.r.push_frame(&f);
+    let ids: Vec<u32> = tokens.iter().map(|t| t.0).collect();
+    run.sse(0, &text, &ids);
+    run.finish(0, "stop");
+    run.events()
+}
+
+#[test]
+fn an_unclaimed_token_of_unknown_give_keeps_the_carriers_characters_uncolored() {
+    // Token 1 (step 0) holds bytes back and says its give is unknown; token 2
+    // (step 1) claims no predecessor. 你's bytes may be token 1's: every
+    // character of the fragment may be, so it is mixed, never step 1's alone.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 0);
+    run.prov(0, 1, &[2, 3], &[A, T], 2, 1);
+    let events = one_text_record(
+        &mut run,
+        &[
+            (1, "", 0, LEAD_UNKNOWN),
+            (2, "\u{4f60}b", 0, 0),
+            (3, "c", 0, 0),
+        ],
+    );
+    assert_eq!(
+        events,
+        vec![
+            span(0, 0, "\u{4f60}b", None, 0, 2, None),
+            span(0, 4, "c", Some(1), 2, 1, Some(T)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    // The same with the unclaimed token in the carrier's step (and role): every
+    // value its give could take gives the same step, so it is colored.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1], &[P], 0, 0);
+    run.prov(0, 1, &[2, 3, 4], &[A, A, T], 3, 1);
+    let events = one_text_record(
+        &mut run,
+        &[
+            (1, "a", 0, 0),
+            (2, "", 0, LEAD_UNKNOWN),
+            (3, "\u{4f60}b", 0, 0),
+            (4, "c", 0, 0),
+        ],
+    );
+    assert_eq!(
+        events,
+        vec![
+            span(0, 0, "a", Some(0), 0, 1, Some(P)),
+            span(0, 1, "\u{4f60}b", Some(1), 1, 2, Some(A)),
+            span(0, 5, "c", Some(1), 3, 1, Some(T)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+    // Claimed predecessors with known gives, and an earlier unclaimed one of
+    // unknown give: every character's tokens start at the unclaimed one.
+    let mut run = Run::new(1);
+    run.prov(0, 0, &[1, 2], &[A, T], 2, 0);
+    run.prov(0, 2, &[3, 4], &[A, T], 2, 1);
+    let events = one_text_record(
+        &mut run,
+        &[
+            (1, "", 0, LEAD_UNKNOWN),
+            (2, "", 0, 1),
+            (3, "xy", 1, 1),
+            (4, "z", 0, 0),
+        ],
+    );
+    assert_eq!(
+        events,
+        vec![
+            span(0, 0, "x", Some(0), 0, 2, None),
+            span(0, 1, "y", None, 0, 3, None),
+            span(0, 2, "z", Some(1), 3, 1, Some(T)),
+            Event::Exact { stream: 0 },
+        ]
+    );
+}
+
+#[test]
+fn usage_chunks_that_repeat_themselves_add_nothing_and_lose_nothing() {
+    // vLLM's continuous usage (a running count in every chunk) and the final
+    // usage chunk with the per-step lists, repeated: exact, cross-checked.
+    let mut run = Run::new(2);
+    let lists: (Option<&'static [u32]>, Option<&'static [u32]>) = (Some(&[1]), Some(&[1]));
+    honest(
+        &mut run,
+        with_usage(vec![
+            (Some(3), lists.0, lists.1),
+            (Some(3), None, None),
+            (Some(3), lists.0, lists.1),
+        ]),
+    );
+    assert_eq!(run.r.verdict(0), Verdict::Exact);
+    assert_eq!(run.r.stream_stats(0).metrics_steps, 1);
 }

@@ -53,7 +53,7 @@ def _trim_log(path: str) -> None:
     def update_from_output(self, scheduler_output, model_runner_output):
         before = {}
         sampled = model_runner_output.sampled_token_ids
-        index_of = model_runner_output.req_id_to_index
+        index_of = {r: i for i, r in enumerate(model_runner_output.req_ids)}
         for rid in scheduler_output.num_scheduled_tokens:
             if _PH.search(rid) and sampled and rid in index_of:
                 drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid) or ()

@@ -2,6 +2,7 @@
 //! stop strings, and the SSE's end, held against each other.
 
 use super::*;
+use crate::sse::shown_reason;
 
 impl Stream {
     /// The scheduler's last step ended at `p_end`: no token of the other
@@ -124,35 +125,15 @@ impl Stream {
         Ok(())
     }
 
-    /// The SSE body ended: it must have carried the stream's chunk id, a
-    /// usage count equal to its tokens, and the detokenizer's finish reason.
+    /// The SSE body ended: it must have carried the stream's chunk id and
+    /// the detokenizer's finish reason.
     pub(super) fn sse_end_rules(&self, s: usize) -> Result<(), String> {
         if self.sse_id.is_none() {
             return Err(format!("stream {s}: no SSE chunk id"));
-        }
-        if let Some(n) = self.usage.as_ref().and_then(|u| u.completion_tokens) {
-            if n != self.q_end {
-                return Err(format!(
-                    "stream {s}: usage.completion_tokens {n}, but the SSE carried {} tokens",
-                    self.q_end
-                ));
-            }
         }
         if self.t_finished {
             self.sse_reason_rule(s)?;
         }
         Ok(())
-    }
-}
-
-/// An SSE finish_reason as shown in a message: quoted (at most 40
-/// characters), or null.
-pub(super) fn shown_reason(reason: Option<&str>) -> String {
-    match reason {
-        None => "null".to_owned(),
-        Some(r) if r.chars().count() > 40 => {
-            format!("'{}…'", r.chars().take(40).collect::<String>())
-        }
-        Some(r) => format!("'{r}'"),
     }
 }

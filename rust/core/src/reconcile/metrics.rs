@@ -5,22 +5,31 @@ use super::*;
 
 impl Stream {
     /// vLLM's per-request metrics (`per_step_accepted` / `per_step_drafted`)
-    /// are present.
+    /// were received.
     pub(super) fn has_metrics(&self) -> bool {
-        self.usage
-            .as_ref()
-            .is_some_and(|u| u.per_step_accepted.is_some() || u.per_step_drafted.is_some())
+        self.metrics.is_some()
     }
 
-    /// The fourth witness: vLLM's per-request metrics list the scheduler's
-    /// steps with drafts, in order, with their accepted and drafted counts
-    /// (accepted counted before a stop cut the step). Checked once both the
-    /// lists and the scheduler's finish are known.
-    pub(super) fn metrics_rules(&mut self, s: usize) -> Result<(), String> {
-        let Some(usage) = &self.usage else {
-            return Ok(());
-        };
-        let (accepted, drafted) = match (&usage.per_step_accepted, &usage.per_step_drafted) {
+    /// One usage statement, checked as it arrives and kept (evidence is
+    /// monotone): `completion_tokens` counts the SSE tokens so far; the
+    /// per-step lists come as a pair, and once received they never change
+    /// (a usage chunk without them says nothing about them).
+    pub(super) fn usage_rules(
+        &mut self,
+        s: usize,
+        completion_tokens: Option<u64>,
+        accepted: Option<&[u32]>,
+        drafted: Option<&[u32]>,
+    ) -> Result<(), String> {
+        if let Some(n) = completion_tokens {
+            if n != self.q_end {
+                return Err(format!(
+                    "stream {s}: usage.completion_tokens {n}, but the SSE carried {} tokens",
+                    self.q_end
+                ));
+            }
+        }
+        let (accepted, drafted) = match (accepted, drafted) {
             (None, None) => return Ok(()),
             (Some(_), None) => {
                 return Err(format!(
@@ -41,6 +50,31 @@ impl Stream {
                 drafted.len()
             ));
         }
+        match &self.metrics {
+            None => {
+                self.metrics = Some(Metrics {
+                    accepted: accepted.to_vec(),
+                    drafted: drafted.to_vec(),
+                })
+            }
+            Some(m) if m.accepted != accepted || m.drafted != drafted => {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics differ between two usage chunks"
+                ))
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The fourth witness: vLLM's per-request metrics list the scheduler's
+    /// steps with drafts, in order, with their accepted and drafted counts
+    /// (accepted counted before a stop cut the step). Checked once both the
+    /// lists and the scheduler's finish are known.
+    pub(super) fn metrics_rules(&mut self, s: usize) -> Result<(), String> {
+        let Some(Metrics { accepted, drafted }) = &self.metrics else {
+            return Ok(());
+        };
         if self.p_finished.is_none() || self.metrics_checked {
             return Ok(());
         }

@@ -167,6 +167,9 @@ struct Frag {
     first: u64,
     byte_start: u64,
     len: u32,
+    /// The first token that may have given bytes: `first`, or an earlier
+    /// pending token it does not claim whose give count is unknown.
+    reach: u64,
     /// Bytes from the span_back predecessors ([`LEAD_UNKNOWN`]: not known).
     lead: u16,
     /// Every predecessor's give count is known (and they add up to `lead`):
@@ -187,12 +190,12 @@ struct SpecStep {
     trimmed: bool,
 }
 
-/// What the usage chunk said (the last one pushed).
+/// vLLM's per-request metrics as first received: `per_step_accepted` and
+/// `per_step_drafted`, kept and never replaced (evidence is monotone).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Usage {
-    completion_tokens: Option<u64>,
-    per_step_accepted: Option<Vec<u32>>,
-    per_step_drafted: Option<Vec<u32>>,
+struct Metrics {
+    accepted: Vec<u32>,
+    drafted: Vec<u32>,
 }
 
 /// One stream's state. The fields are laid out in the order the inputs use
@@ -266,9 +269,11 @@ struct Stream {
     stats: Stats,
     // --- the rare and the ends of a request
     unreachable_give: Option<(u64, u16)>,
+    /// The first pending token whose give count is unknown, if any.
+    first_unknown_give: Option<u64>,
     sse_reason: Option<String>,
     sse_id: Option<String>,
-    usage: Option<Usage>,
+    metrics: Option<Metrics>,
 }
 
 impl Stream {

@@ -62,7 +62,7 @@ impl Reconciler {
             }
             // Two confirmed fragments at least: a single one is proven as
             // cheaply by the loop below.
-            if try_runs && fr.tok == fr.first && st.frags.get(1).is_some_and(|f| f.tok < c) {
+            if try_runs && fr.tok == fr.reach && st.frags.get(1).is_some_and(|f| f.tok < c) {
                 let avail = h_len.min(s_len);
                 if let Some((n, start, end)) = st.run_of_fragments(c, avail, pieces) {
                     let fb = st.f.slice(start, end);
@@ -121,7 +121,7 @@ impl Reconciler {
             }
             st.proven = limit;
             st.frags.pop_front();
-            if fr.tok == fr.first {
+            if fr.tok == fr.reach {
                 // No span_back (most fragments): `pieces` would give the one
                 // piece of the whole output, with the carrier's step and role,
                 // and its bytes are `hb` (the SAFETY argument below holds for
@@ -170,16 +170,14 @@ impl Reconciler {
             return self.fail(s, reason);
         }
         // Release what nothing needs any more.
-        // A later fragment's span_back reaches back over at most the pending empties.
-        let mut keep = c.min(
-            st.t_end
-                .saturating_sub(u64::from(st.pending_empty.min(255))),
-        );
+        // A later fragment reaches back over at most the pending empties (its
+        // span_back, or an unclaimed one whose give is unknown).
+        let mut keep = c.min(st.t_end - u64::from(st.pending_empty));
         if let Some(r) = st.recs.front() {
             keep = keep.min(r.start);
         }
         if let Some(fr) = st.frags.front() {
-            keep = keep.min(fr.first);
+            keep = keep.min(fr.reach);
         }
         st.toks.release_before(keep);
         let bytes_keep = st.frags.front().map_or(st.proven, |f| f.byte_start);
@@ -240,7 +238,7 @@ impl Stream {
         let mut n = 0usize;
         for f in self.frags.iter() {
             let fend = end + u64::from(f.len);
-            if f.tok >= c || f.tok != f.first || f.byte_start != end || fend > avail {
+            if f.tok >= c || f.tok != f.reach || f.byte_start != end || fend > avail {
                 break;
             }
             let t = self.tok(f.tok);
@@ -463,8 +461,9 @@ impl Stream {
     /// rest; with only lead_len known, the predecessors together the first
     /// lead_len bytes and the carrier the rest; else all its tokens the whole
     /// fragment. A character's tokens are those of the units overlapping it,
-    /// first to last; a piece is a maximal run of characters with the same
-    /// tokens.
+    /// first to last, and from the fragment's reach on (an unclaimed token
+    /// of unknown give may have given any of them); a piece is a maximal run
+    /// of characters with the same tokens.
     #[inline]
     pub(super) fn pieces(
         &self,
@@ -475,29 +474,17 @@ impl Stream {
     ) {
         out.clear();
         let len = fr.len as usize;
-        let span_back = (fr.tok - fr.first) as u32;
-        if span_back == 0 {
-            // The common case: the token's own bytes only.
-            let carrier = self.tok(fr.tok);
-            out.push(Piece {
-                from: 0,
-                to: avail,
-                step: Some(carrier.ord),
-                role: Some(carrier.role),
-                first: fr.tok,
-                n: 1,
-            });
-            return;
-        }
-        if fr.lead == LEAD_UNKNOWN {
-            let (step, role) = self.shared(fr.first, fr.tok + 1);
+        if fr.tok == fr.first || fr.lead == LEAD_UNKNOWN {
+            // One unit: the carrier alone (the common case), or all its
+            // tokens when the split is unknown.
+            let (step, role) = self.shared(fr.reach, fr.tok + 1);
             out.push(Piece {
                 from: 0,
                 to: avail,
                 step,
                 role,
-                first: fr.first,
-                n: span_back + 1,
+                first: fr.reach,
+                n: (fr.tok + 1 - fr.reach) as u32,
             });
             return;
         }
@@ -561,7 +548,11 @@ impl Stream {
             while last_unit + 1 < unit_count && starts[last_unit + 1] < end {
                 last_unit += 1;
             }
-            let low = unit_tok(first_unit);
+            let low = if fr.reach < fr.first {
+                fr.reach
+            } else {
+                unit_tok(first_unit)
+            };
             let high = unit_tok(last_unit + 1);
             let end = end.min(avail);
             match out.last_mut() {

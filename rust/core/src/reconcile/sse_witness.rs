@@ -91,13 +91,10 @@ impl Reconciler {
             return;
         };
         let st = &mut self.streams[s];
-        st.usage = Some(Usage {
-            completion_tokens,
-            per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
-            per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
-        });
-        st.metrics_checked = false;
-        if let Err(reason) = st.metrics_rules(s) {
+        let checked = st
+            .usage_rules(s, completion_tokens, per_step_accepted, per_step_drafted)
+            .and_then(|()| st.metrics_rules(s));
+        if let Err(reason) = checked {
             self.fail(s, reason);
         }
     }

@@ -215,10 +215,11 @@ impl Stream {
                 self.push_pending(o, t.lead_len);
                 continue;
             }
-            let gives = self.claim_gives(s, o, t.span_back, t.lead_len)?;
+            let (gives, reach) = self.claim_gives(s, o, t.span_back, t.lead_len)?;
             self.frags.push_back(Frag {
                 tok: o,
                 first: o - u64::from(t.span_back),
+                reach,
                 byte_start: byte,
                 len: len as u32,
                 lead: t.lead_len,
@@ -292,6 +293,9 @@ impl Stream {
     /// fragment that carries its bytes.
     fn push_pending(&mut self, o: u64, give: u16) {
         self.pending_empty += 1;
+        if give == LEAD_UNKNOWN && self.first_unknown_give.is_none() {
+            self.first_unknown_give = Some(o);
+        }
         self.pending_gives.push_back(give);
         if self.pending_gives.len() > MAX_SPAN_BACK {
             // No span_back reaches it any more.
@@ -306,8 +310,16 @@ impl Stream {
     /// empty tokens: none of the others gave bytes (no fragment will carry
     /// them), and the predecessors' known give counts add up to at most its
     /// lead_len, exactly when all are known. Returns whether every give is
-    /// known (with lead_len known): then each predecessor owns its own bytes.
-    fn claim_gives(&mut self, s: usize, o: u64, span_back: u8, lead: u16) -> Result<bool, String> {
+    /// known (with lead_len known): then each predecessor owns its own bytes;
+    /// and the fragment's reach: an unclaimed token whose give is unknown may
+    /// have given any number of its bytes, so the characters may come from it.
+    fn claim_gives(
+        &mut self,
+        s: usize,
+        o: u64,
+        span_back: u8,
+        lead: u16,
+    ) -> Result<(bool, u64), String> {
         let b = usize::from(span_back);
         if b as u64 > u64::from(self.pending_empty) {
             return Err(format!(
@@ -341,18 +353,21 @@ impl Stream {
                 known += 1;
             }
         }
+        let first = o - b as u64;
+        let reach = self.first_unknown_give.map_or(first, |u| u.min(first));
         // Earlier empty fragments are claimed by this one or never will be.
         self.pending_empty = 0;
         self.pending_gives.clear();
+        self.first_unknown_give = None;
         if lead == LEAD_UNKNOWN || b == 0 {
-            return Ok(false);
+            return Ok((false, reach));
         }
         if total > u32::from(lead) || (known == b && total != u32::from(lead)) {
             return Err(format!(
                 "stream {s}: the {b} tokens before offset {o} give {total} bytes, its lead_len says {lead}"
             ));
         }
-        Ok(known == b)
+        Ok((known == b, reach))
     }
 
     /// Each SSE chunk carries whole steps: it ends where a text record ends
