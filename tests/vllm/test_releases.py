@@ -2,9 +2,9 @@
 
 The live tier skips a test only through `releases.require`, whose reason names
 the missing feature and the release that introduced it; this check makes such a
-skip trustworthy (a release that has the feature cannot skip it), and the
-second one that the plugin installed its hooks on this release, in a process
-of vLLM's own environment.
+skip trustworthy (a release that has the feature cannot skip it); the second,
+that the plugin installs its hooks on this release in a process of vLLM's own
+environment, and that its table of tested releases says this one runs live.
 """
 
 from __future__ import annotations
@@ -44,3 +44,11 @@ def test_the_plugin_installs_its_hooks_on_this_release() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "installed", done.stdout + done.stderr[-2000:]
     assert f"hooks installed for vLLM {release.version}" in done.stdout, done.stdout
+    # The plugin's table of tested releases says this one runs live (this tier is that test).
+    assert "never tested" not in done.stdout, done.stdout
+    from parallelhue_vllm.adapters import targets
+
+    assert targets.TESTED.get(release.version.split("+", 1)[0], "").startswith("live"), (
+        release.version,
+        targets.TESTED,
+    )

