@@ -66,7 +66,6 @@ PORT = 8000
 TOKENS_PER_STEP = 2.4  # the simulated engine's mean at its default acceptance spread
 _HEADER = struct.Struct("<4sBBH16sQQQQII")
 _SPAN = struct.Struct("<QQ")
-NO_STEP = 0xFFFFFFFF
 
 
 def engine_command(
@@ -110,7 +109,7 @@ def client_main(
     """The real client without a screen on the client host; prints one JSON report."""
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.state import StreamState
+    from parallelhue.state import NO_STEP, StreamState
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
@@ -122,7 +121,7 @@ def client_main(
         def timed(self: StreamState, records: bytes | memoryview) -> None:
             now = time.monotonic()
             for _end, word in _SPAN.iter_unpack(records):
-                step = word & 0xFFFFFFFF
+                step = word & NO_STEP
                 if step != NO_STEP:
                     first_span.setdefault((self.index, step), now)
             original(self, records)

@@ -1067,23 +1067,37 @@ def predecessor_package(ref: str, directory: str) -> str | None:
     if archive.returncode != 0:
         return None
     subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+    # The accelerator's sources, where a ref keeps them apart from the package.
+    sources = subprocess.run(
+        ["git", "-C", root, "archive", ref, "plugin/speedups/src"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if sources.returncode == 0:
+        subprocess.run(["tar", "-x", "-C", directory], input=sources.stdout, check=True)
     return os.path.join(directory, "plugin")
 
 
 def build_accelerator(package_root: str) -> bool:
-    """Compile an extracted plugin's _speedups.c in place, as plugin/build_speedups.py does."""
+    """Compile an extracted plugin's accelerator in place, as plugin/build_speedups.py does:
+    its C sources in plugin/speedups/src, or (older refs) the one _speedups.c in the package."""
     import shlex
     import subprocess
     import sysconfig
 
     package = os.path.join(package_root, "parallelhue_vllm")
-    source = os.path.join(package, "_speedups.c")
-    if not os.path.exists(source):
+    sources_dir = os.path.join(package_root, "speedups", "src")
+    if os.path.isdir(sources_dir):
+        sources = sorted(os.path.join(sources_dir, name) for name in os.listdir(sources_dir)
+                         if name.endswith(".c"))  # fmt: skip
+    else:
+        sources = [os.path.join(package, "_speedups.c")]
+    if not all(os.path.exists(source) for source in sources):
         return False
     suffix = str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
     compiler = shlex.split(os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc"))
-    command = [*compiler, "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-               source, "-o", os.path.join(package, "_speedups" + suffix)]  # fmt: skip
+    command = [*compiler, "-O2", "-fvisibility=hidden", "-shared", "-fPIC",
+               f"-I{sysconfig.get_paths()['include']}", *sources,
+               "-o", os.path.join(package, "_speedups" + suffix)]  # fmt: skip
     return subprocess.run(command, capture_output=True, check=False).returncode == 0
 
 

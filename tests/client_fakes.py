@@ -12,6 +12,10 @@ run can mix healthy streams with every kind of failure:
   error400    HTTP 400 with vLLM's JSON error for a prompt over the context length
   surrogate   a delta whose JSON text is a lone surrogate (\\ud800), then the rest
   noids       like ok, but without token_ids (only usage.completion_tokens counts them)
+With `chunk_id` every chunk carries that id instead of one naming the request
+(a server that ignores request ids: Ollama, llama.cpp). With `frames` (and the
+client's `socket_dir`) it sends `frames(run_id, stream)` to the client's
+telemetry socket before answering each request (a plugin's telemetry).
 It runs its own event loop in a thread, so synchronous CLI calls can use it.
 With `tls` (an ssl.SSLContext with the server's certificate) it speaks https.
 """
@@ -24,6 +28,7 @@ import json
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 EVIL_TEXT = "A\x1b[2J\x1b]0;pwned\x07B\rC\u202eD\u200bE\x9b31mF\x07G"
@@ -59,7 +64,14 @@ class FakeServer:
         metrics: str | None = None,
         tls: ssl.SSLContext | None = None,
         models_status: int = 200,
+        chunk_id: str | None = None,
+        frames: Callable[[str, int], list[bytes]] | None = None,
+        socket_dir: str | None = None,
     ) -> None:
+        self.chunk_id = chunk_id
+        self.completion_status = 200  # 401: every completion refuses the key
+        self.frames = frames
+        self.socket_dir = socket_dir
         self.models = ["fake-model"] if models is None else models
         self.tls = tls
         self.metrics = metrics
@@ -148,12 +160,30 @@ class FakeServer:
             # A server without ParallelHue's route (e.g. /v1/parallelhue): like vLLM, 404.
             self._respond(writer, 404, "application/json", b'{"detail":"Not Found"}')
             return
+        if self.completion_status != 200:
+            error = {"error": {"message": "invalid api key", "code": self.completion_status}}
+            body_out = json.dumps(error).encode()
+            self._respond(writer, self.completion_status, "application/json", body_out)
+            return
         request = json.loads(body)
         request["_headers"] = headers
         self.requests.append(request)
         messages = request.get("messages")
         prompt = messages[0]["content"] if messages else request.get("prompt", "")
-        await self._complete(prompt, writer, headers.get("x-request-id", "x"))
+        request_id = headers.get("x-request-id", "x")
+        if self.frames is not None:
+            self._send_frames(request_id)
+        await self._complete(prompt, writer, request_id)
+
+    def _send_frames(self, request_id: str) -> None:
+        from parallelhue_vllm.paths import socket_path
+
+        _, run_id, stream = request_id.split("_")
+        assert self.frames is not None and self.socket_dir is not None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(socket_path(self.socket_dir, run_id))
+            for frame in self.frames(run_id, int(stream)):
+                sock.send(frame)
 
     async def _complete(
         self, prompt: str, writer: asyncio.StreamWriter, request_id: str = "x"
@@ -161,7 +191,7 @@ class FakeServer:
         # Chunk ids carry the request id, as vLLM's do (chatcmpl-<X-Request-Id>).
         def sse(payload: Any) -> bytes:
             if isinstance(payload, dict) and "id" in payload:
-                payload = {**payload, "id": f"chatcmpl-{request_id}"}
+                payload = {**payload, "id": self.chunk_id or f"chatcmpl-{request_id}"}
             return _sse(payload)
 
         if prompt == "error500":

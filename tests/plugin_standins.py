@@ -57,7 +57,7 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
         sock.close()
 
 
-def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
+def raw_frames(sock: socket.socket, telemetry: hooks.common._Base) -> list[bytes]:
     """Every frame the telemetry's emitter sent to `sock`, after closing it (sends all)."""
     assert telemetry.emitter is not None
     telemetry.emitter.close(5.0)
@@ -70,7 +70,7 @@ def raw_frames(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
             return out
 
 
-def frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[Frame]:
+def frames_of(sock: socket.socket, telemetry: hooks.common._Base) -> list[Frame]:
     from parallelhue.reference import decode_frame
 
     return [decode_frame(frame) for frame in raw_frames(sock, telemetry)]
@@ -108,7 +108,8 @@ class FakeScheduler:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = []
         for request_id in scheduler_output.num_scheduled_tokens:
-            index = model_runner_output.req_id_to_index[request_id]
+            # vLLM 0.34: the position in req_ids (0.26-0.33 had req_id_to_index, the same).
+            index = model_runner_output.req_ids.index(request_id)
             tokens = model_runner_output.sampled_token_ids[index]
             if request_id in self.keep:
                 del tokens[self.keep[request_id] :]
@@ -130,24 +131,32 @@ def sched_step(
     scheduler: FakeScheduler,
     update: Any,
     requests: dict[str, tuple[list[int], list[int]]],
+    sampling: dict[str, Any] | None = None,
 ) -> Any:
     """One engine step: request id -> (sampled tokens, scheduled drafts).
 
-    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs,
-    and the ids finished or aborted since the previous step are in finished_req_ids.
+    Like vLLM's scheduler, a request's first step lists it in scheduled_new_reqs
+    (with its sampling parameters, from `sampling`), and the ids finished or
+    aborted since the previous step are in finished_req_ids.
     """
     ids = list(requests)
+    params = sampling or {}
     scheduler_output = SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in ids if r not in scheduler.scheduled],
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, sampling_params=params.get(r))
+            for r in ids
+            if r not in scheduler.scheduled
+        ],
         num_scheduled_tokens={r: 1 + len(requests[r][1]) for r in ids},
         scheduled_spec_decode_tokens={r: list(requests[r][1]) for r in ids if requests[r][1]},
         num_invalid_spec_tokens=None,
         finished_req_ids=set(scheduler.finished_since),
     )
     scheduler.finished_since.clear()
+    # The worker's batch order, not the scheduler's (no req_id_to_index: vLLM 0.34).
+    batch = ids[::-1]
     model_runner_output = SimpleNamespace(
-        sampled_token_ids=[list(requests[r][0]) for r in ids],
-        req_id_to_index={r: i for i, r in enumerate(ids)},
+        req_ids=batch, sampled_token_ids=[list(requests[r][0]) for r in batch]
     )
     for r in ids:
         scheduler.requests.setdefault(r, object())

@@ -76,12 +76,6 @@ FLAG_CASES = [
         "--endpoint must be a base URL ending in an API version (http://host:8000/v1) or a full "
         "URL ending in /v1/chat/completions or /v1/completions, got 'http://***@h:1/v1/models'",
     ),
-    # Defect 14: an endpoint without /v1 used to pass validation.
-    (
-        ["hi", "--endpoint", "http://h:8000/chat/completions"],
-        "--endpoint has no API version (/v1) before /chat/completions: give http://h:8000/v1 "
-        "or .../v1/chat/completions, got 'http://h:8000/chat/completions'",
-    ),
     (
         ["hi", "--endpoint", "http://h:8000/v1/chat/completions", "--api", "completions"],
         "--endpoint ends in /chat/completions, which is the chat API, but --api completions was "
@@ -142,7 +136,19 @@ FLAG_CASES = [
     ([], "no prompt: give it as an argument, with --prompt, --prompt-file or PARALLELHUE_PROMPT"),
     (["  "], "the prompt is empty: give some text"),
     (["a", "--prompt", "b"], "give the prompt either as an argument or with --prompt, not both"),
-    (["hi", "--frobnicate"], "unrecognized arguments: --frobnicate (see parallelhue --help)"),
+    (["hi", "--frobnicate"], "unknown option --frobnicate (see parallelhue --help)"),
+    # Item 34: an unknown option is named alone, never with the prompt after it.
+    (["--frobnicate", "hi"], "unknown option --frobnicate (see parallelhue --help)"),
+    (["--frobnicate=3", "hi"], "unknown option --frobnicate (see parallelhue --help)"),
+    (
+        ["--session", "hi"],
+        "--session was the predecessor's internal tmux option: --tmux makes the panes itself",
+    ),
+    (
+        ["hi", "there"],
+        "unexpected argument 'there': one prompt only, quote a prompt with spaces "
+        "(see parallelhue --help)",
+    ),
     (
         ["hi", "--view", "stream", "--concurrency", "3"],
         "--view stream shows one stream, but 3 streams were asked for: "
@@ -270,7 +276,10 @@ def test_environment_values_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.mode, config.max_tokens, config.api_key) == ("chunk", 7, "sk-openai")
     assert config.prompts == ["from env"]
     assert config.view == "stream"
+    # OPENAI_API_KEY wins over PARALLELHUE_API_KEY, as in the predecessor.
     monkeypatch.setenv("PARALLELHUE_API_KEY", "sk-parallelhue")
+    assert parse_run([], stdout_tty=True).api_key == "sk-openai"
+    monkeypatch.delenv("OPENAI_API_KEY")
     assert parse_run([], stdout_tty=True).api_key == "sk-parallelhue"
 
 

@@ -32,6 +32,19 @@ def table_rows(out: str) -> dict[int, list[str]]:
     return rows
 
 
+def stream_lines(out: str) -> dict[int, str]:
+    """The summary's line about each stream that failed or was downgraded, as
+    `stream i: LABEL; note`, also for streams that share a grouped line
+    (`streams 0-2, 5: LABEL; note`; the request id placeholder stays)."""
+    lines = {}
+    for match in re.finditer(r"^streams? ([0-9, -]+): (.*)$", out, re.M):
+        for part in match.group(1).split(", "):
+            first, _, last = part.partition("-")
+            for index in range(int(first), int(last or first) + 1):
+                lines[index] = f"stream {index}: {match.group(2)}"
+    return lines
+
+
 def write_prompts(directory: str, prompts: list[str]) -> str:
     path = os.path.join(directory, "prompts.json")
     with open(path, "w", encoding="utf-8") as handle:
@@ -121,7 +134,7 @@ def test_each_failure_ends_only_its_stream(
     out, err = capsys.readouterr()
     assert code == 1
     assert err == ("parallelhue: 7 of 9 streams failed; stream 1: HTTP 500: boom red second line\n")
-    lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    lines = stream_lines(out)
     rows = table_rows(out)
     assert "error: HTTP 500: boom red second line" in lines[1]
     assert "error: HTTP 404: no such route" in lines[2]
@@ -163,7 +176,7 @@ def test_refused_connection_is_a_stream_error(capsys: pytest.CaptureFixture[str]
         ]
     )
     _out, err = capsys.readouterr()
-    assert code == 1
+    assert code == 2  # item 10: as when model discovery meets the same refusal
     assert err == (
         f"parallelhue: 2 of 2 streams failed; stream 0: cannot connect to 127.0.0.1:{port}: "
         "connection refused (is the server running?)\n"
@@ -185,8 +198,36 @@ def test_refused_model_discovery_is_a_setup_error(capsys: pytest.CaptureFixture[
     assert code == 2
     assert err == (
         f"parallelhue: error: cannot list the server's models at "
-        f"http://127.0.0.1:{port}/v1/models: connection refused (is the server running?); "
-        "give --model to skip this\n"
+        f"http://127.0.0.1:{port}/v1/models: connection refused (is the server running?)\n"
+    )
+
+
+@pytest.mark.parametrize("reconciler", ["rust", "python"])
+def test_a_refused_key_exits_2_with_or_without_model(
+    reconciler: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 10: the same cause, the same exit code, whichever request meets it first."""
+    with FakeServer(models_status=401) as server:
+        code = cli.main(
+            ["hi", "--endpoint", server.url, "--reconciler", reconciler, "--api-key", "sk-x"]
+        )
+        _out, err = capsys.readouterr()
+        assert code == 2
+        assert err == (
+            f"parallelhue: error: the server refused the API key (HTTP 401 from "
+            f"{server.url}/v1/models): check --api-key or OPENAI_API_KEY\n"
+        )
+    with FakeServer() as server:
+        server.completion_status = 401
+        code = cli.main(
+            ["hi", "--endpoint", server.url, "--model", "m", "--mode", "chunk",
+             "--concurrency", "2", "--reconciler", reconciler, "--api-key", "sk-x"]
+        )  # fmt: skip
+    _out, err = capsys.readouterr()
+    assert code == 2
+    assert err == (
+        "parallelhue: 2 of 2 streams failed; stream 0: HTTP 401: invalid api key "
+        "(check --api-key or OPENAI_API_KEY)\n"
     )
 
 
@@ -551,7 +592,7 @@ def test_nothing_connected_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
          "--mode", "chunk", "--concurrency", "3"]
     )  # fmt: skip
     out, err = capsys.readouterr()
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert err == (
         f"parallelhue: 3 of 3 streams failed; stream 0: cannot connect to 127.0.0.1:{port}: "

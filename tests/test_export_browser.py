@@ -65,8 +65,28 @@ function phCheck() {
       }
     }
   });
+  // No glyph is squeezed out of shape into its cells (issue 26, 14: a flag's letters or
+  // a skin tone drawn alone, as narrow colored bars).
+  for (const box of document.querySelectorAll(".screen .b.g")) {
+    const squeeze = /scaleX\\(([0-9.e-]+)\\)/.exec(box.firstElementChild.style.transform || "");
+    if (squeeze && parseFloat(squeeze[1]) < 0.6)
+      problems.push(`"${box.textContent}" squeezed to ${squeeze[1]} of its width`);
+  }
+  // Pane borders stand in columns (issue 26, 14: stray bars inside a pane on emoji
+  // rows): every vertical border at the x of a corner above or below it.
+  const corners = new Set();
+  const verticals = [];
+  for (const box of document.querySelectorAll(".screen .b")) {
+    const x = Math.round(box.getBoundingClientRect().left * 2) / 2;
+    if ("┌┐└┘┏┓┗┛".includes(box.textContent)) corners.add(x);
+    if ("│┃".includes(box.textContent) && box.textContent) verticals.push([x, box]);
+  }
+  for (const [x, box] of verticals)
+    if (!corners.has(x))
+      problems.push(`a border at x=${x} under no corner: ${box.parentElement.textContent}`);
   document.getElementById("ph-result").textContent = JSON.stringify(
-    { boxes, rows: rows.length, problems: problems.slice(0, 20), count: problems.length });
+    { boxes, rows: rows.length, verticals: verticals.length,
+      problems: problems.slice(0, 20), count: problems.length });
 }
 function phWait() { if (document.body.dataset.fitted) phCheck(); else setTimeout(phWait, 20); }
 phWait();
@@ -116,6 +136,45 @@ setTimeout(phCheck, 200);
 """
 
 
+_PLOT_CHECK = """
+<pre id="ph-result"></pre>
+<script>
+// Every label of every plot inside its drawing (nothing clipped at an edge), every
+// title and caption on the page, and the timeline's time axis: ticks in seconds, left
+// to right, starting at 0 s.
+function phCheck() {
+  const problems = [];
+  const figures = [...document.querySelectorAll("figure.plot")];
+  for (const figure of figures) {
+    const svg = figure.querySelector("svg").getBoundingClientRect();
+    for (const text of figure.querySelectorAll("svg text")) {
+      const box = text.getBoundingClientRect();
+      if (box.left < svg.left - 0.5 || box.right > svg.right + 0.5 ||
+          box.top < svg.top - 0.5 || box.bottom > svg.bottom + 0.5)
+        problems.push(`"${text.textContent}" is clipped by its plot's edge`);
+    }
+    for (const caption of figure.querySelectorAll(".pt, .pc")) {
+      const box = caption.getBoundingClientRect();
+      if (!caption.textContent.trim() || box.width <= 0 || box.height <= 0)
+        problems.push(`a caption of "${figure.textContent.slice(0, 30)}" is not shown`);
+    }
+  }
+  const timeline = figures.find((f) => f.textContent.startsWith("Steps over time"));
+  const ticks = timeline ? [...timeline.querySelectorAll("svg text")]
+    .filter((t) => /^[0-9.]+ s$/.test(t.textContent))
+    .map((t) => [t.getBoundingClientRect().left, parseFloat(t.textContent)]) : [];
+  for (let i = 1; i < ticks.length; i++)
+    if (!(ticks[i][0] > ticks[i - 1][0] && ticks[i][1] > ticks[i - 1][1]))
+      problems.push(`time ticks out of order at ${ticks[i][1]} s`);
+  document.getElementById("ph-result").textContent = JSON.stringify({
+    figures: figures.length, ticks: ticks.map((t) => t[1]),
+    problems: problems.slice(0, 20), count: problems.length });
+}
+setTimeout(phCheck, 200);
+</script>
+"""
+
+
 def hard_model(count: int = 8) -> RunModel:
     streams = []
     for index in range(count):
@@ -158,7 +217,12 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def dom_check(page: str) -> dict[str, object]:
-    result = chromium("--dump-dom", "file://" + page)
+    return chromium_dom(page, None)
+
+
+def chromium_dom(page: str, size: str | None) -> dict[str, object]:
+    window = [f"--window-size={size}"] if size else []
+    result = chromium(*window, "--dump-dom", "file://" + page)
     match = re.search(r'<pre id="ph-result">(.*?)</pre>', result.stdout, re.S)
     assert match is not None and match.group(1), result.stderr[-2000:]
     data = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
@@ -188,7 +252,31 @@ def test_html_export_places_every_glyph_in_its_cells(tmp_path: pytest.TempPathFa
     result = dom_check(checked)
     assert result["count"] == 0, result["problems"]
     assert int(str(result["boxes"])) > 500 and int(str(result["rows"])) > 30
+    assert int(str(result["verticals"])) > 100
     screenshot(page, os.path.join(str(tmp_path), "run-html.png"), "1500,1900")
+
+
+@pytest.mark.parametrize("size", ["1500,1900", "700,1900"])
+def test_html_plots_keep_their_labels_and_the_timeline_has_a_time_axis(
+    tmp_path: pytest.TempPathFactory, size: str
+) -> None:
+    """Issue 26, 30: captions were clipped at the plots' bottom edge and the timeline
+    had no time axis; at a narrow window too, where the plots wrap."""
+    model = hard_model()
+    for index, stream in enumerate(model.streams):
+        stream.started_at = 0.01 * index
+    page = os.path.join(str(tmp_path), "run.html")
+    export_picture(page, model, GridView(model, _console()))
+    with open(page, encoding="utf-8") as handle:
+        content = handle.read()
+    checked = os.path.join(str(tmp_path), "plots.html")
+    with open(checked, "w", encoding="utf-8") as handle:
+        handle.write(content.replace("</body>", _PLOT_CHECK + "</body>"))
+    result = chromium_dom(checked, size)
+    assert result["count"] == 0, result["problems"]
+    assert result["figures"] == 3
+    ticks = result["ticks"]
+    assert isinstance(ticks, list) and len(ticks) >= 4 and ticks[0] == 0.0, ticks
 
 
 def test_svg_export_places_every_glyph_in_its_cells(tmp_path: pytest.TempPathFactory) -> None:
@@ -225,7 +313,7 @@ def test_export_without_a_terminal_keeps_step_colors(tmp_path: pytest.TempPathFa
     with open(svg, encoding="utf-8") as handle:
         content = handle.read()
     fills = set(re.findall(r"fill:(#[0-9a-f]{6})", content))
-    assert {"#00ff00", "#ff0000", "#005fff", "#ffff00"} <= fills  # the four step colors
+    assert {"#00ff00", "#ff0000", "#0087ff", "#ffff00"} <= fills  # the four step colors
     assert "SIMULATED ENGINE" in content
 
 

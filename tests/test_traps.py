@@ -1,11 +1,13 @@
-"""vLLM 0.33's role traps (plugin/parallelhue_vllm/traps.py): a notice, never a guess.
+"""vLLM's role traps (plugin/parallelhue_vllm/traps.py): a notice, never a guess.
 
-Stand-ins for vLLM objects follow the 0.33.0 code paths (the real classes are
-exercised by tests/vllm/test_traps_033.py): dspark's adaptive verification
-in the speculative config, `fly` rejection sampling, a streaming-input
+Stand-ins for vLLM objects follow the code paths of the release where each
+trap appears (the real classes are exercised by tests/vllm/test_traps_real.py):
+the Rust frontend (every release), a diffusion engine (no autoregressive
+token per step), dspark's adaptive verification in the speculative config
+(0.28), trace replay (0.29), `fly` rejection sampling, a streaming-input
 request, and an EngineCoreOutput carrying `error` that process_outputs
-finishes without make_request_output. Each ends, on the client, as a failed
-stream with the notice's precise reason in both reconcilers.
+finishes without make_request_output (0.33). Each ends, on the client, as a
+failed stream with the notice's precise reason in both reconcilers.
 """
 
 from __future__ import annotations
@@ -79,7 +81,98 @@ def test_engine_errors_and_streaming_input_are_named() -> None:
     assert traps.finished_without_tokens(SimpleNamespace(new_token_ids=[5]), True) is None
 
 
+RUST_MESSAGE = (
+    "VLLM_USE_RUST_FRONTEND=1: vLLM's Rust frontend serves HTTP, where the API-server hooks "
+    "never run, so no text record can back the tokens; unset it for exact telemetry"
+)
+
+
+def test_the_rust_frontend_is_read_as_vllm_would_or_safer() -> None:
+    assert traps.rust_frontend({}) is None
+    assert traps.rust_frontend({"VLLM_USE_RUST_FRONTEND": "0"}) is None
+    assert traps.rust_frontend({"VLLM_USE_RUST_FRONTEND": ""}) is None
+    assert traps.rust_frontend({"VLLM_USE_RUST_FRONTEND": "1"}) == RUST_MESSAGE
+    # vLLM would fail on a non-integer; the plugin refuses rather than guess.
+    assert traps.rust_frontend({"VLLM_USE_RUST_FRONTEND": "true"}) == RUST_MESSAGE.replace(
+        "=1:", "=true:"
+    )
+
+
+def test_other_traps_are_named() -> None:
+    assert traps.no_autoregressive_sampling(SimpleNamespace(num_sampled_tokens_per_step=1)) is None
+    assert traps.no_autoregressive_sampling(SimpleNamespace()) is None  # not in the stand-ins
+    assert traps.no_autoregressive_sampling(SimpleNamespace(num_sampled_tokens_per_step=0)) == (
+        "roles not derivable: the engine samples 0 autoregressive tokens per step (a diffusion "
+        "or pooling model), so its scheduled tokens are not drafts a target verifies"
+    )
+    assert traps.trace_replay(SimpleNamespace(trace_decode_token_ids=None)) is None
+    assert traps.trace_replay(None) is None
+    assert traps.trace_replay(SimpleNamespace(trace_decode_token_ids=[5, 6])) == (
+        "roles not derivable: the request replays trace_decode_token_ids, so the engine emits "
+        "the trace's tokens and a draft counts as accepted when it equals the trace, not "
+        "because the target verified it"
+    )
+
+
 # ------------------------------------------------------------ scheduler side
+def notices(frames: list[bytes]) -> dict[int, tuple[int, str]]:
+    from parallelhue.reference import decode_frame
+
+    found = {}
+    for frame in map(decode_frame, frames):
+        for record in frame.records:
+            if isinstance(record, wire.NoticeRecord):
+                found[record.stream] = (record.code, record.message)
+    return found
+
+
+def test_the_rust_frontend_gets_a_notice_from_both_sides(
+    receiver: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", "1")
+    scheduler, update, sched = make_scheduler()
+    sched_step(scheduler, update, {rid(0): ([1], [])})
+    sched_step(scheduler, update, {rid(0): ([4, 10], [4])})
+    from_scheduler = raw_frames(receiver, sched)
+    assert notices(from_scheduler) == {0: (wire.NOTICE_HOOK_BYPASSED, RUST_MESSAGE)}
+    assert len(from_scheduler) == 2  # the hello and the notice: no provenance
+    processor, process, front = make_frontend()
+    processor.add(rid(0), FakeRequestState(rid(0), FakeDetokenizer(PIECES)))  # type: ignore[attr-defined]
+    process(processor, [output(rid(0), [1], "a")])
+    from_frontend = raw_frames(receiver, front)
+    assert notices(from_frontend) == {0: (wire.NOTICE_HOOK_BYPASSED, RUST_MESSAGE)}
+    assert len(from_frontend) == 2
+
+
+def test_a_diffusion_engine_sends_a_notice_instead_of_roles(receiver: socket.socket) -> None:
+    scheduler, update, telemetry = make_scheduler()
+    scheduler.num_sampled_tokens_per_step = 0  # type: ignore[attr-defined]
+    sched_step(scheduler, update, {rid(0): ([1], [])})
+    frames = raw_frames(receiver, telemetry)
+    assert notices(frames) == {0: (wire.NOTICE_ROLES_UNVERIFIABLE,
+                                   traps.no_autoregressive_sampling(scheduler))}  # fmt: skip
+    assert len(frames) == 2
+
+
+def test_only_the_trace_replay_request_gets_a_notice(receiver: socket.socket) -> None:
+    from parallelhue.reference import decode_frame
+
+    scheduler, update, telemetry = make_scheduler()
+    replay = SimpleNamespace(trace_decode_token_ids=[4, 10])
+    sampling = {rid(0): replay, rid(1): SimpleNamespace(trace_decode_token_ids=None)}
+    sched_step(scheduler, update, {rid(0): ([1], []), rid(1): ([1], [])}, sampling)
+    sched_step(scheduler, update, {rid(0): ([4, 10], [4]), rid(1): ([4, 10], [4])})
+    frames = raw_frames(receiver, telemetry)
+    assert notices(frames) == {0: (wire.NOTICE_ROLES_UNVERIFIABLE, traps.trace_replay(replay))}
+    streams = {
+        record.stream
+        for frame in map(decode_frame, frames)
+        for record in frame.records
+        if isinstance(record, wire.ProvenanceRecord)
+    }
+    assert streams == {1}
+
+
 @pytest.mark.parametrize(
     ("method", "verification"),
     [
@@ -315,3 +408,36 @@ def test_client_fails_every_adaptive_stream_with_the_notice(
     )
     assert "(notice 6 from source " in verdict[1]
     assert ("exact", 0) not in rec.drain()
+
+
+@pytest.mark.parametrize("cls", reconcilers())
+def test_client_never_calls_a_rust_frontend_stream_exact(
+    receiver: socket.socket, monkeypatch: pytest.MonkeyPatch, cls: Any
+) -> None:
+    """With the notice: the stream fails with its reason. Without it (the scheduler's
+    provenance and the SSE only, as a plugin that missed the Rust frontend would give):
+    two witnesses are never EXACT."""
+    run = bytes.fromhex(RUN)
+    plain = wire.ProvenanceRecord(0, 0, [1], [wire.ROLE_PLAIN], 0)
+    for noticed in (True, False):
+        rec = cls(RUN, 1)
+        if noticed:
+            monkeypatch.setenv("VLLM_USE_RUST_FRONTEND", "1")
+            scheduler, update, sched = make_scheduler()
+            sched_step(scheduler, update, {rid(0): ([1], [])})
+            rec.push_frames(raw_frames(receiver, sched))
+        else:
+            rec.push_frame(_scheduler_hello(0x5C))
+            header = wire.Header(run, 0x5C, 1, 1, 0)
+            rec.push_frame(wire.encode_records(wire.KIND_PROVENANCE, header, [plain]))
+        rec.push_sse_id(0, f"chatcmpl-ph1_{RUN}_0")
+        rec.push_sse(0, "a", [1])
+        rec.finish_sse(0, "length")
+        rec.finalize()
+        verdict = rec.verdict(0)
+        assert verdict[0] != "exact", (noticed, verdict)
+        assert ("exact", 0) not in rec.drain()
+        if noticed:
+            assert verdict[0] == "failed"
+            assert verdict[1] is not None
+            assert verdict[1].startswith(f"not exact: {RUST_MESSAGE} (notice 7 from source ")

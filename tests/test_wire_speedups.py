@@ -1,4 +1,4 @@
-"""_speedups.c's step encoders against wire.py's, the one reference encoder.
+"""The C step encoders (plugin/speedups/src/encode.c) against wire.py's, the one reference encoder.
 
 The emitter's sender thread encodes a step's rows with the C functions when
 the accelerator is built (emitter.encode_rows); a server without a compiler

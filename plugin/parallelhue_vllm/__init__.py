@@ -5,3 +5,8 @@ emitter that the embedded simulated engine shares with the plugin.
 """
 
 __version__ = "0.3.0"
+
+# The server-side self-check (parallelhue_vllm/check.py); the client points at it
+# when a run gets no telemetry.
+SELF_CHECK = "python -m parallelhue_vllm check"
+SELF_CHECK_HINT = f"on the server run: {SELF_CHECK}"

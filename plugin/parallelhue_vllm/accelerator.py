@@ -1,12 +1,14 @@
-"""Whether the optional C accelerator (`_speedups.c`) is used: decided once, here.
+"""Whether the optional C accelerator (`parallelhue_vllm._speedups`) is used: decided once, here.
 
-`pip install` builds `parallelhue_vllm._speedups` when a C compiler and
-Python's headers are there (setup.py, optional extension) and installs the
-pure-Python plugin when they are not. The hooks run the same work in Python
-without it, producing the same rows and bytes, so nothing about a server
-needs a compiler. Whatever happens while loading the accelerator (missing,
-built for another Python, built from another version of the source, broken)
-ends in the Python code with a reason, never in an exception reaching vLLM.
+The plugin is pure Python (one py3-none-any wheel). The accelerator is its own
+distribution, `parallelhue-vllm-speedups` (plugin/speedups, C sources in
+plugin/speedups/src), one wheel per CPython built by `make plugin-dist`, that
+installs the module beside the plugin; a checkout builds it in place
+(plugin/build_speedups.py). The hooks run the same work in Python without it,
+producing the same rows and bytes, so nothing about a server needs a compiler.
+Whatever happens while loading the accelerator (not installed, built for
+another Python, built from another version of the source, broken) ends in the
+Python code with a one-line reason, never in an exception reaching vLLM.
 
 PARALLELHUE_VLLM_PURE_PYTHON=1 forces the Python code.
 """
@@ -18,7 +20,11 @@ import os
 from typing import Any
 
 ENV_PURE_PYTHON = "PARALLELHUE_VLLM_PURE_PYTHON"
-# The _speedups.c this Python code was written against (SPEEDUPS_ABI there).
+NOT_INSTALLED = (
+    "pure Python (the C accelerator is not installed: pip install the "
+    "parallelhue-vllm-speedups wheel built for this Python, see make plugin-dist)"
+)
+# The C sources this Python code was written against (SPEEDUPS_ABI in speedups.h).
 EXPECTED_ABI = 7
 # What the hooks call on it.
 REQUIRED = (
@@ -45,7 +51,7 @@ def load() -> tuple[Any, str]:
     try:
         module = importlib.import_module(f"{__package__}._speedups")
     except ModuleNotFoundError:
-        return None, "pure Python (the C accelerator was not built: no compiler at install time)"
+        return None, NOT_INSTALLED
     except Exception as error:  # a broken or foreign build must not stop the plugin
         failure = f"{type(error).__name__}: {error}"
         return None, f"pure Python (the C accelerator failed to load: {failure})"

@@ -53,7 +53,7 @@ _ITEM_ROWS = 1  # (item, kind, step, timestamp, rows by run, row count)
 _ITEM_END = 2  # (item, run_id)
 _ITEM_CLOSE = 3  # (item,)
 
-# The C step encoders of _speedups.c when built (accelerator.py decides, as for
+# The C step encoders (plugin/speedups/src/encode.c) when built (accelerator.py decides, as for
 # the hooks): the same bytes and refusals as wire.py's, which stays the
 # reference (tests/test_wire_speedups.py compares them on random steps).
 _speedups: Any = accelerator.load()[0]

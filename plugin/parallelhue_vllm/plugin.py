@@ -1,10 +1,11 @@
 """The `vllm.general_plugins` entry point `parallelhue`.
 
 vLLM calls `register()` in every process it starts (API server, EngineCore,
-workers). It does nothing unless PARALLELHUE_VLLM_EXACT=1; then it picks the
-adapter for `vllm.__version__`, checks the signature of every method the
-adapter patches and patches them all, or none. It opens no socket: the
-emitters start on the first request that carries a ParallelHue request id.
+workers). It does nothing unless PARALLELHUE_VLLM_EXACT=1; then it matches the
+running vLLM's methods and fields against every adapter (adapters.choose: by
+what vLLM has, not by its version string) and patches the matching adapter's
+methods, all or none. It opens no socket: the emitters start on the first
+request that carries a ParallelHue request id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def register() -> None:
     if _installed is not None or not enabled():
         return
     try:
+        use_vllm_logging()
         # One hub scope per server, chosen in the first process and inherited by
         # every process vLLM starts, so their frames reach this server's hubs.
         from .hub import ensure_scope
@@ -50,29 +52,48 @@ def installed() -> bool:
     return bool(_installed)
 
 
+def use_vllm_logging() -> None:
+    """Make the plugin's lines come out as vLLM's own, even before vLLM set up logging.
+
+    vLLM up to 0.30 configures its logging when `vllm.logger` is imported; from
+    0.31 it does so after parsing its arguments, and the API server loads
+    plugins before that. With no handler anywhere, Python would print our
+    ERROR lines bare and drop the INFO lines. Then (and only then) vLLM's own
+    bootstrap configuration is applied, which is what vLLM up to 0.30 did at
+    import; vLLM's later configuration replaces it as usual.
+    """
+    if log.hasHandlers():
+        return
+    try:
+        from vllm import envs
+        from vllm import logger as vllm_logger
+
+        configure = getattr(vllm_logger, "_configure_vllm_root_logger", None)
+        if configure is not None and envs.VLLM_CONFIGURE_LOGGING:
+            configure()
+    except Exception:  # our lines then come out bare; nothing reaches vLLM
+        return
+
+
 def _install() -> bool:
     import vllm
 
-    from . import adapters
+    from . import adapters, hooks
 
-    version = str(getattr(vllm, "__version__", "unknown"))
-    adapter = adapters.select(version)
-    if adapter is None:
-        log.error(
-            "parallelhue: vLLM %s is not supported (supported: %s); exact telemetry is OFF "
-            "and nothing was patched",
-            version,
-            adapters.SUPPORTED,
-        )
+    choice = adapters.choose(str(getattr(vllm, "__version__", "unknown")))
+    if choice.adapter is None:
+        log.error("%s", choice.refusal())
         return False
-    if not adapters.install(adapter, version):
-        return False
-    from . import hooks
-
+    adapters.install(choice)
+    if choice.tested is None:
+        log.warning("%s", choice.untested_warning())
     log.info(
-        "parallelhue: exact telemetry hooks installed for vLLM %s (pid %d), %s",
-        version,
+        "parallelhue: exact telemetry hooks installed for vLLM %s (pid %d): adapter for %s "
+        "(%s); %s",
+        choice.version,
         os.getpid(),
+        choice.adapter.label,
+        choice.reason,
         hooks.IMPLEMENTATION,
     )
     return True

@@ -55,6 +55,7 @@ __all__ = [
     "ROLE_TARGET",
     "SOURCE_FRONTEND",
     "SOURCE_SCHEDULER",
+    "UNTESTED_MARK",
     "VERIFICATION_FLY",
     "VERIFICATION_NONE",
     "VERIFICATION_STANDARD",
@@ -106,6 +107,9 @@ VERIFICATION_FLY, VERIFICATION_UNKNOWN = 3, 4
 # Text token `lead_len` when the sender does not know the byte split (a token with a
 # fragment) or its give count (a token with an empty fragment).
 LEAD_UNKNOWN = 0xFFFF
+# After a hello's engine_version: the plugin's adapter matched this engine by its
+# signatures, but this release was never tested with the plugin (the banner says so).
+UNTESTED_MARK = " (untested)"
 
 MAX_FRAME_BYTES = 65536
 MAX_RECORDS = 1024

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from parallelhue_vllm.wire import UNTESTED_MARK
+
 from .sanitize import one_line
 from .shapes import MetricsSnapshot, SourceInfo
 
-__all__ = ["Backend", "detect_backend"]
+__all__ = ["Backend", "detect_backend", "untested_engine"]
 
 _DERIVATION_TEXT = {
     "draft_ids": "roles from real draft ids",
@@ -60,6 +62,19 @@ def _from_hello(sources: Sequence[SourceInfo]) -> Backend | None:
         evidence=f"plugin hello: {engine} {version}, K={k}, {derivation}",
         simulated=simulated,
     )
+
+
+def untested_engine(sources: Sequence[SourceInfo]) -> str | None:
+    """The engine version a plugin hello marks as never tested with the plugin, or None.
+
+    The plugin's adapter matched that engine by its signatures (the hooks run);
+    the mark is the plugin's statement and carries no evidence: it is shown.
+    """
+    for source in sources:
+        version = str(source.get("engine_version", ""))
+        if version.endswith(UNTESTED_MARK):
+            return one_line(version[: -len(UNTESTED_MARK)], 40)
+    return None
 
 
 def detect_backend(

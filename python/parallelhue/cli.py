@@ -26,7 +26,13 @@ from .record import RecordingError
 from .results import json_document
 from .sanitize import one_line
 from .session import Session, SessionResult, SetupError
-from .settings import HARD_CONCURRENCY_LIMIT, MAX_CONCURRENCY, MAX_REQUESTS, RunConfig
+from .settings import (
+    HARD_CONCURRENCY_LIMIT,
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    STDOUT,
+    RunConfig,
+)
 from .state import RunModel
 from .tmux import TmuxError
 from .views import View, make_console, make_view, print_summary
@@ -45,7 +51,7 @@ server (environment variable in brackets; flags win):
                         (default http://127.0.0.1:8000/v1)
   --api chat|completions  which API a base URL gets [PARALLELHUE_API] (default chat)
   --model NAME          [PARALLELHUE_MODEL] (default: the server's only model from /v1/models)
-  --api-key KEY         [PARALLELHUE_API_KEY, OPENAI_API_KEY]
+  --api-key KEY         [OPENAI_API_KEY, then PARALLELHUE_API_KEY]
   --header 'K: V'       an extra HTTP header on every request (repeatable)
   --timeout SECONDS     [PARALLELHUE_TIMEOUT] longest silence inside a stream (default 60)
 requests:
@@ -60,10 +66,17 @@ requests:
   --request-rate R      [PARALLELHUE_REQUEST_RATE] requests per second, Poisson arrivals drawn
                         from --seed (default inf: each as soon as a stream is free)
   --max-tokens N        [PARALLELHUE_MAX_TOKENS] (default 128)
-  --temperature T       [PARALLELHUE_TEMPERATURE] (default: the server's)
+  --temperature T       [PARALLELHUE_TEMPERATURE] (default 0.8; 0 with --force-full-length)
   --seed N              [PARALLELHUE_SEED] request i uses seed N+i (default 0)
+  --frequency-penalty F, --presence-penalty P  [PARALLELHUE_FREQUENCY_PENALTY,
+                        PARALLELHUE_PRESENCE_PENALTY] -2 to 2 (default: not sent)
+  --repeat-penalty R    [PARALLELHUE_REPEAT_PENALTY] llama.cpp's repeat_penalty (default: not sent)
   --stop TEXT           a stop string (repeatable)
   --ignore-eos          keep generating past the end-of-sequence token (vLLM)
+  --force-full-length   [PARALLELHUE_FORCE_FULL_LENGTH=1] every stream runs to --max-tokens
+                        (ignore_eos, min_tokens) at temperature 0 unless given
+  --start-delay S       [PARALLELHUE_START_DELAY] wait S seconds after the screen is up
+                        before the first request (time to attach to --tmux)
   --system TEXT         a system message before the prompt (chat API)
   --extra-body JSON     more request fields, e.g. '{{"top_p": 0.9}}'
 verification:
@@ -82,9 +95,11 @@ screen and outputs:
                         stream, grid for more, plain when stdout is not a terminal or TERM=dumb)
   --color step|role     [PARALLELHUE_COLOR] color by engine step (default) or by token role
   --palette NAME        [PARALLELHUE_PALETTE] standard (default) | colorblind (Okabe-Ito)
-  --tmux [--no-attach]  one tmux pane per stream plus a summary pane
+  --tmux [--no-attach]  one tmux pane per stream plus a summary pane (without tmux on PATH:
+                        a warning, and the run shows here); --no-tmux cancels --tmux
   --json                the summary and per-stream results as JSON on stdout (screen: stderr)
-  --record FILE         write the run (SSE events, frames, timings) to FILE (gzip'd JSON lines)
+  --record FILE         write the run (SSE inputs, frames, timings) to FILE: recording
+                        format 3 (gzip'd binary items); parallelhue replay FILE re-renders it
   --export FILE         FILE.svg or FILE.html (with plots) picture of the final grid and summary
   --measurement FILE    JSON measurement record, - for stdout (see docs/MEASUREMENTS.md)
 keys in the grid and stream views: arrows/Tab/hjkl focus, z or Enter zoom, Esc back,
@@ -93,15 +108,41 @@ keys in the grid and stream views: arrows/Tab/hjkl focus, z or Enter zoom, Esc b
 
 DEMO_USAGE = """\
 usage: parallelhue demo [options]
-Runs a normal session against the embedded SIMULATED engine (every number it shows is
-simulated, and says so). Options: --concurrency N (default 16, max 64) --acceptance A (0-1)
---draft-len K (1-16, default 4) --step-ms S (default 20) --fault SPEC (inject faults, e.g.
-drop:1,max-per-fault:1; docs/SIMULATOR.md), and the run's --max-tokens --view --mode --seed
---prompt --requests --request-rate --stop --ignore-eos --system --extra-body --header --color
---palette --json --record
---export --measurement --reconciler --tmux --no-attach, and --telemetry socket (default) | http
-(the engine serves its HTTP route) | auto.
+A normal session against the embedded SIMULATED engine: every number it shows is
+simulated, and says so.
+
+the simulated engine:
+  --concurrency N       streams, 1-64 (default 16)
+  --max-tokens N        tokens per stream (default 256)
+  --step-ms S           milliseconds per engine step (default 80: about 15 s to watch)
+  --draft-len K         drafts per step, 1-16 (default 4)
+  --acceptance A        draft acceptance 0-1 (default: a spread over the streams)
+  --fault SPEC          faults to watch, comma-separated NAME[:VALUE], e.g.
+                          sse-byte,target-stream:2     one stream downgrades
+                          drop:1,max-per-fault:1       with --mode exact: it fails closed
+                        NAME: {faults}
+the run (as in parallelhue --help):
+  --mode --view --seed --prompt --requests --request-rate --stop --ignore-eos
+  --system --extra-body --header --color --palette --json --record --export
+  --measurement --reconciler --tmux --no-attach --start-delay, and
+  --telemetry socket (default) | http (the engine serves its HTTP route) | auto
 """
+
+
+def demo_usage() -> str:
+    """DEMO_USAGE with the simulator's fault names (read from its FaultConfig)."""
+    import dataclasses
+    import textwrap
+
+    from .sim import FaultConfig
+
+    names = sorted(
+        "delay" if f.name == "delay_ms" else f.name.replace("_", "-")
+        for f in dataclasses.fields(FaultConfig)
+    )
+    wrapped = textwrap.wrap(", ".join(names), 62, break_on_hyphens=False)
+    return DEMO_USAGE.format(faults=("\n" + " " * 24).join(wrapped))
+
 
 REPLAY_USAGE = """\
 usage: parallelhue replay FILE [options]
@@ -173,13 +214,29 @@ def _print_json(model: RunModel, endpoint: str | None, code: int, message: str |
     sys.stdout.flush()
 
 
-def _finish(result: SessionResult, config: RunConfig, holder: _ViewHolder) -> int:
+def _files_there(*paths: str | None) -> set[str]:
+    """Which output files exist before the run (their confirmation says they were replaced)."""
+    return {p for p in paths if p is not None and p != STDOUT and os.path.exists(p)}
+
+
+def _wrote(what: str, path: str | None, there: set[str]) -> None:
+    """One line per output file: where it went, and whether a file was replaced."""
+    if path is None or path == STDOUT:
+        return
+    replaced = " (replaced the file that was there)" if path in there else ""
+    print(f"parallelhue: {what} written to {path}{replaced}", file=sys.stderr)
+
+
+def _finish(result: SessionResult, config: RunConfig, holder: _ViewHolder, there: set[str]) -> int:
     model = result.model
     if config.export is not None:
         export_picture(config.export, model, holder.view)
     if config.measurement is not None:
         model_name = holder.session.model_name if holder.session is not None else None
         write_measurement(config.measurement, model, config, model_name)
+    _wrote("recording", config.record, there)
+    _wrote("picture", config.export, there)
+    _wrote("measurement", config.measurement, there)
     if config.json_output:
         _print_json(model, config.endpoint, result.exit_code, result.message)
     if result.message:
@@ -190,6 +247,12 @@ def _finish(result: SessionResult, config: RunConfig, holder: _ViewHolder) -> in
 def _warn(config: RunConfig) -> None:
     for warning in config.warnings:
         print(f"parallelhue: warning: {warning}", file=sys.stderr)
+    if config.start_delay > 0:
+        print(
+            f"parallelhue: the first request starts {config.start_delay:g} s after the screen "
+            "(--start-delay)",
+            file=sys.stderr,
+        )
 
 
 def _run(config: RunConfig) -> int:
@@ -198,12 +261,13 @@ def _run(config: RunConfig) -> int:
     holder = _ViewHolder(console, config)
     session = Session(config, holder)
     holder.attach(session, config)
+    there = _files_there(config.record, config.export, config.measurement)
     try:
         result = asyncio.run(session.run())
     except KeyboardInterrupt:
         holder.interrupted()
         raise
-    return _finish(result, config, holder)
+    return _finish(result, config, holder, there)
 
 
 def _demo(args: list[str]) -> int:
@@ -214,12 +278,13 @@ def _demo(args: list[str]) -> int:
     _warn(run)
     console = _console_for(run.view, run.no_color, run.stdout_reserved)
     holder = _ViewHolder(console, run)
+    there = _files_there(run.record, run.export, run.measurement)
     try:
         result, _session = asyncio.run(run_demo(demo, holder, holder.attach))
     except KeyboardInterrupt:
         holder.interrupted()
         raise
-    return _finish(result, holder.config, holder)
+    return _finish(result, holder.config, holder, there)
 
 
 def _replay(args: list[str]) -> int:
@@ -227,9 +292,11 @@ def _replay(args: list[str]) -> int:
 
     config = parse_replay(args)
     console = _console_for(config.view, config.no_color, config.stdout_reserved)
+    there = _files_there(config.export)
     code, message, model, view = asyncio.run(replay(config, console))
     if config.export is not None:
         export_picture(config.export, model, view)
+        _wrote("picture", config.export, there)
     if config.json_output:
         _print_json(model, None, code, message)
     if message:
@@ -256,7 +323,7 @@ def _dispatch(args: list[str]) -> int:
         return int(pane_main(args[1:]))
     if args and args[0] == "demo":
         if _wants_help(args[1:]):
-            print(DEMO_USAGE, end="")
+            print(demo_usage(), end="")
             return 0
         return _demo(args[1:])
     if args and args[0] == "replay":

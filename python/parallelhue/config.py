@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -27,12 +28,14 @@ from .settings import (
     COLOR_MODES,
     DEFAULT_BASE_URL,
     DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
     DEFAULT_TIMEOUT,
     HARD_CONCURRENCY_LIMIT,
     MAX_CONCURRENCY,
     MAX_REQUEST_RATE,
     MAX_REQUESTS,
     MAX_SEED,
+    MAX_START_DELAY,
     MAX_UID,
     MODES,
     PALETTE_NAMES,
@@ -90,11 +93,47 @@ class ConfigError(Exception):
     """A bad flag or environment value; the message is one line naming the fix."""
 
 
+# The predecessor's internal flags of its tmux panes (its cli.py): parallelhue runs
+# its panes itself (--tmux), so these name what replaced them.
+REMOVED_FLAGS = (
+    "--worker-index",
+    "--summary-follow",
+    "--session",
+    "--summary-start-epoch",
+    "--summary-timeout",
+)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that reports mistakes as one ConfigError line instead of usage + exit."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see parallelhue --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """Unknown options are named alone, never with the words after them."""
+        known, extra = self.parse_known_args(args, namespace)
+        for token in extra:
+            flag = token.split("=", 1)[0]
+            if flag in REMOVED_FLAGS:
+                raise ConfigError(
+                    f"{flag} was the predecessor's internal tmux option: --tmux makes the "
+                    "panes itself"
+                )
+            if token.startswith("-") and token != "-":
+                raise ConfigError(f"unknown option {one_line(flag, 60)} (see {self.prog} --help)")
+        if extra:
+            hint = (
+                ": one prompt only, quote a prompt with spaces"
+                if self.prog == "parallelhue"
+                else ""
+            )
+            raise ConfigError(
+                f"unexpected argument '{one_line(extra[0], 60)}'{hint} (see {self.prog} --help)"
+            )
+        return known
 
 
 # --- value checkers -------------------------------------------------------------
@@ -136,6 +175,18 @@ def check_rate(name: str, raw: str) -> float:
             f"{MAX_REQUEST_RATE:g}, or inf, got '{one_line(raw)}'"
         )
     return value
+
+
+def check_switch(name: str, raw: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(
+        f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got '{one_line(raw)}'"
+    )
 
 
 def check_choice(name: str, raw: str, choices: Sequence[str]) -> str:
@@ -285,12 +336,15 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
         "--view", "--mode", "--max-tokens", "--concurrency", "--socket-dir", "--seed",
         "--temperature", "--record", "--export", "--measurement", "--reconciler", "--prompt",
         "--telemetry", "--color", "--palette", "--system", "--extra-body", "--requests",
-        "--request-rate",
+        "--request-rate", "--frequency-penalty", "--presence-penalty", "--repeat-penalty",
+        "--start-delay",
     ):  # fmt: skip
         parser.add_argument(flag)
     parser.add_argument("--stop", action="append")
     parser.add_argument("--header", action="append")
-    for flag in ("--tmux", "--no-attach", "--ignore-eos", "--json"):
+    for flag in (
+        "--tmux", "--no-tmux", "--no-attach", "--ignore-eos", "--json", "--force-full-length",
+    ):  # fmt: skip
         parser.add_argument(flag, action="store_true", default=None)
 
 
@@ -373,8 +427,27 @@ def resolve_common(
     telemetry = check_choice(got[0], got[1], TELEMETRY) if got else "auto"
     got = src.get("--seed", "PARALLELHUE_SEED")
     seed = check_int(got[0], got[1], 0, MAX_SEED) if got else 0
+    extra_body = _extra_body(args.extra_body) if args.extra_body is not None else {}
+    force_full_length = bool(args.force_full_length)
+    if not force_full_length and env.get("PARALLELHUE_FORCE_FULL_LENGTH", "").strip():
+        raw = env["PARALLELHUE_FORCE_FULL_LENGTH"]
+        force_full_length = check_switch("PARALLELHUE_FORCE_FULL_LENGTH", raw)
     got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
-    temperature = check_float(got[0], got[1], 0.0, 100.0) if got else None
+    temperature: float | None
+    if got:
+        temperature = check_float(got[0], got[1], 0.0, 100.0)
+    elif "temperature" in extra_body:
+        temperature = None  # --extra-body's stands
+    else:
+        temperature = 0.0 if force_full_length else DEFAULT_TEMPERATURE
+    penalties: dict[str, float | None] = {}
+    for key, low in (("frequency", -2.0), ("presence", -2.0), ("repeat", 0.0)):
+        flag = f"--{key}-penalty"
+        got = src.get(flag, f"PARALLELHUE_{key.upper()}_PENALTY")
+        high = 2.0 if low < 0 else 100.0
+        penalties[f"{key}_penalty"] = check_float(got[0], got[1], low, high) if got else None
+    got = src.get("--start-delay", "PARALLELHUE_START_DELAY")
+    start_delay = check_float(got[0], got[1], 0.0, MAX_START_DELAY) if got else 0.0
     got = src.get("--color", "PARALLELHUE_COLOR")
     color_by = check_choice(got[0], got[1], COLOR_MODES) if got else "step"
     got = src.get("--palette", "PARALLELHUE_PALETTE")
@@ -387,10 +460,14 @@ def resolve_common(
         socket_dir = got[1]
     record = src.get("--record", None)
     export = src.get("--export", None)
-    tmux = bool(args.tmux)
+    tmux = bool(args.tmux) and not args.no_tmux  # --no-tmux wins, as it did
     no_attach = bool(args.no_attach)
-    if no_attach and not tmux:
+    if no_attach and not args.tmux:
         raise ConfigError("--no-attach only applies with --tmux")
+    if tmux and shutil.which("tmux") is None:
+        # The predecessor fell back to one terminal; so does this.
+        warnings.append("--tmux: tmux is not on PATH: showing the run in this terminal instead")
+        tmux = no_attach = False
     if view == "stream" and concurrency > 1:
         raise ConfigError(
             f"--view stream shows one stream, but {concurrency} streams were asked for: "
@@ -421,13 +498,16 @@ def resolve_common(
         "stop": stop,
         "ignore_eos": bool(args.ignore_eos),
         "system": system,
-        "extra_body": _extra_body(args.extra_body) if args.extra_body is not None else {},
+        "extra_body": extra_body,
         "headers": tuple(_header(raw) for raw in args.header or ()),
         "color_by": color_by,
         "palette": palette,
         "json_output": json_output,
         "requests": requests,
         "request_rate": request_rate,
+        **penalties,
+        "force_full_length": force_full_length,
+        "start_delay": start_delay,
     }
 
 
@@ -535,7 +615,8 @@ def parse_run(
     model = got[1].strip() if got else None
     if got and not model:
         raise ConfigError(f"{got[0]} is empty: give a model name or leave it out")
-    got = src.get("--api-key", "PARALLELHUE_API_KEY") or src.get("--api-key", "OPENAI_API_KEY")
+    # OPENAI_API_KEY wins over PARALLELHUE_API_KEY, as in the predecessor.
+    got = src.get("--api-key", "OPENAI_API_KEY") or src.get("--api-key", "PARALLELHUE_API_KEY")
     api_key = _api_key(got[0], got[1]) if got else None
     got = src.get("--timeout", "PARALLELHUE_TIMEOUT")
     timeout = check_float(got[0], got[1], 0.0, 86400.0, low_open=True) if got else DEFAULT_TIMEOUT

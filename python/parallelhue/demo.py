@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["DEMO_MAX_CONCURRENCY", "DEMO_PROMPT", "DemoConfig", "parse_demo", "run_demo"]
 
 DEMO_MAX_CONCURRENCY = 64
+# Slow enough to watch: 256 tokens at a step every 80 ms take about 15 s.
+DEMO_STEP_MS = 80.0
+DEMO_MAX_TOKENS = 256
 DEMO_PROMPT = "Explain speculative decoding to a curious engineer, with a short example."
 
 
@@ -70,6 +73,8 @@ def parse_demo(
     )
     if src.get("--telemetry", "PARALLELHUE_TELEMETRY") is None:
         common["telemetry"] = "socket"  # the demo's engine shares this host
+    if src.get("--max-tokens", "PARALLELHUE_MAX_TOKENS") is None:
+        common["max_tokens"] = DEMO_MAX_TOKENS
     prompt = args.prompt if args.prompt is not None else DEMO_PROMPT
     if not prompt.strip():
         raise ConfigError("the prompt is empty: give some text")
@@ -80,7 +85,9 @@ def parse_demo(
     )
     draft_len = check_int("--draft-len", args.draft_len, 1, 16) if args.draft_len is not None else 4
     step_ms = (
-        check_float("--step-ms", args.step_ms, 0.0, 10_000.0) if args.step_ms is not None else 20.0
+        check_float("--step-ms", args.step_ms, 0.0, 10_000.0)
+        if args.step_ms is not None
+        else DEMO_STEP_MS
     )
     run = run_config(
         common,

@@ -3,9 +3,12 @@
 `completions_url` accepts what the OpenAI SDK takes as a base URL
 (`http://host:8000`, `http://host:8000/v1`, `OPENAI_BASE_URL`) or a full
 completions URL (`.../v1/chat/completions`, `.../v1/completions`, the
-predecessor's form) and returns the full URL the streams post to. Everything
-else derives from that URL. Below the screen model and the HTTP client alike:
-both ask here instead of reaching into each other.
+predecessor's form, with or without a version segment before the suffix)
+and returns the full URL the streams post to. Everything else derives from
+that URL: the API base is what precedes the suffix (`/models`, the telemetry
+probe), the server root that base without its `/v1` (`/metrics`). Below the
+screen model and the HTTP client alike: both ask here instead of reaching into
+each other.
 """
 
 from __future__ import annotations
@@ -71,13 +74,9 @@ def completions_url(raw: str, api: str | None = None) -> str:
     path = parts.path.rstrip("/")
     for kind, suffix in API_PATHS.items():
         if path.endswith(suffix) and (kind == "chat" or not path.endswith("/chat/completions")):
-            prefix = path[: -len(suffix)]
-            if not any(_VERSION.fullmatch(segment) for segment in prefix.split("/")):
-                raise EndpointError(
-                    f"has no API version (/v1) before {suffix}: give "
-                    f"{parts.scheme}://{parts.netloc}/v1 or .../v1{suffix}, "
-                    f"got '{_shown(value, parts)}'"
-                )
+            # Any prefix, with or without a version (`/chat/completions`,
+            # `/openai/chat/completions`): a full URL is posted to as given, as the
+            # predecessor did; /models and the telemetry probe live beside it.
             if api is not None and api != kind:
                 raise EndpointError(
                     f"ends in {suffix}, which is the {kind} API, but --api {api} was given: "

@@ -16,12 +16,13 @@ the console, so an export made without a terminal keeps its step colors.
 from __future__ import annotations
 
 import html
+import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rich.cells import cell_len
-
+from .cells import cells, char_cells
 from .paint import theme_for
 from .panes import Line
 from .results import by_position, run_result
@@ -40,6 +41,7 @@ _CELL = 8.4
 _ROW = 17.0
 _BASELINE = 13.0
 _PAD = 12.0
+_PLOT_MAX = 930  # the widest plot (the timeline), px
 
 
 class ExportError(Exception):
@@ -66,6 +68,22 @@ def _visible(text: str, key: str | None, theme: Theme) -> bool:
     return bool(text.strip()) or theme.ink(key).reverse
 
 
+_SKIN_TONES = ("\U0001f3fb", "\U0001f3ff")
+_REGIONAL = ("\U0001f1e6", "\U0001f1ff")
+
+
+def _draws_with(char: str, width: int, before: str) -> bool:
+    """Whether `char` is part of the picture of the text `before` it: a mark (an accent,
+    no cell of its own; a spacing vowel sign, Devanagari's, one cell), a skin-tone
+    modifier after its emoji, the second regional indicator of a flag."""
+    if width == 0 or unicodedata.category(char) == "Mc":
+        return True
+    if _SKIN_TONES[0] <= char <= _SKIN_TONES[1]:
+        return bool(before) and not before.isascii()
+    regional = _REGIONAL[0] <= char <= _REGIONAL[1]
+    return regional and len(before) == 1 and _REGIONAL[0] <= before <= _REGIONAL[1]
+
+
 def line_boxes(line: Line, theme: Theme) -> list[Box]:
     """The boxes of one line, left to right, with their cell columns."""
     boxes: list[Box] = []
@@ -87,17 +105,19 @@ def line_boxes(line: Line, theme: Theme) -> list[Box]:
                 column += len(run)
                 index = end
                 continue
-            width = cell_len(char)
-            if width == 0:
-                # A combining mark belongs to the character before it; a variation
-                # selector may widen it (U+2764 U+FE0F is an emoji: two cells, as the
-                # layout measures it), and the columns after it move with it.
+            width = char_cells(char)
+            last_text = boxes[-1].text if boxes else ""
+            if _draws_with(char, width, last_text):
+                # Drawn with the character before it, in that character's box, so the
+                # browser draws them as one picture (as many cells wide as a terminal
+                # gives the two) rather than each squeezed into its own cells.
                 if boxes and boxes[-1].column + boxes[-1].cells == column:
                     last = boxes[-1]
-                    merged = last.text + char
-                    grown = max(0, cell_len(merged) - cell_len(last.text))
-                    boxes[-1] = Box(last.column, last.cells + grown, merged, last.key, last.kind)
-                    column += grown
+                    boxes[-1] = Box(last.column, last.cells + width, last.text + char, last.key,
+                                    last.kind)  # fmt: skip
+                elif width:
+                    boxes.append(Box(column, width, char, key, "g"))
+                column += width
                 index += 1
                 continue
             end = index
@@ -182,38 +202,47 @@ def _html_screen(lines: Sequence[Line], theme: Theme, width: int) -> str:
     return f'<div class="screen" style="width:{width}ch">\n' + "\n".join(rows) + "\n</div>"
 
 
+def _figure(title: str, svg: str, caption: str) -> str:
+    """A plot with its title and caption as page text around it: they wrap to the
+    plot's width instead of being clipped at the drawing's edge."""
+    return (
+        f'<figure class="plot"><figcaption class="pt">{html.escape(title)}</figcaption>'
+        f'{svg}<p class="pc">{html.escape(caption)}</p></figure>'
+    )
+
+
 def _bar_chart(title: str, caption: str, labels: list[str], values: list[float | None],
                value_text: list[str], color: str) -> str:  # fmt: skip
-    width, height, left = 520.0, 200.0, 40.0
-    top = max([v for v in values if v is not None] or [0.0]) or 1.0
-    slot = (width - left - 10) / max(1, len(values))
+    width, height, left, top, bottom = 520.0, 200.0, 10.0, 18.0, 20.0
+    plot_height = height - top - bottom
+    peak = max([v for v in values if v is not None] or [0.0]) or 1.0
+    slot = (width - 2 * left) / max(1, len(values))
     parts = [
-        f'<svg class="plot" width="{width:.0f}" height="{height + 30:.0f}" '
-        f'role="img" aria-label="{html.escape(title)}">',
-        f'<text x="0" y="14" class="pt">{html.escape(title)}</text>',
-        f'<line x1="{left}" y1="{height}" x2="{width - 10}" y2="{height}" class="ax"/>',
+        f'<svg width="{width:.0f}" height="{height:.0f}" role="img" '
+        f'aria-label="{html.escape(title)}">',
+        f'<line x1="{left}" y1="{top + plot_height}" x2="{width - left}" '
+        f'y2="{top + plot_height}" class="ax"/>',
     ]
     for index, (label, value, shown) in enumerate(zip(labels, values, value_text, strict=True)):
         x = left + index * slot + slot * 0.15
         bar_width = slot * 0.7
+        middle = x + bar_width / 2
         if value is not None:
-            bar = (height - 40) * value / top
+            bar = plot_height * value / peak
             parts.append(
-                f'<rect x="{x:.1f}" y="{height - bar:.1f}" width="{bar_width:.1f}" '
+                f'<rect x="{x:.1f}" y="{top + plot_height - bar:.1f}" width="{bar_width:.1f}" '
                 f'height="{bar:.1f}" fill="{color}"/>'
             )
             parts.append(
-                f'<text x="{x + bar_width / 2:.1f}" y="{height - bar - 4:.1f}" class="pv" '
+                f'<text x="{middle:.1f}" y="{top + plot_height - bar - 4:.1f}" class="pv" '
                 f'text-anchor="middle">{html.escape(shown)}</text>'
             )
         parts.append(
-            f'<text x="{x + bar_width / 2:.1f}" y="{height + 16:.1f}" class="pl" '
+            f'<text x="{middle:.1f}" y="{height - 5:.1f}" class="pl" '
             f'text-anchor="middle">{html.escape(label)}</text>'
         )
-    parts.append(
-        f'<text x="0" y="{height + 30:.0f}" class="pc">{html.escape(caption)}</text></svg>'
-    )
-    return "".join(parts)
+    parts.append("</svg>")
+    return _figure(title, "".join(parts), caption)
 
 
 def _histogram_plot(model: RunModel, color: str) -> str:
@@ -224,7 +253,8 @@ def _histogram_plot(model: RunModel, color: str) -> str:
     values: list[float | None] = [float(hist.get(k, 0)) for k in keys]
     return _bar_chart(
         "Tokens per step (steps)",
-        "confirmed tokens of each verified engine step, from this run's frames",
+        "how many verified engine steps (bar height) confirmed 1, 2, … tokens each (below), "
+        "from this run's frames",
         [str(k) for k in keys],
         values,
         [str(hist.get(k, 0)) for k in keys],
@@ -249,6 +279,32 @@ def _position_plot(model: RunModel, color: str) -> str:
     )
 
 
+def _tick_step(span: float) -> float:
+    """A round step (1, 2 or 5 times a power of ten) giving 4 to 10 ticks over `span`."""
+    step: float = 10.0 ** math.floor(math.log10(max(span, 1e-6) / 10))
+    for factor in (1, 2, 5, 10, 20, 50):
+        if span / (step * factor) <= 10:
+            return step * factor
+    return step * 100
+
+
+def _time_axis(left: float, width: float, y: float, span: float) -> list[str]:
+    """A time axis under the timeline: a tick and a label in seconds at round values."""
+    step = _tick_step(span)
+    digits = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    parts = [f'<line x1="{left}" y1="{y:.1f}" x2="{left + width}" y2="{y:.1f}" class="ax"/>']
+    count = int(span / step + 1e-9)
+    for number in range(count + 1):
+        at = number * step
+        x = left + width * at / span
+        parts.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" y2="{y + 4:.1f}" class="ax"/>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{y + 15:.1f}" class="pl" text-anchor="middle">'
+            f"{at:.{digits}f} s</text>"
+        )
+    return parts
+
+
 def _timeline_plot(model: RunModel, theme: Theme) -> str:
     streams = model.streams
     starts = [s.started_at for s in streams if s.started_at is not None]
@@ -257,34 +313,35 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
     origin = min(starts)
     wall = model.wall_seconds or 0.0
     span = max(wall, 1e-3)
-    left, width, row = 44.0, 860.0, 12.0
+    left, width, row, top = 44.0, 860.0, 12.0, 4.0
     # --requests: a row per stream, its requests one after another (a tick where each starts).
     queueing = model.queueing and model.concurrency is not None
     rows = model.concurrency if queueing and model.concurrency is not None else len(streams)
-    height = row * rows + 36
+    axis = top + row * rows + 2
+    height = axis + 22
+    title = "Steps over time, per stream" + (
+        f" ({len(streams)} requests on {rows} streams)" if queueing else ""
+    )
     parts = [
-        f'<svg class="plot" width="{left + width + 10:.0f}" height="{height:.0f}" role="img" '
-        'aria-label="timeline of steps">',
-        '<text x="0" y="14" class="pt">Steps over time, per stream'
-        + (f" ({len(streams)} requests on {rows} streams)" if queueing else "")
-        + "</text>",
+        f'<svg width="{left + width + 24:.0f}" height="{height:.0f}" role="img" '
+        f'aria-label="{html.escape(title)}">',
     ]
     if queueing:
         for number in range(rows):
-            y = 22 + number * row
+            y = top + number * row
             parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">s{number}</text>')
     for index, stream in enumerate(streams):
         if queueing:
             if stream.slot is None or stream.started_at is None:
                 continue  # never sent
-            y = 22 + stream.slot * row
+            y = top + stream.slot * row
             x = left + width * (stream.started_at - origin) / span
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="1" height="{row - 2:.1f}" '
                 f'fill="{FOREGROUND}" opacity="0.5"/>'
             )
         else:
-            y = 22 + index * row
+            y = top + index * row
             parts.append(f'<text x="0" y="{y + row - 2:.1f}" class="pl">#{stream.index}</text>')
         marks = stream.step_marks()
         if stream.shows_chunks or not marks:
@@ -307,12 +364,14 @@ def _timeline_plot(model: RunModel, theme: Theme) -> str:
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="2" height="{row - 2:.1f}" fill="{color}"/>'
             )
-    parts.append(
-        f'<text x="{left}" y="{height - 2:.0f}" class="pc">0 s … {wall:.2f} s: each mark is '
-        "a proven span at the SSE arrival of its first byte (gray: SSE chunks, no proof)</text>"
-    )
+    parts += _time_axis(left, width, axis, span)
     parts.append("</svg>")
-    return "".join(parts)
+    caption = (
+        "time since the first request (client clock, SSE arrival); each mark is a proven "
+        "span, colored by its step, at the arrival of its first byte; gray marks are SSE "
+        "chunks without proof"
+    )
+    return _figure(title, "".join(parts), caption)
 
 
 def html_page(lines: Sequence[Line], model: RunModel, width: int) -> str:
@@ -350,11 +409,13 @@ direction:ltr;unicode-bidi:isolate;text-align:left}}
 transform-origin:left center}}
 {_css_classes(theme)}
 .plots{{display:flex;flex-wrap:wrap;gap:24px;margin-top:24px;font-family:sans-serif}}
+.plot{{margin:0;max-width:min(100%,{_PLOT_MAX}px)}}
+.plot svg{{display:block;overflow:visible}}
 .plot text{{fill:{FOREGROUND};font:12px sans-serif}}
 .plot .pl{{font-size:10px}}
-.plot .pt{{font-weight:bold;font-size:13px}}
-.plot .pc{{fill:#909090;font-size:11px}}
-.plot .ax{{stroke:#606060}}
+.plot .pt{{font:bold 13px sans-serif;margin:0 0 6px 0}}
+.plot .pc{{color:#a8a8a8;font:11px/1.3 sans-serif;margin:4px 0 0 0}}
+.plot .ax{{stroke:#808080}}
 .nodata{{color:#909090;font:12px sans-serif}}
 </style></head>
 <body>
@@ -433,7 +494,7 @@ def _title(model: RunModel) -> str:
 def export_picture(path: str, model: RunModel, view: _HasFinalLines) -> None:
     """The view's final picture and the summary into an SVG or HTML file."""
     lines = [*view.final_lines(EXPORT_WIDTH), [], *summary_block(model, EXPORT_WIDTH)]
-    width = max([EXPORT_WIDTH, *(sum(cell_len(t) for t, _ in line) for line in lines)])
+    width = max([EXPORT_WIDTH, *(sum(cells(t) for t, _ in line) for line in lines)])
     if path.lower().endswith(".svg"):
         content = svg_picture(lines, model, width)
     else:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import cast
 
+from .advice import REJECTED_PREFIX, explain_reason, fix_line
 from .backend import detect_backend
 from .reconciler import ReconcilerLike
 from .results import DRAFTS_BY_POSITION
@@ -66,6 +67,14 @@ class Feed:
         self.backend_override = backend_override
         self.metrics_before = metrics_before
         self.on_failure: Callable[[int], None] | None = None
+        # For the fix line: the reconciler's first stream failure, as it said it, and
+        # the frames it rejected (each one a run message), with the first one's reason.
+        self.first_reason: str | None = None
+        self.rejected = 0
+        self.first_rejection: str | None = None
+
+    def _advise(self) -> None:
+        self.model.fix = fix_line(self.model, self.first_reason, self.rejected)
 
     def _failed(self, stream: int) -> None:
         if self.model.first_failure is None:
@@ -101,6 +110,8 @@ class Feed:
 
     def events(self, events: Iterable[Event]) -> None:
         """Reconciler events in order (spans included: the reference path)."""
+        if self.model.mode == "chunk":
+            return  # chunk mode ignores telemetry: no verdict, no proven span
         streams = self.model.streams
         for event in events:
             kind = event[0]
@@ -118,18 +129,26 @@ class Feed:
                 _, index, reason = cast(FailedEvent, event)
                 state = streams[index]
                 state.verdict = "failed"
-                state.reason = reason
+                state.reason = explain_reason(reason, self.rejected, self.first_rejection)
                 self._failed(index)
+                if self.first_reason is None:
+                    self.first_reason = reason
+                    self._advise()
             elif kind == "run":
                 self.run_message(str(event[1]))
 
     def run_message(self, message: str) -> None:
         """A line about the whole run (the reconciler's, or the client's own about
         its telemetry stream); repeated lines are shown once."""
+        if message.startswith(REJECTED_PREFIX):
+            self.rejected += 1
+            if self.first_rejection is None:
+                self.first_rejection = one_line(message)
         line = reconciler_line(message)
         messages = self.model.run_messages
         if not messages or messages[-1] != line:  # e.g. every frame of an old plugin
             messages.append(line)
+            self._advise()
 
     def stats(self, reconciler: ReconcilerLike) -> None:
         """The reconciler's statistics, counters and sources, stored once."""

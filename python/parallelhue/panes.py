@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rich.cells import cell_len
-
+from .backend import untested_engine
+from .cells import _TEXT as _MEASURED
+from .cells import cells, char_cells, for_screen, head_cells, tail_cells
 from .sanitize import sanitize
 from .state import (
     LABEL_CANCELLED,
@@ -97,82 +98,12 @@ _FOCUS_BOX = ("┏", "━", "┓", "┃", "┗", "┛")  # the focused pane: hea
 # --- cells ----------------------------------------------------------------------------
 
 
-# Widths of non-ASCII pieces, and of single characters, as rich's cell_len gives them
-# (every redraw measures the same tails again). Bounded: emptied when full. An ASCII
-# piece is never looked up here (cells: its len).
-_CELLS: dict[str, int] = {}
-_CELLS_MAX = 1 << 16
-# The characters that change a width beyond the sum of its characters' (rich's cell_len:
-# a zero-width joiner, variation selector 16). Pieces without them are measured per character.
-_JOINER = "\u200d"
-_VS16 = "\ufe0f"
-
-
-def cells(text: str) -> int:
-    if text.isascii():
-        return len(text)
-    size = _CELLS.get(text)
-    return _measured(text) if size is None else size
-
-
-def _measured(text: str) -> int:
-    """rich's cell_len of `text`, kept in _CELLS (for an ASCII control too: 0, not len);
-    callers look in _CELLS first, without a call on a hit."""
-    if len(_CELLS) >= _CELLS_MAX:
-        _CELLS.clear()
-    size = _CELLS[text] = cell_len(text)
-    return size
-
-
 def line_width(line: Line) -> int:
     return sum(cells(text) for text, _ in line)
 
 
 def line_text(line: Line) -> str:
     return "".join(text for text, _ in line)
-
-
-def _clusters(text: str) -> list[str]:
-    """`text` as characters with the zero-width ones after them (combining marks,
-    variation selectors): measured whole, as `cells` measures a piece (U+2764 U+FE0F,
-    an emoji, is two cells; its parts alone are one and zero)."""
-    out: list[str] = []
-    for char in text:
-        if out and cell_len(char) == 0:
-            out[-1] += char
-        else:
-            out.append(char)
-    return out
-
-
-def _take(text: str, room: int) -> tuple[str, int]:
-    """The longest prefix of `text` fitting `room` cells, and its width."""
-    if text.isascii():
-        take = text[:room]
-        return take, len(take)
-    whole = cells(text)
-    if whole <= room:
-        return text, whole
-    used = 0
-    if _JOINER not in text and _VS16 not in text:
-        # Here a width is the sum of the characters' widths, and a zero-width character
-        # (size 0) never ends the prefix: the clusters below, measured per character.
-        for end, char in enumerate(text):
-            size = _CELLS.get(char)
-            if size is None:  # rich's width, also for an ASCII control (0, not len)
-                size = _measured(char)
-            if used + size > room:
-                return text[:end], used
-            used += size
-        return text, used
-    end = 0
-    for cluster in _clusters(text):
-        size = cell_len(cluster)
-        if used + size > room:
-            break
-        used += size
-        end += len(cluster)
-    return text[:end], used
 
 
 def fit(pieces: Iterable[Piece], width: int, *, ellipsis: bool = True) -> Line:
@@ -185,7 +116,7 @@ def fit(pieces: Iterable[Piece], width: int, *, ellipsis: bool = True) -> Line:
     for text, key in pieces:
         if used >= limit:
             break
-        take, size = _take(text, limit - used)
+        take, size = head_cells(text, limit - used)
         if take:
             out.append((take, key))
             used += size
@@ -210,20 +141,15 @@ def tail_fit(pieces: Sequence[Piece], width: int) -> Line:
             kept.append((flat, key))
             used += size
             continue
-        room = width - used
-        chars: list[str] = []
-        for cluster in reversed(_clusters(flat)):
-            cluster_size = cell_len(cluster)
-            if cluster_size > room:
-                break
-            chars.append(cluster)
-            room -= cluster_size
-        if chars:
-            piece = "".join(reversed(chars))
+        piece, size = tail_cells(flat, width - used)
+        if piece:
             kept.append((piece, key))
-            used += cells(piece)
+            used += size
         break
     kept.reverse()
+    if kept and cells(kept[0][0][:1]) == 0:
+        # A mark whose letter is cut off (in the piece before): nothing to sit on.
+        kept[0] = (tail_cells(kept[0][0], width)[0], kept[0][1])
     if used < width:
         kept.insert(0, (" " * (width - used), None))
     return kept
@@ -231,7 +157,9 @@ def tail_fit(pieces: Sequence[Piece], width: int) -> Line:
 
 def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = None) -> list[Line]:
     """`pieces` hard-wrapped at `width` cells (None: only at newlines, unpadded);
-    sized lines are padded to exactly `width`. With `max_lines`, the last ones."""
+    sized lines are padded to exactly `width`. With `max_lines`, the last ones.
+    A full line takes the zero-width marks that follow it (an accent stays with
+    its letter, even when the two come in different pieces)."""
     lines: list[Line] = []
     current: Line = []
     used = 0
@@ -256,32 +184,34 @@ def wrap(pieces: Iterable[Piece], width: int | None, max_lines: int | None = Non
                     current.append((part, key))
             continue
         if "\n" not in text:
-            # The common case: a piece that fits on the current line, measured once.
-            if text.isascii():
-                size = len(text)
-            else:
-                cached = _CELLS.get(text)  # cells(text), without the call on a hit
-                size = _measured(text) if cached is None else cached
+            if used >= width and (text[0] < "\x80" or char_cells(text[0])):
+                flush()  # a full line: only a mark may still join it
+            # The common case: a piece that fits on the current line, measured once
+            # (cells(text), without the call for ASCII or a cached width).
+            size = len(text) if text.isascii() else (_MEASURED.get(text) or cells(text))
             if used + size <= width:
                 current.append((text, key))
                 used += size
-                if used >= width:
-                    flush()
                 continue
         for number, part in enumerate(text.split("\n")):
             if number:
                 flush()
             while part:
-                take, size = _take(part, width - used)
-                if not take and used == 0:
-                    first = _clusters(part)[0]  # wider than the pane
-                    take, size = first, min(width, cell_len(first))
-                if take:
-                    current.append((take, key))
-                    used += size
-                    part = part[len(take) :]
-                if part or used >= width:
-                    flush()
+                if used >= width and (part[0] < "\x80" or char_cells(part[0])):
+                    flush()  # a full line: only a mark may still join it
+                take, size = head_cells(part, width - used)
+                if not take:
+                    if used:
+                        flush()  # the line is full: the rest goes on the next one
+                        continue
+                    # A character wider than the pane: alone on its line.
+                    take = part[:1]
+                    size = min(width, cells(take))
+                current.append((take, key))
+                used += size
+                part = part[len(take) :]
+                if part and (part[0] < "\x80" or char_cells(part[0])):
+                    flush()  # the next letter did not fit (a mark would have)
     if current or not lines:
         flush()
     if max_lines is not None:
@@ -334,20 +264,29 @@ def _styled(stream: StreamState, model: RunModel, max_chars: int | None) -> list
     )
 
 
-def _clean(pieces: Sequence[Piece]) -> Line:
-    """The pieces sanitized, empty ones dropped (every pane at every redraw)."""
+def _clean(pieces: Sequence[Piece], *, laid_out: bool = True) -> Line:
+    """The pieces sanitized, empty ones dropped (every pane at every redraw). Text
+    `laid_out` in cells also loses its variation selectors 15/16 (cells.for_screen)
+    and any zero-width mark it starts with (its letter is not shown)."""
     # The common case, one test for the whole tail: every piece printable (as a
     # joined string is exactly when each of its pieces is), only empty ones go.
     # The texts are taken and tested by C loops (map, join, all), not a Python
     # loop per piece (callgrind: 29k instructions a grid pane against 41k).
     texts = list(map(_TEXT, pieces))
-    if "".join(texts).isprintable():
-        return list(pieces) if all(texts) else [piece for piece in pieces if piece[0]]
-    out: Line = []
-    for text, key in pieces:
-        clean = text if text.isprintable() else sanitize(text)
-        if clean:
-            out.append((clean, key))
+    joined = "".join(texts)
+    if joined.isprintable() and (not laid_out or for_screen(joined) is joined):
+        out = list(pieces) if all(texts) else [piece for piece in pieces if piece[0]]
+    else:
+        out = []
+        for text, key in pieces:
+            clean = text if text.isprintable() else sanitize(text)
+            if laid_out:
+                clean = for_screen(clean)
+            if clean:
+                out.append((clean, key))
+    if laid_out and out and out[0][0][0] > "\x7f" and char_cells(out[0][0][0]) == 0:
+        first = tail_cells(out[0][0], cells(out[0][0]))[0]
+        out = [(first, out[0][1]), *out[1:]] if first else out[1:]
     return out
 
 
@@ -374,11 +313,21 @@ def numbers_text(stream: StreamState, *, narrow: bool = True) -> str:
     return f"{stream.tokens} tok · {steps} steps · {per_step} tok/step · acc {_percent(stream)}"
 
 
+def proven_text(stream: StreamState) -> str | None:
+    """How much of a VERIFYING stream's text is proven so far ("87% proven"): auto mode
+    colors what the telemetry proved as it goes; the verdict waits for the stream's end."""
+    if stream.label != LABEL_VERIFYING or not stream.sse_byte_count:
+        return None
+    return f"{stream.proven_bytes * 100 // stream.sse_byte_count}% proven"
+
+
 def header_pieces(stream: StreamState) -> Line:
     """`#i LABEL · numbers` on one line (the stream view and the plain listing)."""
+    proven = proven_text(stream)
     return [
         (f"#{stream.index} ", "bold"),
         (stream.label, label_key(stream.label)),
+        *([(f" · {proven}", None)] if proven else []),
         (" · " + numbers_text(stream, narrow=False), None),
     ]
 
@@ -393,13 +342,17 @@ class PaneData:
     body: tuple[Piece, ...]  # sanitized, styled tail of the text
     note: str | None
     requests: int | None = None  # --requests: the run's requests (the title's "#i/N")
+    proven: str | None = None  # VERIFYING: how much is proven so far (proven_text)
 
 
 def pane_data(stream: StreamState, model: RunModel, max_chars: int | None) -> PaneData:
     body = _clean(_styled(stream, model, max_chars))
     note = sanitize(stream.note, keep_newlines=False) if stream.note else None
     requests = len(model.streams) if model.queueing else None
-    return PaneData(stream.index, stream.label, numbers_text(stream), tuple(body), note, requests)
+    return PaneData(
+        stream.index, stream.label, numbers_text(stream), tuple(body), note, requests,
+        proven_text(stream),
+    )  # fmt: skip
 
 
 def _pane_content(data: PaneData, width: int, height: int) -> list[Line]:
@@ -407,8 +360,9 @@ def _pane_content(data: PaneData, width: int, height: int) -> list[Line]:
     # With --requests a stream shows request after request: "#17/100" is the 18th of 100.
     of = f"/{data.requests}" if data.requests is not None else ""
     title = f"#{data.index}{of} "
+    proven: Line = [(f" · {data.proven}", None)] if data.proven else []
     content: list[Line] = [
-        fit([(title, "bold"), (data.label, label_key(data.label))], width),
+        fit([(title, "bold"), (data.label, label_key(data.label)), *proven], width),
         fit([(data.numbers, None)], width),
     ]
     body_height = max(0, height - 2 - (1 if data.note else 0))
@@ -460,83 +414,187 @@ def overview_line(stream: StreamState, model: RunModel, width: int, *, focused: 
 
 
 # --- banner, legend, status --------------------------------------------------------------
+#
+# Each is a list of parts (a part: pieces that belong together), laid out by `part_lines`:
+# whole parts per line, wrapped onto more lines when the terminal is narrow, never cut
+# inside a part while there is a line left for it. Where the live grid has few lines,
+# the shorter wording of each part is tried before anything is cut.
+
+_SEPARATOR: Piece = (" · ", None)
 
 
-def banner_line(model: RunModel, width: int | None) -> Line:
-    pieces: Line = []
+def part_lines(parts: Sequence[Line], width: int, max_lines: int | None = None) -> list[Line]:
+    """`parts` joined by " · " on lines of exactly `width` cells, as many whole parts per
+    line as fit; a part wider than a line is wrapped at spaces. With `max_lines`, what
+    does not fit on the last line is cut there, ending in "…"."""
+    rows: list[Line] = []
+    current: Line = []
+    used = 0
+    for part in parts:
+        size = line_width(part)
+        if current and used + 3 + size <= width:
+            current += [_SEPARATOR, *part]
+            used += 3 + size
+            continue
+        if current:
+            rows.append(current)
+        if size <= width:
+            current, used = list(part), size
+            continue
+        wrapped = word_wrap(part, width)
+        rows.extend(wrapped[:-1])
+        current = [(line_text(wrapped[-1]).rstrip(), wrapped[-1][0][1] if wrapped[-1] else None)]
+        used = line_width(current)
+    if current or not rows:
+        rows.append(current)
+    if max_lines is not None and len(rows) > max(1, max_lines):
+        keep = max(1, max_lines)
+        last: Line = list(rows[keep - 1])
+        for row in rows[keep:]:
+            last += [_SEPARATOR, *row]
+        rows = [*rows[: keep - 1], last]
+    return [fit(row, width) for row in rows]
+
+
+def chrome_lines(
+    wordings: Sequence[Sequence[Line]], width: int | None, max_lines: int | None = None
+) -> list[Line]:
+    """The first wording (a list of parts; the longest first) whose parts fit on
+    `max_lines` lines, else the last one cut to them; `width` None: the first
+    wording on one unpadded line."""
+    if width is None:
+        return [[piece for index, part in enumerate(wordings[0])
+                 for piece in ([_SEPARATOR] if index else []) + list(part)]]  # fmt: skip
+    for parts in wordings[:-1]:
+        lines = part_lines(parts, width)
+        if max_lines is None or len(lines) <= max_lines:
+            return lines
+    return part_lines(wordings[-1], width, max_lines)
+
+
+def _banner_parts(model: RunModel, short: bool) -> list[Line]:
+    parts: list[Line] = []
     if model.is_simulated:
-        pieces += [(SIMULATED_LABEL, "simulated"), (" · ", None)]
+        parts.append([(SIMULATED_LABEL, "simulated")])
     if model.replay_of is not None:
-        pieces += [(f"REPLAY of {sanitize(model.replay_of, keep_newlines=False)}", "replay")]
-        pieces += [(" · ", None)]
-    parts = []
+        parts.append([(f"REPLAY of {sanitize(model.replay_of, keep_newlines=False)}", "replay")])
+    texts = []
     if model.model_name:
         where = f" @ {model.server}" if model.server else ""
-        parts.append(f"model {model.model_name}{where}")
+        texts.append(f"model {model.model_name}{where}")
     elif model.server:
-        parts.append(f"server {model.server}")
-    parts.append(f"mode {model.mode}")
-    parts.append(f"backend {model.backend.name} ({model.backend.evidence})")
+        texts.append(f"server {model.server}")
+    texts.append(f"mode {model.mode}")
+    evidence = model.backend.evidence
+    if short:
+        # Where the verdict came from, without its details ("plugin hello: vLLM 0.32.0, K=3…").
+        evidence = evidence.split(":", 1)[0]
+    texts.append(f"backend {model.backend.name} ({evidence})")
     if any(source.get("verification") == "fly" for source in model.sources):
         # Contract C1: lossy verification; "accepted" then does not mean "what the target
         # would have sampled", and the banner must not let the colors suggest it.
-        parts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
+        texts.append("LOSSY verification (fly): an accepted draft need not be the target's choice")
+    if (untested := untested_engine(model.sources)) is not None:
+        texts.append(f"UNTESTED engine: vLLM {untested} was never tested with the plugin")
     if not model.backend.speculative:
-        parts.append("monochrome: no speculative decoding proven")
+        texts.append("monochrome: no speculative decoding proven")
     if model.telemetry:
-        parts.append(model.telemetry)  # where telemetry comes from and what vouches for it
-    pieces.append((sanitize(" · ".join(parts), keep_newlines=False), None))
-    return pieces if width is None else fit(pieces, width)
+        # Where telemetry comes from and what vouches for it; short: the path and its
+        # one warning ("over plain HTTP: NOT encrypted"), before the first comma.
+        texts.append(model.telemetry.split(", ", 1)[0] if short else model.telemetry)
+    parts += [[(sanitize(text, keep_newlines=False), None)] for text in texts]
+    return parts
 
 
-def legend_pieces(model: RunModel) -> Line:
-    """What the colors of this run mean, in the colors themselves."""
+def banner_lines(model: RunModel, width: int | None, max_lines: int | None = None) -> list[Line]:
+    """The banner: engine, model and server, mode, backend and its evidence, telemetry."""
+    wordings = [_banner_parts(model, False), _banner_parts(model, True)]
+    return chrome_lines(wordings, width, max_lines)
+
+
+def banner_line(model: RunModel, width: int | None) -> Line:
+    """The banner on one line (cut with "…" when it does not fit)."""
+    return banner_lines(model, width, 1)[0]
+
+
+def _shows_chunks(model: RunModel) -> bool:
+    return any(stream.shows_chunks for stream in model.shown_streams())
+
+
+def _legend_parts(model: RunModel, short: bool) -> list[Line]:
     if not model.colorize:
         reason = "NO_COLOR" if model.no_color else "no speculative decoding proven"
-        return [("colors: none (" + reason + ")", "dim")]
-    pieces: Line = []
+        return [[("colors: none (" + reason + ")", "dim")]]
     if model.mode == "chunk":
-        pieces += [("colors: SSE chunks ", None)]
-        pieces += [("■", key) for key in STEP_KEYS]
-        pieces += [(" (network chunks, not engine steps)", None)]
-        return pieces
+        squares: Line = [("■", key) for key in STEP_KEYS]
+        what = " (network chunks)" if short else " (network chunks, not engine steps)"
+        return [[("colors: SSE chunks ", None), *squares, (what, None)]]
+    parts: list[Line] = []
+    verifying = model.mode == "auto" and any(
+        stream.label == LABEL_VERIFYING for stream in model.shown_streams()
+    )
     if model.color_by == "role":
-        pieces.append(("colors: token role ", None))
+        colors: Line = [("colors: token role", None)]
         for code in (1, 2, 3):
-            pieces += [("■", ROLE_KEYS[code]), (f" {ROLE_NAMES[code]}  ", None)]
-        pieces.append(("plain: a step without drafts", None))
+            colors += [(" ", None), ("■", ROLE_KEYS[code]), (f" {ROLE_NAMES[code]}", None)]
+        parts.append(colors)
+        parts.append([("plain: a step without drafts", None)])
         # A reconciler without contract C2's roles: no span is shown with a role.
         mixed = "underlined: tokens of two roles" if model.roles_known else None
         unproven = "dim: not yet proven" if model.roles_known else "dim: no role proven"
     else:
-        pieces.append(("colors: engine step ", None))
-        pieces += [("■", key) for key in STEP_KEYS]
-        pieces.append((" (cycling, one per verified step)", None))
-        mixed = "underlined: a character from two steps"
+        cycle = " (cycling)" if short else " (cycling, one per verified step)"
+        parts.append(
+            [("colors: engine step ", None), *[("■", k) for k in STEP_KEYS], (cycle, None)]
+        )
+        mixed = (
+            "underlined: 2 steps in 1 character"
+            if short
+            else ("underlined: a character from two steps")
+        )
         unproven = "dim: not yet proven"
     if mixed is not None:
-        pieces += [(" · ", None), (mixed, "mixed")]
-    pieces += [(" · ", None), (unproven, "unproven")]
-    pieces.append((" · SSE CHUNK MODE streams: colors are SSE chunks", None))
-    return pieces
+        parts.append([(mixed, "mixed")])
+    unproven_part: Line = [(unproven, "unproven")]
+    if verifying:
+        # auto mode proves a stream as it goes; its verdict waits for the stream's end.
+        unproven_part.append(
+            ("; verdict when a stream ends" if short else "; the verdict comes when a stream ends",
+             None)
+        )  # fmt: skip
+    parts.append(unproven_part)
+    if _shows_chunks(model):
+        parts.append(
+            [(f"{'CHUNK' if short else LABEL_CHUNK} streams: colors are SSE chunks", None)]
+        )
+    return parts
+
+
+def legend_lines(model: RunModel, width: int | None, max_lines: int | None = None) -> list[Line]:
+    """What the colors of this run mean, in the colors themselves."""
+    return chrome_lines([_legend_parts(model, False), _legend_parts(model, True)], width, max_lines)
 
 
 def legend_line(model: RunModel, width: int | None) -> Line:
-    pieces = legend_pieces(model)
-    return pieces if width is None else fit(pieces, width)
+    """The legend on one line (cut with "…" when it does not fit)."""
+    return legend_lines(model, width, 1)[0]
 
 
 @dataclass
 class GridUi:
-    """What the keys changed: the focused stream, zoom, pause (views.py)."""
+    """What the keys changed: the focused stream, zoom, pause (views.py); and where
+    the last frame put each stream, for the arrow keys (`move_focus`)."""
 
     focus: int = 0
     zoomed: bool = False
     paused: bool = False
     keys: bool = False  # keys are read: show their hints
+    # stream position -> (top row, left column, rows, columns) of its pane or overview entry
+    places: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
 
 
 _KEY_HINT = "keys: ↑↓←→ focus · z zoom · p pause · c colors · q quit"
+_ZOOM_KEY_HINT = "keys: Esc or z back to the grid · ↑↓←→ next stream · p pause · c colors · q quit"
 
 
 def requests_text(model: RunModel) -> str:
@@ -549,27 +607,44 @@ def requests_text(model: RunModel) -> str:
     )
 
 
-def status_line(model: RunModel, width: int, hidden: int, ui: GridUi | None) -> Line:
+def _status_parts(model: RunModel, hidden: int, ui: GridUi | None, short: bool) -> list[Line]:
     counts = model.count_labels()
     noun = "requests" if model.queueing else "streams"
-    labels = f"{noun} " + " · ".join(f"{label}: {n}" for label, n in sorted(counts.items()))
-    parts = []
+    names = SHORT_LABELS if short else {}
+    labels = f"{noun} " + " · ".join(
+        f"{names.get(label, label)}: {n}" for label, n in sorted(counts.items())
+    )
+    texts = []
     if ui is not None and ui.paused:
-        parts.append("PAUSED (p resumes; the run goes on)")
+        texts.append("PAUSED (p resumes; the run goes on)")
     if hidden > 0:
         # First on the line, so a narrow terminal cuts the counts rather than this.
-        parts.append(
+        texts.append(
             f"{hidden} of {len(model.shown_streams())} streams hidden: enlarge the terminal, "
             "move the focus or use --tmux"
         )
     if model.queueing:
-        parts.append(requests_text(model))
-    parts.append(labels)
-    if model.run_messages:
-        parts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
+        texts.append(requests_text(model))
+    texts.append(labels)
+    if model.fix is not None:
+        texts.append(model.fix)  # the cause and its fix (advice.py), before any message
+    elif model.run_messages:
+        texts.append("run: " + sanitize(model.run_messages[-1], keep_newlines=False))
     if ui is not None and ui.keys:
-        parts.append(_KEY_HINT)
-    return fit([(" · ".join(parts), "dim")], width)
+        texts.append(_ZOOM_KEY_HINT if ui.zoomed else _KEY_HINT)
+    return [[(text, "dim")] for text in texts]
+
+
+def status_lines(
+    model: RunModel, width: int, hidden: int, ui: GridUi | None, max_lines: int | None = 1
+) -> list[Line]:
+    """Label counts, what is hidden, the last run message, the keys."""
+    wordings = [_status_parts(model, hidden, ui, False), _status_parts(model, hidden, ui, True)]
+    return chrome_lines(wordings, width, max_lines)
+
+
+def status_line(model: RunModel, width: int, hidden: int, ui: GridUi | None) -> Line:
+    return status_lines(model, width, hidden, ui, 1)[0]
 
 
 # --- screens -----------------------------------------------------------------------------
@@ -748,6 +823,59 @@ class PaneCache:
             self._panes = {i: pane for i, pane in self._panes.items() if i in shown}
 
 
+def _pane_places(
+    positions: Sequence[int], columns: int, pane_width: int, pane_height: int, top: int
+) -> dict[int, tuple[int, int, int, int]]:
+    return {
+        position: (
+            top + (index // columns) * pane_height,
+            (index % columns) * pane_width,
+            pane_height,
+            pane_width,
+        )
+        for index, position in enumerate(positions)
+    }
+
+
+def _grid_body(
+    model: RunModel,
+    shown: Sequence[StreamState],
+    width: int,
+    body_height: int,
+    ui: GridUi,
+    cache: PaneCache | None,
+    focus: int | None,
+    top: int,
+) -> tuple[list[Line], int, dict[int, tuple[int, int, int, int]]]:
+    """The grid's body (panes, overview lines, or the zoomed pane), how many streams it
+    leaves out, and where it put each stream (rows counted from `top`)."""
+    count = len(shown)
+    if ui.zoomed and focus is not None:
+        data = pane_data(shown[focus], model, width * body_height * 2)
+        return box_pane(data, width, body_height, focused=True), 0, {}
+    plan = grid_plan(count, width, body_height, focus if focus is not None else 0)
+    panes = plan.panes
+    if plan.overview_rows == 0 and not plan.overview:
+        # Whole rows of panes only, as many as fit.
+        rows_that_fit = max(1, body_height // plan.pane_height)
+        panes = panes[: rows_that_fit * plan.columns]
+    lines = _pane_rows(
+        model, shown, panes, plan.columns, plan.pane_width, plan.pane_height, width, cache, focus
+    )
+    places = _pane_places(panes, plan.columns, plan.pane_width, plan.pane_height, top)
+    overview_top = top + len(lines)
+    for slot, position in enumerate(plan.overview):
+        column, row = divmod(slot, max(1, plan.overview_rows))
+        places[position] = (
+            overview_top + row,
+            column * plan.overview_width,
+            1,
+            plan.overview_width,
+        )
+    lines.extend(_overview_rows(model, shown, plan, width, focus))
+    return lines, count - len(panes) - len(plan.overview), places
+
+
 def grid_screen(
     model: RunModel,
     width: int,
@@ -757,50 +885,84 @@ def grid_screen(
 ) -> list[Line]:
     """The live grid: exactly `height` lines of exactly `width` cells."""
     ui = ui or GridUi()
-    legend = height >= LEGEND_MIN_HEIGHT
-    chrome = 2 + (1 if legend else 0)
-    body_height = max(1, height - chrome)
     shown = model.shown_streams()
     count = len(shown)
     if cache is not None and model.queueing:
         cache.keep_only(shown)
-    lines: list[Line] = [banner_line(model, width)]
-    if legend:
-        lines.append(legend_line(model, width))
+    # The banner, legend and status line wrap where the terminal is narrow: on a short
+    # one into fewer lines (shorter wording first), below LEGEND_MIN_HEIGHT one line each
+    # and no legend.
+    roomy = height >= LEGEND_MIN_HEIGHT
+    top: list[Line] = banner_lines(model, width, (3 if height >= 40 else 2) if roomy else 1)
+    if roomy:
+        top += legend_lines(model, width, 2)
+    status_budget = 2 if roomy else 1
     # The focus is shown (heavy borders, ▶) only where keys can move it.
     focus = min(ui.focus, count - 1) if count and ui.keys else None
-    hidden = 0
-    if ui.zoomed and focus is not None:
-        stream = shown[focus]
-        budget = width * body_height * 2
-        data = pane_data(stream, model, budget)
-        lines.extend(box_pane(data, width, body_height, focused=True))
-    else:
-        plan = grid_plan(count, width, body_height, focus if focus is not None else 0)
-        if plan.overview_rows == 0 and not plan.overview:
-            # Whole rows of panes only, as many as fit.
-            rows_that_fit = max(1, body_height // plan.pane_height)
-            on_screen = plan.panes[: rows_that_fit * plan.columns]
-            hidden = count - len(on_screen)
-            lines.extend(
-                _pane_rows(
-                    model, shown, on_screen, plan.columns, plan.pane_width, plan.pane_height,
-                    width, cache, focus,
-                )
-            )  # fmt: skip
-        else:
-            hidden = count - len(plan.panes) - len(plan.overview)
-            lines.extend(
-                _pane_rows(
-                    model, shown, plan.panes, plan.columns, plan.pane_width, plan.pane_height,
-                    width, cache, focus,
-                )
-            )  # fmt: skip
-            lines.extend(_overview_rows(model, shown, plan, width, focus))
-    lines = lines[: height - 1]
-    lines.extend([(" " * width, None)] for _ in range(height - 1 - len(lines)))
-    lines.append(status_line(model, width, hidden, ui))
+    status = status_lines(model, width, 0, ui, status_budget)
+    body_height = max(1, height - len(top) - len(status))
+    body, hidden, places = _grid_body(model, shown, width, body_height, ui, cache, focus, len(top))
+    if hidden and not ui.zoomed:
+        # Saying what is hidden may take another status line: lay the body out again.
+        wider = status_lines(model, width, hidden, ui, status_budget)
+        if len(wider) > len(status):
+            body_height = max(1, height - len(top) - len(wider))
+            body, hidden, places = _grid_body(
+                model, shown, width, body_height, ui, cache, focus, len(top)
+            )
+        status = status_lines(model, width, hidden, ui, len(wider))
+    ui.places = places
+    lines = [*top, *body][: max(0, height - len(status))]
+    lines.extend([(" " * width, None)] for _ in range(height - len(status) - len(lines)))
+    lines.extend(status[: height - len(lines)])
     return lines
+
+
+_DIRECTIONS = {
+    "up": (-1, 0), "k": (-1, 0), "down": (1, 0), "j": (1, 0),
+    "left": (0, -1), "h": (0, -1), "right": (0, 1), "l": (0, 1),
+}  # fmt: skip
+
+
+def move_focus(ui: GridUi, key: str, count: int) -> bool:
+    """Move the focus by an arrow key (or hjkl) to the nearest stream on the screen in
+    that direction, as the last frame laid them out (`ui.places`). Past the visible
+    overview lines it moves on in stream order (the window follows the focus). False:
+    not a direction key."""
+    direction = _DIRECTIONS.get(key)
+    if direction is None:
+        return False
+    down, right = direction
+    here = ui.places.get(ui.focus)
+    if ui.zoomed or here is None:
+        # One stream on the screen (or the focus scrolled off): the next one in order.
+        step = 1 if down + right > 0 else -1
+        ui.focus = (ui.focus + step) % max(1, count)
+        return True
+    row, column = here[0] + here[2] / 2, here[1] + here[3] / 2
+    best: tuple[float, int] | None = None
+    for position, (top, left, rows, columns) in ui.places.items():
+        if position == ui.focus:
+            continue
+        # How far along the direction, and how far off its line (ranges that overlap
+        # are on the same line: a pane row and the overview line under it).
+        along = (top + rows / 2 - row) * down + (left + columns / 2 - column) * right
+        if down:
+            if not (top >= here[0] + here[2] if down > 0 else top + rows <= here[0]):
+                continue
+            off = max(0.0, left - column, column - (left + columns))
+        else:
+            if not (left >= here[1] + here[3] if right > 0 else left + columns <= here[1]):
+                continue
+            off = max(0.0, top - row, row - (top + rows))
+        score = along + 4 * off
+        if best is None or score < best[0]:
+            best = (score, position)
+    if best is not None:
+        ui.focus = best[1]
+    elif down and 0 <= ui.focus + down < count and ui.focus + down not in ui.places:
+        ui.focus += down  # the overview window scrolls to it
+    return True
 
 
 def final_grid(model: RunModel, width: int) -> list[Line]:
@@ -814,7 +976,7 @@ def final_grid(model: RunModel, width: int) -> list[Line]:
     # The final picture keeps every pane, roomier when there are few rows.
     pane_height = 16 if rows <= 2 else 10
     pane_width = max(MIN_PANE_WIDTH // 2, width // columns)
-    lines: list[Line] = [banner_line(model, width), legend_line(model, width)]
+    lines: list[Line] = [*banner_lines(model, width), *legend_lines(model, width)]
     positions = list(range(pane_count))
     lines.extend(
         _pane_rows(model, shown, positions, columns, pane_width, pane_height, width, None, None)
@@ -827,7 +989,7 @@ def final_grid(model: RunModel, width: int) -> list[Line]:
             math.ceil(len(rest) / overview_columns), rest,
         )  # fmt: skip
         lines.extend(_overview_rows(model, shown, plan, width, None))
-    lines.append(status_line(model, width, 0, None))
+    lines.extend(status_lines(model, width, 0, None, None))
     return lines
 
 
@@ -840,7 +1002,8 @@ def stream_screen(
     """One stream: banner, legend, header, its text (the tail when `height` is given,
     else all of it), the note, and the keys while they are read."""
     stream = model.shown_streams()[0]
-    lines: list[Line] = [banner_line(model, width), legend_line(model, width)]
+    budget = None if height is None else 3 if height >= 40 else 2
+    lines: list[Line] = [*banner_lines(model, width, budget), *legend_lines(model, width, budget)]
     header = header_pieces(stream)
     if model.queueing:
         header.append((" · " + requests_text(model), "dim"))
@@ -870,7 +1033,7 @@ def plain_listing(model: RunModel) -> list[Line]:
     lines: list[Line] = [banner_line(model, None)]
     for stream in model.streams:
         lines.append(header_pieces(stream))
-        lines.extend(wrap(_clean(stream.segments(False)), None))
+        lines.extend(wrap(_clean(stream.segments(False), laid_out=False), None))
         if stream.note:
             lines.append([(sanitize(stream.note, keep_newlines=False), None)])
         lines.append([])

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .advice import TelemetrySetup
 from .backend import detect_backend
 from .feed import Feed
 from .metrics import MetricsSnapshot
@@ -31,8 +32,16 @@ from .views import REFRESH_HZ, make_view
 __all__ = ["replay"]
 
 
-def _metrics_evidence(footer: dict[str, Any] | None) -> MetricsSnapshot | None:
-    """Stand-in for the original run's /metrics: only whether spec-decode counters existed."""
+def _metrics_evidence(
+    header: dict[str, Any], footer: dict[str, Any] | None
+) -> MetricsSnapshot | None:
+    """Stand-in for the original run's /metrics: the families it had (what the backend
+    verdict reads), or in an older recording only whether spec-decode counters existed."""
+    families = header.get("metrics_families", False)
+    if families is None:
+        return None  # the server had no /metrics
+    if isinstance(families, list):
+        return MetricsSnapshot(samples={}, families=frozenset(str(f) for f in families))
     if footer is None or "metrics_has_spec_decode" not in footer:
         return None
     families = {"vllm:spec_decode_num_drafts"} if footer["metrics_has_spec_decode"] else set()
@@ -62,7 +71,7 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         except ReconcilerError as error:
             raise SetupError(str(error)) from None
     override = str(header.get("backend_override", "auto"))
-    metrics = _metrics_evidence(recording.footer)
+    metrics = _metrics_evidence(header, recording.footer)
     model = RunModel(
         streams=[
             StreamState(
@@ -87,6 +96,9 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
     model.color_by = config.color_by
     model.palette = config.palette
     model.model_name = str(header["model"]) if header.get("model") else None
+    # The live run's telemetry line and setup: the banner and the fix line say the same.
+    model.telemetry = one_line(str(header.get("telemetry_line") or ""), 300)
+    model.telemetry_setup = TelemetrySetup.from_json(header.get("telemetry_setup"))
     timeout = float(header.get("timeout", 60.0))
     feed = Feed(model, timeout=timeout, backend_override=override, metrics_before=metrics)
     driver = RunDriver(model, feed, reconciler)
@@ -120,11 +132,11 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
         driver.frames([bytes(event[2])])
     elif kind == "reject":
         # A datagram refused before decoding (oversized): a run message, no input.
-        driver.model.run_messages.append(one_line(f"rejected frame: {event[2]}"))
+        driver.feed.run_message(f"rejected frame: {event[2]}")
     elif kind == "lost":
         frames = None if event[2] is None else int(event[2])
         driver.lost(frames)
-        driver.model.run_messages.append(
+        driver.feed.run_message(
             dropped_line(frames, None)
             if frames is not None
             else "telemetry stream: it ended before the run"

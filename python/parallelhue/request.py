@@ -4,7 +4,8 @@ What every stream needs for exactness is fixed here and cannot be overridden:
 `stream` with the usage chunk, `return_token_ids`, the run's `request_id` and
 one choice (`n`). `--extra-body` adds anything else the server accepts
 (top_p, min_tokens, vLLM's sampling extensions); the dedicated flags
-(`--stop`, `--ignore-eos`, `--system`, `--temperature`, `--seed`) win over it.
+(`--stop`, `--ignore-eos`, `--system`, `--temperature`, `--seed`, the
+penalties, `--force-full-length`) win over it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,14 @@ def build_body(config: RunConfig, model: str, request: _Request) -> dict[str, An
     )
     if config.temperature is not None:
         body["temperature"] = config.temperature
+    for key in ("frequency_penalty", "presence_penalty", "repeat_penalty"):
+        value = getattr(config, key)
+        if value is not None:
+            body[key] = value
     if config.stop:
         body["stop"] = list(config.stop)
-    if config.ignore_eos:
+    if config.ignore_eos or config.force_full_length:
         body["ignore_eos"] = True
+    if config.force_full_length:
+        body["min_tokens"] = config.max_tokens
     return body

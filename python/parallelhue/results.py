@@ -227,4 +227,5 @@ def json_document(
         "server_wide_metrics_deltas": {label: value for label, value in model.server_deltas},
         "telemetry": dict(model.counters),
         "run_messages": list(model.run_messages),
+        "fix": model.fix,
     }

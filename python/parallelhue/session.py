@@ -36,6 +36,7 @@ from parallelhue_vllm.paths import (
 )
 from parallelhue_vllm.wire import request_id
 
+from .advice import TelemetrySetup, is_this_host
 from .backend import detect_backend
 from .endpoint import api_base, server_root
 from .feed import Feed
@@ -47,9 +48,14 @@ from .request import build_body
 from .sanitize import one_line
 from .schedule import Dispatcher, arrival_offsets
 from .settings import RunConfig
-from .shapes import EndKind, Usage
+from .shapes import VLLM_PREFIX, EndKind, Usage
 from .state import RunModel, StreamState, telemetry_expected
-from .stream_errors import api_key_message, connect_reason, telemetry_end_message
+from .stream_errors import (
+    api_key_message,
+    connect_reason,
+    is_setup_failure,
+    telemetry_end_message,
+)
 from .streams import (
     StreamRequest,
     StreamStopped,
@@ -234,7 +240,11 @@ def outcome(model: RunModel) -> tuple[int, str | None]:
     failed = [s for s in streams if s.error is not None]
     if failed:
         first = failed[0]
-        return 1, (
+        # Every stream failed the same way before a byte (the server is down, the key
+        # is refused): the run never started, the same setup problem as when model
+        # discovery meets it first, and the same exit code.
+        setup = model.nothing_received and is_setup_failure(first.error or "")
+        return 2 if setup else 1, (
             f"{len(failed)} of {len(streams)} streams failed; "
             f"stream {first.index}: {one_line(first.error or '')}"
         )
@@ -270,9 +280,9 @@ async def discover_model(client: httpx.AsyncClient, endpoint: str) -> str:
     try:
         response = await client.get(url, timeout=30.0)
     except httpx.HTTPError as error:
+        # The server is not reachable: --model would not help (the streams would meet it).
         raise SetupError(
-            f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}; "
-            "give --model to skip this"
+            f"cannot list the server's models at {one_line(url)}: {connect_reason(error)}"
         ) from None
     if response.status_code in (401, 403):
         key_given = "Authorization" in client.headers
@@ -511,12 +521,23 @@ class Session:
         self.model_name: str | None = config.model
         self._abort = asyncio.Event()
         self.path: RustIngest | ReferenceIngest | None = None
+        # The /metrics families before the run (None: the server has no /metrics).
+        self._metrics_families: frozenset[str] | None = None
 
-    def _header(self, plan: TelemetryPlan | None) -> dict[str, Any]:
+    def _header(self, plan: TelemetryPlan | None, model: RunModel) -> dict[str, Any]:
         cfg = self.config
         return {
             "run_id": self.run_id,
             "telemetry": plan.path if plan is not None else None,
+            # What the banner and the fix line said of it, for the replay to say the same.
+            "telemetry_line": model.telemetry,
+            "telemetry_setup": (
+                model.telemetry_setup.as_json() if model.telemetry_setup is not None else None
+            ),
+            # The /metrics families seen before the run: the replay's backend evidence.
+            "metrics_families": (
+                sorted(self._metrics_families) if self._metrics_families is not None else None
+            ),
             # The reconciler's streams: one per request (--requests), `concurrency` at once.
             "num_streams": len(cfg.prompts),
             "concurrency": cfg.concurrency,
@@ -624,10 +645,16 @@ class Session:
         except TelemetryError as error:
             raise SetupError(str(error)) from None
         if plan is not None:
-            model.telemetry = security_line(
-                plan, connect_target(cfg.endpoint), cfg.api_key, self.run_id
+            target = connect_target(cfg.endpoint)
+            model.telemetry = security_line(plan, target, cfg.api_key, self.run_id)
+            model.telemetry_setup = TelemetrySetup(
+                plan.path,
+                plan.note,
+                remote=not is_this_host(target.host),
+                vllm=self._metrics_families is not None
+                and any(name.startswith(VLLM_PREFIX) for name in self._metrics_families),
             )
-        record = (cfg.record, self._header(plan)) if cfg.record is not None else None
+        record = (cfg.record, self._header(plan, model)) if cfg.record is not None else None
         try:
             path.begin(self._requests(), record)
         except ReceiverError as error:
@@ -647,8 +674,13 @@ class Session:
             if self.model_name is None:
                 self.model_name = await discover_model(client, cfg.endpoint)
             metrics_before = await fetch_metrics(client, cfg.endpoint)
+            self._metrics_families = metrics_before.families if metrics_before else None
             # Requests that may wait (for a free stream or their arrival time) say so.
-            waits = cfg.concurrency < len(cfg.prompts) or not math.isinf(cfg.request_rate)
+            waits = (
+                cfg.concurrency < len(cfg.prompts)
+                or not math.isinf(cfg.request_rate)
+                or cfg.start_delay > 0
+            )
             streams = [
                 StreamState(index=i, mode=cfg.mode, prompt=prompt, queued=waits)
                 for i, prompt in enumerate(cfg.prompts)
@@ -718,7 +750,7 @@ class Session:
         dispatcher = Dispatcher(
             arrival_offsets(len(model.streams), cfg.request_rate, cfg.seed), cfg.concurrency
         )
-        dispatcher.begin(time.monotonic())
+        dispatcher.begin(time.monotonic() + cfg.start_delay)  # --start-delay: time to attach
         model.dispatch_at = dispatcher.t0
         for state in model.streams:
             state.scheduled_at = dispatcher.scheduled_at(state.index)

@@ -19,12 +19,14 @@ __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_ENDPOINT",
     "DEFAULT_MAX_TOKENS",
+    "DEFAULT_TEMPERATURE",
     "DEFAULT_TIMEOUT",
     "HARD_CONCURRENCY_LIMIT",
     "MAX_CONCURRENCY",
     "MAX_REQUESTS",
     "MAX_REQUEST_RATE",
     "MAX_SEED",
+    "MAX_START_DELAY",
     "MAX_UID",
     "MODES",
     "PALETTE_NAMES",
@@ -42,6 +44,9 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_ENDPOINT = DEFAULT_BASE_URL + "/chat/completions"
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_TIMEOUT = 60.0
+# The predecessor's default; 0 with --force-full-length (its PARALLELHUE_FORCE_FULL_LENGTH).
+DEFAULT_TEMPERATURE = 0.8
+MAX_START_DELAY = 3600.0
 # The grid shows up to this many panes; more streams run (overview lines, a warning).
 MAX_CONCURRENCY = 64
 # Beyond this a run is almost certainly a typo; the wire format allows 65535.
@@ -101,6 +106,15 @@ class RunConfig:
     # ends); --request-rate: their Poisson arrival rate per second (inf: no waiting).
     requests: int = 1
     request_rate: float = math.inf
+    # The predecessor's sampling knobs (PARALLELHUE_*_PENALTY): None leaves the field out.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repeat_penalty: float | None = None  # llama.cpp's name, sent as given
+    # PARALLELHUE_FORCE_FULL_LENGTH: ignore_eos with min_tokens = max_tokens (and
+    # temperature 0 unless given): every stream runs to max_tokens.
+    force_full_length: bool = False
+    # PARALLELHUE_START_DELAY: seconds between the screen coming up and the first request.
+    start_delay: float = 0.0
 
     @property
     def stdout_reserved(self) -> bool:

@@ -35,8 +35,10 @@ __all__ = [
     "Usage",
 ]
 
-# Prometheus families of vLLM's speculative decoding share this prefix.
+# Prometheus families of vLLM's speculative decoding share this prefix; all of vLLM's
+# families share the shorter one.
 SPEC_DECODE_PREFIX = "vllm:spec_decode"
+VLLM_PREFIX = "vllm:"
 
 
 @dataclass(frozen=True)

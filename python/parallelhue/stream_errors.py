@@ -20,6 +20,7 @@ __all__ = [
     "connect_reason",
     "end_message",
     "error_detail",
+    "is_setup_failure",
     "telemetry_end_message",
 ]
 
@@ -38,6 +39,17 @@ def api_key_message(where: str, given: bool, status: int = 401) -> str:
         f"the server needs an API key (HTTP {status} from {one_line(where)}): give it with "
         f"{API_KEY_SOURCES}"
     )
+
+
+# A stream's failure that the run's setup has, not the stream (end_message's lines for a
+# server that is not reached or refuses the key): when every stream meets it before a
+# byte, the run exits 2, as when model discovery meets it first.
+_SETUP_FAILURES = ("cannot connect to ", "connecting timed out", "TLS failure", "HTTP 401:",
+                   "HTTP 403:")  # fmt: skip
+
+
+def is_setup_failure(message: str) -> bool:
+    return message.startswith(_SETUP_FAILURES)
 
 
 def error_detail(body: str) -> str:

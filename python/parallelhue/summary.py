@@ -17,8 +17,9 @@ from typing import Any
 
 from rich.text import Text
 
+from .advice import grouped_notes, run_message_notes
 from .paint import plain_lines, rich_text, theme_for
-from .panes import SHORT_LABELS, Line, cells, fit, word_wrap
+from .panes import SHORT_LABELS, Line, cells, fit, line_width, word_wrap
 from .results import run_result, stream_result, telemetry_measured
 from .sanitize import sanitize
 from .state import SIMULATED_LABEL, RunModel, label_key
@@ -140,7 +141,8 @@ def _columns(positions: int) -> list[_Column]:
     return columns
 
 
-def _table(model: RunModel, width: int | None) -> list[Line]:
+def _table(model: RunModel, width: int | None) -> tuple[list[Line], set[str]]:
+    """The table's lines and the headers of the columns it kept."""
     measured = telemetry_measured(model)
     streams = [stream_result(s) for s in model.streams]
     total = run_result(model)
@@ -161,7 +163,10 @@ def _table(model: RunModel, width: int | None) -> list[Line]:
         rows.append((f"#{state.index}", short, label_key(state.label), row))
     total_row = {
         **total,
-        "tokens_source": None,
+        # The total counts the streams' usage figures too: it carries their mark.
+        "tokens_source": "usage"
+        if any(s.tokens_source == "usage" for s in model.streams)
+        else None,
         "acceptance_frozen": False,
         "ttft": total["ttft_s"]["mean"],
         "e2e": total["e2e_s"]["mean"],
@@ -199,10 +204,10 @@ def _table(model: RunModel, width: int | None) -> list[Line]:
         lines.append(line)
     if width is not None:
         lines = [fit(line, width) for line in lines]
-    return lines
+    return lines, {columns[i].header for i in keep}
 
 
-def _notes(model: RunModel) -> list[str]:
+def _notes(model: RunModel, positions_shown: bool) -> list[str]:
     notes: list[str] = []
     totals = model.totals
     measured = telemetry_measured(model)
@@ -221,7 +226,7 @@ def _notes(model: RunModel) -> list[str]:
         notes.append(f"tokens per step histogram (tokens:steps): {shown}")
         notes.append(
             "acceptance = accepted / (drafts scheduled - drafts padded), from this run's frames"
-            + ("; acc@i: the same per draft position i" if _has_positions(model) else "")
+            + ("; acc@i: the same per draft position i" if positions_shown else "")
         )
         checked = _metrics_note(model)
         if checked:
@@ -237,9 +242,7 @@ def _notes(model: RunModel) -> list[str]:
         notes.append(
             f"{_FROM_USAGE} tokens from usage.completion_tokens: the server sent no token ids"
         )
-    for state in model.streams:
-        if state.note:
-            notes.append(f"stream {state.index}: {state.label}; {state.note}")
+    notes.extend(grouped_notes([(s.index, s.label, s.note) for s in model.streams if s.note]))
     result = run_result(model)
     ttft, itl, e2e = result["ttft_s"], result["itl_s"], result["e2e_s"]
     note = (
@@ -281,6 +284,9 @@ def _notes(model: RunModel) -> list[str]:
         notes.append(
             "telemetry: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()) if v)
         )
+    notes.extend(run_message_notes(model.run_messages))
+    if model.fix is not None:
+        notes.append(model.fix)  # last: the one line to act on
     return notes
 
 
@@ -323,36 +329,51 @@ def _requests_note(model: RunModel, result: Mapping[str, Any]) -> str:
     )
 
 
-def _has_positions(model: RunModel) -> bool:
-    return bool(run_result(model)["acceptance_by_position"])
-
-
-def _title(model: RunModel) -> Line:
+def _title(model: RunModel, shorter: int = 0) -> Line:
+    """The summary's title; `shorter` 1-4 leaves out the model's name (the banner has it),
+    then says SIMULATED ENGINE and interrupted in fewer words, then drops the counts."""
     count = len(model.streams)
     title: Line = [("Summary", "heading")]
     if model.is_simulated:
-        title.append((f" ({SIMULATED_LABEL}: simulated numbers)", "heading"))
+        simulated = SIMULATED_LABEL if shorter >= 2 else f"{SIMULATED_LABEL}: simulated numbers"
+        title.append((f" ({simulated})", "heading"))
     if model.replay_of is not None:
         title.append((f" (replay of {sanitize(model.replay_of, keep_newlines=False)})", "heading"))
     if model.interrupted:
-        title.append((" (interrupted: partial figures)", "heading"))
-    if _requests_run(model):
-        streams = model.concurrency or count
-        rate = "" if math.isinf(model.request_rate) else f" at {model.request_rate:g}/s"
-        shown = f" · {count} requests on {streams} stream{'s' if streams != 1 else ''}{rate}"
-    else:
-        shown = f" · {count} stream{'s' if count != 1 else ''}"
-    title.append((f"{shown} · mode {model.mode}", None))
-    if model.model_name:
+        partial = "partial" if shorter >= 3 else "partial figures"
+        title.append((f" (interrupted: {partial})", "heading"))
+    if shorter < 4:
+        if _requests_run(model):
+            streams = model.concurrency or count
+            rate = "" if math.isinf(model.request_rate) else f" at {model.request_rate:g}/s"
+            shown = f" · {count} requests on {streams} stream{'s' if streams != 1 else ''}{rate}"
+        else:
+            shown = f" · {count} stream{'s' if count != 1 else ''}"
+        title.append((f"{shown} · mode {model.mode}", None))
+    if model.model_name and shorter < 1:
         title.append((f" · model {sanitize(model.model_name, keep_newlines=False)}", None))
     return title
 
 
+def _title_line(model: RunModel, width: int | None) -> Line:
+    """The title on one line (it never wraps): shorter as the terminal is narrower,
+    cut only when even the shortest does not fit."""
+    if width is None:
+        return _title(model)
+    for shorter in range(5):
+        title = _title(model, shorter)
+        if line_width(title) <= width:
+            return fit(title, width)
+    return fit(title, width)
+
+
 def summary_block(model: RunModel, width: int | None) -> list[Line]:
     """Title, table and notes, fitted to `width` cells (None: natural width, unwrapped):
-    the table drops columns, the notes wrap."""
-    lines = [*word_wrap(_title(model), width), *_table(model, width)]
-    for note in _notes(model):
+    the table drops columns, the notes wrap (and leave out what explains a dropped one)."""
+    table, kept = _table(model, width)
+    positions_shown = any(header.startswith("acc@") for header in kept)
+    lines = [_title_line(model, width), *table]
+    for note in _notes(model, positions_shown):
         lines.extend(word_wrap([(note, None)], width))
     return lines
 

@@ -194,7 +194,14 @@ class TmuxView:
                 raise TmuxError(f"tmux split-window failed: {split.stderr.strip()}")
             _tmux("select-layout", "-t", self.session, "tiled")
         _tmux("select-layout", "-t", self.session, "tiled")
-        print(f"parallelhue: tmux session {self.session}", file=sys.stderr)
+        if self.attach:
+            print(f"parallelhue: tmux session {self.session}", file=sys.stderr)
+        else:  # --no-attach: how to look at it
+            print(
+                f"parallelhue: tmux session {self.session} (watch with: tmux attach -t "
+                f"{self.session})",
+                file=sys.stderr,
+            )
         if self.attach and sys.stdout.isatty():
             if os.environ.get("TMUX"):
                 switched = _tmux("switch-client", "-t", self.session)

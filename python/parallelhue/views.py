@@ -10,6 +10,7 @@ pause, step/role colors and quit.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from .panes import (
     final_grid,
     grid_layout,
     grid_screen,
+    move_focus,
     plain_listing,
     stream_screen,
 )
@@ -114,9 +116,24 @@ def print_lines(console: Console, model: RunModel, lines: list[Line]) -> None:
     console.print(text, soft_wrap=True)
 
 
+def terminal_width(console: Console) -> int | None:
+    """The columns of the terminal the console writes to, TERM=dumb included (it wraps
+    long lines too); None for a pipe or a file, which get whole lines."""
+    try:
+        if not console.file.isatty():
+            return None
+    except (AttributeError, ValueError, OSError):
+        return None
+    if console.is_terminal and not console.soft_wrap:
+        return console.size.width
+    try:
+        return os.get_terminal_size(console.file.fileno()).columns or None
+    except (AttributeError, ValueError, OSError):
+        return console.size.width
+
+
 def print_summary(console: Console, model: RunModel) -> None:
-    width = None if console.soft_wrap or not console.is_terminal else console.size.width
-    print_lines(console, model, summary_block(model, width))
+    print_lines(console, model, summary_block(model, terminal_width(console)))
 
 
 class _Keys:
@@ -153,9 +170,11 @@ class _Keys:
             ui.zoomed = not ui.zoomed
         elif key == "escape":
             ui.zoomed = False
-        elif key in ("right", "down", "j", "l", "tab"):
+        elif move_focus(ui, key, count):
+            pass  # arrows and hjkl: on the grid, as the last frame laid the streams out
+        elif key == "tab":
             ui.focus = (ui.focus + 1) % max(1, count)
-        elif key in ("left", "up", "k", "h", "backtab"):
+        elif key == "backtab":
             ui.focus = (ui.focus - 1) % max(1, count)
         elif key == "pagedown":
             ui.focus = min(count - 1, ui.focus + 10)

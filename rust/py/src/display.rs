@@ -2,7 +2,7 @@
 //! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
 //!
 //! `take` replaces a Python tuple per event by a few `bytes`: each stream's
-//! new SSE text once; its new spans (16 bytes a span, `fed::SPAN_RECORD_BYTES`)
+//! new SSE text once; its new spans (16 bytes a span, `spans::SPAN_RECORD_BYTES`)
 //! go straight onto the stream's `SpanRecords`.
 
 use std::path::PathBuf;
@@ -46,7 +46,10 @@ fn batch_tuple<'py>(
     // and no Python call per stream (see spans.rs).
     for (stream, start, end) in batch.span_index {
         if let Some(store) = stores.get(usize::from(stream)) {
-            store.borrow_mut().append_packed(&batch.spans[start..end]);
+            store
+                .borrow_mut()
+                .records
+                .append_packed(&batch.spans[start..end]);
         }
     }
     let events = PyList::empty(py);

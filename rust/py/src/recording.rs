@@ -1,6 +1,7 @@
 //! The recording format from Python: `RecordWriter` (the reference path's
-//! recording), `decode_recording` (for `replay`) and `pack_inputs` (inputs as
-//! one `push_recorded` buffer).
+//! recording), `decode_recording` (for `replay`) and `encode_recording`
+//! (`record.write_recording`); the test kit's `pack_inputs` encodes with
+//! [`encode_input`] too.
 
 use std::path::PathBuf;
 
@@ -125,7 +126,12 @@ fn counts_bytes(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
 /// One reconciler input item (as `push_inputs` and `encode_recording` take
 /// them, without the time) appended as a recording item at time `t`; false
 /// for another kind or shape.
-fn encode_input(out: &mut Vec<u8>, t: f64, kind: &str, f: &[Bound<'_, PyAny>]) -> PyResult<bool> {
+pub(crate) fn encode_input(
+    out: &mut Vec<u8>,
+    t: f64,
+    kind: &str,
+    f: &[Bound<'_, PyAny>],
+) -> PyResult<bool> {
     match (kind, f.len()) {
         ("frame", 1) => {
             let data = frame_bytes(&f[0])?;
@@ -168,30 +174,6 @@ fn encode_input(out: &mut Vec<u8>, t: f64, kind: &str, f: &[Bound<'_, PyAny>]) -
         _ => return Ok(false),
     }
     Ok(true)
-}
-
-/// Reconciler inputs (the items of `push_inputs`) as one `push_recorded`
-/// buffer, all at time 0.
-#[pyfunction]
-pub(crate) fn pack_inputs<'py>(
-    py: Python<'py>,
-    inputs: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let mut out = Vec::new();
-    for item in inputs.try_iter()? {
-        let item = item?;
-        let tuple = item.cast::<PyTuple>()?;
-        let kind: String = tuple.get_item(0)?.extract()?;
-        let fields: Vec<Bound<'_, PyAny>> = tuple.iter().skip(1).collect();
-        if !encode_input(&mut out, 0.0, &kind, &fields)? {
-            return Err(value_error(format!(
-                "invalid input {}: expected {}",
-                item.repr()?,
-                crate::reconciler::INPUT_SHAPES
-            )));
-        }
-    }
-    Ok(PyBytes::new(py, &out))
 }
 
 /// The recording of a run whose inputs Python feeds (the reference path):
