@@ -193,7 +193,6 @@ def test_split_lead_on_real_byte_layouts(
 @pytest.mark.parametrize(
     ("kind", "parts", "fragment", "why"),
     [
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", "one U+FFFD for bytes of both sides"),
         (KIND_BYTE_LEVEL, bl(DONG[:1], DONG[1:]), "東 ", "bytes do not add up"),
         (KIND_BYTE_LEVEL, bl(b" ", b"a"), "a", "the decoder stripped the leading space"),
         (KIND_BYTE_LEVEL, bl(b"", b"a"), "a", "a predecessor without bytes"),
@@ -218,9 +217,16 @@ def test_split_lead_is_unknown_rather_than_a_guess(
         (KIND_BYTE_LEVEL, bl(DONG[:1], DONG[1:2], DONG[2:]), "東", 2, [1, 1]),
         # A U+FFFD of one predecessor's own bytes: its three bytes are its give.
         (KIND_BYTE_LEVEL, bl(b"a\xe6", b"\xe6\x9d", b"\xb1"), "a\ufffd東", 6, [4, 2]),
-        # One U+FFFD for bytes of two predecessors: theirs unknown, lead_len known.
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x9d", b"!"), "\ufffd!", 3, [UNKNOWN, UNKNOWN]),
-        (KIND_BYTE_LEVEL, bl(b"x", b"\xe6", b"\x9d", b"!"), "x\ufffd!", 4, [1, UNKNOWN, UNKNOWN]),
+        # One U+FFFD for bytes of two predecessors: cut between them inside its three
+        # bytes (1 and 2), so it is theirs together and "x" the first token's own.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x9d", b"!"), "\ufffd!", 3, [1, 2]),
+        (KIND_BYTE_LEVEL, bl(b"x", b"\xe6", b"\x9d", b"!"), "x\ufffd!", 4, [1, 1, 2]),
+        # ... of three predecessors: a byte each.
+        (KIND_BYTE_LEVEL, bl(b"\xf0", b"\x9f", b"\x98", b"ok"), "\ufffdok", 3, [1, 1, 1]),
+        # ... of a predecessor and the carrier: lead_len inside it, the carrier's own
+        # characters after it.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", 1, [1]),
+        (KIND_BYTE_LEVEL, bl(b"ab\xe6", b"\x9dcd"), "ab\ufffdcd", 3, [3]),
         (KIND_BYTE_FALLBACK, bf(EMOJI[:1], EMOJI[1:2], EMOJI[2:3], EMOJI[3:]), "😀", 3, [1, 1, 1]),
         (KIND_BYTE_FALLBACK, bf(DONG[:1], DONG[1:2], DONG[2:], "京"), "東京", 3, [1, 1, 1]),
         # Byte fallback's invalid run: one U+FFFD per byte token, each standing for the
@@ -237,7 +243,6 @@ def test_split_lead_is_unknown_rather_than_a_guess(
         # ... and a run that the carrier ends: no honest split.
         (KIND_BYTE_FALLBACK, bf(b"\xe6", b"A"), "\ufffd\ufffd", UNKNOWN, [UNKNOWN]),
         # Unknown split: unknown give counts.
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", UNKNOWN, [UNKNOWN]),
         (KIND_BYTE_LEVEL, bl(b" ", b"a"), "a", UNKNOWN, [UNKNOWN]),
         ("sentencepiece", bl(DONG[:1], DONG[1:]), "東", UNKNOWN, [UNKNOWN]),
     ],

@@ -46,6 +46,7 @@ Cost: nothing per token; the work runs only for a fragment with
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -314,11 +315,15 @@ def split_gives(
 
     A predecessor's give count is how many bytes of the fragment stand for its
     bytes. Everything is LEAD_UNKNOWN unless decoding the tokens as the
-    tokenizer's decoder does gives exactly `fragment`, no U+FFFD stands for
-    bytes of a predecessor and of the carrier, and the protocol's bounds hold
-    (`span_back <= lead_len <= frag_len`, each predecessor giving at least one
-    byte). A U+FFFD that stands for bytes of two predecessors makes their give
-    counts unknown; lead_len stays known. Known give counts of all
+    tokenizer's decoder does gives exactly `fragment` and the protocol's bounds
+    hold (`span_back <= lead_len <= frag_len`, each predecessor giving at least
+    one byte). A U+FFFD that stands for bytes of two or three tokens (the
+    carrier among them or not) is cut among them inside its three bytes
+    (_spread): its character is then theirs together, and every other
+    character its own token's. Where that is not possible (byte fallback's
+    invalid runs of several byte tokens, each U+FFFD standing for the whole
+    run) the run's give counts are unknown and lead_len stays known, or, when
+    the carrier is in the run, everything is unknown. Known give counts of all
     predecessors add up to lead_len.
     """
     carrier = len(parts) - 1
@@ -333,6 +338,16 @@ def split_gives(
         return unknown
     if out != fragment:
         return unknown
+    spread = _spread(owners)
+    if spread is not None:
+        # One token per output byte, in token order: the carrier's start is lead_len,
+        # each predecessor gives what it owns (a U+FFFD of several tokens is cut
+        # among them inside its three bytes, so the character stays theirs together).
+        lead = next((at for at, token in enumerate(spread) if token == carrier), len(spread))
+        spread_gives = [spread[:lead].count(token) for token in range(carrier)]
+        if all(spread_gives):
+            return lead, spread_gives
+        return unknown  # each predecessor named by span_back gives a byte
     # The carrier's own bytes come last: lead_len is where they start.
     lead = next((at for at, (_, last) in enumerate(owners) if last == carrier), len(owners))
     if any(first != carrier for first, _ in owners[lead:]) or not carrier <= lead <= len(out):
@@ -348,6 +363,35 @@ def split_gives(
     for token in shared:
         gives[token] = LEAD_UNKNOWN
     return lead, gives
+
+
+def _spread(owners: Sequence[Owner]) -> list[int] | None:
+    """One token per output byte: a character's bytes go to the token they stand
+    for; the three bytes of a U+FFFD that stands for tokens a..b (two or three
+    tokens: a maximal ill-formed subpart is at most three bytes) go to a, b, b or a,
+    a + 1, a + 2, so that each of those tokens owns a byte inside it and the
+    character comes from all of them (docs/PROTOCOL.md "Spans": a character is
+    attributed to every unit that overlaps it). None when that is not in token
+    order (byte fallback: every U+FFFD of an invalid run of several byte tokens
+    stands for the whole run), or a U+FFFD stands for more than three tokens."""
+    out: list[int] = []
+    at = 0
+    while at < len(owners):
+        first, last = owners[at]
+        if first == last:
+            out.append(first)
+            at += 1
+            continue
+        count = last - first + 1
+        if count > len(_REPLACEMENT) or list(owners[at : at + len(_REPLACEMENT)]) != [
+            (first, last)
+        ] * len(_REPLACEMENT):
+            return None
+        out += [first, last, last] if count == 2 else [first, first + 1, first + 2]
+        at += len(_REPLACEMENT)
+    if any(a > b for a, b in itertools.pairwise(out)):
+        return None
+    return out
 
 
 def split_lead(kind: str | None, parts: Sequence[TokenPart], fragment: bytes) -> int:
