@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native \
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv router-venv bench fuzz clean native \
 	dist install-test plugin-dist plugin-pythons
 
 all: native
@@ -61,7 +61,7 @@ lint: native
 rust-test:
 	cargo test -p parallelhue-core
 
-py-test: native
+py-test: native router-venv
 	$(PY) -m pytest -q -m "not vllm and not install" tests
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
@@ -91,7 +91,13 @@ plugin-pythons: dist
 vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
 
-vllm-test: native vllm-venv
+# vllm-router (PyPI) for the fleet tests (tests/netns/fleet.py), in a venv of its own.
+ROUTER_VENV ?= $(HOME)/.cache/parallelhue/router-venv
+router-venv:
+	test -x $(ROUTER_VENV)/bin/vllm-router || \
+	  (python3 -m venv $(ROUTER_VENV) && $(ROUTER_VENV)/bin/pip install -q vllm-router)
+
+vllm-test: native vllm-venv router-venv
 	$(PY) -m pytest -q -m vllm tests
 
 # Everything CI runs, the real-vLLM tier included.
