@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv bench fuzz clean native \
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test llamacpp-test vllm-venv bench fuzz clean native \
 	dist install-test plugin-dist plugin-pythons
 
 all: native
@@ -57,7 +57,7 @@ rust-test:
 	cargo test -p parallelhue-core
 
 py-test: native
-	$(PY) -m pytest -q -m "not vllm and not install" tests
+	$(PY) -m pytest -q -m "not vllm and not install and not llamacpp" tests
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
 # (plugin wheels: the plugin's own build, plugin/, decides pure or accelerated.)
@@ -88,8 +88,16 @@ vllm-venv:
 vllm-test: native vllm-venv
 	$(PY) -m pytest -q -m vllm tests
 
-# Everything CI runs, the real-vLLM tier included.
-test: lint rust-test py-test install-test plugin-pythons vllm-test
+# The live llama.cpp tier (server-reported steps): builds llama-server once from the
+# llama.cpp vendored in llama-cpp-python's sdist (CPU only, cached outside the tree in
+# ~/.cache/parallelhue/llama-server-<version>: about 10 min on 2 cores, then reused)
+# and converts the vLLM tier's tiny model to GGUF with the vLLM venv's torch.
+llamacpp-test: native vllm-venv
+	PYTHON=$(PY) bash tests/llamacpp/build_server.sh >/dev/null
+	$(PY) -m pytest -q -m llamacpp tests/llamacpp
+
+# Everything CI runs, the real-vLLM and llama.cpp tiers included.
+test: lint rust-test py-test install-test plugin-pythons vllm-test llamacpp-test
 
 # Everything except the real-vLLM tier and the installs.
 test-fast: lint rust-test py-test

@@ -319,7 +319,21 @@ pub struct Usage {
 pub struct SpecSteps {
     pub per_step_accepted: Option<Vec<u32>>,
     pub per_step_drafted: Option<Vec<u32>>,
+    /// The summary counts beside the lists, [`SPEC_SUMMARY_KEYS`] in order:
+    /// read for the server-reported tier only (no reconciler rule reads them).
+    pub summary: [Option<u64>; 3],
 }
+
+/// vLLM's summary counts of `metrics.speculative_decoding`, in [`SpecSteps::summary`]'s order.
+pub const SPEC_SUMMARY_KEYS: [&str; 3] = [
+    "num_spec_steps",
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+];
+
+/// llama-server's cumulative counters of a chunk's `timings` (with
+/// `timings_per_token`), in [`Chunk::timings`]' order.
+pub const TIMINGS_KEYS: [&str; 3] = ["predicted_n", "draft_n", "draft_n_accepted"];
 
 /// A chat/completions streaming chunk.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -329,6 +343,10 @@ pub struct Chunk {
     pub usage: Option<Usage>,
     /// Present when the chunk has `metrics.speculative_decoding`.
     pub spec_steps: Option<SpecSteps>,
+    /// llama-server's `timings` counters ([`TIMINGS_KEYS`]), when the chunk
+    /// has a `timings` object: for the server-reported tier only (boxed: most
+    /// chunks have none, and a chunk stays small).
+    pub timings: Option<Box<[Option<u64>; 3]>>,
 }
 
 /// A parsed event of an OpenAI stream.
@@ -410,7 +428,30 @@ fn spec_steps(metrics: Option<&Value>) -> Result<Option<SpecSteps>, SseError> {
             spec.get("per_step_drafted"),
             "metrics.speculative_decoding.per_step_drafted",
         )?,
+        summary: counts(spec, &SPEC_SUMMARY_KEYS, "metrics.speculative_decoding")?,
     }))
+}
+
+/// The counts named `keys` of the object at `path`, each optional.
+fn counts(
+    object: &serde_json::Map<String, Value>,
+    keys: &[&str; 3],
+    path: &str,
+) -> Result<[Option<u64>; 3], SseError> {
+    let mut out = [None; 3];
+    for (slot, key) in out.iter_mut().zip(keys) {
+        *slot = opt_u64(object.get(*key), || format!("{path}.{key}"))?;
+    }
+    Ok(out)
+}
+
+/// llama-server's `timings` counters, if the chunk has a `timings` object.
+fn timings(value: Option<&Value>) -> Result<Option<[Option<u64>; 3]>, SseError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(t)) => Ok(Some(counts(t, &TIMINGS_KEYS, "timings")?)),
+        Some(_) => Err(shape("timings", "an object or null")),
+    }
 }
 
 /// An error object's `message`, else the whole object as JSON.
@@ -475,11 +516,13 @@ pub fn parse_chunk_value(data: &str) -> Result<Chunk, SseError> {
         Some(_) => return Err(shape("usage", "an object or null")),
     };
     let spec_steps = spec_steps(obj.get("metrics"))?;
+    let timings = timings(obj.get("timings"))?.map(Box::new);
     Ok(Chunk {
         id,
         choices: out,
         usage,
         spec_steps,
+        timings,
     })
 }
 
@@ -705,6 +748,7 @@ mod tests {
                 choices: vec![],
                 usage: None,
                 spec_steps: None,
+                timings: None,
             }))]
         );
     }
