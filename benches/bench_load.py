@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-STREAMS = 64
+# Concurrent streams; PH_BENCH_STREAMS for another count (the client processes inherit
+# it). The run's tokens stay the same: fewer per stream for more streams.
+STREAMS = int(os.environ.get("PH_BENCH_STREAMS", "64"))
 # Rates in step records per second; None = as fast as the engine goes.
 RATES: list[int | None] = [None, 5_000, 20_000, 50_000]
 # The run length: every stream generates this many seconds' worth of tokens at the

@@ -2,7 +2,7 @@
 
 Run by hand (about 8 minutes on 2 cores; needs `make native vllm-venv`):
 
-    .venv/bin/python benches/bench_plugin_overhead.py --rounds 6 --out docs/benchmarks/plugin.md
+    .venv/bin/python benches/bench_plugin_overhead.py --rounds 6 --out /tmp/plugin-live.md
 
 Two servers, one after the other (never both at once on 2 cores), same tiny
 model, ngram speculative decoding, `--enforce-eager`:

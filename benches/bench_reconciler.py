@@ -252,21 +252,28 @@ def _versions() -> dict[str, str]:
         except (OSError, subprocess.CalledProcessError):
             return "unknown"
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    def cpuinfo(field: str) -> str:
+        lines = _cpuinfo()
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), "")
+
+    cpu = cpuinfo("model name") or "unknown"
+    family = cpuinfo("cpu family")
     return {
-        "cpu": cpu,
+        "cpu": cpu + (f" (CPU family {family})" if family else ""),
         "cores": str(os.cpu_count()),
         "python": platform.python_version(),
         "rustc": command("rustc", "--version"),
         "os": platform.platform(),
+        "commit": command("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def _measure(workload: workloads.Workload, mode: str) -> dict[str, Any]:
@@ -375,6 +382,7 @@ def _write_report(
         "`.venv/bin/python -m pytest -q benches/bench_reconciler.py -k side_by_side`.",
         "",
         "## Conditions",
+        f"- Measured {versions['when']} at commit `{versions['commit']}`.",
         f"- Machine: {versions['cpu']}, {versions['cores']} cores, no GPU; {versions['os']}.",
         f"  Other jobs shared the machine (1-minute load average {os.getloadavg()[0]:.1f} at",
         "  the end of the run); CPU time and alternating rounds keep the comparison fair,",

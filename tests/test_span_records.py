@@ -6,8 +6,11 @@ takes anything."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -15,11 +18,11 @@ import pytest
 import workloads
 from parallelhue import _native
 from parallelhue.reference import Reconciler as ReferenceReconciler
-from parallelhue.state import PySpanRecords, StreamState
+from parallelhue.state import NO_ROLE, PySpanRecords, StreamState
 
 SpanRecords = getattr(_native, "SpanRecords", None)
 needs_native = pytest.mark.skipif(SpanRecords is None, reason="make native")
-NO_ROLE = 0xFF
+PACK_INPUTS = workloads.native_test_kit("pack_inputs") if SpanRecords else None
 RUN = "0" * 32
 
 
@@ -30,6 +33,20 @@ def packed(*spans: tuple[int, int, int]) -> bytes:
 
 def kinds() -> list[Any]:
     return [PySpanRecords] + ([SpanRecords] if SpanRecords is not None else [])
+
+
+@needs_native
+def test_the_client_without_the_extension_uses_the_extensions_values() -> None:
+    # The values are declared once, in the Rust core; state.py's fallback for a
+    # client without the extension must be the same.
+    code = (
+        "import json, sys; sys.modules['parallelhue._native'] = None; "
+        "from parallelhue import state; "
+        "print(json.dumps([state.NO_STEP, state.NO_ROLE, state.SPAN_RECORD_BYTES]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    native = [_native.NO_STEP, _native.NO_ROLE, _native.SPAN_RECORD_BYTES]
+    assert json.loads(out.stdout) == native
 
 
 @pytest.mark.parametrize("kind", kinds(), ids=lambda k: k.__name__)
@@ -132,13 +149,14 @@ def test_stream_state_says_roles_from_its_records() -> None:
 
 
 @needs_native
+@pytest.mark.skipif(PACK_INPUTS is None, reason="needs the test kit: make native")
 def test_take_gives_the_records_the_reference_spans_give() -> None:
     workload = workloads.generate(20261202, num_streams=3, tokens=120, k=5, fixed_length=True)
     native = _native.Reconciler(workload.run_id, 3, packed_spans=True)
     stores = [SpanRecords() for _ in range(3)]
     inputs = workload.inputs
     for start in range(0, len(inputs), 7):  # several takes, each with a few spans
-        native.push_recorded(_native.pack_inputs(inputs[start : start + 7]))
+        native.push_recorded(PACK_INPUTS(inputs[start : start + 7]))
         native.take(stores)
     native.finalize()
     native.take(stores)

@@ -1,6 +1,6 @@
 """SSE chunk JSON -> the reconciler's SSE inputs, in every reading path.
 
-The Rust extraction (`rust/core/src/sse.rs` + `sse_inputs.rs`, seen through
+The Rust extraction (`rust/core/src/sse/`: `parser.rs` + `inputs.rs`, seen through
 `parallelhue._native.sse_inputs`) and the Python reference
 (`parallelhue.reference.sse`) must accept and refuse the same chunks with the
 same messages and give the same inputs; a chunk they refuse (token ids that
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,8 @@ from client_fakes import FakeServer, _chunk, _sse
 from parallelhue import cli
 from parallelhue.reference.sse import ChunkInputs, SseError
 
-try:
-    from parallelhue._native import sse_inputs
-except ImportError:  # pragma: no cover - depends on `make native`
-    sse_inputs = None
-if sse_inputs is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
-    raise RuntimeError("PH_REQUIRE_NATIVE=1 but parallelhue._native is not built")
-needs_native = pytest.mark.skipif(sse_inputs is None, reason="make native")
+sse_inputs = workloads.native_test_kit("sse_inputs")
+needs_native = pytest.mark.skipif(sse_inputs is None, reason="needs the test kit: make native")
 
 PROPERTY = workloads.property_settings()
 JSON_ERROR = "invalid JSON in SSE data: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import struct
+import unicodedata
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -883,3 +884,25 @@ def test_arrow_keys_move_on_the_grid_by_geometry() -> None:
     ui.zoomed = True
     assert press("right") == 1 and press("left") == 0
     assert not move_focus(ui, "x", 16)
+
+
+def test_overview_tails_never_start_with_an_orphan_mark() -> None:
+    """Issue 26, 6: an overview tail could start with a variation selector whose heart
+    was cut off (U+2764 and U+FE0F in two steps' spans), or an accent without its letter."""
+    from parallelhue.panes import overview_line
+
+    for pieces in (["love \u2764", "\ufe0f and more"], ["the cafe", "\u0301 au lait"]):
+        stream = StreamState(index=0, mode="exact")
+        offset = 0
+        for step, piece in enumerate(pieces):
+            stream.add_delta(piece, [1], 0.0)
+            stream.add_span(offset, piece, step, 1)
+            offset += len(piece.encode())
+        stream.verdict = "exact"
+        model = model_of([stream], "exact")
+        for width in range(24, 45):
+            line = overview_line(stream, model, width, focused=False)
+            assert terminal_width(line_text(line)) == width, (width, line)
+            tail = line_text(line)[22:].lstrip(" ")
+            assert "\ufe0f" not in tail
+            assert not tail or unicodedata.category(tail[0])[0] != "M", (width, tail)

@@ -1495,3 +1495,22 @@ def property_settings() -> Any:
         derandomize=bool(os.environ.get("CI")),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+
+
+def native_test_kit(name: str) -> Any:
+    """The test kit's `parallelhue._native.<name>` (`decode_frame`, `sse_inputs`,
+    `read_sse_body`, `pack_inputs`: in the development build, `make native`, never
+    in the shipped extension), or None without it; PH_REQUIRE_NATIVE=1 (CI) makes
+    that an error."""
+    try:
+        from parallelhue import _native  # type: ignore[attr-defined]
+    except ImportError:
+        function = None
+    else:
+        function = getattr(_native, name, None)
+    if function is None and os.environ.get("PH_REQUIRE_NATIVE") == "1":
+        raise RuntimeError(
+            f"PH_REQUIRE_NATIVE=1 but parallelhue._native has no {name}: "
+            "build it with the test kit (`make native`)"
+        )
+    return function

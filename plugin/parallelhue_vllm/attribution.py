@@ -20,12 +20,18 @@ decoder layouts whose per-token bytes are known exactly:
 The bytes are then decoded as the tokenizers library decodes them (UTF-8,
 each maximal ill-formed subpart replaced by U+FFFD, like Rust's
 `from_utf8_lossy`), and the result must equal the detokenizer's fragment
-byte for byte. Anything else — another decoder, an added or special token,
+byte for byte. Anything else — another decoder, an added token (a special one that
+vLLM skips gives 0 bytes: the decode drops it before the decoder runs),
 a replacement character made of bytes from both sides, a first token whose
 leading space the decoder stripped, a split that breaks the protocol's
 `span_back <= lead_len <= frag_len` — gives `LEAD_UNKNOWN`: the reconciler
 then attributes the whole fragment to the whole group, as before. Never a
-guess.
+guess. One exception is known exactly: after tokenizers' "invalid prefix"
+error vLLM restarts the decode stream at the carrier (byte fallback: an
+emitted byte token and a held one form an invalid run), which drops the held
+bytes; a fragment that is exactly what a new stream gives for the carrier
+alone, and not what the group decodes to, is the carrier's own: `lead_len`
+0, every give 0.
 
 Give counts (split_gives): how many bytes of the carrier's fragment stand
 for each predecessor's bytes, from the same decoding; unknown where a U+FFFD
@@ -39,6 +45,8 @@ Cost: nothing per token; the work runs only for a fragment with
 
 from __future__ import annotations
 
+import importlib
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -139,8 +147,13 @@ class TokenBytes:
         self.kind = decoder_kind(state)
         # Added tokens (special or not) are not decoded by the decoder's byte rule.
         self.added: frozenset[int] = frozenset()
+        # Special added tokens: a decode with skip_special_tokens drops them before the
+        # decoder runs, so they give no bytes (and byte runs join across them).
+        self.special: frozenset[int] = frozenset()
         if self.kind is not None:
-            self.added = frozenset(tokenizer.get_added_tokens_decoder())
+            added = tokenizer.get_added_tokens_decoder()
+            self.added = frozenset(added)
+            self.special = frozenset(i for i, t in added.items() if getattr(t, "special", False))
         self.cache: dict[int, TokenPart | None] = {}
 
     def get(self, token_id: int) -> TokenPart | None:
@@ -302,11 +315,15 @@ def split_gives(
 
     A predecessor's give count is how many bytes of the fragment stand for its
     bytes. Everything is LEAD_UNKNOWN unless decoding the tokens as the
-    tokenizer's decoder does gives exactly `fragment`, no U+FFFD stands for
-    bytes of a predecessor and of the carrier, and the protocol's bounds hold
-    (`span_back <= lead_len <= frag_len`, each predecessor giving at least one
-    byte). A U+FFFD that stands for bytes of two predecessors makes their give
-    counts unknown; lead_len stays known. Known give counts of all
+    tokenizer's decoder does gives exactly `fragment` and the protocol's bounds
+    hold (`span_back <= lead_len <= frag_len`, each predecessor giving at least
+    one byte). A U+FFFD that stands for bytes of two or three tokens (the
+    carrier among them or not) is cut among them inside its three bytes
+    (_spread): its character is then theirs together, and every other
+    character its own token's. Where that is not possible (byte fallback's
+    invalid runs of several byte tokens, each U+FFFD standing for the whole
+    run) the run's give counts are unknown and lead_len stays known, or, when
+    the carrier is in the run, everything is unknown. Known give counts of all
     predecessors add up to lead_len.
     """
     carrier = len(parts) - 1
@@ -321,6 +338,16 @@ def split_gives(
         return unknown
     if out != fragment:
         return unknown
+    spread = _spread(owners)
+    if spread is not None:
+        # One token per output byte, in token order: the carrier's start is lead_len,
+        # each predecessor gives what it owns (a U+FFFD of several tokens is cut
+        # among them inside its three bytes, so the character stays theirs together).
+        lead = next((at for at, token in enumerate(spread) if token == carrier), len(spread))
+        spread_gives = [spread[:lead].count(token) for token in range(carrier)]
+        if all(spread_gives):
+            return lead, spread_gives
+        return unknown  # each predecessor named by span_back gives a byte
     # The carrier's own bytes come last: lead_len is where they start.
     lead = next((at for at, (_, last) in enumerate(owners) if last == carrier), len(owners))
     if any(first != carrier for first, _ in owners[lead:]) or not carrier <= lead <= len(out):
@@ -336,6 +363,35 @@ def split_gives(
     for token in shared:
         gives[token] = LEAD_UNKNOWN
     return lead, gives
+
+
+def _spread(owners: Sequence[Owner]) -> list[int] | None:
+    """One token per output byte: a character's bytes go to the token they stand
+    for; the three bytes of a U+FFFD that stands for tokens a..b (two or three
+    tokens: a maximal ill-formed subpart is at most three bytes) go to a, b, b or a,
+    a + 1, a + 2, so that each of those tokens owns a byte inside it and the
+    character comes from all of them (docs/PROTOCOL.md "Spans": a character is
+    attributed to every unit that overlaps it). None when that is not in token
+    order (byte fallback: every U+FFFD of an invalid run of several byte tokens
+    stands for the whole run), or a U+FFFD stands for more than three tokens."""
+    out: list[int] = []
+    at = 0
+    while at < len(owners):
+        first, last = owners[at]
+        if first == last:
+            out.append(first)
+            at += 1
+            continue
+        count = last - first + 1
+        if count > len(_REPLACEMENT) or list(owners[at : at + len(_REPLACEMENT)]) != [
+            (first, last)
+        ] * len(_REPLACEMENT):
+            return None
+        out += [first, last, last] if count == 2 else [first, first + 1, first + 2]
+        at += len(_REPLACEMENT)
+    if any(a > b for a, b in itertools.pairwise(out)):
+        return None
+    return out
 
 
 def split_lead(kind: str | None, parts: Sequence[TokenPart], fragment: bytes) -> int:
@@ -374,15 +430,57 @@ def lead_and_gives(
         table = for_tokenizer(tokenizer)
         if table.kind is None:
             return unknown
+        skips = getattr(detokenizer, "skip_special_tokens", True) is True
         parts: list[TokenPart] = []
-        for position in range(index - span_back, index + 1):
+        skipped: list[int] = []  # predecessors a skipped special token: they give 0
+        for at, position in enumerate(range(index - span_back, index + 1)):
+            if skips and position < index and ids[position] in table.special:
+                skipped.append(at)
+                continue
             part = table.get(ids[position])
             if part is None:
                 return unknown
             parts.append(part)
-        return split_gives(table.kind, parts, fragment)
+        lead, gives = _split_or_reset(detokenizer, token_id, parts, table.kind, fragment)
+        for at in skipped:
+            gives.insert(at, 0)
+        return lead, gives
     except Exception:
         return unknown
+
+
+def _split_or_reset(
+    detokenizer: Any, token_id: int, parts: Sequence[TokenPart], kind: str, fragment: bytes
+) -> tuple[int, list[int]]:
+    """split_gives of the tokens that give bytes (the carrier last), or the split of a
+    fragment a decode-stream reset gave the carrier alone (_after_reset)."""
+    if len(parts) == 1:  # every predecessor gave nothing
+        owners = _owners_byte_level if kind == KIND_BYTE_LEVEL else _owners_byte_fallback
+        return (0, []) if owners(parts)[0] == fragment else (LEAD_UNKNOWN, [])
+    found = split_gives(kind, parts, fragment)
+    if found[0] == LEAD_UNKNOWN and _after_reset(detokenizer, token_id, parts, kind, fragment):
+        return 0, [0] * (len(parts) - 1)
+    return found
+
+
+def _after_reset(
+    detokenizer: Any, token_id: int, parts: Sequence[TokenPart], kind: str, fragment: bytes
+) -> bool:
+    """The fragment is what a new decode stream gives for the carrier alone, and not
+    what its predecessors and it decode to: vLLM's recovery from tokenizers' "invalid
+    prefix" error (a byte-fallback run that an earlier emitted byte token turned
+    invalid) restarted the stream at the carrier, so the predecessors' held bytes
+    were dropped: every byte of the fragment is the carrier's own, each predecessor
+    gave 0. (When the predecessors and the carrier do decode to the fragment, a
+    U+FFFD may stand for bytes of both: split_gives decides that, never this.)"""
+    owners = _owners_byte_level if kind == KIND_BYTE_LEVEL else _owners_byte_fallback
+    if owners(parts)[0] == fragment:
+        return False
+    decoders = importlib.import_module("tokenizers.decoders")
+    fresh = decoders.DecodeStream(
+        skip_special_tokens=getattr(detokenizer, "skip_special_tokens", True)
+    ).step(detokenizer.tokenizer, token_id)
+    return isinstance(fresh, str) and fresh.encode() == fragment
 
 
 # ------------------------------------------------------------ held text steps

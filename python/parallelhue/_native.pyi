@@ -6,6 +6,10 @@ Checked against the built module by `python -m mypy.stubtest parallelhue._native
 like `parallelhue.reconciler.ReconcilerLike`); the dicts and events it hands
 out are the shapes of `parallelhue.shapes`, whose keys the constants below
 list (tests/test_native_types.py holds them equal).
+
+`decode_frame`, `sse_inputs`, `read_sse_body` and `pack_inputs` are the test
+kit (rust/py feature `testkit`): in the development build only (`make
+native`); the shipped extension (`make dist`, `pip install .`) has none of them.
 """
 
 import os
@@ -29,11 +33,14 @@ __all__ = [
     "END_KINDS",
     "ERROR_BODY_LIMIT",
     "MAX_FRAME_BYTES",
+    "NO_ROLE",
+    "NO_STEP",
     "PROTOCOL_VERSION",
     "RECEIVER_KEYS",
     "RECORDING_VERSION",
     "REORDER_WINDOW",
     "SOURCE_KEYS",
+    "SPAN_RECORD_BYTES",
     "SSE_COALESCE_STREAMS",
     "SSE_READ_INTERVAL",
     "STAT_KEYS",
@@ -61,6 +68,11 @@ COUNTER_KEYS: list[str]
 SOURCE_KEYS: list[str]
 RECEIVER_KEYS: list[str]
 END_KINDS: list[str]
+# A span record (SpanRecords, Reconciler.take): its bytes, the step of a mixed
+# span, the role of a span without one (parallelhue.state takes them from here).
+SPAN_RECORD_BYTES: int
+NO_STEP: int
+NO_ROLE: int
 SSE_READ_INTERVAL: float  # seconds; HttpStreams' default min_interval (Unix only)
 SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
 ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
@@ -80,8 +92,8 @@ _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
 @final
 class SpanRecords:
     """One stream's proven spans, two u64 words a span: the end offset into
-    the stream's SSE text, then step | role << 32 (step 0xFFFFFFFF: a mixed
-    span; role 0xFF: none). Grows by doubling; `Reconciler.take` appends to
+    the stream's SSE text, then step | role << 32 (step NO_STEP: a mixed
+    span; role NO_ROLE: none). Grows by doubling; `Reconciler.take` appends to
     it without a Python call. No buffer protocol (`tail_pieces` reads it
     in place)."""
 
@@ -147,6 +159,9 @@ class Reconciler:
         """Telemetry lost on the way: `frames` the server's hub dropped, None an
         unknown number (its stream ended before the run). Every stream without
         a final verdict fails, an exact one too (docs/PROTOCOL.md, "Lost telemetry")."""
+    def push_stream_lost(self, stream: int, reason: str) -> None:
+        """A stream's in-band telemetry is missing frames: that stream fails with
+        `reason` (docs/PROTOCOL.md, "In-band telemetry")."""
     def finish_sse(self, stream: int, finish_reason: str | None) -> None:
         """The stream's SSE ended normally; `finish_reason` is its choice 0's
         finish_reason (a chunk may repeat it, never change it)."""
@@ -187,7 +202,7 @@ class Reconciler:
 def decode_frame(frame: bytes | bytearray) -> dict[str, Any]:
     """Decode one datagram into the decoded-meaning dict of tests/vectors/*.json.
 
-    Raises ValueError with the protocol's exact decoder message.
+    Raises ValueError with the protocol's exact decoder message. Test kit only.
     """
 
 def decode_recording(data: bytes) -> tuple[str, list[tuple[Any, ...]], str | None]:
@@ -202,7 +217,7 @@ def encode_recording(header: str, items: Any, footer: str | None = None) -> byte
     """The uncompressed bytes of a recording of `items` (decode_recording's form)."""
 
 def pack_inputs(inputs: Any) -> bytes:
-    """push_inputs' items as one push_recorded buffer."""
+    """push_inputs' items as one push_recorded buffer. Test kit only."""
 
 def tail_pieces(
     data: bytes | bytearray,
@@ -260,6 +275,7 @@ class RecordWriter:
     def frames(self, frames: list[bytes]) -> None: ...
     def reject(self, reason: str) -> None: ...
     def lost(self, frames: int | None) -> None: ...
+    def stream_lost(self, stream: int, reason: str) -> None: ...
     def finalize(self) -> None: ...
     def close(self, footer: str | None = None) -> None: ...
 

@@ -27,7 +27,6 @@ from .session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
 from .state import RunModel, StreamState
 from .streams import StreamStopped
-from .telemetry import dropped_line
 from .views import REFRESH_HZ, make_view
 
 __all__ = ["replay"]
@@ -138,11 +137,8 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     elif kind == "lost":
         frames = None if event[2] is None else int(event[2])
         driver.lost(frames)
-        driver.feed.run_message(
-            dropped_line(frames, None)
-            if frames is not None
-            else "telemetry stream: it ended before the run"
-        )
+    elif kind == "stream_lost":
+        driver.stream_lost(int(event[2]), str(event[3]))
     elif kind == "finalize":
         driver.finalize()
         return True

@@ -40,7 +40,10 @@ __all__ = [
     "LABEL_QUEUED",
     "LABEL_REPORTED",
     "LABEL_VERIFYING",
+    "NO_ROLE",
+    "NO_STEP",
     "SIMULATED_LABEL",
+    "SPAN_RECORD_BYTES",
     "RunModel",
     "Segment",
     "StreamState",
@@ -139,8 +142,8 @@ class _Spans:
     """The proven spans as (text, step index or None for a mixed span).
 
     `records` holds two u64 words per span, as the Rust path packs them
-    (rust/core/src/fed.rs `SpanRuns`): its end offset in the stream's UTF-8
-    text, then `step | role << 32` (step 0xFFFFFFFF: mixed; role 0xFF: none).
+    (rust/core/src/spans.rs): its end offset in the stream's UTF-8 text, then
+    `step | role << 32` (step NO_STEP: mixed; role NO_ROLE: none).
     """
 
     __slots__ = ("_data", "_records")
@@ -162,12 +165,12 @@ class _Spans:
         return self._data[start : self._records[2 * i]].decode("utf-8", "replace")
 
     def step(self, i: int) -> int | None:
-        value = self._records[2 * i + 1] & _NO_STEP
-        return None if value == _NO_STEP else value
+        value = self._records[2 * i + 1] & NO_STEP
+        return None if value == NO_STEP else value
 
     def role(self, i: int) -> int | None:
-        value = (self._records[2 * i + 1] >> 32) & _NO_ROLE
-        return None if value == _NO_ROLE else value
+        value = (self._records[2 * i + 1] >> 32) & NO_ROLE
+        return None if value == NO_ROLE else value
 
     def __getitem__(self, i: int) -> tuple[str, int | None]:
         return self.text(i), self.step(i)
@@ -187,14 +190,20 @@ class _Spans:
         return f"_Spans({list(self)!r})"
 
 
-_NO_STEP = 0xFFFFFFFF
-_NO_ROLE = 0xFF
-# tail_pieces' key tables: by role, one key per role byte (_NO_ROLE: none) for
+# The span record's size and "none" values (see _Spans): declared once, in the
+# Rust core (parallelhue_core::spans), and exported by the extension. Without it
+# (`--reconciler python` needs none) the same values, which
+# tests/test_span_records.py holds equal to the extension's.
+try:
+    from ._native import NO_ROLE, NO_STEP, SPAN_RECORD_BYTES
+except ImportError:  # not built
+    NO_STEP, NO_ROLE, SPAN_RECORD_BYTES = 0xFFFFFFFF, 0xFF, 16
+# tail_pieces' key tables: by role, one key per role byte (NO_ROLE: none) for
 # each value of roles_known; by step, STEP_KEYS (a mixed span: "mixed").
 _ROLE_TABLES = {
     known: tuple(
-        _span_key(None, None if code == _NO_ROLE else code, "role", known)
-        for code in range(_NO_ROLE + 1)
+        _span_key(None, None if code == NO_ROLE else code, "role", known)
+        for code in range(NO_ROLE + 1)
     )
     for known in (False, True)
 }
@@ -225,7 +234,7 @@ def python_tail_pieces(
     _native.pyi): the spans read back from the end one by one, each decoded
     as _Spans.text does. The client runs without the extension under
     `--reconciler python`; tests/test_pane_tail.py holds the two equal."""
-    if keys is not None and (not keys or (by_role and len(keys) <= _NO_ROLE)):
+    if keys is not None and (not keys or (by_role and len(keys) <= NO_ROLE)):
         raise ValueError("tail_pieces: by role needs 256 keys, by step at least one")
     pieces: list[tuple[str, str | None]] = []
     position = len(records) // 2 - 1
@@ -240,10 +249,10 @@ def python_tail_pieces(
         if keys is None:
             key = None
         elif by_role:
-            key = keys[(word >> 32) & _NO_ROLE]
+            key = keys[(word >> 32) & NO_ROLE]
         else:
-            step = word & _NO_STEP
-            key = other if step == _NO_STEP else keys[step % len(keys)]
+            step = word & NO_STEP
+            key = other if step == NO_STEP else keys[step % len(keys)]
         pieces.append((text, key))
         total += len(text)
         position -= 1
@@ -276,7 +285,7 @@ class PySpanRecords(_WordArray):
     def _saw(self, start: int) -> None:
         if not self.has_roles:
             self.has_roles = any(
-                (self[i] >> 32) & _NO_ROLE != _NO_ROLE for i in range(start | 1, len(self), 2)
+                (self[i] >> 32) & NO_ROLE != NO_ROLE for i in range(start | 1, len(self), 2)
             )
 
     def extend(self, words: Iterable[int]) -> None:
@@ -286,8 +295,10 @@ class PySpanRecords(_WordArray):
 
     def frombytes(self, data: ReadableBuffer) -> None:
         size = memoryview(data).nbytes
-        if size % 16:
-            raise ValueError(f"span records come in 16-byte spans; got {size} bytes")
+        if size % SPAN_RECORD_BYTES:
+            raise ValueError(
+                f"span records come in {SPAN_RECORD_BYTES}-byte spans; got {size} bytes"
+            )
         start = len(self)
         super().frombytes(data)
         if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
@@ -428,9 +439,9 @@ class StreamState:
         # should one start further on, the bytes between stay uncolored.
         records = self.span_records
         if byte_start > self.proven_bytes:
-            records.extend((byte_start, _NO_STEP | _NO_ROLE << 32))
-        step = _NO_STEP if step_index is None else step_index
-        role_code = _NO_ROLE if role is None else role
+            records.extend((byte_start, NO_STEP | NO_ROLE << 32))
+        step = NO_STEP if step_index is None else step_index
+        role_code = NO_ROLE if role is None else role
         records.extend((byte_start + len(text.encode("utf-8")), step | role_code << 32))
 
     def add_span_runs(self, records: bytes) -> None:
@@ -520,8 +531,8 @@ class StreamState:
         records = new_span_records()
         words: list[int] = []
         for end, step, role in self.reported.pieces:
-            step_word = _NO_STEP if step is None else step
-            words += (end, step_word | (_NO_ROLE if role is None else role) << 32)
+            step_word = NO_STEP if step is None else step
+            words += (end, step_word | (NO_ROLE if role is None else role) << 32)
         records.extend(words)
         self.reported_records = records
 

@@ -99,3 +99,13 @@ for s in sse + trouble:
     write("sse_differential", b"\x03" + s)
     write("sse_differential", b"\x80" + s[: len(s) // 2] + b"\x1f" + s[len(s) // 2 :])
 write("sse_differential", b"\x00" + b"".join(sse))
+
+# frame_differential: every vector frame as it is (0x00) and with the version and
+# body length patched (0x03: the same frame, kept valid when it was).
+for path in sorted((ROOT / "tests" / "vectors").glob("*.json")):
+    doc = json.loads(path.read_text())
+    for v in doc["valid"] + doc["invalid"]:
+        b = bytes.fromhex(v["hex"])
+        if len(b) <= 4096:
+            write("frame_differential", b"\x00" + b)
+            write("frame_differential", b"\x03" + b)

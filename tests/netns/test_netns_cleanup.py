@@ -70,8 +70,13 @@ def test_hosts_of_a_killed_test_process_are_removed_by_the_next() -> None:
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     server, client = child.stdout.readline().split()
-    done = subprocess.run(["ip", "netns", "pids", server], capture_output=True, text=True)
-    inside = [int(p) for p in done.stdout.split()]
+    inside: list[int] = []
+    for _ in range(100):  # the child's `sleep` enters the namespace shortly after it prints
+        done = subprocess.run(["ip", "netns", "pids", server], capture_output=True, text=True)
+        inside = [int(p) for p in done.stdout.split()]
+        if inside:
+            break
+        time.sleep(0.1)
     assert inside and {server, client} <= namespaces()
     child.send_signal(signal.SIGKILL)  # no atexit, no cleanup
     child.wait(10)

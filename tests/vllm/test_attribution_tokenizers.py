@@ -62,6 +62,9 @@ def test_every_known_lead_len_matches_the_tokenizers_own_decoding(
     assert counts["resets"] == 0, counts
     if kind == "byte-fallback":
         assert counts["recovered"] > 0, counts
+        # After a reset the fragment is the carrier's own (every give 0, lead_len 0),
+        # and the ground truth agrees (gives_wrong stays 0).
+        assert counts["zero_gives"] > 0, counts
     assert counts["carriers"] >= 100  # the sequences really split characters
     # Every give count sent is right (its characters' tokens and the sum, lead_len),
     # and most fragments have all of theirs known.

@@ -1,6 +1,6 @@
 """The fourth witness on real vLLM: `--per-request-spec-decode-metrics detailed`.
 
-vLLM (0.32 and 0.33) puts `metrics.speculative_decoding` in the final usage
+vLLM (from 0.29) puts `metrics.speculative_decoding` in the final usage
 chunk of a stream (with `stream_options.include_usage`) when the engine
 itself finished the request: per verify step, in order, the accepted drafts
 (counted before a stop cut the step) and the drafted tokens (grammar-invalid
@@ -23,6 +23,7 @@ from typing import Any
 import driver
 import httpx
 import pytest
+import releases
 import server
 
 pytestmark = pytest.mark.vllm
@@ -33,6 +34,7 @@ USAGE = (("stream_options", {"include_usage": True}),)
 
 @pytest.fixture(scope="module")
 def metrics_server(tiny_model: Path, socket_dir: str, logs_dir: Path) -> Iterator[server.Server]:
+    releases.require("per_request_spec_metrics")
     srv = server.start(
         tiny_model,
         logs_dir / "server-metrics.log",

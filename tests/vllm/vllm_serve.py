@@ -10,9 +10,9 @@ import sys
 
 
 def main() -> None:
+    import vllm.logger
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli_env_setup()
@@ -21,7 +21,10 @@ def main() -> None:
     command = ServeSubcommand()
     command.subparser_init(subparsers)
     args = parser.parse_args(["serve", *sys.argv[1:]])
-    configure_logging_from_args(args)
+    # From 0.31: the CLI configures logging from its arguments (0.26-0.30 at import).
+    configure = getattr(vllm.logger, "configure_logging_from_args", None)
+    if configure is not None:
+        configure(args)
     command.validate(args)
     command.cmd(args)
 

@@ -424,7 +424,7 @@ fail:
 /* The list a step's dict (span_backs or leads) holds for record `r`, in *out (NULL:
  * none): -1 with ValueError unless it is a list of `count` items (at least `count`
  * unless `exact`). A NULL or empty dict holds none. */
-static int
+static ALWAYS_INLINE int
 record_list(PyObject *of, Py_ssize_t r, Py_ssize_t count, int exact, const char *what,
             PyObject **out)
 {
@@ -453,7 +453,7 @@ record_list(PyObject *of, Py_ssize_t r, Py_ssize_t count, int exact, const char 
 /* A text record's `count` entries (id, frag_len, span_back, lead_len) from `entry`
  * on, each fragment's bytes after them; returns where the HTTP text goes, or NULL
  * with the error of a field out of range. */
-static unsigned char *
+static ALWAYS_INLINE unsigned char *
 write_entries(unsigned char *entry, Py_ssize_t count, Py_ssize_t used, PyObject *ids,
               Py_ssize_t first_id, PyObject *backs, PyObject *leads,
               const char *const *piece_bytes, const Py_ssize_t *piece_lengths)
@@ -494,7 +494,7 @@ write_entries(unsigned char *entry, Py_ssize_t count, Py_ssize_t used, PyObject 
 
 /* The UTF-8 of `used` fragments from `first` on, into piece_bytes / piece_lengths;
  * returns their total length, or -1 with the error of one that is no str or too long. */
-static Py_ssize_t
+static ALWAYS_INLINE Py_ssize_t
 fragment_bytes(PyObject *fragments, Py_ssize_t first, Py_ssize_t used,
                const char **piece_bytes, Py_ssize_t *piece_lengths)
 {

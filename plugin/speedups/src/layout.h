@@ -93,6 +93,9 @@ typedef struct {
 
 /* read_attr's out-of-line path (layout.c): learns where the type keeps the name
  * when it is not the type learnt, then reads it there or through getattr. */
+#if defined(__GNUC__)
+__attribute__((visibility("hidden")))
+#endif
 PyObject *read_attr_slow(PyObject *obj, PyObject *name, SlotReader *reader);
 
 /* obj.<name> as a new reference (NULL with the exception PyObject_GetAttr raises). */

@@ -147,7 +147,7 @@ typedef struct {
 /* The roles of the common row of an output with `count` tokens and these drafts
  * (borrowed), or NULL when the row is not the common one (then `special` takes
  * it); *scheduled: the drafts' count. -1 with an error. */
-static int
+static ALWAYS_INLINE int
 common_roles(const Step *step, PyObject *drafts, Py_ssize_t count, Py_ssize_t *scheduled,
              PyObject **roles)
 {
@@ -180,7 +180,7 @@ common_roles(const Step *step, PyObject *drafts, Py_ssize_t count, Py_ssize_t *s
 
 /* Append the common row to the request's columns and advance its offset; -1 on error
  * (nothing appended: the run's columns stay aligned). */
-static int
+static ALWAYS_INLINE int
 append_row(SchedRequest *request, PyObject *tokens, Py_ssize_t count, Py_ssize_t scheduled,
            PyObject *roles, PyObject *zero)
 {
@@ -220,7 +220,7 @@ append_row(SchedRequest *request, PyObject *tokens, Py_ssize_t count, Py_ssize_t
 
 /* One output of a request of ours (`state`): its common row appended, or the output
  * handed to special(state, output); -1 with an error. */
-static int
+static ALWAYS_INLINE int
 output_row(const Step *step, PyObject *state, PyObject *output, PyObject *rid)
 {
     PyObject *tokens = read_attr(output, str_new_token_ids, &read_new_token_ids);

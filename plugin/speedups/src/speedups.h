@@ -45,6 +45,12 @@ Py_NewRef(PyObject *obj)
 #define ALWAYS_INLINE inline
 #endif
 
+/* Everything the files share stays inside the module (only PyInit__speedups is
+ * exported): declared hidden, other files reach it without the GOT or the PLT. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(hidden)
+#endif
+
 /* ------------------------------------------- names and ints made once (module.c) */
 extern PyObject *str_outputs, *str_text, *str_index, *str_token_ids, *str_stop_reason;
 extern PyObject *str_request_id, *str_new_token_ids, *str_finish_reason;
@@ -65,6 +71,10 @@ PyObject *take_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
     PyObject *encode_##kind##_frame(PyObject *module, PyObject *const *args, Py_ssize_t n);
 ENCODER_DECLS(provenance)
 ENCODER_DECLS(text)
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 /* ------------------------------------------------------------- helpers */
 /* Append n items to a list; -1 on error (nothing appended). A bucket's columns

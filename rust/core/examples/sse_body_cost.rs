@@ -3,8 +3,8 @@
 //! PER_READ (default 1): HTTP chunks handed over per read; the client's
 //! 10 ms rounds bring about three of the simulated engine's per read.
 use parallelhue_core::http::Framing;
-use parallelhue_core::sse_inputs::SseInputRef;
-use parallelhue_core::sse_stream::StreamBody;
+use parallelhue_core::http::StreamBody;
+use parallelhue_core::sse::inputs::SseInputRef;
 use std::time::Instant;
 
 fn main() {

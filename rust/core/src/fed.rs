@@ -20,8 +20,9 @@ use std::ops::Deref;
 use crate::outcome::Outcome;
 use crate::reconcile::{Event, PackedSpan, Reconciler};
 use crate::record::{u32_bytes, Item};
+use crate::spans::{push_span_record, span_word};
+use crate::sse::inputs::{CountsKind, SseInput};
 use crate::sse::Usage;
-use crate::sse_inputs::{CountsKind, SseInput};
 use crate::tap::Tap;
 
 /// New SSE text of one stream since the last [`Fed::take`].
@@ -52,41 +53,6 @@ pub type StepLists = (Option<Vec<u32>>, Option<Vec<u32>>);
 /// Words per step-counts input in [`StreamText::counts`].
 pub const COUNTS_WORDS: usize = 5;
 
-/// Bytes of one packed span: two little-endian u64 words, its end offset in
-/// the stream's SSE text, then `step | role << 32` (step [`NO_STEP`] for a
-/// mixed span, role [`NO_ROLE`] when its characters do not share one). Span
-/// `i` of a stream covers bytes `end[i-1]..end[i]`.
-pub const SPAN_RECORD_BYTES: usize = 16;
-/// The step of a mixed (or unproven) span in a packed record.
-pub const NO_STEP: u32 = u32::MAX;
-/// The role of a span whose characters do not share one role.
-pub const NO_ROLE: u8 = u8::MAX;
-
-fn span_word(step: Option<u32>, role: Option<u8>) -> u64 {
-    u64::from(step.unwrap_or(NO_STEP)) | (u64::from(role.unwrap_or(NO_ROLE)) << 32)
-}
-
-/// One packed span record ([`SPAN_RECORD_BYTES`]) appended to `out`.
-#[inline]
-fn push_span_record(out: &mut Vec<u8>, end: u64, word: u64) {
-    out.extend_from_slice(&end.to_le_bytes());
-    out.extend_from_slice(&word.to_le_bytes());
-}
-
-/// (end, step, role) of each packed span in `records`, for tests and tools.
-pub fn unpack_spans(records: &[u8]) -> Vec<(u64, Option<u32>, Option<u8>)> {
-    records
-        .chunks_exact(SPAN_RECORD_BYTES)
-        .map(|r| {
-            let end = u64::from_le_bytes(r[..8].try_into().unwrap_or([0; 8]));
-            let word = u64::from_le_bytes(r[8..].try_into().unwrap_or([0; 8]));
-            let step = (word as u32 != NO_STEP).then_some(word as u32);
-            let role = ((word >> 32) as u8 != NO_ROLE).then_some((word >> 32) as u8);
-            (end, step, role)
-        })
-        .collect()
-}
-
 /// A stream whose HTTP exchange is over.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ended {
@@ -102,7 +68,7 @@ pub struct Ended {
 #[derive(Debug, Default)]
 pub struct Batch {
     pub texts: Vec<(u16, StreamText)>,
-    /// Every stream's new spans, packed ([`SPAN_RECORD_BYTES`] each) and
+    /// Every stream's new spans, packed ([`crate::spans::SPAN_RECORD_BYTES`] each) and
     /// grouped by stream: one buffer, so Python appends each stream's part
     /// with one `frombytes` of a slice.
     pub spans: Vec<u8>,
@@ -446,6 +412,8 @@ impl Fed {
                 }
             }
             SseInput::Counts { kind, values } => self.sse_counts_at(stream, *kind, *values, at),
+            SseInput::Frame(frame) => self.push_frame_at(frame, at),
+            SseInput::Lost(reason) => self.push_stream_lost_at(stream, reason, at),
         }
     }
 
@@ -474,6 +442,18 @@ impl Fed {
                 .counts
                 .extend(values.map(|v| v.and_then(|n| i64::try_from(n).ok()).unwrap_or(-1)));
         }
+    }
+
+    /// A stream's in-band telemetry is missing frames (see
+    /// [`Reconciler::push_stream_lost`]): recorded, then that stream fails.
+    pub fn push_stream_lost(&mut self, stream: u16, reason: &str) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.push_stream_lost_at(stream, reason, at);
+    }
+
+    pub fn push_stream_lost_at(&mut self, stream: u16, reason: &str, at: f64) {
+        self.tap_item(at, &Item::StreamLost { stream, reason });
+        self.rec.push_stream_lost(stream, reason);
     }
 
     /// A stream's exchange is over: a normal end finishes its SSE in the
@@ -591,6 +571,7 @@ fn pack_spans(
 mod tests {
     use super::*;
     use crate::outcome::EndKind;
+    use crate::spans::{unpack_spans, SPAN_RECORD_BYTES};
 
     /// Records grouped by stream in stream order, an uncolored gap record
     /// (its end where the next span starts, no step or role) before a span

@@ -6,6 +6,9 @@
 //! `cargo test` runs without an interpreter. See docs/PROTOCOL.md for the
 //! contract and docs/ARCHITECTURE.md for the picture.
 
+/// Test kit: a frame's decoded meaning as the vectors' JSON (tests, the
+/// extension's test kit, fuzzing).
+#[cfg(any(test, feature = "testkit"))]
 pub mod describe;
 pub mod digest;
 /// Test kit: a frame encoder (tests, benches, fuzzing; the production
@@ -14,28 +17,20 @@ pub mod digest;
 pub mod encode;
 pub mod fed;
 pub mod http;
-#[cfg(unix)]
-pub mod http_streams;
+pub mod inband;
 pub mod outcome;
 pub mod protocol;
-#[cfg(target_os = "linux")]
-pub mod receiver;
-#[cfg(not(target_os = "linux"))]
-#[path = "receiver_unsupported.rs"]
-pub mod receiver;
 pub mod reconcile;
 pub mod record;
 pub mod sequence;
+pub mod spans;
 pub mod sse;
-pub mod sse_inputs;
-pub mod sse_scan;
-pub mod sse_stream;
-mod sse_typed;
 pub mod stats;
+#[cfg(unix)]
+mod sys;
 pub mod tap;
-pub mod telemetry_stream;
+pub mod telemetry;
 pub mod text;
-pub mod tls;
 pub mod window;
 /// Test kit: a deterministic synthetic workload (tests and benchmarks).
 #[cfg(any(test, feature = "testkit"))]

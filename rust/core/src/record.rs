@@ -16,7 +16,7 @@ use std::fmt;
 
 /// `PHREC` then the format version.
 pub const MAGIC: &[u8; 5] = b"PHREC";
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 /// Bytes of the item head: kind, payload length, time.
 pub const ITEM_HEAD: usize = 1 + 4 + 8;
 
@@ -35,7 +35,8 @@ pub mod kind {
     pub const SSE_CHOICE: u8 = 11;
     pub const SSE_USAGE: u8 = 12;
     pub const LOST: u8 = 13;
-    pub const SSE_COUNTS: u8 = 14;
+    pub const STREAM_LOST: u8 = 14;
+    pub const SSE_COUNTS: u8 = 15;
 }
 
 /// One recorded item. Reconciler inputs are `Sse`, `SseId`, `SseChoice`,
@@ -95,6 +96,11 @@ pub enum Item<'a> {
     /// frames the server's hub dropped, None when its stream ended early.
     Lost {
         frames: Option<u64>,
+    },
+    /// A stream's in-band telemetry missing frames (`Reconciler::push_stream_lost`).
+    StreamLost {
+        stream: u16,
+        reason: &'a str,
     },
     Finalize,
     Footer(&'a str),
@@ -230,6 +236,11 @@ pub fn encode_item(out: &mut Vec<u8>, at: f64, item: &Item<'_>) {
             head(out, kind::LOST, 9, at);
             out.push(u8::from(frames.is_some()));
             out.extend_from_slice(&frames.unwrap_or(0).to_le_bytes());
+        }
+        Item::StreamLost { stream, reason } => {
+            head(out, kind::STREAM_LOST, 2 + reason.len(), at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            out.extend_from_slice(reason.as_bytes());
         }
         Item::Finalize => head(out, kind::FINALIZE, 0, at),
     }
@@ -407,7 +418,7 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
             if p.len() != 28 {
                 return Err(bad("payload too long"));
             }
-            if crate::sse_inputs::CountsKind::from_code(p[2]).is_none() {
+            if crate::sse::inputs::CountsKind::from_code(p[2]).is_none() {
                 return Err(bad("unknown counts kind"));
             }
             let bits = p[3];
@@ -458,6 +469,13 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
                 u64::from_le_bytes(p[1..9].try_into().map_err(|_| bad("payload too short"))?);
             Item::Lost {
                 frames: (p[0] != 0).then_some(count),
+            }
+        }
+        kind::STREAM_LOST => {
+            need(2)?;
+            Item::StreamLost {
+                stream: u16_at(p, 0),
+                reason: text(&p[2..], offset, kind)?,
             }
         }
         kind::FINALIZE => Item::Finalize,
@@ -550,6 +568,10 @@ mod tests {
             Item::Reject("oversized"),
             Item::Lost { frames: Some(7) },
             Item::Lost { frames: None },
+            Item::StreamLost {
+                stream: 3,
+                reason: "telemetry lost: x",
+            },
             Item::Finalize,
             Item::Footer("{}"),
         ];
@@ -630,13 +652,13 @@ mod tests {
         bad[ITEM_HEAD + 3] = 8;
         assert_eq!(
             decode_items(&bad, |_, _| {}).unwrap_err().to_string(),
-            "invalid item of kind 14 at byte 0: unknown count bits"
+            "invalid item of kind 15 at byte 0: unknown count bits"
         );
         let mut unknown = counts.clone();
         unknown[ITEM_HEAD + 2] = 3;
         assert_eq!(
             decode_items(&unknown, |_, _| {}).unwrap_err().to_string(),
-            "invalid item of kind 14 at byte 0: unknown counts kind"
+            "invalid item of kind 15 at byte 0: unknown counts kind"
         );
         let mut long = Vec::new();
         head(&mut long, kind::SSE_COUNTS, 29, 0.0);
@@ -644,7 +666,7 @@ mod tests {
         long.extend_from_slice(&[0; 26]);
         assert_eq!(
             decode_items(&long, |_, _| {}).unwrap_err().to_string(),
-            "invalid item of kind 14 at byte 0: payload too long"
+            "invalid item of kind 15 at byte 0: payload too long"
         );
         assert_eq!(
             check_preamble(b"PHREC\x02rest"),

@@ -4,8 +4,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use parallelhue_core::http::Framing;
-use parallelhue_core::sse_inputs::SseInput;
-use parallelhue_core::sse_stream::StreamBody;
+use parallelhue_core::sse::inputs::SseInput;
+use parallelhue_core::http::StreamBody;
 
 fn read(framing: Framing, parts: &[&[u8]]) -> (Vec<SseInput>, String) {
     let mut body = StreamBody::new(framing);

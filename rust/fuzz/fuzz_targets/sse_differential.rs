@@ -1,4 +1,4 @@
-//! One reading of bytes: the Rust SSE reader (`sse_stream::StreamBody`, the
+//! One reading of bytes: the Rust SSE reader (`http::StreamBody`, the
 //! body after the HTTP framing) and the Python reference reader
 //! (`parallelhue.reference.sse_body.read_body`, run in an embedded CPython)
 //! get the same bytes in the same reads and must give the same inputs, end
@@ -9,8 +9,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use parallelhue_core::http::Framing;
-use parallelhue_core::sse_inputs::SseInput;
-use parallelhue_core::sse_stream::{StreamBody, StreamEnd};
+use parallelhue_core::sse::inputs::SseInput;
+use parallelhue_core::http::{StreamBody, StreamEnd};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::sync::OnceLock;

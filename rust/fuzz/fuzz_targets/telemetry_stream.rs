@@ -4,7 +4,7 @@
 //! preamble goes first (so the fuzzer spends its time on items).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use parallelhue_core::telemetry_stream::{
+use parallelhue_core::telemetry::stream::{
     StreamDecoder, StreamItem, ITEM_HEADER_LEN, MAX_FRAME_ITEM, PREAMBLE_LEN,
 };
 

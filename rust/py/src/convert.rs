@@ -3,8 +3,7 @@
 use parallelhue_core::reconcile::ArgError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
-use serde_json::Value;
+use pyo3::types::{PyBytes, PyInt, PyList};
 
 pub(crate) fn value_error(e: impl ToString) -> PyErr {
     PyValueError::new_err(e.to_string())
@@ -60,37 +59,6 @@ pub(crate) fn token_ids_into(list: &Bound<'_, PyAny>, out: &mut Vec<u32>) -> PyR
         out.push(token_id(&item?)?);
     }
     Ok(())
-}
-
-pub(crate) fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                u.into_pyobject(py)?.into_any()
-            } else if let Some(i) = n.as_i64() {
-                i.into_pyobject(py)?.into_any()
-            } else {
-                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
-            }
-        }
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(a) => {
-            let list = PyList::empty(py);
-            for x in a {
-                list.append(json_to_py(py, x)?)?;
-            }
-            list.into_any()
-        }
-        Value::Object(m) => {
-            let d = PyDict::new(py);
-            for (k, x) in m {
-                d.set_item(k, json_to_py(py, x)?)?;
-            }
-            d.into_any()
-        }
-    })
 }
 
 /// `completion_tokens`: None or an int in 0..=u64::MAX.

@@ -2,14 +2,14 @@
 //! one packed buffer (`Reconciler.push_recorded`), and the `--record` tap.
 //!
 //! `take` replaces a Python tuple per event by a few `bytes`: each stream's
-//! new SSE text once; its new spans (16 bytes a span, `fed::SPAN_RECORD_BYTES`)
+//! new SSE text once; its new spans (16 bytes a span, `spans::SPAN_RECORD_BYTES`)
 //! go straight onto the stream's `SpanRecords`.
 
 use std::path::PathBuf;
 
 use parallelhue_core::fed::{monotonic, Batch};
 use parallelhue_core::record::{self, Item};
-use parallelhue_core::sse_inputs::CountsKind;
+use parallelhue_core::sse::inputs::CountsKind;
 use parallelhue_core::tap::Tap;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
@@ -59,7 +59,10 @@ fn batch_tuple<'py>(
     // and no Python call per stream (see spans.rs).
     for (stream, start, end) in batch.span_index {
         if let Some(store) = stores.get(usize::from(stream)) {
-            store.borrow_mut().append_packed(&batch.spans[start..end]);
+            store
+                .borrow_mut()
+                .records
+                .append_packed(&batch.spans[start..end]);
         }
     }
     let events = PyList::empty(py);
@@ -175,6 +178,9 @@ impl Reconciler {
                 Item::Frame(frame) => fed.push_frame(frame),
                 Item::Reject(reason) => fed.reject(reason.to_owned()),
                 Item::Lost { frames } => fed.push_lost(frames),
+                Item::StreamLost { stream, reason } if stream < n => {
+                    fed.push_stream_lost(stream, reason)
+                }
                 Item::Finalize => fed.finalize(),
                 _ => {}
             });

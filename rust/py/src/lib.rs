@@ -1,5 +1,7 @@
 //! `parallelhue._native`: the PyO3 bindings of `parallelhue-core`, one file
-//! per area (reconciler, frame, display, streams, receiver, recording, panes).
+//! per area (reconciler, display, streams, receiver, recording, spans,
+//! panes), and the test kit (`testkit`, only with the crate's `testkit`
+//! feature: the shipped extension carries no test support).
 //!
 //! The Python API of `Reconciler` is exactly the one of docs/PROTOCOL.md
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
@@ -9,7 +11,6 @@
 
 mod convert;
 mod display;
-mod frame;
 mod panes;
 mod receiver;
 mod reconciler;
@@ -17,6 +18,8 @@ mod recording;
 #[cfg(unix)]
 mod spans;
 mod streams;
+#[cfg(feature = "testkit")]
+mod testkit;
 
 use parallelhue_core::outcome::END_KINDS;
 use parallelhue_core::protocol;
@@ -77,6 +80,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "RECORDING_VERSION",
         parallelhue_core::record::FORMAT_VERSION,
     )?;
+    // The span record's values, declared once (state.py takes them from here).
+    m.add("NO_STEP", parallelhue_core::spans::NO_STEP)?;
+    m.add("NO_ROLE", parallelhue_core::spans::NO_ROLE)?;
+    m.add(
+        "SPAN_RECORD_BYTES",
+        parallelhue_core::spans::SPAN_RECORD_BYTES,
+    )?;
     m.add("STAT_KEYS", STAT_KEYS.to_vec())?;
     m.add("COUNTER_KEYS", COUNTER_KEYS.to_vec())?;
     m.add("SOURCE_KEYS", SOURCE_KEYS.to_vec())?;
@@ -91,19 +101,22 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RecordWriter>()?;
     #[cfg(unix)]
     {
-        use parallelhue_core::http_streams as hs;
+        use parallelhue_core::http as hs;
         m.add_class::<HttpStreams>()?;
         m.add("SSE_READ_INTERVAL", hs::DEFAULT_MIN_INTERVAL.as_secs_f64())?;
         m.add("SSE_COALESCE_STREAMS", hs::COALESCE_STREAMS)?;
         m.add("ERROR_BODY_LIMIT", hs::ERROR_BODY_LIMIT)?;
         m.add("TELEMETRY_CONTENT_TYPE", hs::TELEMETRY_CONTENT_TYPE)?;
     }
-    m.add_function(wrap_pyfunction!(frame::decode_frame, m)?)?;
-    m.add_function(wrap_pyfunction!(frame::sse_inputs, m)?)?;
-    m.add_function(wrap_pyfunction!(frame::read_sse_body, m)?)?;
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
-    m.add_function(wrap_pyfunction!(recording::pack_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(panes::tail_pieces, m)?)?;
+    #[cfg(feature = "testkit")]
+    {
+        m.add_function(wrap_pyfunction!(testkit::decode_frame, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::sse_inputs, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::read_sse_body, m)?)?;
+        m.add_function(wrap_pyfunction!(testkit::pack_inputs, m)?)?;
+    }
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::reconciler::Reconciler;
 /// thread that never takes the GIL.
 #[pyclass(module = "parallelhue._native", frozen)]
 pub(crate) struct Receiver {
-    inner: Mutex<parallelhue_core::receiver::Receiver>,
+    inner: Mutex<parallelhue_core::telemetry::receiver::Receiver>,
     path: PathBuf,
 }
 
@@ -30,7 +30,12 @@ impl Receiver {
         accept_uids: Vec<u32>,
     ) -> PyResult<Self> {
         let sink = Arc::clone(&reconciler.get().inner);
-        let rx = parallelhue_core::receiver::Receiver::bind(&path, rcvbuf, sink, &accept_uids)?;
+        let rx = parallelhue_core::telemetry::receiver::Receiver::bind(
+            &path,
+            rcvbuf,
+            sink,
+            &accept_uids,
+        )?;
         Ok(Receiver {
             inner: Mutex::new(rx),
             path,

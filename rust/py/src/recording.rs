@@ -1,13 +1,14 @@
 //! The recording format from Python: `RecordWriter` (the reference path's
-//! recording), `decode_recording` (for `replay`) and `pack_inputs` (inputs as
-//! one `push_recorded` buffer).
+//! recording), `decode_recording` (for `replay`) and `encode_recording`
+//! (`record.write_recording`); the test kit's `pack_inputs` encodes with
+//! [`encode_input`] too.
 
 use std::path::PathBuf;
 
 use parallelhue_core::fed::monotonic;
 use parallelhue_core::outcome::{EndKind, END_KINDS};
 use parallelhue_core::record::{self, Item};
-use parallelhue_core::sse_inputs::CountsKind;
+use parallelhue_core::sse::inputs::CountsKind;
 use parallelhue_core::tap::Tap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
@@ -73,6 +74,9 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
         }
         Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
         Item::Lost { frames } => (t, "lost", frames).into_pyobject(py)?.into_any(),
+        Item::StreamLost { stream, reason } => (t, "stream_lost", stream, reason)
+            .into_pyobject(py)?
+            .into_any(),
         Item::Finalize => PyTuple::new(
             py,
             [
@@ -137,7 +141,12 @@ fn counts_bytes(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
 /// One reconciler input item (as `push_inputs` and `encode_recording` take
 /// them, without the time) appended as a recording item at time `t`; false
 /// for another kind or shape.
-fn encode_input(out: &mut Vec<u8>, t: f64, kind: &str, f: &[Bound<'_, PyAny>]) -> PyResult<bool> {
+pub(crate) fn encode_input(
+    out: &mut Vec<u8>,
+    t: f64,
+    kind: &str,
+    f: &[Bound<'_, PyAny>],
+) -> PyResult<bool> {
     match (kind, f.len()) {
         ("frame", 1) => {
             let data = frame_bytes(&f[0])?;
@@ -189,30 +198,6 @@ fn encode_input(out: &mut Vec<u8>, t: f64, kind: &str, f: &[Bound<'_, PyAny>]) -
         _ => return Ok(false),
     }
     Ok(true)
-}
-
-/// Reconciler inputs (the items of `push_inputs`) as one `push_recorded`
-/// buffer, all at time 0.
-#[pyfunction]
-pub(crate) fn pack_inputs<'py>(
-    py: Python<'py>,
-    inputs: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let mut out = Vec::new();
-    for item in inputs.try_iter()? {
-        let item = item?;
-        let tuple = item.cast::<PyTuple>()?;
-        let kind: String = tuple.get_item(0)?.extract()?;
-        let fields: Vec<Bound<'_, PyAny>> = tuple.iter().skip(1).collect();
-        if !encode_input(&mut out, 0.0, &kind, &fields)? {
-            return Err(value_error(format!(
-                "invalid input {}: expected {}",
-                item.repr()?,
-                crate::reconciler::INPUT_SHAPES
-            )));
-        }
-    }
-    Ok(PyBytes::new(py, &out))
 }
 
 /// The recording of a run whose inputs Python feeds (the reference path):
@@ -350,6 +335,11 @@ impl RecordWriter {
         self.put(&Item::Lost { frames })
     }
 
+    /// A stream's in-band telemetry missing frames (`Reconciler.push_stream_lost`).
+    fn stream_lost(&mut self, stream: u16, reason: &str) -> PyResult<()> {
+        self.put(&Item::StreamLost { stream, reason })
+    }
+
     fn finalize(&mut self) -> PyResult<()> {
         self.put(&Item::Finalize)
     }
@@ -427,6 +417,17 @@ pub(crate) fn encode_recording<'py>(
             "lost" => {
                 let frames: Option<u64> = field(2)?.extract()?;
                 record::encode_item(&mut out, t, &Item::Lost { frames });
+            }
+            "stream_lost" => {
+                let reason: String = field(3)?.extract()?;
+                record::encode_item(
+                    &mut out,
+                    t,
+                    &Item::StreamLost {
+                        stream: field(2)?.extract()?,
+                        reason: &reason,
+                    },
+                );
             }
             "finalize" => record::encode_item(&mut out, t, &Item::Finalize),
             other => {

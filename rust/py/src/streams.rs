@@ -1,14 +1,12 @@
-//! `HttpStreams`: the HTTP thread of a run (rust/core/src/http_streams.rs).
+//! `HttpStreams`: the HTTP thread of a run (rust/core/src/http/).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use parallelhue_core::http::request_bytes;
-use parallelhue_core::http::BodyError;
-use parallelhue_core::http_streams::{self, Target, TelemetryEnd, Timeouts};
+use parallelhue_core::http::{self, request_bytes, BodyError, Target, Timeouts};
+use parallelhue_core::http::{BodyEnd, TelemetryEnd};
 use parallelhue_core::outcome::{EndKind, Outcome};
 use parallelhue_core::sse::Usage;
-use parallelhue_core::telemetry_stream::BodyEnd;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -57,12 +55,12 @@ fn seconds(name: &str, value: f64) -> PyResult<Duration> {
 /// deltas and ends go into `reconciler` (see `Reconciler.take`).
 #[pyclass(module = "parallelhue._native", frozen)]
 pub(crate) struct HttpStreams {
-    inner: Mutex<http_streams::HttpStreams>,
+    inner: Mutex<http::HttpStreams>,
     reconciler: Py<Reconciler>,
 }
 
 impl HttpStreams {
-    fn lock(&self) -> PyResult<MutexGuard<'_, http_streams::HttpStreams>> {
+    fn lock(&self) -> PyResult<MutexGuard<'_, http::HttpStreams>> {
         self.inner
             .lock()
             .map_err(|_| PyRuntimeError::new_err("HTTP streams poisoned"))
@@ -86,7 +84,7 @@ impl HttpStreams {
         min_interval: Option<f64>,
     ) -> PyResult<Self> {
         let min_interval = match min_interval {
-            None => http_streams::DEFAULT_MIN_INTERVAL,
+            None => http::DEFAULT_MIN_INTERVAL,
             Some(t) if (0.0..=1.0).contains(&t) => Duration::from_secs_f64(t),
             Some(t) => {
                 return Err(value_error(format!(
@@ -111,7 +109,7 @@ impl HttpStreams {
             shown,
         };
         let fed = Arc::clone(&reconciler.get().inner);
-        let inner = http_streams::HttpStreams::start(fed, target, timeouts, min_interval)?;
+        let inner = http::HttpStreams::start(fed, target, timeouts, min_interval)?;
         Ok(HttpStreams {
             inner: Mutex::new(inner),
             reconciler: reconciler.clone().unbind(),

@@ -10,6 +10,10 @@
    cut (`{"id", "generated", "kept", "drafts"}`), measured independently of the
    plugin under test, so the test can account for server metrics that count
    tokens before that cut.
+3. `RepeatProposer`: a proposer for vLLM's `custom_class` speculative method
+   (`{"method": "custom_class", "model": "parallelhue_e2e_fixes.RepeatProposer"}`):
+   it drafts the request's last token K times, which a model that repeats itself
+   accepts.
 """
 
 from __future__ import annotations
@@ -81,3 +85,24 @@ def _trim_log(path: str) -> None:
 
     update_from_output.__wrapped__ = original
     Scheduler.update_from_output = update_from_output
+
+
+class RepeatProposer:
+    """vLLM's custom_class proposer interface (vllm/v1/spec_decode/custom_class_proposer.py)."""
+
+    def __init__(self, vllm_config):
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+
+    def load_model(self, *args, **kwargs):
+        pass
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        drafts = []
+        for index, sampled in enumerate(sampled_token_ids):
+            if sampled:
+                last = sampled[-1]
+            else:  # nothing sampled this step (e.g. a partial prefill): the context's last
+                count = int(num_tokens_no_spec[index])
+                last = int(token_ids_cpu[index, count - 1]) if count else None
+            drafts.append([] if last is None else [int(last)] * self.k)
+        return drafts

@@ -168,6 +168,8 @@ pub enum DecodeError {
     },
 }
 
+/// The message table of docs/PROTOCOL.md "Decoder errors": one arm per error,
+/// kept in one place (long by design; the reference decoder words the same).
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use DecodeError::*;

@@ -11,33 +11,30 @@ impl Reconciler {
         }
         let st = &mut self.streams[s];
         let c = st.confirmed_end();
-        let surplus_from = if st.t_finished && st.t_stop_string {
-            st.t_end
-        } else {
-            u64::MAX
-        };
-        // Settle provenance records.
-        while let Some(r) = st.recs.front().copied() {
-            let conf_end = r.end.min(surplus_from);
-            if conf_end > c {
-                break;
-            }
-            let confirmed = conf_end.saturating_sub(r.start) as usize;
-            if conf_end == r.end {
-                // Every token confirmed: the role counts give the same sums.
-                st.stats.settle_confirmed(confirmed, r.counts, r.ds, r.dp);
-            } else {
-                let toks = &st.toks;
-                let roles = (r.start..r.end).map(|o| toks.get(o).role);
-                st.stats.settle(roles, confirmed, r.ds, r.dp);
-            }
-            st.recs.pop_front();
+        st.settle_records(c);
+        // Proving reads the byte windows, never adds to them.
+        let (h_len, s_len) = (st.h.len(), st.s.len());
+        if let Some(reason) = self.prove_fragments(s, c, h_len, s_len) {
+            return self.fail(s, reason);
         }
-        // Prove fragments, strictly in order. The fields are borrowed apart
-        // once (not `self.streams[s]` again per fragment and piece).
-        let h_len = st.h.len();
-        let s_len = st.s.len();
-        let h_final = st.t_finished && st.t_truncated;
+        let st = &mut self.streams[s];
+        if let Err(reason) = st.chunk_rule(s, c) {
+            return self.fail(s, reason);
+        }
+        st.release_settled(c);
+        if st.proves_exact(c, h_len, s_len) {
+            st.exact = true;
+            st.release_all();
+            self.events.push(Event::Exact { stream: s as u16 });
+        }
+    }
+
+    /// Prove the confirmed fragments of stream `s`, strictly in order, and
+    /// emit their spans; the first mismatch's reason, if one differs.
+    #[inline(always)]
+    fn prove_fragments(&mut self, s: usize, c: u64, h_len: u64, s_len: u64) -> Option<String> {
+        // The fields are borrowed apart once (not `self.streams[s]` again per
+        // fragment and piece).
         let Reconciler {
             streams,
             events,
@@ -51,8 +48,13 @@ impl Reconciler {
             ..
         } = self;
         let st = &mut streams[s];
-        let input_start = *input_start;
-        let mut mismatch = None;
+        let mut out = SpanOut {
+            events,
+            packed,
+            input_start: *input_start,
+            s,
+        };
+        let h_final = st.t_finished && st.t_truncated;
         // Runs are tried until one differs (then fragment by fragment, which
         // finds and words the first mismatch).
         let mut try_runs = *prove_runs && !h_final;
@@ -63,43 +65,22 @@ impl Reconciler {
             // Two confirmed fragments at least: a single one is proven as
             // cheaply by the loop below.
             if try_runs && fr.tok == fr.reach && st.frags.get(1).is_some_and(|f| f.tok < c) {
-                let avail = h_len.min(s_len);
-                if let Some((n, start, end)) = st.run_of_fragments(c, avail, pieces) {
-                    let fb = st.f.slice(start, end);
-                    let hb = st.h.slice(start, end);
-                    let sb = st.s.slice(start, end);
-                    if same3(fb, hb, sb) {
+                match st.prove_run(c, h_len.min(s_len), pieces, &mut out) {
+                    Some(true) => {
                         #[cfg(test)]
                         {
                             runs_proven[0] += 1;
                         }
-                        st.proven = end;
-                        st.stats.bytes += end - start;
-                        st.frags.drop_front(n);
-                        for p in pieces.iter() {
-                            let bytes = &hb[p.from..p.to];
-                            debug_assert!(std::str::from_utf8(bytes).is_ok());
-                            // SAFETY: `bytes` are whole fragments (each valid
-                            // UTF-8 on its own, checked by the decoder) equal
-                            // to the HTTP bytes at the same place.
-                            let text = unsafe { std::str::from_utf8_unchecked(bytes) };
-                            emit_span(
-                                events,
-                                packed,
-                                input_start,
-                                s,
-                                start + p.from as u64,
-                                text,
-                                p,
-                            );
-                        }
                         continue;
                     }
-                    #[cfg(test)]
-                    {
-                        runs_proven[1] += 1;
+                    Some(false) => {
+                        #[cfg(test)]
+                        {
+                            runs_proven[1] += 1;
+                        }
+                        try_runs = false;
                     }
-                    try_runs = false;
+                    None => {}
                 }
             }
             let fend = fr.byte_start + u64::from(fr.len);
@@ -116,96 +97,194 @@ impl Reconciler {
             let hb = st.h.slice(fr.byte_start, limit);
             let sb = st.s.slice(fr.byte_start, limit);
             if !same3(fb, hb, sb) {
-                mismatch = Some(byte_mismatch(fr, fb, hb, sb));
-                break;
+                return Some(byte_mismatch(fr, fb, hb, sb));
             }
             st.proven = limit;
             st.frags.pop_front();
-            if fr.tok == fr.reach {
-                // No span_back (most fragments): `pieces` would give the one
-                // piece of the whole output, with the carrier's step and role,
-                // and its bytes are `hb` (the SAFETY argument below holds for
-                // them); so emit it without the pieces buffer.
-                let carrier = st.tok(fr.tok);
-                let p = Piece {
-                    from: 0,
-                    to: hb.len(),
-                    step: Some(carrier.ord),
-                    role: Some(carrier.role),
-                    first: fr.tok,
-                    n: 1,
-                };
-                debug_assert!(std::str::from_utf8(hb).is_ok());
-                // SAFETY: as for a piece below (this piece is the whole output).
-                let text = unsafe { std::str::from_utf8_unchecked(hb) };
-                st.stats.bytes += hb.len() as u64;
-                emit_span(events, packed, input_start, s, fr.byte_start, text, &p);
-                continue;
+            st.emit_fragment(&fr, limit, pieces, unit_starts, &mut out);
+        }
+        None
+    }
+}
+
+/// Where a stream's proven spans go: the run's events, or its packed sink.
+struct SpanOut<'a> {
+    events: &'a mut Vec<Event>,
+    packed: &'a mut Option<SpanSink>,
+    /// `events.len()` when the current input began.
+    input_start: usize,
+    s: usize,
+}
+
+impl SpanOut<'_> {
+    #[inline(always)]
+    fn emit(&mut self, start: u64, text: &str, p: &Piece) {
+        emit_span(
+            self.events,
+            self.packed,
+            self.input_start,
+            self.s,
+            start,
+            text,
+            p,
+        );
+    }
+}
+
+impl Stream {
+    /// Settle the provenance records whose tokens are all confirmed (to `c`;
+    /// after a stop string, the surplus beyond the text's end never is).
+    #[inline(always)]
+    fn settle_records(&mut self, c: u64) {
+        let surplus_from = if self.t_finished && self.t_stop_string {
+            self.t_end
+        } else {
+            u64::MAX
+        };
+        while let Some(r) = self.recs.front().copied() {
+            let conf_end = r.end.min(surplus_from);
+            if conf_end > c {
+                break;
             }
-            let avail = (limit - fr.byte_start) as usize;
-            st.pieces(&fr, avail, pieces, unit_starts);
-            for p in pieces.iter() {
-                let bytes =
-                    st.h.slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
-                debug_assert!(std::str::from_utf8(bytes).is_ok());
-                // SAFETY: `bytes` equals the fragment's bytes from a character
-                // boundary to a character boundary (pieces are cut at character
-                // boundaries of the fragment, which is valid UTF-8 on its own,
-                // or at the end of the final HTTP text, which is valid UTF-8
-                // and equal to the fragments up to there).
-                let text = unsafe { std::str::from_utf8_unchecked(bytes) };
-                if p.step.is_none() {
-                    st.stats.mixed_spans += 1;
-                }
-                st.stats.bytes += (p.to - p.from) as u64;
-                let start = fr.byte_start + p.from as u64;
-                emit_span(events, packed, input_start, s, start, text, p);
+            let confirmed = conf_end.saturating_sub(r.start) as usize;
+            if conf_end == r.end {
+                // Every token confirmed: the role counts give the same sums.
+                self.stats.settle_confirmed(confirmed, r.counts, r.ds, r.dp);
+            } else {
+                let toks = &self.toks;
+                let roles = (r.start..r.end).map(|o| toks.get(o).role);
+                self.stats.settle(roles, confirmed, r.ds, r.dp);
             }
+            self.recs.pop_front();
         }
-        if let Some(reason) = mismatch {
-            return self.fail(s, reason);
+    }
+
+    /// Prove the run of fragments from the first unproven one at once
+    /// ([`Stream::run_of_fragments`]) when its three byte slices are equal:
+    /// Some(true); Some(false) when they differ (the caller goes fragment by
+    /// fragment), None when there is no run.
+    #[inline(always)]
+    fn prove_run(
+        &mut self,
+        c: u64,
+        avail: u64,
+        pieces: &mut Vec<Piece>,
+        out: &mut SpanOut<'_>,
+    ) -> Option<bool> {
+        let (n, start, end) = self.run_of_fragments(c, avail, pieces)?;
+        let fb = self.f.slice(start, end);
+        let hb = self.h.slice(start, end);
+        let sb = self.s.slice(start, end);
+        if !same3(fb, hb, sb) {
+            return Some(false);
         }
-        let st = &mut self.streams[s];
-        if let Err(reason) = st.chunk_rule(s, c) {
-            return self.fail(s, reason);
+        self.proven = end;
+        self.stats.bytes += end - start;
+        self.frags.drop_front(n);
+        for p in pieces.iter() {
+            let bytes = &hb[p.from..p.to];
+            debug_assert!(std::str::from_utf8(bytes).is_ok());
+            // SAFETY: `bytes` are whole fragments (each valid UTF-8 on its
+            // own, checked by the decoder) equal to the HTTP bytes at the same
+            // place.
+            let text = unsafe { std::str::from_utf8_unchecked(bytes) };
+            out.emit(start + p.from as u64, text, p);
         }
-        // Release what nothing needs any more.
-        // A later fragment reaches back over at most the pending empties (its
-        // span_back, or an unclaimed one whose give is unknown).
-        let mut keep = c.min(st.t_end - u64::from(st.pending_empty));
-        if let Some(r) = st.recs.front() {
+        Some(true)
+    }
+
+    /// The spans of fragment `fr`, proven up to `limit`.
+    #[inline(always)]
+    fn emit_fragment(
+        &mut self,
+        fr: &Frag,
+        limit: u64,
+        pieces: &mut Vec<Piece>,
+        unit_starts: &mut Vec<usize>,
+        out: &mut SpanOut<'_>,
+    ) {
+        if fr.tok == fr.reach {
+            // No span_back (most fragments): `pieces` would give the one
+            // piece of the whole output, with the carrier's step and role,
+            // and its bytes are the HTTP bytes (the SAFETY argument below
+            // holds for them); so emit it without the pieces buffer.
+            let carrier = self.tok(fr.tok);
+            let p = Piece {
+                from: 0,
+                to: (limit - fr.byte_start) as usize,
+                step: Some(carrier.ord),
+                role: Some(carrier.role),
+                first: fr.tok,
+                n: 1,
+            };
+            let hb = self.h.slice(fr.byte_start, limit);
+            debug_assert!(std::str::from_utf8(hb).is_ok());
+            // SAFETY: as for a piece below (this piece is the whole output).
+            let text = unsafe { std::str::from_utf8_unchecked(hb) };
+            self.stats.bytes += hb.len() as u64;
+            out.emit(fr.byte_start, text, &p);
+            return;
+        }
+        let avail = (limit - fr.byte_start) as usize;
+        self.pieces(fr, avail, pieces, unit_starts);
+        for p in pieces.iter() {
+            let bytes = self
+                .h
+                .slice(fr.byte_start + p.from as u64, fr.byte_start + p.to as u64);
+            debug_assert!(std::str::from_utf8(bytes).is_ok());
+            // SAFETY: `bytes` equals the fragment's bytes from a character
+            // boundary to a character boundary (pieces are cut at character
+            // boundaries of the fragment, which is valid UTF-8 on its own,
+            // or at the end of the final HTTP text, which is valid UTF-8
+            // and equal to the fragments up to there).
+            let text = unsafe { std::str::from_utf8_unchecked(bytes) };
+            if p.step.is_none() {
+                self.stats.mixed_spans += 1;
+            }
+            self.stats.bytes += (p.to - p.from) as u64;
+            let start = fr.byte_start + p.from as u64;
+            out.emit(start, text, p);
+        }
+    }
+
+    /// Release what nothing needs any more. A later fragment reaches back
+    /// over at most the pending empties (its span_back, or an unclaimed one
+    /// whose give is unknown).
+    #[inline(always)]
+    fn release_settled(&mut self, c: u64) {
+        let mut keep = c.min(self.t_end - u64::from(self.pending_empty));
+        if let Some(r) = self.recs.front() {
             keep = keep.min(r.start);
         }
-        if let Some(fr) = st.frags.front() {
+        if let Some(fr) = self.frags.front() {
             keep = keep.min(fr.reach);
         }
-        st.toks.release_before(keep);
-        let bytes_keep = st.frags.front().map_or(st.proven, |f| f.byte_start);
-        st.f.release_before(bytes_keep);
-        st.h.release_before(bytes_keep);
-        st.s.release_before(bytes_keep);
-        // Exact? Not vacuously (at least one token), and with the request's
-        // end proven: the scheduler's finish, or a stop string's trimmed tokens
-        // checked against the scheduler's step.
-        if st.sse_finished
-            && st.t_finished
-            && st.t_end > 0
-            && st.q_end == st.t_end
-            && c == st.t_end
+        self.toks.release_before(keep);
+        let bytes_keep = self.frags.front().map_or(self.proven, |f| f.byte_start);
+        self.f.release_before(bytes_keep);
+        self.h.release_before(bytes_keep);
+        self.s.release_before(bytes_keep);
+    }
+
+    /// Exact? Not vacuously (at least one token), and with the request's
+    /// end proven: the scheduler's finish, or a stop string's trimmed tokens
+    /// checked against the scheduler's step.
+    #[inline(always)]
+    fn proves_exact(&self, c: u64, h_len: u64, s_len: u64) -> bool {
+        self.sse_finished
+            && self.t_finished
+            && self.t_end > 0
+            && self.q_end == self.t_end
+            && c == self.t_end
             && s_len == h_len
-            && st.proven >= s_len
-            && st.q_ends.is_empty()
-            && (if st.t_stop_string {
-                st.trim_checked
+            && self.proven >= s_len
+            && self.q_ends.is_empty()
+            && (if self.t_stop_string {
+                self.trim_checked
             } else {
-                st.p_finished.is_some()
+                self.p_finished.is_some()
             })
-            && (st.metrics_checked || !st.has_metrics())
-        {
-            st.exact = true;
-            st.release_all();
-            self.events.push(Event::Exact { stream: s as u16 });
-        }
+            && (self.metrics_checked || !self.has_metrics())
     }
 }
 

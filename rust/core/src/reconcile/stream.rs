@@ -13,6 +13,57 @@ impl Stream {
         pair: Option<String>,
         r: &ProvRecord<'_>,
     ) -> Result<(), String> {
+        let offset = self.admit_provenance(s, src, step, k, pair, r)?;
+        // The step ordinal is the index of the record within the stream.
+        let ord = self.ord;
+        self.ord += 1;
+        let end = offset + r.len() as u64;
+        self.record_provenance(s, offset, end, ord, r)?;
+        if r.drafts_scheduled > 0 {
+            self.spec_steps.push(SpecStep {
+                offset,
+                drafted: r.drafts_scheduled - r.drafts_padded,
+                accepted: r.roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count() as u16,
+                trimmed: r.flags & FLAG_TRIMMED != 0,
+            });
+        }
+        // The step holding the stop-string text's last token (offset t_end − 1).
+        let t_end = self.t_end;
+        if self.t_finished
+            && self.t_stop_string
+            && !self.trim_checked
+            && offset < t_end
+            && t_end <= end
+        {
+            self.check_trim(s, end)?;
+        }
+        if r.flags & FLAG_FINISHED != 0 {
+            self.p_finished = Some(r.finish_reason);
+        }
+        self.p_trimmed = r.flags & FLAG_TRIMMED != 0;
+        if self.p_finished.is_some() || self.p_trimmed {
+            self.p_closed_rules(s)?;
+        }
+        if self.p_finished.is_some() {
+            self.metrics_rules(s)?;
+        }
+        Ok(())
+    }
+
+    /// The rules a provenance record must pass before it is recorded: one
+    /// source, its frontend pair, none after the finish or a trimmed step,
+    /// one record per step in step order, contiguous offsets, at most K
+    /// drafts. Its offset when it passes.
+    #[inline(always)]
+    fn admit_provenance(
+        &mut self,
+        s: usize,
+        src: u64,
+        step: u64,
+        k: u16,
+        pair: Option<String>,
+        r: &ProvRecord<'_>,
+    ) -> Result<u64, String> {
         match self.p_src {
             None => self.p_src = Some(src),
             Some(x) if x != src => {
@@ -60,12 +111,23 @@ impl Stream {
                 r.drafts_scheduled
             ));
         }
-        // The step ordinal is the index of the record within the stream.
-        let ord = self.ord;
-        self.ord += 1;
+        Ok(offset)
+    }
+
+    /// Record the tokens of an admitted provenance record (ids, roles, its
+    /// ordinal) against the text's, and queue it for settling; late
+    /// provenance of an exact stream is only counted.
+    #[inline(always)]
+    fn record_provenance(
+        &mut self,
+        s: usize,
+        offset: u64,
+        end: u64,
+        ord: u32,
+        r: &ProvRecord<'_>,
+    ) -> Result<(), String> {
         let beyond_fails = self.t_finished && !self.t_stop_string;
         let t_end = self.t_end;
-        let end = offset + r.len() as u64;
         if self.exact {
             // Late provenance of an exact stream: only surplus may follow.
             if beyond_fails {
@@ -112,33 +174,6 @@ impl Stream {
                 dp: r.drafts_padded,
                 counts,
             });
-        }
-        if r.drafts_scheduled > 0 {
-            self.spec_steps.push(SpecStep {
-                offset,
-                drafted: r.drafts_scheduled - r.drafts_padded,
-                accepted: r.roles.iter().filter(|&&x| x == ROLE_ACCEPTED).count() as u16,
-                trimmed: r.flags & FLAG_TRIMMED != 0,
-            });
-        }
-        // The step holding the stop-string text's last token (offset t_end − 1).
-        if self.t_finished
-            && self.t_stop_string
-            && !self.trim_checked
-            && offset < t_end
-            && t_end <= end
-        {
-            self.check_trim(s, end)?;
-        }
-        if r.flags & FLAG_FINISHED != 0 {
-            self.p_finished = Some(r.finish_reason);
-        }
-        self.p_trimmed = r.flags & FLAG_TRIMMED != 0;
-        if self.p_finished.is_some() || self.p_trimmed {
-            self.p_closed_rules(s)?;
-        }
-        if self.p_finished.is_some() {
-            self.metrics_rules(s)?;
         }
         Ok(())
     }

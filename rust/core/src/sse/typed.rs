@@ -1,4 +1,4 @@
-//! The fast path of [`crate::sse::parse_chunk`]: a chunk's few fields
+//! The fast path of [`super::parse_chunk`]: a chunk's few fields
 //! deserialized straight from the JSON text, with no `serde_json::Value`
 //! tree (the client's SSE thread parses one chunk per stream per engine
 //! step). Unknown fields are skipped without allocating.
@@ -15,7 +15,9 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::sse::{Choice, Chunk, SpecSteps, Usage, SPEC_SUMMARY_KEYS, TIMINGS_KEYS};
+use super::chunk::{
+    Choice, Chunk, FoundChoice, FoundDelta, SpecSteps, Usage, SPEC_SUMMARY_KEYS, TIMINGS_KEYS,
+};
 
 /// The chunk, or None when the `Value` path must decide.
 pub(crate) fn parse_chunk_typed(data: &str) -> Option<Chunk> {
@@ -234,16 +236,12 @@ object_visitor!(ChoiceVisitor, Choice, "a choice object", |map| {
             }
         }
     }
-    let delta = delta.flatten();
-    // The choice's own `token_ids` (even null) wins over the delta's.
-    let token_ids = match token_ids {
-        Some(ids) => ids,
-        None => delta.as_ref().and_then(|d| d.token_ids.clone()),
-    };
-    let text = match delta {
-        Some(d) => d.content,
-        None => text.flatten(),
-    };
+    let (text, token_ids) = FoundChoice {
+        delta: delta.flatten(),
+        text: text.flatten(),
+        token_ids,
+    }
+    .resolve();
     Ok(Choice {
         index: index.ok_or_else(give_up)?,
         text: text.unwrap_or_default(),
@@ -253,10 +251,7 @@ object_visitor!(ChoiceVisitor, Choice, "a choice object", |map| {
 });
 
 /// A chat delta's fields that count.
-struct Delta {
-    content: Option<String>,
-    token_ids: Option<Vec<u32>>,
-}
+type Delta = FoundDelta<String, Vec<u32>>;
 
 const DELTA_KEYS: [&str; 2] = ["content", "token_ids"];
 
@@ -383,7 +378,7 @@ mod tests {
             assert_eq!(Ok(chunk), value.as_ref(), "{data}");
         }
         // The byte scanner in front of both answers only as they do.
-        if let Some(chunk) = crate::sse_scan::scan_chunk(data) {
+        if let Some(chunk) = crate::sse::scan::scan_chunk(data) {
             assert_eq!(Ok(&chunk), value.as_ref(), "scanned: {data}");
         }
         assert_eq!(

@@ -1,19 +1,27 @@
+//! The test kit: functions that let the Python tests and benches reach the
+//! core, built only with the crate's `testkit` feature (which `make native`
+//! enables for the development venv; the shipped extension, `make dist` or
+//! `pip install .`, is built without it and has none of them).
+//!
 //! `decode_frame`: one datagram as the vectors' decoded-meaning dict;
 //! `sse_inputs`: SSE events as the Rust reader's reconciler inputs;
-//! `read_sse_body`: a whole SSE body's bytes through the Rust reader. They
-//! let the Python tests hold the Rust decoder, extraction and reader to
-//! their references.
+//! `read_sse_body`: a whole SSE body's bytes through the Rust reader (they
+//! hold the Rust decoder, extraction and reader to their references);
+//! `pack_inputs`: reconciler inputs as one `push_recorded` buffer (the
+//! differential tests and the reconciler benches).
 
 use parallelhue_core::describe::frame_meaning;
 use parallelhue_core::http::Framing;
+use parallelhue_core::http::{StreamBody, StreamEnd};
 use parallelhue_core::protocol;
+use parallelhue_core::sse::inputs::{ChunkInputs, SseInput};
 use parallelhue_core::sse::{SseEvent, SseParser};
-use parallelhue_core::sse_inputs::{ChunkInputs, SseInput};
-use parallelhue_core::sse_stream::{StreamBody, StreamEnd};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
+use serde_json::Value;
 
-use crate::convert::{json_to_py, value_error};
+use crate::convert::value_error;
+use crate::recording::encode_input;
 
 /// Decode one datagram into the vectors' decoded-meaning dict; raises
 #[pyfunction]
@@ -49,6 +57,8 @@ fn input_tuple<'py>(py: Python<'py>, input: SseInput) -> PyResult<Bound<'py, PyT
         SseInput::Delta { text, token_ids } => ("sse", text, token_ids).into_pyobject(py),
         SseInput::Id(id) => ("sse_id", id).into_pyobject(py),
         SseInput::Choice(index) => ("sse_choice", index).into_pyobject(py),
+        SseInput::Frame(frame) => ("frame", PyBytes::new(py, &frame)).into_pyobject(py),
+        SseInput::Lost(reason) => ("lost", reason).into_pyobject(py),
         SseInput::Usage {
             completion_tokens,
             per_step_accepted,
@@ -131,4 +141,59 @@ pub(crate) fn read_sse_body<'py>(
         Some(StreamEnd::BodyEnded) | None => ("body_ended",).into_pyobject(py)?,
     };
     (PyList::new(py, tuples)?, end, body.finish_reason.clone()).into_pyobject(py)
+}
+
+/// Reconciler inputs (the items of `push_inputs`) as one `push_recorded`
+/// buffer, all at time 0.
+#[pyfunction]
+pub(crate) fn pack_inputs<'py>(
+    py: Python<'py>,
+    inputs: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::new();
+    for item in inputs.try_iter()? {
+        let item = item?;
+        let tuple = item.cast::<PyTuple>()?;
+        let kind: String = tuple.get_item(0)?.extract()?;
+        let fields: Vec<Bound<'_, PyAny>> = tuple.iter().skip(1).collect();
+        if !encode_input(&mut out, 0.0, &kind, &fields)? {
+            return Err(value_error(format!(
+                "invalid input {}: expected {}",
+                item.repr()?,
+                crate::reconciler::INPUT_SHAPES
+            )));
+        }
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+fn json_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let list = PyList::empty(py);
+            for x in a {
+                list.append(json_to_py(py, x)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
 }

@@ -8,19 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::fed::Fed;
 
-/// A point-in-time copy of the counters (same fields as on Linux).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReceiverStats {
-    pub received: u64,
-    pub bytes: u64,
-    pub rejected_uid: u64,
-    pub last_rejected_uid: Option<u32>,
-    pub accepted_foreign: u64,
-    pub oversized: u64,
-    pub batches: u64,
-    pub errors: u64,
-    pub rcvbuf: u64,
-}
+pub use super::ReceiverStats;
 
 /// Never constructed on this platform.
 pub struct Receiver {

@@ -2,7 +2,7 @@
 //! response head it reads, and the response body framing (§6–7): chunked
 //! transfer coding, a Content-Length, or "until the connection closes".
 //!
-//! The HTTP thread ([`crate::http_streams`]) hands every network read to a
+//! The HTTP thread ([`crate::http::HttpStreams`]) hands every network read to a
 //! [`BodyDecoder`]; bytes may be split anywhere. Chunk extensions and
 //! trailers are read and ignored. Errors are precise and final: after one,
 //! the decoder accepts nothing more.

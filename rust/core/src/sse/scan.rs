@@ -1,4 +1,4 @@
-//! The fastest path of [`crate::sse::parse_chunk`]: a byte scanner for the
+//! The fastest path of [`super::parse_chunk`]: a byte scanner for the
 //! compact chunk a vLLM server streams (`{"id":"..","object":"chat.completion.chunk",
 //! "created":1,"model":"..","choices":[{"index":0,"delta":{"content":".."},..}]}`),
 //! about a third of the instructions of the typed serde path per chunk.
@@ -16,7 +16,7 @@
 
 use std::ops::Range;
 
-use crate::sse::{Choice, Chunk};
+use super::chunk::{Choice, Chunk, FoundChoice, FoundDelta};
 
 /// A scanned chunk as places in its data (and in `ids`), so that the buffers
 /// of one stream's chunks are reused: nothing is allocated per chunk.
@@ -266,16 +266,12 @@ impl<'a> Scan<'a> {
             b"finish_reason" => once(&mut finish_reason, s.opt_string()?),
             _ => s.skip(),
         })?;
-        let delta = delta.flatten();
-        // The choice's own `token_ids` (even null) wins over the delta's.
-        let token_ids = match token_ids {
-            Some(ids) => ids,
-            None => delta.as_ref().and_then(|d| d.token_ids.clone()),
-        };
-        let text = match delta {
-            Some(d) => d.content,
-            None => text.flatten(),
-        };
+        let (text, token_ids) = FoundChoice {
+            delta: delta.flatten(),
+            text: text.flatten(),
+            token_ids,
+        }
+        .resolve();
         Some(ScannedChoice {
             index: index?,
             text: text.unwrap_or(0..0),
@@ -299,11 +295,8 @@ impl<'a> Scan<'a> {
     }
 }
 
-/// A chat delta's fields that count.
-struct Delta {
-    content: Option<Range<usize>>,
-    token_ids: Option<Range<usize>>,
-}
+/// A chat delta's fields that count, as places.
+type Delta = FoundDelta<Range<usize>, Range<usize>>;
 
 /// Store a field's value; a second occurrence is a slower path's business.
 fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {

@@ -3,19 +3,19 @@
 //! inputs against the other witnesses is a reconciler rule. The Python
 //! reference of the same extraction is `parallelhue.reference.sse`.
 
-use crate::reconcile::Reconciler;
-use crate::sse::{Chunk, SseError};
-use crate::sse_scan::Scanned;
+use super::chunk::Chunk;
+use super::error::SseError;
+use super::scan::Scanned;
 
 /// Which counters an [`SseInput::Counts`] carries (its `code` is the
 /// recording's, its `name` the Python tuples').
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CountsKind {
     /// llama-server's cumulative `timings` of one chunk:
-    /// `predicted_n`, `draft_n`, `draft_n_accepted` ([`crate::sse::TIMINGS_KEYS`]).
+    /// `predicted_n`, `draft_n`, `draft_n_accepted` ([`super::chunk::TIMINGS_KEYS`]).
     Timings = 1,
     /// vLLM's `metrics.speculative_decoding` summary: `num_spec_steps`,
-    /// `num_draft_tokens`, `num_accepted_draft_tokens` ([`crate::sse::SPEC_SUMMARY_KEYS`]).
+    /// `num_draft_tokens`, `num_accepted_draft_tokens` ([`super::chunk::SPEC_SUMMARY_KEYS`]).
     SpecSummary = 2,
 }
 
@@ -68,19 +68,20 @@ pub enum SseInput {
         kind: CountsKind,
         values: [Option<u64>; 3],
     },
+    /// A telemetry frame the response carried in-band (`push_frame`).
+    Frame(Vec<u8>),
+    /// The response's in-band telemetry is missing frames (`push_stream_lost`).
+    Lost(String),
 }
 
 impl SseInput {
-    /// Push it into `r` for `stream`, as the matching reconciler call.
-    pub fn push_into(&self, r: &mut Reconciler, stream: u16) {
-        self.as_ref().push_into(r, stream)
-    }
-
     pub fn as_ref(&self) -> SseInputRef<'_> {
         match self {
             SseInput::Delta { text, token_ids } => SseInputRef::Delta { text, token_ids },
             SseInput::Id(id) => SseInputRef::Id(id),
             SseInput::Choice(index) => SseInputRef::Choice(*index),
+            SseInput::Frame(frame) => SseInputRef::Frame(frame),
+            SseInput::Lost(reason) => SseInputRef::Lost(reason),
             SseInput::Usage {
                 completion_tokens,
                 per_step_accepted,
@@ -117,6 +118,8 @@ pub enum SseInputRef<'a> {
         kind: CountsKind,
         values: [Option<u64>; 3],
     },
+    Frame(&'a [u8]),
+    Lost(&'a str),
 }
 
 impl SseInputRef<'_> {
@@ -128,6 +131,8 @@ impl SseInputRef<'_> {
             },
             SseInputRef::Id(id) => SseInput::Id(id.to_owned()),
             SseInputRef::Choice(index) => SseInput::Choice(index),
+            SseInputRef::Frame(frame) => SseInput::Frame(frame.to_vec()),
+            SseInputRef::Lost(reason) => SseInput::Lost(reason.to_owned()),
             SseInputRef::Usage {
                 completion_tokens,
                 per_step_accepted,
@@ -138,27 +143,6 @@ impl SseInputRef<'_> {
                 per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
             },
             SseInputRef::Counts { kind, values } => SseInput::Counts { kind, values },
-        }
-    }
-
-    /// Push it into `r` for `stream`, as the matching reconciler call.
-    pub fn push_into(self, r: &mut Reconciler, stream: u16) {
-        match self {
-            SseInputRef::Delta { text, token_ids } => r.push_sse(stream, text, token_ids),
-            SseInputRef::Id(id) => r.push_sse_id(stream, id),
-            SseInputRef::Choice(index) => r.push_sse_choice(stream, index),
-            SseInputRef::Usage {
-                completion_tokens,
-                per_step_accepted,
-                per_step_drafted,
-            } => r.push_sse_usage(
-                stream,
-                completion_tokens,
-                per_step_accepted,
-                per_step_drafted,
-            ),
-            // Not a reconciler input: the client's server-reported tier reads them.
-            SseInputRef::Counts { .. } => {}
         }
     }
 }
@@ -510,7 +494,7 @@ mod tests {
         let (mut a, mut b) = (ChunkInputs::new(), ChunkInputs::new());
         let mut refused = 0;
         for data in chunks {
-            assert!(crate::sse_scan::scan_into(data, &mut scanned), "{data}");
+            assert!(crate::sse::scan::scan_into(data, &mut scanned), "{data}");
             let mut from_scan = Vec::new();
             let ra = a.extract_scanned(data, &scanned, &mut |i| from_scan.push(i.to_owned()));
             let mut from_value = Vec::new();
