@@ -29,8 +29,12 @@ _MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "paralle
 # (test_the_screen_model_imports_without_the_extension). The network libraries
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
-# advice.py (the fix line) sits in the screen model: it reads the run, no network.
-_STATE = (*_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.state", "parallelhue.style")
+# advice.py (the fix line) and reported.py (server-reported steps, judged from what
+# the readers extracted) sit in the screen model: they read the run, no network.
+_STATE = (
+    *_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.reported", "parallelhue.state",
+    "parallelhue.style",
+)  # fmt: skip
 _PANES = (*_STATE, "parallelhue.cells", "parallelhue.panes")
 _PAINT = (*_PANES, "parallelhue.paint")
 _SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
@@ -42,6 +46,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
     "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
     "parallelhue.backend": _MODEL,
+    "parallelhue.reported": ("parallelhue", "parallelhue.reported"),
     "parallelhue.state": _STATE,
     "parallelhue.panes": _PANES,
     "parallelhue.paint": _PAINT,

@@ -21,6 +21,7 @@ from .feed import Feed
 from .metrics import MetricsSnapshot
 from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from .record import SSE_FIELD_KINDS, Recording, RecordingError, read_recording
+from .reported import reported_summary
 from .sanitize import one_line
 from .session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
@@ -89,6 +90,7 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         reconciler_kind=config.reconciler,
         concurrency=concurrency,
         request_rate=float(rate) if isinstance(rate, int | float) else math.inf,
+        stop_strings=bool(header.get("stop_strings", False)),
     )
     model.started_at = 0.0
     model.replay_of = config.path
@@ -163,6 +165,21 @@ def _compare(path: str, model: RunModel, footer: dict[str, Any] | None) -> str |
             return (
                 f"replay differs from the recording: stream {state.index} was "
                 f"{_verdict(*recorded)}, replayed {_verdict(state.verdict, state.reason)}"
+            )
+    # The label of each stream and its server-reported steps, judged again from the
+    # recorded inputs (a recording without them: nothing to compare).
+    for state, label in zip(model.streams, footer.get("labels") or [], strict=False):
+        if state.label != label:
+            return (
+                f"replay differs from the recording: stream {state.index} was {label}, "
+                f"replayed {state.label}"
+            )
+    for state, recorded in zip(model.streams, footer.get("reported") or [], strict=False):
+        replayed = reported_summary(state.reported)
+        if replayed != recorded:
+            return (
+                f"replay differs from the recording: stream {state.index}'s server-reported "
+                f"steps were {recorded}, replayed {replayed}"
             )
     return None
 
