@@ -253,6 +253,8 @@ def test_vllm_per_request_metrics_sixteen_mixed_streams(
     print("\n".join(f"{row}, stop {shape.stop}" for row, shape in zip(rows, shapes, strict=True)))
     stop_ended = [f for f in facts if f["stop_string"] and not f["engine_finished"]]
     unchecked = sum(sum(1 for o in f["steps"] if o < f["text_end"]) for f in stop_ended)
+    # The claim is tested only if the frontend stopped a stream after verify steps.
+    assert unchecked > 0, rows
     print(
         f"{listed} verify steps of {with_lists} of {len(shapes)} streams cross-checked; "
         f"{len(stop_ended)} streams ended on a stop string without the engine's finish "
