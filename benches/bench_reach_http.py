@@ -109,7 +109,7 @@ def client_main(
     """The real client without a screen on the client host; prints one JSON report."""
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.state import NO_STEP, StreamState
+    from parallelhue.model.state import NO_STEP, StreamState
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
@@ -160,7 +160,7 @@ def client_main(
 
 def latencies(record: str, first_span: dict[tuple[int, int], float]) -> dict[str, Any]:
     """Step-to-screen latencies (see the module doc) from the run's recording."""
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
     from parallelhue.reference import decode_frame
     from parallelhue_vllm.wire import KIND_PROVENANCE
 

@@ -302,7 +302,8 @@ def test_missing_native_module_is_one_line(
 _WITHOUT_NATIVE = """
 import sys
 sys.modules["parallelhue._native"] = None
-from parallelhue import cli, state
+from parallelhue import cli
+from parallelhue.model import state
 code = cli.main(["demo", "--concurrency", "2", "--max-tokens", "20", "--view", "plain",
                  "--reconciler", "python"])
 print("python tails:", state.tail_pieces is state.python_tail_pieces)
@@ -427,7 +428,7 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     import stat
     import struct
 
-    from parallelhue.receiver import PyReceiver
+    from parallelhue.ingest.receiver import PyReceiver
 
     path = os.path.join(os.environ["PARALLELHUE_SOCKET_DIR"], "r.sock")
 

@@ -23,37 +23,73 @@ PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 NETWORK_LIBRARIES = ("httpx", "httpcore", "h11", "anyio", "prometheus_client")
 
 # module -> every parallelhue module importing it loads (itself included)
-_MODEL = ("parallelhue", "parallelhue.backend", "parallelhue.sanitize", "parallelhue.shapes")
+# The room packages (model/, screen/, cli/) load with their modules; their
+# __init__ files import nothing.
+_ROOT = ("parallelhue", "parallelhue.model")
+_MODEL = (
+    *_ROOT,
+    "parallelhue.model.backend",
+    "parallelhue.model.sanitize",
+    "parallelhue.model.shapes",
+)
 # The extension is compiled and imports no Python module; the screen model uses
 # its pane-tail reader (_native.tail_pieces) when it is built, else its own
 # (test_the_screen_model_imports_without_the_extension). The network libraries
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
 # advice.py (the fix line) sits in the screen model: it reads the run, no network.
-_STATE = (*_MODEL, *_NATIVE, "parallelhue.advice", "parallelhue.state", "parallelhue.style")
-_PANES = (*_STATE, "parallelhue.cells", "parallelhue.panes")
-_PAINT = (*_PANES, "parallelhue.paint")
-_SUMMARY = (*_PAINT, "parallelhue.endpoint", "parallelhue.results", "parallelhue.summary")
+_STATE = (
+    *_MODEL,
+    *_NATIVE,
+    "parallelhue.model.advice",
+    "parallelhue.model.state",
+    "parallelhue.screen",
+    "parallelhue.screen.style",
+)
+_PANES = (*_STATE, "parallelhue.screen.cells", "parallelhue.screen.panes")
+_PAINT = (*_PANES, "parallelhue.screen.paint")
+_SUMMARY = (
+    *_PAINT,
+    "parallelhue.model.endpoint",
+    "parallelhue.model.results",
+    "parallelhue.screen.summary",
+)
 EXPECTED: dict[str, tuple[str, ...]] = {
-    "parallelhue.shapes": ("parallelhue", "parallelhue.shapes"),
-    "parallelhue.sanitize": ("parallelhue", "parallelhue.sanitize"),
-    "parallelhue.style": ("parallelhue", "parallelhue.style"),
-    "parallelhue.cells": ("parallelhue", "parallelhue.cells"),
-    "parallelhue.settings": ("parallelhue", "parallelhue.settings"),
-    "parallelhue.keys": ("parallelhue", "parallelhue.keys", "parallelhue.settings"),
-    "parallelhue.backend": _MODEL,
-    "parallelhue.state": _STATE,
-    "parallelhue.panes": _PANES,
-    "parallelhue.paint": _PAINT,
-    "parallelhue.results": (*_STATE, "parallelhue.endpoint", "parallelhue.results"),
-    "parallelhue.summary": _SUMMARY,
-    "parallelhue.export": (*_SUMMARY, "parallelhue.export"),
-    "parallelhue.measurement": (*_SUMMARY, "parallelhue.measurement", "parallelhue.settings"),
-    "parallelhue.views": (
+    "parallelhue.model.shapes": (*_ROOT, "parallelhue.model.shapes"),
+    "parallelhue.model.sanitize": (*_ROOT, "parallelhue.model.sanitize"),
+    "parallelhue.screen.style": ("parallelhue", "parallelhue.screen", "parallelhue.screen.style"),
+    "parallelhue.screen.cells": ("parallelhue", "parallelhue.screen", "parallelhue.screen.cells"),
+    "parallelhue.cli.settings": ("parallelhue", "parallelhue.cli", "parallelhue.cli.settings"),
+    "parallelhue.screen.keys": (
+        "parallelhue",
+        "parallelhue.cli",
+        "parallelhue.cli.settings",
+        "parallelhue.screen",
+        "parallelhue.screen.keys",
+    ),
+    "parallelhue.model.backend": _MODEL,
+    "parallelhue.model.state": _STATE,
+    "parallelhue.screen.panes": _PANES,
+    "parallelhue.screen.paint": _PAINT,
+    "parallelhue.model.results": (
+        *_STATE,
+        "parallelhue.model.endpoint",
+        "parallelhue.model.results",
+    ),
+    "parallelhue.screen.summary": _SUMMARY,
+    "parallelhue.screen.export": (*_SUMMARY, "parallelhue.screen.export"),
+    "parallelhue.screen.measurement": (
         *_SUMMARY,
-        "parallelhue.keys",
-        "parallelhue.settings",
-        "parallelhue.views",
+        "parallelhue.cli",
+        "parallelhue.cli.settings",
+        "parallelhue.screen.measurement",
+    ),
+    "parallelhue.screen.views": (
+        *_SUMMARY,
+        "parallelhue.cli",
+        "parallelhue.cli.settings",
+        "parallelhue.screen.keys",
+        "parallelhue.screen.views",
     ),
 }
 
@@ -92,7 +128,7 @@ def test_screen_side_imports_nothing_of_the_network(module: str) -> None:
 
 def test_the_screen_model_imports_without_the_extension() -> None:
     # The documented --reconciler python path runs with no compiled code.
-    loaded = _imported("parallelhue.state", "parallelhue._native")
+    loaded = _imported("parallelhue.model.state", "parallelhue._native")
     ours = sorted(name for name in loaded if name.split(".")[0] == "parallelhue")
     assert ours == sorted(name for name in _STATE if name != "parallelhue._native")
 
@@ -100,9 +136,9 @@ def test_the_screen_model_imports_without_the_extension() -> None:
 def test_the_fetcher_is_where_httpx_comes_in() -> None:
     # The check above can fail: metrics.py, the /metrics scraper, does load httpx
     # and the Prometheus parser, and the type it fills lives in shapes.py.
-    loaded = set(_imported("parallelhue.metrics"))
-    assert {"httpx", "prometheus_client", "parallelhue.shapes"} <= loaded
-    from parallelhue.metrics import MetricsSnapshot as Fetched
-    from parallelhue.shapes import MetricsSnapshot
+    loaded = set(_imported("parallelhue.ingest.metrics"))
+    assert {"httpx", "prometheus_client", "parallelhue.model.shapes"} <= loaded
+    from parallelhue.ingest.metrics import MetricsSnapshot as Fetched
+    from parallelhue.model.shapes import MetricsSnapshot
 
     assert Fetched is MetricsSnapshot

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from parallelhue import _native, state
-from parallelhue.state import StreamState, _span_key, python_tail_pieces, tail_keys
+from parallelhue import _native
+from parallelhue.model import state
+from parallelhue.model.state import StreamState, _span_key, python_tail_pieces, tail_keys
 
 WORDS = ["the ", "quick ", "b", "r", "own ", "日本", "語 ", "é", "🚀", "x", "a\u0301 "]
 
@@ -204,8 +205,8 @@ def test_tail_pieces_refuses_spans_outside_the_text_and_short_key_tables(reader:
 def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> None:
     # panes._clean tests the whole tail at once when it can; the result is each
     # piece sanitized on its own, empty pieces dropped, keys and order kept.
-    from parallelhue.panes import _clean
-    from parallelhue.sanitize import sanitize
+    from parallelhue.model.sanitize import sanitize
+    from parallelhue.screen.panes import _clean
 
     rng = random.Random(seed)
     odd = ["\u200d", "\x1b[31m", "\x1b]0;t\x07", "\r", "\t", "\n", "\x7f", "\u202e", "\u2028"]

@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from parallelhue import cells as cells_module
-from parallelhue.cells import char_cells
-from parallelhue.panes import Line, Piece, cells, fit, line_text, tail_fit, wrap
-from parallelhue.sanitize import sanitize
+from parallelhue.model.sanitize import sanitize
+from parallelhue.screen import cells as cells_module
+from parallelhue.screen.cells import char_cells
+from parallelhue.screen.panes import Line, Piece, cells, fit, line_text, tail_fit, wrap
 from terminal_width import terminal_width
 
 ZWJ_FAMILY = "👨\u200d👩\u200d👧"

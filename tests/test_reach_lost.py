@@ -22,7 +22,7 @@ import pytest
 
 import workloads
 from parallelhue import cli
-from parallelhue.record import read_recording
+from parallelhue.ingest.record import read_recording
 from parallelhue.reference import Reconciler as Reference
 from parallelhue.sim import FaultConfig, SimConfig
 from parallelhue.sim.stream_faults import END_MESSAGE

@@ -17,8 +17,8 @@ import pytest
 
 import workloads
 from parallelhue import _native
+from parallelhue.model.state import NO_ROLE, PySpanRecords, StreamState
 from parallelhue.reference import Reconciler as ReferenceReconciler
-from parallelhue.state import NO_ROLE, PySpanRecords, StreamState
 
 SpanRecords = getattr(_native, "SpanRecords", None)
 needs_native = pytest.mark.skipif(SpanRecords is None, reason="make native")
@@ -41,7 +41,7 @@ def test_the_client_without_the_extension_uses_the_extensions_values() -> None:
     # client without the extension must be the same.
     code = (
         "import json, sys; sys.modules['parallelhue._native'] = None; "
-        "from parallelhue import state; "
+        "from parallelhue.model import state; "
         "print(json.dumps([state.NO_STEP, state.NO_ROLE, state.SPAN_RECORD_BYTES]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,9 +15,9 @@ With `--clean` the tails are read once and the calls measured are the panes'
 import random
 import sys
 
-from parallelhue.panes import _clean, grid_plan
+from parallelhue.model.state import StreamState
+from parallelhue.screen.panes import _clean, grid_plan
 from parallelhue.sim.vocab import CORPUS
-from parallelhue.state import StreamState
 
 STREAMS = 64
 SPANS = 3000

@@ -15,7 +15,7 @@ import sys
 
 from tail_cost import STREAMS, make_stream
 
-from parallelhue.panes import _clean, grid_plan, wrap
+from parallelhue.screen.panes import _clean, grid_plan, wrap
 
 
 def main() -> None:

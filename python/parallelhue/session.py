@@ -36,34 +36,22 @@ from parallelhue_vllm.paths import (
 )
 from parallelhue_vllm.wire import request_id
 
-from .advice import TelemetrySetup, is_this_host
-from .backend import detect_backend
-from .endpoint import api_base, server_root
-from .feed import Feed
-from .metrics import fetch_metrics, server_deltas
-from .receiver import PyHttpTelemetry, PyReceiver, ReceiverError
-from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
-from .record import RecordingError, RecordWriterLike, open_writer
-from .request import build_body
-from .sanitize import one_line
-from .schedule import Dispatcher, arrival_offsets
-from .settings import RunConfig
-from .shapes import VLLM_PREFIX, EndKind, Usage
-from .state import RunModel, StreamState, telemetry_expected
-from .stream_errors import (
-    api_key_message,
-    connect_reason,
-    is_setup_failure,
-    telemetry_end_message,
-)
-from .streams import (
+from .cli.settings import RunConfig
+from .ingest.feed import Feed
+from .ingest.metrics import fetch_metrics, server_deltas
+from .ingest.receiver import PyHttpTelemetry, PyReceiver, ReceiverError
+from .ingest.reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
+from .ingest.record import RecordingError, RecordWriterLike, open_writer
+from .ingest.request import build_body
+from .ingest.schedule import Dispatcher, arrival_offsets
+from .ingest.streams import (
     StreamRequest,
     StreamStopped,
     connect_target,
     make_client,
     read_stream,
 )
-from .telemetry import (
+from .ingest.telemetry import (
     TelemetryError,
     TelemetryPlan,
     choose,
@@ -72,10 +60,22 @@ from .telemetry import (
     runs_url,
     security_line,
 )
-from .views import View
+from .model.advice import TelemetrySetup, is_this_host
+from .model.backend import detect_backend
+from .model.endpoint import api_base, server_root
+from .model.sanitize import one_line
+from .model.shapes import VLLM_PREFIX, EndKind, Usage
+from .model.state import RunModel, StreamState, telemetry_expected
+from .model.stream_errors import (
+    api_key_message,
+    connect_reason,
+    is_setup_failure,
+    telemetry_end_message,
+)
+from .screen.views import View
 
 if TYPE_CHECKING:
-    from .ingest import RustIngest
+    from .ingest.native import RustIngest
 
 __all__ = [
     "GRACE_SECONDS",
@@ -618,7 +618,7 @@ class Session:
                 socket_path=socket,
                 timeout=cfg.timeout,
             )
-        from .ingest import RustIngest
+        from .ingest.native import RustIngest
 
         ingest = RustIngest(
             model,

@@ -7,7 +7,7 @@
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
 //! Batch entry points release the GIL (`py.detach`); single small calls do not.
 //! The key lists exported here are the one definition of the typed dicts in
-//! `parallelhue.reconciler` (tests/test_native_types.py holds them equal).
+//! `parallelhue.ingest.reconciler` (tests/test_native_types.py holds them equal).
 
 mod convert;
 mod display;

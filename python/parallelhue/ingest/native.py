@@ -21,12 +21,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from . import _native
+from .. import _native
+from ..model.state import RunModel
+from ..model.stream_errors import api_key_message, end_message, telemetry_end_message
 from .feed import Feed
 from .receiver import ReceiverError
 from .record import RecordingError
-from .state import RunModel
-from .stream_errors import api_key_message, end_message, telemetry_end_message
 from .streams import (
     StreamRequest,
     body_bytes,

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from . import __version__
-from .reference.sse_body import BodyReader
-from .shapes import EndKind, Usage
+from .. import __version__
+from ..model.shapes import EndKind, Usage
+from ..reference.sse_body import BodyReader
 
 __all__ = [
     "ConnectTarget",
@@ -230,7 +230,7 @@ def exchange_end(error: Exception, target: ConnectTarget) -> tuple[EndKind, int,
     if isinstance(error, ExchangeEnded):
         return error.kind, error.status, error.detail
     if isinstance(error, httpx.ConnectError):
-        from .stream_errors import connect_reason
+        from ..model.stream_errors import connect_reason
 
         reason = connect_reason(error)
         if reason.startswith("connection refused"):

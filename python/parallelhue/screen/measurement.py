@@ -16,10 +16,10 @@ import time
 from importlib import metadata
 from typing import Any
 
-from .endpoint import api_kind
-from .results import run_result, stream_result
-from .settings import STDOUT, RunConfig
-from .state import RunModel
+from ..cli.settings import STDOUT, RunConfig
+from ..model.endpoint import api_kind
+from ..model.results import run_result, stream_result
+from ..model.state import RunModel
 from .summary import summary_lines
 
 __all__ = ["MeasurementError", "build_measurement", "write_measurement"]

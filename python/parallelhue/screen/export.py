@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..model.results import by_position, run_result
+from ..model.state import SIMULATED_LABEL, RunModel
 from .cells import cells, char_cells
 from .paint import theme_for
 from .panes import Line
-from .results import by_position, run_result
-from .state import SIMULATED_LABEL, RunModel
 from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
 from .summary import summary_block
 

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .sanitize import one_line
+from ..model.sanitize import one_line
 
 __all__ = [
     "FORMAT_VERSION",
@@ -97,7 +97,7 @@ class _Recorder:
 def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
     """The reference path's recorder (it needs the native extension: one writer)."""
     try:
-        from ._native import RecordWriter
+        from .._native import RecordWriter
     except ImportError as error:
         raise RecordingError(
             f"--record needs the parallelhue._native extension: run `make native` ({error})"
@@ -178,7 +178,7 @@ def read_recording(path: str) -> Recording:
                 f"(JSON lines), this build reads {FORMAT_VERSION}: record the run again"
             )
     try:
-        from ._native import decode_recording
+        from .._native import decode_recording
     except ImportError as error:
         raise RecordingError(
             f"replay needs the parallelhue._native extension: run `make native` ({error})"
@@ -196,7 +196,7 @@ def write_recording(path: str, recording: Recording) -> None:
     """Write `recording` (e.g. an edited one) to `path`, items with their times.
 
     For tools and tests; live runs write through the tap or `open_writer`."""
-    from ._native import encode_recording
+    from .._native import encode_recording
 
     footer = None if recording.footer is None else json.dumps(recording.footer)
     data = encode_recording(json.dumps(recording.header), recording.events, footer)

@@ -19,6 +19,8 @@ from typing import Protocol
 from rich.console import Console
 from rich.live import Live
 
+from ..cli.settings import dumb_terminal
+from ..model.state import RunModel
 from .keys import KeyReader
 from .paint import RESET, ansi_line, rich_text, theme_for
 from .panes import (
@@ -33,8 +35,6 @@ from .panes import (
     plain_listing,
     stream_screen,
 )
-from .settings import dumb_terminal
-from .state import RunModel
 from .summary import summary_block
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .endpoint import is_chat_endpoint
-from .settings import RunConfig
+from ..cli.settings import RunConfig
+from ..model.endpoint import is_chat_endpoint
 
 __all__ = ["RESERVED_BODY_KEYS", "build_body"]
 

@@ -22,11 +22,9 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .backend import untested_engine
-from .cells import _TEXT as _MEASURED
-from .cells import cells, char_cells, for_screen, head_cells, tail_cells
-from .sanitize import sanitize
-from .state import (
+from ..model.backend import untested_engine
+from ..model.sanitize import sanitize
+from ..model.state import (
     LABEL_CANCELLED,
     LABEL_CHUNK,
     LABEL_ERROR,
@@ -39,6 +37,8 @@ from .state import (
     StreamState,
     label_key,
 )
+from .cells import _TEXT as _MEASURED
+from .cells import cells, char_cells, for_screen, head_cells, tail_cells
 from .style import ROLE_KEYS, ROLE_NAMES, STEP_KEYS
 
 __all__ = [

@@ -18,7 +18,7 @@ import tty
 from collections.abc import Callable
 from typing import Any
 
-from .settings import dumb_terminal
+from ..cli.settings import dumb_terminal
 
 __all__ = ["KeyReader", "decode_keys"]
 

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union, cast
 
+from ..screen.style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 from .advice import TelemetrySetup
 from .backend import Backend
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
-from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 
 __all__ = [
     "LABEL_CANCELLED",
@@ -192,7 +192,7 @@ class _Spans:
 # (`--reconciler python` needs none) the same values, which
 # tests/test_span_records.py holds equal to the extension's.
 try:
-    from ._native import NO_ROLE, NO_STEP, SPAN_RECORD_BYTES
+    from .._native import NO_ROLE, NO_STEP, SPAN_RECORD_BYTES
 except ImportError:  # not built
     NO_STEP, NO_ROLE, SPAN_RECORD_BYTES = 0xFFFFFFFF, 0xFF, 16
 # tail_pieces' key tables: by role, one key per role byte (NO_ROLE: none) for
@@ -312,8 +312,8 @@ class PySpanRecords(_WordArray):
 SpanStore = Union["_native.SpanRecords", PySpanRecords]
 
 try:
-    from . import _native
-    from ._native import tail_pieces
+    from .. import _native
+    from .._native import tail_pieces
 
     new_span_records: Callable[[], SpanStore] = _native.SpanRecords
 except ImportError:  # not built: the whole client still runs (--reconciler python)

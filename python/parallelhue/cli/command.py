@@ -18,14 +18,17 @@ from typing import Any
 
 from rich.console import Console
 
+from ..ingest.record import RecordingError
+from ..model.endpoint import display_server
+from ..model.results import json_document
+from ..model.sanitize import one_line
+from ..model.state import RunModel
+from ..screen.export import ExportError, export_picture
+from ..screen.measurement import MeasurementError, write_measurement
+from ..screen.tmux import TmuxError
+from ..screen.views import View, make_console, make_view, print_summary
+from ..session import Session, SessionResult, SetupError
 from .config import ConfigError, parse_replay, parse_run
-from .endpoint import display_server
-from .export import ExportError, export_picture
-from .measurement import MeasurementError, write_measurement
-from .record import RecordingError
-from .results import json_document
-from .sanitize import one_line
-from .session import Session, SessionResult, SetupError
 from .settings import (
     HARD_CONCURRENCY_LIMIT,
     MAX_CONCURRENCY,
@@ -33,9 +36,6 @@ from .settings import (
     STDOUT,
     RunConfig,
 )
-from .state import RunModel
-from .tmux import TmuxError
-from .views import View, make_console, make_view, print_summary
 
 __all__ = ["main"]
 
@@ -134,7 +134,7 @@ def demo_usage() -> str:
     import dataclasses
     import textwrap
 
-    from .sim import FaultConfig
+    from ..sim import FaultConfig
 
     names = sorted(
         "delay" if f.name == "delay_ms" else f.name.replace("_", "-")
@@ -188,7 +188,7 @@ class _ViewHolder:
         model.palette = config.palette
         view: View
         if config.tmux:
-            from .tmux import TmuxView
+            from ..screen.tmux import TmuxView
 
             view = TmuxView(model, self.console, attach=not config.no_attach)
         else:
@@ -318,7 +318,7 @@ def _dispatch(args: list[str]) -> int:
         print(f"parallelhue {__version__}")
         return 0
     if args and args[0] == "_tmux-pane":
-        from .tmux import pane_main
+        from ..screen.tmux import pane_main
 
         return int(pane_main(args[1:]))
     if args and args[0] == "demo":

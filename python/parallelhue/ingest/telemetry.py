@@ -28,9 +28,9 @@ import httpx
 
 from parallelhue_vllm.route import PROBE_PATH, RUNS_PATH
 
-from .endpoint import api_base
-from .sanitize import one_line
-from .stream_errors import api_key_message, connect_reason
+from ..model.endpoint import api_base
+from ..model.sanitize import one_line
+from ..model.stream_errors import api_key_message, connect_reason
 from .streams import ConnectTarget
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from .shapes import Counters, Event, SourceInfo, StreamStats
+from ..model.shapes import Counters, Event, SourceInfo, StreamStats
 
 __all__ = ["ReconcilerError", "ReconcilerLike", "make_reconciler", "reconciler_class"]
 

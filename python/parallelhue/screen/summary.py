@@ -17,12 +17,12 @@ from typing import Any
 
 from rich.text import Text
 
-from .advice import grouped_notes, run_message_notes
+from ..model.advice import grouped_notes, run_message_notes
+from ..model.results import run_result, stream_result, telemetry_measured
+from ..model.sanitize import sanitize
+from ..model.state import SIMULATED_LABEL, RunModel, label_key
 from .paint import plain_lines, rich_text, theme_for
 from .panes import SHORT_LABELS, Line, cells, fit, line_width, word_wrap
-from .results import run_result, stream_result, telemetry_measured
-from .sanitize import sanitize
-from .state import SIMULATED_LABEL, RunModel, label_key
 
 __all__ = ["render_summary", "role_line", "summary_block", "summary_lines"]
 

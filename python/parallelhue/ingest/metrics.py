@@ -10,8 +10,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .endpoint import server_root
-from .shapes import MetricsSnapshot
+from ..model.endpoint import server_root
+from ..model.shapes import MetricsSnapshot
 
 # MetricsSnapshot lives in shapes.py (the screen model reads it without httpx);
 # it is re-exported here for the callers that scrape.

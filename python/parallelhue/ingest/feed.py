@@ -13,12 +13,11 @@ import re
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from .advice import REJECTED_PREFIX, explain_reason, fix_line
-from .backend import detect_backend
-from .reconciler import ReconcilerLike
-from .results import DRAFTS_BY_POSITION
-from .sanitize import one_line
-from .shapes import (
+from ..model.advice import REJECTED_PREFIX, explain_reason, fix_line
+from ..model.backend import detect_backend
+from ..model.results import DRAFTS_BY_POSITION
+from ..model.sanitize import one_line
+from ..model.shapes import (
     EndKind,
     Event,
     ExactEvent,
@@ -27,8 +26,9 @@ from .shapes import (
     SpanEvent,
     Usage,
 )
-from .state import RunModel
-from .stream_errors import end_message
+from ..model.state import RunModel
+from ..model.stream_errors import end_message
+from .reconciler import ReconcilerLike
 
 __all__ = ["Feed", "reconciler_line"]
 

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from .endpoint import EndpointError, api_kind, completions_url
-from .request import RESERVED_BODY_KEYS
-from .sanitize import one_line
+from ..ingest.request import RESERVED_BODY_KEYS
+from ..model.endpoint import EndpointError, api_kind, completions_url
+from ..model.sanitize import one_line
 from .settings import (
     COLOR_MODES,
     DEFAULT_BASE_URL,

@@ -26,6 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..model.state import RunModel, StreamState
 from .paint import RESET, ansi_line
 from .panes import (
     GRID_MAX_PANES,
@@ -38,7 +39,6 @@ from .panes import (
     pane_data,
     wrap,
 )
-from .state import RunModel, StreamState
 from .style import Theme
 from .summary import summary_block
 from .views import print_summary

@@ -15,19 +15,19 @@ from typing import Any
 
 from rich.console import Console
 
-from .advice import TelemetrySetup
-from .backend import detect_backend
-from .feed import Feed
-from .metrics import MetricsSnapshot
-from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler
-from .record import SSE_FIELD_KINDS, Recording, RecordingError, read_recording
-from .sanitize import one_line
-from .session import RunDriver, SetupError, outcome
+from ..ingest.feed import Feed
+from ..ingest.metrics import MetricsSnapshot
+from ..ingest.reconciler import ReconcilerError, ReconcilerLike, make_reconciler
+from ..ingest.record import SSE_FIELD_KINDS, Recording, RecordingError, read_recording
+from ..ingest.streams import StreamStopped
+from ..ingest.telemetry import dropped_line
+from ..model.advice import TelemetrySetup
+from ..model.backend import detect_backend
+from ..model.sanitize import one_line
+from ..model.state import RunModel, StreamState
+from ..screen.views import REFRESH_HZ, make_view
+from ..session import RunDriver, SetupError, outcome
 from .settings import ReplayConfig
-from .state import RunModel, StreamState
-from .streams import StreamStopped
-from .telemetry import dropped_line
-from .views import REFRESH_HZ, make_view
 
 __all__ = ["replay"]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..model.sanitize import one_line
 from .config import (
     ConfigError,
     Parser,
@@ -26,11 +27,10 @@ from .config import (
     resolve_common,
     run_config,
 )
-from .sanitize import one_line
 from .settings import DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, RunConfig
 
 if TYPE_CHECKING:
-    from .session import Session, SessionResult, ViewFactory
+    from ..session import Session, SessionResult, ViewFactory
 
 __all__ = ["DEMO_MAX_CONCURRENCY", "DEMO_PROMPT", "DemoConfig", "parse_demo", "run_demo"]
 
@@ -101,7 +101,7 @@ def parse_demo(
     )
     faults = None
     if args.fault is not None:
-        from .sim import FaultConfig
+        from ..sim import FaultConfig
 
         try:
             FaultConfig.parse(args.fault)
@@ -119,8 +119,8 @@ async def run_demo(
     on_session: Callable[[Session, RunConfig], None] | None = None,
 ) -> tuple[SessionResult, Session]:
     """Start the simulated engine in this process, run a session against it, stop it."""
-    from .session import Session, new_run_id, resolve_socket
-    from .sim import FaultConfig, SimConfig, SimServer
+    from ..session import Session, new_run_id, resolve_socket
+    from ..sim import FaultConfig, SimConfig, SimServer
 
     run = demo.run
     # The simulated engine's emitters share this process: their warnings (e.g. frames
