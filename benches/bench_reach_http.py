@@ -1,20 +1,22 @@
-"""HTTP telemetry across two network hosts vs the local socket, side by side (issue 11).
+"""Telemetry across two network hosts, side by side: in-band, the old side route, the socket.
 
 64 streams against the SIMULATED engine at a fixed rate (default 20k step
 records/s). The engine (`python -m parallelhue.sim`) runs on a server host and
 the real client (`parallelhue.session.Session` headless, the Rust path) on a
 client host: two network namespaces joined by a veth pair (tests/netns/netns.py;
-needs root). Both configurations send the SSE over that same veth pair; only
+needs root). All configurations send the SSE over that same veth pair; only
 the telemetry differs:
 
+- `inband` (issue 28): each request's frames inside its own SSE response
+  (`--telemetry http` on both sides);
+- `side`: the per-run subscription stream it replaced (issue 11), run from
+  the tree of `--side-ref` (default: the commit before in-band telemetry),
+  extracted with `git archive` and given this build's extension (a superset);
 - `socket`: the engine's emitters send datagrams to the client's socket (a
-  path on the shared filesystem: AF_UNIX crosses network namespaces), the
-  engine started with `--telemetry socket`;
-- `http`: the engine serves the telemetry route (`--telemetry http`), the
-  client creates a run over the veth and reads its stream.
+  path on the shared filesystem: AF_UNIX crosses network namespaces).
 
-Rounds alternate socket, http, socket, http, ...; each round is a fresh
-engine and a fresh client process. Two kinds of round, also alternated:
+Rounds rotate the configurations; each round is a fresh engine and a fresh
+client process. Two kinds of round, also alternated:
 
 - cost rounds: frames lost (the engine's emitter drops + sequence gaps the
   reconciler saw + frames the server's hub dropped for the client), streams
@@ -35,6 +37,7 @@ engine and a fresh client process. Two kinds of round, also alternated:
   their own and are counted, not timed.
 
     sudo .venv/bin/python benches/bench_reach_http.py [--rounds N] [--rate R] [--seconds S]
+        [--configs inband,side,socket]
 
 All numbers come from a SIMULATED engine.
 """
@@ -68,9 +71,36 @@ _HEADER = struct.Struct("<4sBBH16sQQQQII")
 _SPAN = struct.Struct("<QQ")
 
 
+CONFIGS = ("inband", "side", "socket")
+# The tree of the side route (set by main() when `side` is measured).
+SIDE_TREE: list[str] = []
+
+
+def side_tree(ref: str) -> str:
+    """`ref`'s python/ and plugin/ in a temporary directory, with this build's extension."""
+    tree = tempfile.mkdtemp(prefix="phside", dir="/tmp")
+    os.chmod(tree, 0o755)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "python", "plugin"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    for built in (ROOT / "python" / "parallelhue").glob("_native*.so"):
+        shutil.copy(built, os.path.join(tree, "python", "parallelhue", built.name))
+    return tree
+
+
+def config_env(config: str) -> dict[str, str]:
+    if config != "side":
+        return {}
+    tree = SIDE_TREE[0]
+    return {"PYTHONPATH": f"{tree}/python:{tree}/plugin"}
+
+
 def engine_command(
     hosts: Any, telemetry: str, socket_dir: str, rate: int, max_tokens: int
 ) -> list[str]:
+    telemetry = "socket" if telemetry == "socket" else "http"
     step_ms = STREAMS / rate * 1000.0
     return hosts.command(
         hosts.server, sys.executable, "-m", "parallelhue.sim", "--host", hosts.server_ip,
@@ -107,6 +137,7 @@ def client_main(
     url: str, telemetry: str, socket_dir: str, max_tokens: int, record: str, poll: float
 ) -> None:
     """The real client without a screen on the client host; prints one JSON report."""
+    telemetry = "socket" if telemetry == "socket" else "http"
     from parallelhue import headless
     from parallelhue.headless import run_headless
     from parallelhue.model.state import NO_STEP, StreamState
@@ -207,7 +238,7 @@ def one_round(
     socket_dir = os.path.join(work, "s")
     record = os.path.join(work, "run.phr") if latency else ""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work,
-           "PARALLELHUE_HUB_DIR": os.path.join(work, "hub")}  # fmt: skip
+           "PARALLELHUE_HUB_DIR": os.path.join(work, "hub"), **config_env(telemetry)}  # fmt: skip
     engine = subprocess.Popen(
         engine_command(hosts, telemetry, socket_dir, rate, max_tokens),
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -258,6 +289,7 @@ def one_round(
         "kind": f"latency@{poll:g}s" if latency else "cost",
         "achieved_records_per_s": full_records / full_seconds if full_seconds else 0.0,
         "step_records": int(after["step_records"]) - int(before["step_records"]),
+        # In-band losses are each stream's own verdict (counted in exact_streams).
         "frames_lost": emitter_dropped + int(counters.get("gaps", 0)) + hub_dropped,
         "lost_parts": (emitter_dropped, int(counters.get("gaps", 0)), hub_dropped),
         "exact_streams": client["exact_streams"],
@@ -293,7 +325,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out = []
-    for telemetry in ("socket", "http"):
+    for telemetry in dict.fromkeys(r["telemetry"] for r in rows):
         mine = [r for r in rows if r["telemetry"] == telemetry]
         cost = [r for r in mine if r["kind"] == "cost"]
 
@@ -321,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per configuration and kind")
     parser.add_argument("--rate", type=int, default=20_000, help="step records/s (default 20000)")
     parser.add_argument("--seconds", type=float, default=6.0, help="nominal generation time")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="inband,side,socket")
+    parser.add_argument("--side-ref", default="310c3d1", help="the tree of the side route")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--telemetry", help=argparse.SUPPRESS)
     parser.add_argument("--socket-dir", help=argparse.SUPPRESS)
@@ -339,16 +373,28 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"bench_reach_http: skipped: {why}", file=sys.stderr)
         return 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        print(f"bench_reach_http: unknown config {unknown[0]!r}: use {','.join(CONFIGS)}")
+        return 2
     print(f"# SIMULATED engine, {STREAMS} streams, {args.rate} step records/s")
     print(f"# {json.dumps(versions())}")
+    if "side" in configs:
+        SIDE_TREE.append(side_tree(args.side_ref))
     rows = []
-    with Hosts() as hosts:
-        for i in range(args.rounds):
-            for latency, poll in ((False, 0.1), (True, 0.1), (True, 0.01)):
-                for telemetry in ("socket", "http") if i % 2 == 0 else ("http", "socket"):
-                    row = one_round(hosts, telemetry, args.rate, args.seconds, latency, poll)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    try:
+        with Hosts() as hosts:
+            for i in range(args.rounds):
+                for latency, poll in ((False, 0.1), (True, 0.1), (True, 0.01)):
+                    order = configs[i % len(configs) :] + configs[: i % len(configs)]
+                    for telemetry in order:
+                        row = one_round(hosts, telemetry, args.rate, args.seconds, latency, poll)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    finally:
+        for tree in SIDE_TREE:
+            shutil.rmtree(tree, ignore_errors=True)
     print(summarize(rows))
     return 0
 

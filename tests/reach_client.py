@@ -1,8 +1,8 @@
-"""Test-side client of the HTTP telemetry route: a plain HTTP/1.1 client on a socket (TLS when
-the URL is https), so a test controls every byte, the receive buffer and when it reads, and a
-driver that runs streaming requests of one run and feeds their SSE into reconcilers.
+"""Test-side HTTP client: a plain HTTP/1.1 client on a socket (TLS when the URL is https), so a
+test controls every byte, the receive buffer and when it reads (the probe, the fleets' checks),
+and a driver that runs streaming requests of one run and feeds their SSE into reconcilers.
 
-Used by tests/test_reach_route.py (simulated engine) and tests/vllm/test_reach_vllm.py.
+Used by the reach and fleet tests (tests/netns/, tests/vllm/).
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import asyncio
 import json
 import socket
 import ssl
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,9 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from parallelhue.reference.sse import ChunkInputs
-from parallelhue_vllm import telemetry_stream as ts
 
-RUNS_PATH = "/v1/parallelhue/runs"
 PROBE_PATH = "/v1/parallelhue"
 # Prompts whose output mixes CJK, Hangul, emoji, accented Latin and code (multi-byte
 # characters split across tokens), shared by the live reach tests.
@@ -200,73 +197,6 @@ def request(
         conn.close()
 
 
-class Subscriber:
-    """POST /v1/parallelhue/runs and read its telemetry stream."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        api_key: str | None = None,
-        cafile: str | None = None,
-        rcvbuf: int | None = None,
-        body: bytes = b"",
-        read_preamble: bool = True,
-    ) -> None:
-        self.conn = Connection(url, cafile=cafile, rcvbuf=rcvbuf)
-        self.conn.send("POST", RUNS_PATH, auth(api_key), body)
-        self.status, self.headers = self.conn.read_head()
-        self.decoder = ts.StreamDecoder()
-        self.items: list[ts.Item] = []
-        self.error: str | None = None
-        self.run_id = ""
-        if self.status != 200:
-            self.error_body = self.conn.read_body()
-            return
-        if read_preamble:
-            self.read_until(lambda items: bool(items))
-            assert self.items[0].kind == "preamble"
-            self.run_id = self.items[0].run_id.hex()
-
-    def read_until(
-        self, done: Callable[[list[ts.Item]], bool], timeout: float = 60.0
-    ) -> list[ts.Item]:
-        """Read and decode until `done(all items so far)`, the stream's end, or a decode error."""
-        deadline = time.monotonic() + timeout
-        while not done(self.items) and self.error is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("telemetry stream did not deliver in time")
-            try:
-                piece = self.conn.read_some()
-            except TimeoutError:
-                continue
-            except OSError as error:  # closed by the test, or reset by the server
-                self.error = f"connection error: {error}"
-                break
-            try:
-                if piece is None:
-                    self.decoder.finish()
-                    break
-                self.items += self.decoder.push(piece)
-            except ts.StreamError as error:
-                self.items += error.items
-                self.error = str(error)
-        return self.items
-
-    @property
-    def frames(self) -> list[bytes]:
-        return [item.frame for item in self.items if item.kind == "frame"]
-
-    @property
-    def dropped(self) -> int:
-        return sum(item.frames for item in self.items if item.kind == "dropped")
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-# ------------------------------------------------------------------ streams
-@dataclass
 class StreamOut:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -339,42 +269,3 @@ def settle(reconciler: Any, streams: int, timeout: float = 10.0) -> list[tuple[s
         time.sleep(0.02)
     reconciler.finalize()
     return [reconciler.verdict(i) for i in range(streams)]
-
-
-class Locked:
-    """A reconciler shared by the SSE driver and a subscriber's feeding thread."""
-
-    def __init__(self, reconciler: Any) -> None:
-        self.inner = reconciler
-        self.lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.inner, name)
-
-        def locked(*args: Any) -> Any:
-            with self.lock:
-                return method(*args)
-
-        return locked
-
-
-def feed(subscriber: Subscriber, reconciler: Any) -> threading.Thread:
-    """Read the subscriber's stream in a thread, pushing every frame into `reconciler`."""
-
-    def loop() -> None:
-        done = len(subscriber.items)
-        while True:
-            try:
-                subscriber.read_until(lambda items, seen=done: len(items) > seen, timeout=600)
-            except TimeoutError:
-                return
-            for item in subscriber.items[done:]:
-                if item.kind == "frame":
-                    reconciler.push_frame(item.frame)
-            done = len(subscriber.items)
-            if subscriber.error is not None or subscriber.decoder.ended or subscriber.conn.finished:
-                return
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    return thread

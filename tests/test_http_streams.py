@@ -26,8 +26,8 @@ native = pytest.importorskip("parallelhue._native")
 if not hasattr(native, "HttpStreams"):
     pytest.skip("the Rust HTTP thread needs Unix", allow_module_level=True)
 
-from parallelhue.ingest.native import RustIngest  # noqa: E402
 from parallelhue.ingest import native as ingest_module  # noqa: E402
+from parallelhue.ingest.native import RustIngest  # noqa: E402
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 RUN_ID = "00" * 16

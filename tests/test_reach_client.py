@@ -1,7 +1,7 @@
-"""The client's side of HTTP telemetry (issue 11) against the SIMULATED engine:
-`--telemetry auto|socket|http`, the server-chosen run id, the API key errors, the
-screen's telemetry line, `--record`/replay over HTTP, and `--accept-uid` with a
-sender that really runs as another uid."""
+"""The client's side of in-band telemetry (issues 11, 28) against the SIMULATED
+engine: `--telemetry auto|socket|http`, the API key errors, the screen's
+telemetry line, `--record`/replay of in-band runs, servers without telemetry,
+and `--accept-uid` with a sender that really runs as another uid."""
 
 from __future__ import annotations
 
@@ -126,18 +126,18 @@ def test_http_telemetry_is_exact_with_no_socket_anywhere(reconciler: str) -> Non
     run = session.run_id
     line = (
         f"telemetry: 127.0.0.1:{session.config.endpoint.split(':')[2].split('/')[0]} over plain "
-        f"HTTP (loopback), no API key, server-chosen run {run[:8]}…"
+        f"HTTP (loopback), no API key, in-band, run {run[:8]}…"
     )
     assert result.model.telemetry == line
     assert line in screen.splitlines()[0]
-    assert result.model.counters["frames"] > 6 and result.model.counters["gaps"] == 0
-    stats = session.path.receiver_stats() if session.path is not None else {}
-    assert stats["run_id"] == run and stats["frames"] == result.model.counters["frames"]
-    assert stats["dropped"] == 0 and stats["end"] is None
+    # Each request has its own two sources (scheduler, frontend): a hello each.
+    counters = result.model.counters
+    assert counters["frames"] > 6 * 2 and counters["gaps"] == 0
+    assert counters["duplicate_frames"] == 0 and counters["rejected_frames"] == 0
 
 
 @pytest.mark.parametrize("reconciler", RECONCILERS)
-def test_the_run_id_is_the_servers_even_when_the_caller_chose_one(reconciler: str) -> None:
+def test_the_callers_run_id_is_kept_in_band(reconciler: str) -> None:
     mine = "ab" * 16
 
     async def go() -> tuple[SessionResult, Session]:
@@ -169,7 +169,7 @@ def test_the_run_id_is_the_servers_even_when_the_caller_chose_one(reconciler: st
 
     result, session = asyncio.run(go())
     assert exact(result)
-    assert session.run_id != mine and len(session.run_id) == 32
+    assert session.run_id == mine
 
 
 def test_a_recording_over_http_replays_to_the_same_verdicts(clean_env: str) -> None:
@@ -204,7 +204,7 @@ def test_a_recording_over_http_replays_to_the_same_verdicts(clean_env: str) -> N
         (
             "socket",
             "socket",
-            "(auto: the server's telemetry route says: telemetry over HTTP is off on this "
+            "(auto: the server's probe says: in-band telemetry is off on this "
             "server: start the SIMULATED engine with --telemetry http or both)",
         ),
     ],
@@ -220,7 +220,7 @@ def test_auto_takes_the_route_when_the_server_serves_it_and_says_so(
     line = result.model.telemetry
     assert line.endswith(note), line
     if path == "http":
-        assert " over plain HTTP (loopback), no API key, server-chosen run " in line
+        assert " over plain HTTP (loopback), no API key, in-band, run " in line
         assert session.socket_path is not None and not os.path.exists(session.socket_path)
     else:
         assert (
@@ -241,7 +241,7 @@ def test_auto_without_the_route_falls_back_to_the_socket_and_says_why(
     first = out.splitlines()[0]
     assert first.endswith(
         f"telemetry: local socket, sender uid {os.geteuid()} checked by the kernel "
-        "(auto: the server has no telemetry route (HTTP 404))"
+        "(auto: the server has no telemetry probe (HTTP 404))"
     ), first
 
 
@@ -316,8 +316,17 @@ def test_a_wrong_or_missing_key_is_one_line_naming_the_flag_and_exit_2(
     if key is not None:
         args += ["--api-key", key]
     code, err, _ = run_cli(capsys, keyed_sim.url, *args)
-    route = "/v1/parallelhue" if telemetry == "auto" else "/v1/parallelhue/runs"
-    where = f"{keyed_sim.url}{route}"
+    if telemetry == "http":
+        # No probe in-band: the requests themselves meet the refusal.
+        assert (code, err) == (
+            2,
+            [
+                "parallelhue: 1 of 1 streams failed; stream 0: HTTP 401: Unauthorized (check "
+                "--api-key or OPENAI_API_KEY)"
+            ],
+        )
+        return
+    where = f"{keyed_sim.url}/v1/parallelhue"
     if key is None:
         why = f"the server needs an API key (HTTP 401 from {where}): give it with "
     else:
@@ -359,34 +368,38 @@ def test_the_right_key_is_exact_over_http_and_the_screen_says_it_was_sent(
     )
 
 
-def test_http_telemetry_from_a_server_without_the_route_is_a_setup_error(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("mode", ["auto", "exact"])
+def test_in_band_from_a_server_without_the_plugin_says_no_frames_came(
+    capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
+    """The responses carry no event of ours: auto downgrades each stream with the
+    reason, exact exits 2 naming it (nothing new is asked of the server)."""
     with FakeServer() as server:
-        code, err, _ = run_cli(capsys, server.url, "--telemetry", "http")
-    assert (code, err) == (
-        2,
-        [
-            "parallelhue: error: telemetry stream: the server has no telemetry route (HTTP 404): "
-            "install parallelhue-vllm on vLLM >= 0.32 and start it with VLLM_PLUGINS=parallelhue, "
-            "or use --telemetry socket"
-        ],
-    )
+        code, err, out = run_cli(capsys, server.url, "--telemetry", "http", "--mode", mode)
+    reason = "missing telemetry: no frames received for this run"
+    if mode == "auto":
+        assert (code, err) == (0, [])
+        assert f"stream 0: SSE CHUNK MODE; downgraded: {reason}" in out
+    else:
+        assert (code, err) == (
+            2,
+            [f"parallelhue: exact mode: stream 0 is not exact: {reason}"],
+        )
 
 
-def test_http_telemetry_from_a_server_with_telemetry_off_says_its_reason(
+def test_in_band_from_a_server_with_telemetry_off_is_not_exact(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     sim = SimProcess("--telemetry", "socket")
     try:
-        code, err, _ = run_cli(capsys, sim.url, "--telemetry", "http")
+        code, err, _ = run_cli(capsys, sim.url, "--telemetry", "http", "--mode", "exact")
     finally:
         sim.stop()
     assert (code, err) == (
         2,
         [
-            "parallelhue: error: telemetry stream: HTTP 503: telemetry over HTTP is off on this "
-            "server: start the SIMULATED engine with --telemetry http or both"
+            "parallelhue: exact mode: stream 0 is not exact: missing telemetry: no "
+            "frames received for this run"
         ],
     )
 
@@ -629,20 +642,20 @@ def test_the_telemetry_line_for_each_path() -> None:
     http = TelemetryPlan("http")
     assert security_line(http, connect_target("https://gpu-box:8443/v1/completions"), "k", run) == (
         "telemetry: gpu-box:8443 over HTTPS (certificate verified), API key sent, "
-        "server-chosen run 01234567…"
+        "in-band, run 01234567…"
     )
     assert security_line(
         TelemetryPlan("http", "auto"), connect_target("https://gpu-box/v1/completions"), None, run
     ) == (
         "telemetry: gpu-box:443 over HTTPS (certificate verified), no API key, "
-        "server-chosen run 01234567… (auto)"
+        "in-band, run 01234567… (auto)"
     )
     assert security_line(http, connect_target("http://[::1]:8000/v1/completions"), None, run) == (
-        "telemetry: [::1]:8000 over plain HTTP (loopback), no API key, server-chosen run 01234567…"
+        "telemetry: [::1]:8000 over plain HTTP (loopback), no API key, in-band, run 01234567…"
     )
     assert security_line(http, connect_target("http://10.0.0.5:8000/v1/completions"), "k", run) == (
         "telemetry: 10.0.0.5:8000 over plain HTTP: NOT encrypted, anyone on the network path can "
-        "read or forge it; API key sent in clear, server-chosen run 01234567…"
+        "read or forge it; API key sent in clear, in-band, run 01234567…"
     )
     target = connect_target("http://127.0.0.1:8000/v1/completions")
     socket_plan = TelemetryPlan("socket", "auto: the server has no telemetry route (HTTP 404)")

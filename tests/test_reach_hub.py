@@ -1,17 +1,16 @@
-"""The server-local telemetry hub (plugin/parallelhue_vllm/hub.py) and the emitters' fan-out to it
-(destination.py), with real AF_UNIX sockets: run isolation, the uid check, bounded memory,
-counted drops, stalled and vanished subscribers, hubs that start late or exit."""
+"""The server-local telemetry hub (plugin/parallelhue_vllm/hub.py) and the emitters'
+in-band envelopes to it (emitter.py, destination.py), with real AF_UNIX sockets: each
+claim keeps only its own request's frames (its own sources), the uid check, bounded
+claims, a closing hub, hubs that start late or exit, one path per run."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import shutil
 import socket
 import tempfile
 import time
-import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,13 @@ import pytest
 from parallelhue.reference import decode_frame
 from parallelhue_vllm import destination as destination_module
 from parallelhue_vllm import hub as hub_module
-from parallelhue_vllm import telemetry_stream as ts
-from parallelhue_vllm import wire
+from parallelhue_vllm import inband, wire
 from parallelhue_vllm.destination import Destination
 from parallelhue_vllm.emitter import Emitter
-from parallelhue_vllm.hub import Hub, HubError, HubFull, HubLimits, Subscription
+from parallelhue_vllm.hub import Claim, Hub, HubError, HubFull, HubLimits
 
 NOBODY = 65534
+RUN = "ab" * 16
 
 
 @pytest.fixture
@@ -43,10 +42,8 @@ def make_hub(base: str, scope: str = "abc1", **limits: Any) -> Hub:
     return hub
 
 
-def frame(run: bytes, size: int = 200, fill: int = 0) -> bytes:
-    """Just enough of a frame for the hub: magic, a version byte, the run id at 8..24."""
-    head = b"PHUE\x01\x02\x00\x00" + run
-    return head + bytes([fill]) * (size - len(head))
+def envelope(key: bytes, frame: bytes, role: int = wire.SOURCE_SCHEDULER, flags: int = 0) -> bytes:
+    return inband.encode_envelopes([inband.Envelope(key, role, flags, 1, frame)])[0]
 
 
 def sender(hub: Hub) -> socket.socket:
@@ -63,74 +60,40 @@ def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-async def drain(
-    sub: Subscription, decoder: ts.StreamDecoder, until: Callable[[list[ts.Item]], bool]
-) -> list[ts.Item]:
-    """Read chunks into items until `until(items)` holds (10 s at most)."""
-    items: list[ts.Item] = []
+def frames_of(events: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    for event in events.split(b"\n\n"):
+        if event:
+            data = event.split(b"data: ", 1)[1].decode()
+            out += [i for i in inband.decode_event(data) if isinstance(i, bytes)]
+    return out
+
+
+async def take_frames(claim: Claim, count: int) -> list[bytes]:
+    frames: list[bytes] = []
     async with asyncio.timeout(10):
-        while not until(items):
-            chunk = await sub.next_chunk()
-            if chunk is None:
-                break
-            items += decoder.push(chunk)
-    return items
+        while len(frames) < count:
+            await claim.news(0.05)
+            frames += frames_of(claim.take())
+    return frames
 
 
-def frames_of(items: list[ts.Item]) -> list[bytes]:
-    return [i.frame for i in items if i.kind == "frame"]
-
-
-def test_each_subscriber_gets_only_its_own_runs_frames(base: str) -> None:
+def test_datagrams_that_are_not_envelopes_are_rejected(base: str) -> None:
     hub = make_hub(base)
 
     async def main() -> None:
-        a, b = hub.subscribe(), hub.subscribe()
-        assert a.run_id != b.run_id and len(a.run_id) == 16
+        claim = hub.claim()
+        claim.bind("req-1")
         sock = sender(hub)
-        sent_a = [frame(a.run_id, 100 + i, i) for i in range(5)]
-        sent_b = [frame(b.run_id, 300 + i, 0x80 + i) for i in range(3)]
-        stranger = bytes(range(16))
-        # Each stranger's frame goes before a's: once a has its fifth frame, the hub's
-        # one reader has counted all five strangers (it reads one socket in order).
-        for i in range(5):
-            sock.send(frame(stranger, 120))
-            sock.send(sent_a[i])
-            if i < 3:
-                sock.send(sent_b[i])
-        da, db = ts.StreamDecoder(), ts.StreamDecoder()
-        items_a = await drain(a, da, lambda items: len(frames_of(items)) >= 5)
-        items_b = await drain(b, db, lambda items: len(frames_of(items)) >= 3)
-        assert items_a[0].kind == "preamble" and items_a[0].run_id == a.run_id
-        assert items_b[0].run_id == b.run_id
-        assert frames_of(items_a) == sent_a
-        assert frames_of(items_b) == sent_b
-        stats = hub.stats()
-        assert (stats["accepted"], stats["unclaimed"], stats["subscribers"]) == (8, 5, 2)
-        a.close()
-        b.close()
-        sock.close()
-
-    asyncio.run(main())
-    hub.close()
-
-
-def test_datagrams_that_are_not_frames_are_rejected(base: str) -> None:
-    hub = make_hub(base)
-
-    async def main() -> None:
-        sub = hub.subscribe()
-        sock = sender(hub)
-        sock.send(b"PHUE" + sub.run_id)  # too short to carry a run id at 8..24
-        sock.send(b"XXXX\x01\x02\x00\x00" + sub.run_id + bytes(40))  # wrong magic
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 18)
-        sock.send(frame(sub.run_id, ts.MAX_FRAME_ITEM + 1))  # beyond a datagram's limit
-        good = frame(sub.run_id, ts.MAX_FRAME_ITEM)  # the largest frame passes
-        sock.send(good)
-        items = await drain(sub, ts.StreamDecoder(), lambda items: bool(frames_of(items)))
-        assert frames_of(items) == [good]
+        sock.send(b"PHUE" + bytes(60))  # a bare frame: not for a hub any more
+        sock.send(b"PHIB\x00\x00\x05\x00")  # an envelope cut in its head
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 19)
+        sock.send(b"PHIB" + bytes(inband.MAX_ENVELOPE_DATAGRAM))  # beyond the limit
+        good = b"PHUE" + bytes(100)
+        sock.send(envelope(b"req-1", good))
+        assert await take_frames(claim, 1) == [good]
         assert hub.stats()["rejected"] == 3
-        sub.close()
+        claim.close()
         sock.close()
 
     asyncio.run(main())
@@ -138,7 +101,7 @@ def test_datagrams_that_are_not_frames_are_rejected(base: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sending as another uid needs root")
-def test_frames_from_another_uid_are_rejected(base: str) -> None:
+def test_envelopes_from_another_uid_are_rejected(base: str) -> None:
     hub = make_hub(base)
     # Let the other user reach the socket at all: only the credentials check stands.
     for directory in (os.path.dirname(base), base, hub.dir):
@@ -146,10 +109,11 @@ def test_frames_from_another_uid_are_rejected(base: str) -> None:
     os.chmod(hub.path, 0o666)
 
     async def main() -> None:
-        sub = hub.subscribe()
-        forged = frame(sub.run_id, 150, 0xEE)
+        claim = hub.claim()
+        claim.bind("req-1")
+        forged = envelope(b"req-1", b"PHUE" + b"\xee" * 100)
         pid = os.fork()
-        if pid == 0:  # child: become nobody, send one forged frame
+        if pid == 0:  # child: become nobody, send one forged envelope
             code = 1
             try:
                 os.setgid(NOBODY)
@@ -163,195 +127,52 @@ def test_frames_from_another_uid_are_rejected(base: str) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         wait_for(lambda: hub.stats()["rejected_uid"] == 1)
-        genuine = frame(sub.run_id, 150, 0x11)
+        genuine = b"PHUE" + b"\x11" * 100
         sock = sender(hub)
-        sock.send(genuine)
-        items = await drain(sub, ts.StreamDecoder(), lambda items: bool(frames_of(items)))
-        assert frames_of(items) == [genuine]
+        sock.send(envelope(b"req-1", genuine))
+        assert await take_frames(claim, 1) == [genuine]
         assert hub.stats()["accepted"] == 1
-        sub.close()
+        claim.close()
         sock.close()
 
     asyncio.run(main())
     hub.close()
 
 
-def test_a_subscriber_that_stops_reading_costs_its_cap_and_learns_the_exact_loss(base: str) -> None:
-    cap = 64 << 10
-    hub = make_hub(base, buffer_bytes=cap)
+def test_claims_beyond_the_limit_are_refused(base: str) -> None:
+    hub = make_hub(base, max_claims=2)
 
     async def main() -> None:
-        sub = hub.subscribe()
-        decoder = ts.StreamDecoder()
-        decoder.push(await sub.next_chunk() or b"")  # the preamble
-        sock = sender(hub)
-        sent = [frame(sub.run_id, 1000, i % 256) for i in range(400)]  # ~400 KB, 6x the cap
-        for data in sent:
-            sock.send(data)
-        wait_for(lambda: hub.stats()["frames"] == 400)
-        stats = hub.stats()
-        assert stats["buffered_bytes"] <= cap
-        kept = stats["accepted"]
-        assert stats["dropped"] == 400 - kept > 0
-        assert sub.buffered == stats["buffered_bytes"]
-        # Now it reads: the drop notice first, then the frames that fit, in order.
-        items = await drain(sub, decoder, lambda items: len(frames_of(items)) >= kept)
-        assert items[0] == ts.Item("dropped", frames=400 - kept)
-        assert frames_of(items) == sent[:kept]
-        assert hub.stats()["buffered_bytes"] == 0
-        # Reading again makes room: later frames flow, with no new drop notice.
-        sock.send(sent[0])
-        more = await drain(sub, decoder, lambda items: bool(frames_of(items)))
-        assert [i.kind for i in more] == ["frame"]
-        sub.close()
-        sock.close()
+        claims = [hub.claim(), hub.claim()]
+        with pytest.raises(HubFull) as error:
+            hub.claim()
+        assert str(error.value) == (
+            "2 requests with in-band telemetry are open, the most this server allows"
+        )
+        claims[0].close()
+        hub.claim().close()  # a slot is free again
+        claims[1].close()
 
     asyncio.run(main())
     hub.close()
 
 
-def test_the_total_cap_bounds_all_subscribers_together(base: str) -> None:
-    hub = make_hub(base, buffer_bytes=64 << 10, total_bytes=80 << 10)
+def test_closing_the_hub_ends_every_claim_and_removes_its_socket(base: str) -> None:
+    hub = make_hub(base, wait_seconds=30)
 
     async def main() -> None:
-        subs = [hub.subscribe() for _ in range(3)]
-        sock = sender(hub)
-        for i in range(120):
-            sock.send(frame(subs[i % 3].run_id, 1000))
-        wait_for(lambda: hub.stats()["frames"] == 120)
-        stats = hub.stats()
-        assert stats["buffered_bytes"] <= 80 << 10
-        assert stats["accepted"] + stats["dropped"] == 120 and stats["dropped"] > 0
-        assert sum(s.buffered for s in subs) == stats["buffered_bytes"]
-        for sub in subs:
-            sub.close()
-        assert hub.stats()["buffered_bytes"] == 0
-        sock.close()
-
-    asyncio.run(main())
-    hub.close()
-
-
-def test_a_vanished_subscriber_frees_its_memory_at_once(base: str) -> None:
-    hub = make_hub(base, buffer_bytes=8 << 20)
-    tracemalloc.start()
-    try:
-
-        async def main() -> tuple[int, int, int]:
-            sock = sender(hub)
-            warm = hub.subscribe()  # warm up the code paths before the baseline
-            sock.send(frame(warm.run_id))
-            await drain(warm, ts.StreamDecoder(), lambda items: bool(frames_of(items)))
-            warm.close()
-            gc.collect()
-            baseline = tracemalloc.get_traced_memory()[0]
-            sub = hub.subscribe()
-            for i in range(1000):
-                sock.send(frame(sub.run_id, 4000, i % 256))
-            wait_for(lambda: hub.stats()["accepted"] == 1001)
-            gc.collect()
-            loaded = tracemalloc.get_traced_memory()[0]
-            sub.close()  # what the HTTP layer does when the client disconnects
-            later = frame(sub.run_id, 4000)
-            for _ in range(50):
-                sock.send(later)  # a run nobody reads any more: not kept
-            wait_for(lambda: hub.stats()["unclaimed"] == 50)
-            gc.collect()
-            after = tracemalloc.get_traced_memory()[0]
-            sock.close()
-            return baseline, loaded, after
-
-        baseline, loaded, after = asyncio.run(main())
-    finally:
-        tracemalloc.stop()
-    assert loaded - baseline > 3_900_000  # the 4 MB were really held
-    assert after - baseline < 64 << 10
-    stats = hub.stats()
-    assert (stats["subscribers"], stats["buffered_bytes"]) == (0, 0)
-    hub.close()
-
-
-def test_a_stalled_subscriber_is_cut_and_its_run_released(base: str) -> None:
-    hub = make_hub(base, stall_seconds=0.3)
-
-    async def main() -> None:
-        sub = hub.subscribe()
-        decoder = ts.StreamDecoder()
-        decoder.push(await sub.next_chunk() or b"")
-        sock = sender(hub)
-        sock.send(frame(sub.run_id, 500))
-        wait_for(lambda: hub.stats()["cut_stalled"] == 1)
-        assert hub.stats()["subscribers"] == 0
-        assert hub.stats()["buffered_bytes"] == 0
-        sock.send(frame(sub.run_id, 500))
-        wait_for(lambda: hub.stats()["unclaimed"] == 1)
-        items = await drain(sub, decoder, lambda items: decoder.ended)
-        assert items == [
-            ts.Item(
-                "end",
-                code=ts.END_TOO_SLOW,
-                message="the subscriber read nothing for 0.3 s; its telemetry was discarded",
-            )
-        ]
-        assert await sub.next_chunk() is None
-        sock.close()
-
-    asyncio.run(main())
-    hub.close()
-
-
-def test_an_idle_stream_carries_heartbeats(base: str) -> None:
-    hub = make_hub(base, heartbeat_seconds=0.05, stall_seconds=5)
-
-    async def main() -> None:
-        sub = hub.subscribe()
-        decoder = ts.StreamDecoder()
-        items = await drain(sub, decoder, lambda items: len(items) >= 3)
-        assert [i.kind for i in items] == ["preamble", "heartbeat", "heartbeat"]
-        assert items[0].heartbeat_ms == 50
-        sub.close()
-
-    asyncio.run(main())
-    assert hub.stats()["cut_stalled"] == 0
-    hub.close()
-
-
-def test_subscribers_beyond_the_limit_are_refused(base: str) -> None:
-    hub = make_hub(base, max_subscribers=2)
-
-    async def main() -> None:
-        first = [hub.subscribe(), hub.subscribe()]
-        with pytest.raises(HubFull, match=r"^2 telemetry subscribers are connected, the most"):
-            hub.subscribe()
-        first[0].close()
-        hub.subscribe().close()
-        first[1].close()
-
-    asyncio.run(main())
-    hub.close()
-
-
-def test_closing_the_hub_ends_every_stream_and_removes_its_socket(base: str) -> None:
-    hub = make_hub(base)
-
-    async def main() -> None:
-        sub = hub.subscribe()
-        decoder = ts.StreamDecoder()
-        decoder.push(await sub.next_chunk() or b"")
-        waiting = asyncio.ensure_future(drain(sub, decoder, lambda items: decoder.ended))
+        claim = hub.claim()
+        claim.bind("req-1")
+        waiting = asyncio.ensure_future(claim.finish())
         await asyncio.sleep(0.05)
-        await asyncio.get_running_loop().run_in_executor(None, hub.close)
-        items = await waiting
-        assert items == [
-            ts.Item(
-                "end", code=ts.END_HUB_CLOSED, message="the server's telemetry hub is shutting down"
-            )
-        ]
-        with pytest.raises(HubFull, match="shutting down"):
-            hub.subscribe()
+        hub.close()
+        async with asyncio.timeout(5):
+            tail = await waiting
+        end = inband.decode_event(tail.split(b"data: ", 1)[1].rstrip(b"\n").decode())[-1]
+        assert isinstance(end, inband.End) and end.status == inband.STATUS_HUB_CLOSED
 
     asyncio.run(main())
-    assert not os.path.exists(hub.path) and not os.path.exists(hub.dir)
+    assert not os.path.exists(hub.path)
 
 
 def test_an_unsafe_hub_directory_is_refused(base: str) -> None:
@@ -394,50 +215,76 @@ def make_emitter(destination: Destination, role: int = wire.SOURCE_SCHEDULER) ->
     )
 
 
-def provenance(offset: int) -> wire.ProvenanceRecord:
-    return wire.ProvenanceRecord(0, offset, [10 + offset], [wire.ROLE_PLAIN], 0)
+def provenance(offset: int, stream: int = 0) -> wire.ProvenanceRecord:
+    return wire.ProvenanceRecord(stream, offset, [10 + offset], [wire.ROLE_PLAIN], 0)
 
 
-def test_an_emitter_fans_every_frame_out_to_every_hub_and_the_client_socket(base: str) -> None:
+def test_each_claim_gets_only_its_own_requests_frames_from_its_own_source(base: str) -> None:
     # Two hubs in one scope, as two API-server processes run them.
     first = make_hub(base, scope="fa0")
     second = Hub("fa0", base=base, name="2")
     second.start()
-    sock_dir = tempfile.mkdtemp(prefix="phs", dir="/tmp")
-    os.chmod(sock_dir, 0o700)
+    emitter = make_emitter(
+        Destination(None, 2.0, client_sockets=False, hub_dir=first.dir, use_env_scope=False)
+    )
 
     async def main() -> None:
-        sub = first.subscribe()
-        run = sub.run_id.hex()
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        client_path = os.path.join(sock_dir, f"{run}.sock")
-        client.bind(client_path)
-        os.chmod(client_path, 0o600)
-        emitter = make_emitter(Destination(sock_dir, 2.0, hub_dir=first.dir, use_env_scope=False))
+        mine, theirs = first.claim(), first.claim()
+        mine.bind("req-0")
+        theirs.bind("req-1")
+        emitter.begin_request(RUN, 0, "req-0")
+        emitter.begin_request(RUN, 1, "req-1")
         for offset in range(3):
-            emitter.submit(run, wire.KIND_PROVENANCE, offset + 1, [provenance(offset)])
+            # One step, both requests of the run: split into each request's own frames.
+            emitter.submit(
+                RUN,
+                wire.KIND_PROVENANCE,
+                offset + 1,
+                [provenance(offset, 0), provenance(offset, 1)],
+            )
         emitter.close(5.0)
-        items = await drain(sub, ts.StreamDecoder(), lambda items: len(frames_of(items)) >= 4)
-        client.settimeout(5)
-        over_socket = [client.recv(1 << 17) for _ in range(4)]
-        assert frames_of(items) == over_socket
-        decoded = [decode_frame(f) for f in over_socket]
-        assert [(f.kind, f.header.seq) for f in decoded] == [
-            (wire.KIND_HELLO, 0),
-            (wire.KIND_PROVENANCE, 1),
-            (wire.KIND_PROVENANCE, 2),
-            (wire.KIND_PROVENANCE, 3),
-        ]
-        # The other hub got every frame too; nobody subscribed the run there.
-        wait_for(lambda: second.stats()["unclaimed"] == 4)
-        sub.close()
-        client.close()
+        for claim, stream in ((mine, 0), (theirs, 1)):
+            decoded = [decode_frame(f) for f in await take_frames(claim, 4)]
+            assert [(f.kind, f.header.seq) for f in decoded] == [
+                (wire.KIND_HELLO, 0),
+                (wire.KIND_PROVENANCE, 1),
+                (wire.KIND_PROVENANCE, 2),
+                (wire.KIND_PROVENANCE, 3),
+            ]
+            assert {r.stream for f in decoded[1:] for r in f.records} == {stream}
+            assert len({f.header.source_id for f in decoded}) == 1
+        # The other hub got every envelope too; nobody claimed them there.
+        wait_for(lambda: second.stats()["unclaimed"] == 8)
+        mine.close()
+        theirs.close()
 
     try:
         asyncio.run(main())
     finally:
         first.close()
         second.close()
+
+
+def test_a_run_with_a_client_socket_goes_there_only(base: str) -> None:
+    hub = make_hub(base, scope="50c0")
+    sock_dir = tempfile.mkdtemp(prefix="phs", dir="/tmp")
+    os.chmod(sock_dir, 0o700)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    client_path = os.path.join(sock_dir, f"{RUN}.sock")
+    client.bind(client_path)
+    os.chmod(client_path, 0o600)
+    emitter = make_emitter(Destination(sock_dir, 2.0, hub_dir=hub.dir, use_env_scope=False))
+    try:
+        emitter.begin_request(RUN, 0, "req-0")
+        emitter.submit(RUN, wire.KIND_PROVENANCE, 1, [provenance(0)])
+        emitter.close(5.0)
+        client.settimeout(5)
+        decoded = [decode_frame(client.recv(1 << 17)) for _ in range(2)]
+        assert [f.kind for f in decoded] == [wire.KIND_HELLO, wire.KIND_PROVENANCE]
+        assert hub.stats()["frames"] == 0 and hub.stats()["rejected"] == 0
+    finally:
+        client.close()
+        hub.close()
         shutil.rmtree(sock_dir)
 
 
@@ -455,15 +302,16 @@ def test_a_hub_that_starts_after_the_emitter_gets_the_next_runs_frames(
     hub = make_hub(base, scope="1a7e")
 
     async def main() -> None:
-        sub = hub.subscribe()
-        emitter.submit(sub.run_id.hex(), wire.KIND_PROVENANCE, 2, [provenance(0)])
-        items = await drain(sub, ts.StreamDecoder(), lambda items: len(frames_of(items)) >= 2)
-        decoded = [decode_frame(f) for f in frames_of(items)]
+        claim = hub.claim()
+        claim.bind("late-0")
+        emitter.begin_request(RUN, 0, "late-0")
+        emitter.submit(RUN, wire.KIND_PROVENANCE, 2, [provenance(0)])
+        decoded = [decode_frame(f) for f in await take_frames(claim, 2)]
         assert [(f.kind, f.header.seq, f.header.dropped) for f in decoded] == [
             (wire.KIND_HELLO, 0, 0),
             (wire.KIND_PROVENANCE, 1, 0),
         ]
-        sub.close()
+        claim.close()
 
     asyncio.run(main())
     emitter.close(2.0)
@@ -482,19 +330,18 @@ def test_a_hub_that_exits_does_not_stop_the_others(
     )
 
     async def main() -> None:
-        sub = survivor.subscribe()
-        run = sub.run_id.hex()
-        emitter.submit(run, wire.KIND_PROVENANCE, 1, [provenance(0)])
-        decoder = ts.StreamDecoder()
-        await drain(sub, decoder, lambda items: len(frames_of(items)) >= 2)
+        claim = survivor.claim()
+        claim.bind("req-0")
+        emitter.begin_request(RUN, 0, "req-0")
+        emitter.submit(RUN, wire.KIND_PROVENANCE, 1, [provenance(0)])
+        await take_frames(claim, 2)
         # The other hub's process dies without cleaning up: its socket file stays.
         assert leaving._sock is not None
         leaving._closing = True
         leaving._sock.close()
-        emitter.submit(run, wire.KIND_PROVENANCE, 2, [provenance(1)])
-        items = await drain(sub, decoder, lambda items: bool(frames_of(items)))
-        assert [decode_frame(f).header.seq for f in frames_of(items)] == [2]
-        sub.close()
+        emitter.submit(RUN, wire.KIND_PROVENANCE, 2, [provenance(1)])
+        assert [decode_frame(f).header.seq for f in await take_frames(claim, 1)] == [2]
+        claim.close()
 
     asyncio.run(main())
     emitter.close(2.0)
@@ -511,14 +358,10 @@ def test_hubs_in_a_directory_of_another_mode_are_not_used(
         Destination(None, 2.0, client_sockets=False, hub_dir=hub.dir, use_env_scope=False)
     )
 
-    async def main() -> None:
-        sub = hub.subscribe()
-        with caplog.at_level("WARNING", logger="parallelhue_vllm"):
-            emitter.submit(sub.run_id.hex(), wire.KIND_PROVENANCE, 1, [provenance(0)])
-            wait_for(lambda: emitter.stats()["dropped"] == 1)
-        sub.close()
-
-    asyncio.run(main())
+    with caplog.at_level("WARNING", logger="parallelhue_vllm"):
+        emitter.begin_request(RUN, 0, "req-0")
+        emitter.submit(RUN, wire.KIND_PROVENANCE, 1, [provenance(0)])
+        wait_for(lambda: emitter.stats()["dropped"] == 1)
     emitter.close(2.0)
     assert hub.stats()["frames"] == 0
     assert (

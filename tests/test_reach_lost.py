@@ -1,21 +1,19 @@
-"""Lost HTTP telemetry never gives EXACT (issue 11): a `dropped` item (frames the
-server's hub discarded for a slow client) and a telemetry stream that ends before
-the run (an end item, or a connection lost without one) fail every stream that
-has no verdict yet, with the reason saying so, while the run message says how
-many frames were lost.
+"""Lost in-band telemetry never gives EXACT, and fails only its own stream (issue 28):
+an end item that says frames are missing (dropped for a slow reader, the final
+step's frames not in within the server's wait, the hub shutting down) or a
+response that ends without its end item fails that stream with the reason,
+while the other streams of the run keep their verdicts.
 
-Both reconcilers (`push_lost`, docs/PROTOCOL.md "Lost telemetry"), both client
-paths (the Rust HTTP thread, `--reconciler python`'s `PyHttpTelemetry`) against
-the simulated engine whose route loses frames deliberately (`--fault
-stream-drop:N|stream-end|stream-close`, after `skip-frames:N` frames), the real
-hub dropping for a buffer too small, recordings and the CLI.
+Both reconcilers (`push_stream_lost`, docs/PROTOCOL.md "In-band telemetry"),
+both client paths against the simulated engine faulting its responses
+deliberately (`--fault stream-drop:N|stream-end|stream-close`, after
+`skip-frames:N` frames of each response), the real hub dropping for a buffer
+too small, recordings and the CLI.
 """
 
 from __future__ import annotations
 
 import os
-import random
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,9 +22,8 @@ import workloads
 from parallelhue import cli
 from parallelhue.ingest.record import read_recording
 from parallelhue.reference import Reconciler as Reference
+from parallelhue.reference.sse_body import ENDED_EARLY
 from parallelhue.sim import FaultConfig, SimConfig
-from parallelhue.sim.stream_faults import END_MESSAGE
-from parallelhue_vllm import wire
 from parallelhue_vllm.hub import HubLimits
 from test_reach_client import (
     RECONCILERS,
@@ -45,138 +42,44 @@ except ImportError:  # pragma: no cover - CI builds it (PH_REQUIRE_NATIVE=1)
     Native = None
 
 CLASSES = [Reference] + ([Native] if Native is not None else [])
-DROPPED = "telemetry lost: {n} frames dropped by the server"
-ENDED = "telemetry lost: the telemetry stream ended before the run"
+DROPPED = "telemetry lost: {n} frames dropped by the server (the response was read too slowly)"
+HUB_CLOSED = "telemetry lost: the server's telemetry hub shut down"
 ARGS = ["hi", "--concurrency", "6", "--max-tokens", "60", "--mode", "exact", "--telemetry", "http"]
-
-
-def _feed(reconciler: Any, inputs: list[tuple[Any, ...]]) -> None:
-    for item in inputs:
-        if item[0] == "lost":
-            reconciler.push_lost(item[1])
-        else:
-            workloads.feed(reconciler, [item])
-
-
-def _verdicts(reconciler: Any, n: int) -> list[tuple[str, str | None]]:
-    return [reconciler.verdict(s) for s in range(n)]
+# auto mode: no stream is cancelled by another's failure, each gets its own verdict.
+AUTO = ["hi", "--concurrency", "6", "--max-tokens", "60", "--telemetry", "http"]
 
 
 # ------------------------------------------------------------------ the reconcilers
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__module__)
-def test_lost_telemetry_fails_every_stream_without_a_final_verdict(cls: Any) -> None:
-    work = workloads.generate(11, num_streams=3, tokens=12, k=3, fixed_length=True, jitter=0.0)
-    finish = {item[1]: item for item in work.inputs if item[0] == "finish"}
-    # Everything of stream 0, then the loss, then the rest: stream 0 is exact before it.
-    first = [item for item in work.inputs if item[0] != "finish"]
-    r = cls(work.run_id, 3)
-    _feed(r, first)
-    _feed(r, [finish[0]])
-    assert r.verdict(0) == ("exact", None)
-    r.push_lost(0)  # nothing lost: nothing changes
-    assert _verdicts(r, 3) == [("exact", None)] + [("pending", None)] * 2
-    r.push_lost(4)
-    # An exact verdict is not final before finalize(): a lost frame may have been a
-    # notice for stream 0 too (docs/PROTOCOL.md, "Lost telemetry", "Finality").
-    assert _verdicts(r, 3) == [("failed", DROPPED.format(n=4))] * 3
-    events = r.drain()
-    assert [e for e in events if e[0] == "failed"] == [
-        ("failed", s, DROPPED.format(n=4)) for s in range(3)
+def test_a_lost_stream_fails_alone_and_revokes_its_exact_verdict(cls: Any) -> None:
+    workload = workloads.generate(5, num_streams=3, tokens=12, fixed_length=True)
+    reconciler = cls(workload.run_id, 3)
+    workloads.feed(reconciler, workload.inputs)
+    assert [reconciler.verdict(s)[0] for s in range(3)] == ["exact"] * 3
+    reconciler.drain()
+    reconciler.push_stream_lost(1, "telemetry lost: x")
+    assert [reconciler.verdict(s) for s in range(3)] == [
+        ("exact", None),
+        ("failed", "telemetry lost: x"),
+        ("exact", None),
     ]
-    # Later evidence changes nothing: the streams stay failed with the first reason.
-    _feed(r, [finish[1], finish[2]])
-    r.push_lost(None)
-    r.finalize()
-    assert _verdicts(r, 3) == [("failed", DROPPED.format(n=4))] * 3
+    assert ("failed", 1, "telemetry lost: x") in reconciler.drain()
+    reconciler.finalize()
+    reconciler.push_stream_lost(0, "telemetry lost: y")  # final: changes nothing
+    assert reconciler.verdict(0) == ("exact", None)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__module__)
-def test_a_loss_after_finalize_changes_nothing(cls: Any) -> None:
-    work = workloads.generate(14, num_streams=2, tokens=10, k=2, fixed_length=True, jitter=0.0)
-    r = cls(work.run_id, 2)
-    _feed(r, work.inputs)
-    r.finalize()
-    assert _verdicts(r, 2) == [("exact", None)] * 2
-    r.push_lost(3)
-    r.push_lost(None)
-    assert _verdicts(r, 2) == [("exact", None)] * 2
-
-
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__module__)
-def test_a_stream_that_ends_early_gives_its_own_reason(cls: Any) -> None:
-    work = workloads.generate(12, num_streams=2, tokens=10, k=2, fixed_length=True, jitter=0.0)
-    r = cls(work.run_id, 2)
-    _feed(r, [item for item in work.inputs if item[0] != "finish"])
-    r.push_lost(None)
-    _feed(r, [item for item in work.inputs if item[0] == "finish"])
-    r.finalize()
-    assert _verdicts(r, 2) == [("failed", ENDED)] * 2
-
-
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__module__)
-def test_a_lost_notice_would_have_hidden_a_failure(cls: Any) -> None:
-    """The case that makes the `dropped` item evidence: frames lost at the end of
-    a source leave no sequence gap, and a lost frame may be the one that fails a
-    stream (here a notice). Without the item the stream would be EXACT."""
-    work = workloads.generate(13, num_streams=2, tokens=10, k=2, fixed_length=True, jitter=0.0)
-    frames = [workloads.decode_frame(item[1]) for item in work.inputs if item[0] == "frame"]
-    last = max((f.header for f in frames if f.kind == wire.KIND_TEXT), key=lambda h: h.seq)
-    notice = wire.encode_records(
-        wire.KIND_NOTICE,
-        replace(last, seq=last.seq + 1, dropped=0),
-        [wire.NoticeRecord(0, wire.NOTICE_HOOK_ERROR, "detokenizer hook failed")],
-    )
-    body = [item for item in work.inputs if item[0] != "finish"]
-    finish = [item for item in work.inputs if item[0] == "finish"]
-    # Delivered, the notice fails stream 0.
-    told = cls(work.run_id, 2)
-    _feed(told, [*body, ("frame", notice), *finish])
-    assert told.verdict(0)[0] == "failed" and "detokenizer hook failed" in str(told.verdict(0)[1])
-    # Lost without a word: no gap shows it, and stream 0 comes out EXACT.
-    silent = cls(work.run_id, 2)
-    _feed(silent, [*body, *finish])
-    assert silent.verdict(0) == ("exact", None)
-    # Lost and said by the hub's dropped item: not exact, and the reason says why.
-    said = cls(work.run_id, 2)
-    _feed(said, [*body, ("lost", 1), *finish])
-    assert _verdicts(said, 2) == [("failed", DROPPED.format(n=1))] * 2
-
-
-@pytest.mark.skipif(Native is None, reason="needs the native extension (make native)")
-@pytest.mark.parametrize("seed", range(12))
-def test_both_reconcilers_agree_on_lost_telemetry(seed: int) -> None:
-    rng = random.Random(seed)
-    work = workloads.generate(100 + seed, num_streams=(2, 5), tokens=(4, 30))
-    inputs: list[tuple[Any, ...]] = list(work.inputs)
-    for _ in range(rng.randint(1, 2)):
-        lost = rng.choice([None, 0, 1, rng.randint(2, 1000)])
-        inputs.insert(rng.randint(0, len(inputs)), ("lost", lost))
-    runs = []
-    for cls in (Reference, Native):
-        r = cls(work.run_id, work.num_streams)
-        events = []
-        for item in inputs:
-            _feed(r, [item])
-            events += r.drain()
-        r.finalize()
-        events += r.drain()
-        runs.append((events, _verdicts(r, work.num_streams)))
-    assert runs[0] == runs[1]
-
-
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__module__)
-@pytest.mark.parametrize("bad", [-1, 2**64, True, "3", 1.5])
-def test_a_bad_lost_count_is_one_exact_error(cls: Any, bad: object) -> None:
-    r = cls("ab" * 16, 1)
+def test_a_lost_stream_out_of_range_is_one_exact_error(cls: Any) -> None:
+    reconciler = cls("ab" * 16, 2)
     with pytest.raises(ValueError) as error:
-        r.push_lost(bad)
-    assert str(error.value) == f"lost frame count {bad} out of range 0..=18446744073709551615"
-    assert r.verdict(0) == ("pending", None)
+        reconciler.push_stream_lost(2, "x")
+    assert str(error.value) == "stream 2 out of range 0..2"
 
 
-# --------------------------------------------------------------- the client, end to end
+# ------------------------------------------------------------------ against the engine
 
 
 def _lossy(**faults: Any) -> SimConfig:
@@ -184,93 +87,74 @@ def _lossy(**faults: Any) -> SimConfig:
 
 
 @pytest.mark.parametrize("reconciler", RECONCILERS)
-def test_frames_the_server_dropped_fail_the_open_streams_and_the_run_says_how_many(
-    reconciler: str,
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [({"stream_drop": 3}, None), ({"stream_end": True}, HUB_CLOSED)],
+    ids=["drop", "end"],
+)
+def test_a_response_whose_telemetry_lost_frames_fails_with_the_reason(
+    reconciler: str, fault: dict[str, Any], reason: str | None
 ) -> None:
-    result, _, screen = session_against([*ARGS, "--reconciler", reconciler], _lossy(stream_drop=3))
+    result, _, screen = session_against([*AUTO, "--reconciler", reconciler], _lossy(**fault))
     reasons = [(s.verdict, s.reason) for s in result.model.streams]
-    assert reasons == [("failed", DROPPED.format(n=3))] * 6
-    assert result.exit_code == 2
-    assert result.message == f"exact mode: stream 0 is not exact: {DROPPED.format(n=3)}"
-    line = (
-        "telemetry: 3 frames dropped by the server (the client read too slowly; "
-        "buffer 4194304 bytes)"
-    )
-    assert result.model.run_messages == [line]
-    assert "EXACT" not in screen.replace("NOT EXACT", "")
+    for verdict, why in reasons:
+        assert verdict == "failed"
+        if reason is None:
+            # At least the N frames of the fault, and every one after them.
+            assert why is not None and why.startswith("telemetry lost: ")
+            assert why.endswith(" frames dropped by the server (the response was read too slowly)")
+            assert int(why.split()[2]) >= 3
+        else:
+            assert why == reason
+    assert result.exit_code == 0  # auto: downgraded, with the reason on screen
+    assert "EXACT TOKEN PROVENANCE" not in screen
 
 
 @pytest.mark.parametrize("reconciler", RECONCILERS)
-@pytest.mark.parametrize(
-    ("fault", "messages"),
-    [
-        (
-            "stream_end",
-            {"telemetry stream: the server ended it (code 3): " + END_MESSAGE},
-        ),
-        (
-            "stream_close",
-            {
-                # The two readers word a connection cut after a whole item differently.
-                "telemetry stream: connection closed without an end item",
-                "telemetry stream: the server closed the connection mid-stream",
-            },
-        ),
-    ],
-)
-def test_a_telemetry_stream_that_ends_mid_run_fails_the_open_streams(
-    reconciler: str, fault: str, messages: set[str]
-) -> None:
-    result, _, _ = session_against([*ARGS, "--reconciler", reconciler], _lossy(**{fault: True}))
-    assert [(s.verdict, s.reason) for s in result.model.streams] == [("failed", ENDED)] * 6
-    assert result.message == f"exact mode: stream 0 is not exact: {ENDED}"
-    assert len(result.model.run_messages) == 1 and result.model.run_messages[0] in messages
+def test_a_response_cut_mid_telemetry_is_never_exact(reconciler: str) -> None:
+    result, _, _ = session_against([*ARGS, "--reconciler", reconciler], _lossy(stream_close=True))
+    assert result.exit_code == 2
+    assert all(s.verdict == "failed" for s in result.model.streams)
+    # The connection closed: the stream's own HTTP failure says so.
+    assert all(s.error is not None for s in result.model.streams)
 
 
 @pytest.mark.parametrize("reconciler", RECONCILERS)
 def test_the_real_hub_dropping_for_a_small_buffer_is_never_exact(reconciler: str) -> None:
-    """The hub's own accounting, not a fault: a buffer smaller than a step's text
-    frame of 6 streams (up to ~440 bytes, plus 101 bytes of accounting) discards
-    at least those frames."""
-    limits = HubLimits(buffer_bytes=420)
-    result, session, _ = session_against(
-        [*ARGS, "--reconciler", reconciler],
-        sim_config(telemetry_mode="http", hub_limits=limits),
+    """The hub's own accounting, not a fault: a claim's buffer smaller than two frames
+    overflows, keeps nothing more, and its response's end item says how many."""
+    result, _, _ = session_against(
+        [*AUTO, "--reconciler", reconciler],
+        sim_config(telemetry_mode="http", hub_limits=HubLimits(buffer_bytes=300)),
     )
-    stats = session.path.receiver_stats() if session.path is not None else {}
-    dropped = int(stats["dropped"])  # type: ignore[call-overload]
-    assert dropped > 0
     assert all(s.verdict == "failed" for s in result.model.streams)
     assert all(str(s.reason).startswith("telemetry lost: ") for s in result.model.streams)
-    assert result.model.run_messages[0].startswith("telemetry: ")
-    assert (
-        " frames dropped by the server (the client read too slowly; buffer 420 bytes)"
-        in (result.model.run_messages[-1])
-    )
+    assert all("frames dropped by the server" in str(s.reason) for s in result.model.streams)
 
 
 @pytest.mark.parametrize("reconciler", RECONCILERS)
 def test_a_lossy_recording_replays_to_the_same_failures(clean_env: str, reconciler: str) -> None:
     path = os.path.join(clean_env, f"lost-{reconciler}.phr")
     result, _, _ = session_against(
-        [*ARGS, "--reconciler", reconciler, "--record", path], _lossy(stream_drop=2)
+        [*AUTO, "--reconciler", reconciler, "--record", path], _lossy(stream_end=True)
     )
-    assert result.exit_code == 2
+    assert result.exit_code == 0
     recording = read_recording(path)
-    lost = [e[2] for e in recording.events if e[1] == "lost"]
-    assert lost[0] == 2
+    lost = [e[2:] for e in recording.events if e[1] == "stream_lost"]
+    assert sorted(s for s, _ in lost) == list(range(6))
+    assert {why for _, why in lost} == {HUB_CLOSED}
     assert recording.footer is not None
-    assert recording.footer["verdicts"][0] == ["failed", DROPPED.format(n=2)]
+    assert recording.footer["verdicts"][0] == ["failed", HUB_CLOSED]
     for kind in RECONCILERS:
-        # replay compares its verdicts with the footer's: 2 = exact mode, not exact, same verdicts.
+        # replay compares its verdicts with the footer's: 0 = the same verdicts.
         code = cli.main(["replay", path, "--speed", "max", "--view", "plain", "--reconciler", kind])
-        assert code == 2
+        assert code == 0
 
 
 def test_the_cli_against_a_lossy_server_exits_2_naming_the_loss(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    sim = SimProcess("--telemetry", "http", "--fault", "stream-drop:5,skip-frames:6")
+    sim = SimProcess("--telemetry", "http", "--fault", "stream-end,skip-frames:6")
     try:
         code, err, _ = run_cli(
             capsys, sim.url, "--telemetry", "http", "--mode", "exact", "--model", "parallelhue-sim"
@@ -278,16 +162,17 @@ def test_the_cli_against_a_lossy_server_exits_2_naming_the_loss(
     finally:
         sim.stop()
     assert code == 2
-    assert err[-1] == f"parallelhue: exact mode: stream 0 is not exact: {DROPPED.format(n=5)}"
+    assert err[-1] == f"parallelhue: exact mode: stream 0 is not exact: {HUB_CLOSED}"
+
+
+def test_the_reason_for_a_response_that_ends_without_its_end_item() -> None:
+    assert ENDED_EARLY == "telemetry lost: the response ended before its in-band telemetry did"
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (
-            "stream-drop:-1",
-            "fault stream-drop must be >= 0, got -1",
-        ),
+        ("stream-drop:-1", "fault stream-drop must be >= 0, got -1"),
         ("stream-drop:x", "fault stream-drop needs a number, got 'x'"),
     ],
 )
@@ -297,10 +182,10 @@ def test_bad_stream_fault_specs_are_one_exact_line(spec: str, message: str) -> N
     assert str(error.value) == message
 
 
-def test_stream_faults_need_the_http_route() -> None:
+def test_stream_faults_need_in_band_telemetry() -> None:
     config = SimConfig(faults=FaultConfig.parse("stream-end"), telemetry_mode="socket")
     with pytest.raises(ValueError) as error:
         config.validate()
     assert str(error.value) == (
-        "stream faults act on the HTTP telemetry route: use --telemetry http or both"
+        "stream faults act on in-band telemetry: use --telemetry http or both"
     )

@@ -146,7 +146,7 @@ def test_recording_is_compact_and_holds_no_secrets(
     capsys.readouterr()
     assert code == 0
     with gzip.open(record, "rb") as handle:
-        assert handle.read(6) == b"PHREC\x03"  # recording format 3
+        assert handle.read(6) == b"PHREC\x04"  # recording format 4
     recording = read_recording(record)
     header, footer, events = recording.header, recording.footer, recording.events
     assert footer is not None

@@ -184,7 +184,7 @@ def test_push_recorded_applies_a_recording_like_the_single_calls(
     live = recorded_run(socket_dir, record)
     with gzip.open(record, "rb") as handle:
         data = handle.read()
-    assert data[:6] == b"PHREC\x03"
+    assert data[:6] == b"PHREC\x04"
     packed = native.Reconciler(live.run_id, 8)
     packed.push_recorded(data[6:])
     assert [packed.verdict(i) for i in range(8)] == live.verdicts

@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import workloads
-from parallelhue.reference.sse_body import differ, read_body
+from parallelhue.reference.sse_body import ENDED_EARLY, differ, read_body
+from parallelhue_vllm import inband
 
 read_sse_body = workloads.native_test_kit("read_sse_body")
 needs_native = pytest.mark.skipif(read_sse_body is None, reason="needs the test kit: make native")
@@ -48,6 +49,14 @@ def both(body: bytes, cuts: list[int] | None = None) -> Any:
 
 CHUNK = b"data: " + chunk("h\u00e9", [5, 6]) + b"\n\n"
 DELTA = ("sse", "h\u00e9", [5, 6])
+
+# In-band telemetry events (docs/PROTOCOL.md, "In-band telemetry").
+FRAME_A, FRAME_B = b"PHUE" + bytes(60), b"PHUE" + bytes(range(1, 61))
+EVENT_A = inband.event(inband.frame_item(FRAME_A))
+EVENT_AB = inband.event(inband.frame_item(FRAME_A) + inband.frame_item(FRAME_B))
+END_2 = inband.event(inband.end_item(0, 2, 0, 1500))
+END_1 = inband.event(inband.end_item(0, 1, 0, 1500))
+DONE = b"data: [DONE]\n\n"
 
 
 @needs_native
@@ -96,6 +105,40 @@ DELTA = ("sse", "h\u00e9", [5, 6])
         # An event with its own type is not a completion chunk.
         (b"event: ping\n" + CHUNK + CHUNK, [("sse_id", "chatcmpl-x"), DELTA],
          ("body_ended",)),
+        # In-band telemetry: frames in order with the chunks, the end item checked.
+        (CHUNK + EVENT_AB + END_2 + DONE,
+         [("sse_id", "chatcmpl-x"), DELTA, ("frame", FRAME_A), ("frame", FRAME_B)], ("done",)),
+        (EVENT_A + CHUNK + END_1 + DONE,
+         [("frame", FRAME_A), ("sse_id", "chatcmpl-x"), DELTA], ("done",)),
+        # An end item that says something is missing: the stream's telemetry is lost.
+        (EVENT_A + inband.event(inband.end_item(1, 1, 0, 2_500_000)) + DONE,
+         [("frame", FRAME_A), ("lost", "telemetry lost: the scheduler's frames of the final "
+                                       "step did not come within 2500 ms")], ("done",)),
+        (EVENT_A + inband.event(inband.end_item(4, 1, 7, 0)) + DONE,
+         [("frame", FRAME_A), ("lost", "telemetry lost: 7 frames dropped by the server (the "
+                                       "response was read too slowly)")], ("done",)),
+        (inband.event(inband.end_item(9, 0, 0, 0)) + DONE,
+         [("lost", "telemetry lost: the server ended this response's telemetry with status 9")],
+         ("done",)),
+        # Begun and never ended: lost at [DONE] and at the body's end, not when cut.
+        (EVENT_A + CHUNK + DONE, [("frame", FRAME_A), ("sse_id", "chatcmpl-x"), DELTA,
+                                  ("lost", ENDED_EARLY)], ("done",)),
+        (EVENT_A + CHUNK, [("frame", FRAME_A), ("sse_id", "chatcmpl-x"), DELTA,
+                           ("lost", ENDED_EARLY)], ("body_ended",)),
+        # Refusals: a count that differs, an event after the end, a wrong drop count,
+        # bytes that are not (canonical) base64, an unknown item, a cut item.
+        (EVENT_A + END_2, [("frame", FRAME_A)],
+         ("bad_event", "in-band telemetry: the end item counts 2 frames, 1 came")),
+        (inband.event(inband.end_item(0, 0, 0, 0)) + EVENT_A, [],
+         ("bad_event", "in-band telemetry: an event after its end item")),
+        (inband.event(inband.end_item(4, 0, 0, 0)), [],
+         ("bad_event", "in-band telemetry: end item status 4 with 0 frames dropped")),
+        (b"event: parallelhue\ndata: QR==\n\n", [],
+         ("bad_event", "in-band telemetry: event data is not base64")),
+        (b"event: parallelhue\ndata: AwAAAAA=\n\n", [],
+         ("bad_event", "in-band telemetry: unknown item type 3 at byte 0")),
+        (b"event: parallelhue\ndata: AQUAAABQSA==\n\n", [],
+         ("bad_event", "in-band telemetry: truncated item at byte 0: 2 of 5 bytes")),
         # A finish_reason restated differently.
         (b"data: " + chunk("", [], "length") + b"\n\ndata: " + chunk("", [], "stop") + b"\n\n",
          [("sse_id", "chatcmpl-x")],
@@ -129,6 +172,7 @@ PIECES = [
     b'{"choices":[],"metrics":{"speculative_decoding":{"per_step_accepted":[1],'
     b'"per_step_drafted":[3]}}}',
     b'{"error":{"message":"boom"}}', b'{"choices":[{"index":0,"text":"\\u00e9","token_ids":[1]}]}',
+    b"event: parallelhue", EVENT_A, EVENT_AB, END_1, END_2, EVENT_A[:40], b"QR==", b"AQ==",
 ]  # fmt: skip
 
 

@@ -179,52 +179,49 @@ def test_live_grid_zoom_and_overview_keep_every_character_inside_its_borders(
         assert any(char in seen for char in sample[:2]), sample
 
 
-@pytest.mark.parametrize("width", [80, 120, 160])
-def test_final_picture_keeps_its_boxes_on_every_row(width: int) -> None:
-    """Issue 26, 5: the picture printed after the run broke its boxes on rows with
-    emoji or Devanagari (autowrap on: a row too wide wraps onto the next)."""
-    target = _shell(f"f{width}", width, 200)
-    command = _shell_command(
-        "demo", "--concurrency", "8", "--max-tokens", "400", "--step-ms", "1", "--view", "grid"
-    )
+def _run_to_the_end(name: str, width: int, command: str) -> tuple[list[str], list[str]]:
+    """A run in a fresh pane of `width` columns until its summary and the prompt are
+    back: the rows as drawn, and as tmux joins the ones it wrapped (-J)."""
+    target = _shell(name, width, 200)
     _type(target, "clear; " + command, "Enter")
     screen = _wait_until(
         target, lambda text: "wall time" in text and text.rstrip().endswith(PROMPT.rstrip()),
-        "the final picture",
+        "the end of the run",
     )  # fmt: skip
-    rows = screen.splitlines()
-    assert check_panes(rows, width) == 8
     joined = subprocess.run(
         ["tmux", "capture-pane", "-p", "-J", "-t", target], check=True, capture_output=True,
         text=True,
     ).stdout  # fmt: skip
+    return screen.splitlines(), joined.splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_final_picture_keeps_its_boxes_on_every_row(width: int) -> None:
+    """Issue 26, 5: the picture printed after the run broke its boxes on rows with
+    emoji or Devanagari (autowrap on: a row too wide wraps onto the next)."""
+    command = _shell_command(
+        "demo", "--concurrency", "8", "--max-tokens", "400", "--step-ms", "1", "--view", "grid"
+    )
+    rows, joined = _run_to_the_end(f"f{width}", width, command)
+    assert check_panes(rows, width) == 8
     # No row of the picture or the summary was wrapped by the terminal.
-    assert joined.splitlines() == rows
+    assert joined == rows
 
 
 def test_dumb_terminal_summary_fits_the_terminal() -> None:
     """Issue 26, 12: with TERM=dumb the summary ignored the width and the terminal
     wrapped it inside numbers."""
-    target = _shell("dumb", 70, 200)
     command = _shell_command(
         "demo", "--concurrency", "4", "--max-tokens", "40", "--step-ms", "1"
     ).replace("env -u TMUX ", "env -u TMUX TERM=dumb ", 1)
-    _type(target, "clear; " + command, "Enter")
-    screen = _wait_until(
-        target, lambda text: "wall time" in text and text.rstrip().endswith(PROMPT.rstrip()),
-        "the summary",
-    )  # fmt: skip
-    rows = screen.splitlines()
+    rows, joined = _run_to_the_end("dumb", 70, command)
+    assert "\x1b" not in "\n".join(rows)
     start = next(row for row, line in enumerate(rows) if line.startswith("Summary"))
     end = next(row for row in range(start, len(rows)) if rows[row].startswith("wall time"))
     summary = rows[start : end + 1]
     assert all(terminal_width(line) <= 70 for line in summary), summary
-    assert "\x1b" not in screen
     table = [line for line in summary if re.match(r"(#\d+|total) ", line)]
     assert len(table) == 5 and all(re.search(r"\d$", line) for line in table), table
-    joined = subprocess.run(
-        ["tmux", "capture-pane", "-p", "-J", "-t", target], check=True, capture_output=True,
-        text=True,
-    ).stdout.splitlines()  # fmt: skip
     # The lines the terminal shows are the summary's own: none was wrapped by it.
-    assert summary == joined[joined.index(rows[start]) : joined.index(rows[start]) + len(summary)]
+    first = joined.index(rows[start])
+    assert summary == joined[first : first + len(summary)]

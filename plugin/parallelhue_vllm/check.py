@@ -186,8 +186,8 @@ def _destinations(
     if http_named and has_endpoints:
         base = hub.base_dir()
         report.facts.append(
-            "telemetry over HTTP: vLLM's own port serves it (POST /v1/parallelhue/runs), "
-            f"through hubs under {base}"
+            "telemetry over HTTP: in-band, inside each response that asks for it "
+            f"(X-ParallelHue-Telemetry), through hubs under {base}"
         )
         if os.path.lexists(base):
             try:

@@ -1,21 +1,20 @@
-"""Where an emitter sends a run's frames: the client's socket, and every hub of this server.
+"""Where an emitter sends a run's frames: the client's socket, or in-band through the hubs.
 
 The emitter (`emitter.py`) asks `Destination.open(run_id)` once per run for a
-`RunSink` and calls its `send()` like a connected socket's. A sink delivers
-each frame to
+`RunSink`. One path per run (docs/REACH.md):
 
-- every hub of this server (`hub.py`; found in the scope directory, rescanned
-  at most once a second and whenever a run starts, so hubs that start or
-  exit later are picked up), without waiting long for any of them, and
 - the client's `<socket_dir>/<run_id>.sock` when it exists and passes the
-  checks of `paths.py` (rechecked every 0.5 s while absent).
+  checks of `paths.py`: the run's frames go there (`send()`, like a
+  connected socket's), and nowhere else;
+- otherwise, when this server has hubs (`hub.py`; found in the scope
+  directory, rescanned at most once a second and whenever a run starts, so
+  hubs that start or exit later are picked up), the run is in-band
+  (`sink.inband`): each request's envelopes go to every hub
+  (`send_envelopes()`), and the hub that holds the request's claim keeps them
+  for its response.
 
-`send()` succeeds when at least one destination took the frame, so the
-emitter assigns the next sequence number; a destination that missed it sees a
-sequence gap, which its reconciler reports. It raises (like a socket) only
-when no destination took it: the emitter then counts the frame in `dropped`.
-With no hub and no client socket `open()` raises the client socket's
-`SocketPathError`, exactly as before hubs existed.
+With neither, `open()` raises the client socket's `SocketPathError`, exactly
+as before hubs existed.
 """
 
 from __future__ import annotations
@@ -176,9 +175,9 @@ class RunSink:
         self._destination = destination
         self._client: socket.socket | None = None
         self._client_retry_at = 0.0
-        self._client_slow_until = 0.0
         self._warned = False
         self.path = ""
+        self.inband = False
 
     def open_client(self) -> None:
         """Connect the client's socket; raises SocketPathError / OSError like the emitter did."""
@@ -220,40 +219,32 @@ class RunSink:
                 )
 
     def send(self, frame: bytes, flags: int = 0) -> int:
-        """Deliver to every destination; raise only when none took the frame."""
-        delivered = False
-        hubs = self._destination.hubs
-        if hubs is not None:
-            dontwait = bool(flags & socket.MSG_DONTWAIT)
-            for peer in hubs.peers():
-                if peer.send(frame, dontwait):
-                    delivered = True
-        if not self._destination.client_sockets:
-            if not delivered:
-                raise ConnectionError(errno.ENOTCONN, "no telemetry hub took the frame")
-            return len(frame)
-        if self._client is None and time.monotonic() >= self._client_retry_at:
-            self.try_client(warn=True)
+        """To the client's socket (socket runs); raises like a socket."""
         client = self._client
         if client is None:
-            if not delivered:
-                raise ConnectionError(errno.ENOTCONN, "no telemetry destination took the frame")
-            return len(frame)
-        if delivered and time.monotonic() < self._client_slow_until:
-            flags |= socket.MSG_DONTWAIT
+            if time.monotonic() >= self._client_retry_at:
+                self.try_client(warn=True)
+            client = self._client
+            if client is None:
+                raise ConnectionError(errno.ENOTCONN, "the client's telemetry socket is gone")
         try:
-            client.send(frame, flags)
+            return client.send(frame, flags)
         except (TimeoutError, BlockingIOError):
-            if not delivered:
-                raise  # the emitter's own slow-client handling applies
-            # A hub took it: do not wait for this client again for a while (it sees a gap).
-            self._client_slow_until = time.monotonic() + RECHECK_SECONDS
+            raise  # the emitter's own slow-client handling applies
         except OSError as error:
             if error.errno != errno.ENOBUFS:
                 self._close_client()  # the client went away or re-bound
-            if not delivered:
-                raise
-        return len(frame)
+            raise
+
+    def send_envelopes(self, datagram: bytes) -> bool:
+        """To every hub (in-band runs); True when at least one took it."""
+        hubs = self._destination.hubs
+        delivered = False
+        if hubs is not None:
+            for peer in hubs.peers():
+                if peer.send(datagram, False):
+                    delivered = True
+        return delivered
 
     def _close_client(self) -> None:
         if self._client is not None:
@@ -299,18 +290,21 @@ class Destination:
         self.hubs = HubDirectory(hub_dir, send_timeout) if hub_dir else None
 
     def open(self, run_id: str) -> RunSink:
-        """A sink for a run; raises the client socket's error when nothing could take frames."""
+        """A sink for a run: its client's socket when there is one, else in-band through
+        the hubs; raises the client socket's error when neither can take frames."""
         sink = RunSink(run_id, self)
         peers = self.hubs.peers(rescan=True) if self.hubs is not None else []
         if self.client_sockets:
             if not peers:
                 sink.open_client()  # raises exactly as the emitter always did
-            else:
-                sink.try_client(warn=True)
-        elif not peers:
+                return sink
+            sink.try_client(warn=True)
+            if sink.path:
+                return sink
+        if not peers:
             raise ConnectionError(errno.ENOTCONN, "no telemetry hub is running")
-        if not sink.path:
-            sink.path = self.hubs.directory if self.hubs is not None else ""
+        sink.inband = True
+        sink.path = self.hubs.directory if self.hubs is not None else ""
         return sink
 
     def close(self) -> None:

@@ -29,10 +29,10 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import accelerator, paths, wire
+from . import accelerator, inband, paths, wire
 from .destination import Destination, RunSink
 
 __all__ = ["Emitter", "encode_chunks", "encode_rows"]
@@ -52,6 +52,8 @@ _ITEM_RECORDS = 0  # (item, run_id, kind, step, timestamp, records)
 _ITEM_ROWS = 1  # (item, kind, step, timestamp, rows by run, row count)
 _ITEM_END = 2  # (item, run_id)
 _ITEM_CLOSE = 3  # (item,)
+_ITEM_BEGIN = 4  # (item, run_id, stream, request_id): a request of ours, for in-band runs
+_ITEM_FINISH = 5  # (item, run_id, stream, request_id, flags): this source is done with it
 
 # The C step encoders (plugin/speedups/src/encode.c) when built (accelerator.py decides, as for
 # the hooks): the same bytes and refusals as wire.py's, which stays the
@@ -98,9 +100,23 @@ def encode_chunks(kind: int, step: wire.ProvenanceStep | wire.TextStep) -> list[
 
 
 @dataclass(slots=True)
+class _Instance:
+    """One request's own source in an in-band run: its frames go to its response only."""
+
+    key: bytes  # vLLM's internal request id
+    source_id: int
+    next_seq: int = 0
+    hello_sent: bool = False
+    dropped: int = 0
+
+
+@dataclass(slots=True)
 class _RunState:
     run_bytes: bytes
     source_id: int
+    # In-band (no client socket, hubs here): one source per request (docs/REACH.md).
+    inband: bool = False
+    instances: dict[int, _Instance] = field(default_factory=dict)  # by stream
     next_seq: int = 0
     hello_sent: bool = False
     dropped: int = 0  # frames lost since the previous sent frame
@@ -207,6 +223,29 @@ class Emitter:
         record = wire.NoticeRecord(stream=stream, code=code, message=message)
         self.submit(run_id, wire.KIND_NOTICE, -1, [record])
 
+    def begin_request(self, run_id: str, stream: int, request_id: str) -> None:
+        """A request of ours arrived here: in an in-band run its records go to its own
+        source, keyed by vLLM's id `request_id` (nothing to do without hubs)."""
+        try:
+            if self._destination.hubs is None or self._closed or os.getpid() != self._pid:
+                return
+            if self._thread is None:
+                self._start_thread()
+            self._queue.put((_ITEM_BEGIN, run_id, stream, request_id))
+        except Exception:  # pragma: no cover
+            pass
+
+    def end_request(self, run_id: str, stream: int, request_id: str, refused: bool = False) -> None:
+        """This source sends nothing more for the request (`refused`: the frontend
+        refused it with a notice, so its response needs no provenance)."""
+        try:
+            if self._destination.hubs is None or self._closed or os.getpid() != self._pid:
+                return
+            flags = inband.FLAG_CLOSED | (inband.FLAG_REFUSED if refused else 0)
+            self._queue.put((_ITEM_FINISH, run_id, stream, request_id, flags))
+        except Exception:  # pragma: no cover
+            pass
+
     def end_run(self, run_id: str) -> None:
         """Forget a run once its queued frames are sent (its socket is closed)."""
         try:
@@ -299,13 +338,20 @@ class Emitter:
             for run_id, rows in rows_by_run.items():
                 # The common step: a run already connected and greeted, no queue drops
                 # to report, one frame: the C encoder writes the frame whole (the
-                # bytes of _send_chunks' path below, which takes everything else).
+                # bytes of _send_records' path below, which takes everything else).
                 state = runs.get(run_id)
+                if state is not None and state.inband and state.sock is not None:
+                    try:
+                        self._send_records(run_id, kind, step, timestamp, encode_rows(kind, rows))
+                    except Exception as error:
+                        self._encoding_failed(run_id, error)
+                    continue
                 if (
                     encode_frame is not None
                     and state is not None
                     and state.hello_sent
                     and state.sock is not None
+                    and not state.inband
                     and not self._queue_drops
                     and step >= 0
                 ):
@@ -323,21 +369,36 @@ class Emitter:
                         self._send_frame(state, frame)
                         continue
                 try:
-                    chunks = encode_chunks(kind, rows)
+                    self._send_records(run_id, kind, step, timestamp, encode_rows(kind, rows))
                 except Exception as error:
                     self._encoding_failed(run_id, error)
                     continue
-                self._send_chunks(run_id, kind, step, timestamp, chunks)
         elif what == _ITEM_RECORDS:
             _, run_id, kind, step, timestamp, records = item
             self._taken_items += 1
             self._taken_records += len(records)
             try:
-                chunks = _frame_chunks([wire.encode_record(kind, record) for record in records])
+                encoded = [wire.encode_record(kind, record) for record in records]
+                self._send_records(run_id, kind, step, timestamp, encoded)
             except Exception as error:
                 self._encoding_failed(run_id, error)
+        elif what == _ITEM_BEGIN:
+            _, run_id, stream, request_id = item
+            state = self._run_state(run_id)
+            if state is not None:
+                key = request_id.encode("utf-8", "surrogateescape")
+                state.instances[stream] = _Instance(key, secrets.randbits(64) or 1)
+        elif what == _ITEM_FINISH:
+            _, run_id, stream, request_id, flags = item
+            state = self._runs.get(run_id)
+            if state is None or not state.inband or state.sock is None:
                 return
-            self._send_chunks(run_id, kind, step, timestamp, chunks)
+            instance = state.instances.get(stream)
+            if instance is None or instance.key != request_id.encode("utf-8", "surrogateescape"):
+                return
+            del state.instances[stream]
+            envelope = inband.Envelope(instance.key, self._hello.role, flags, 0, b"")
+            self._send_envelopes(state, [envelope])
         elif what == _ITEM_END:
             run_id = item[1]
             if run_id in self._runs:
@@ -372,9 +433,11 @@ class Emitter:
             _close_sock(evicted)
         return state
 
-    def _send_chunks(
-        self, run_id: str, kind: int, step: int, timestamp: int, chunks: list[tuple[int, bytes]]
+    def _send_records(
+        self, run_id: str, kind: int, step: int, timestamp: int, records: list[bytes]
     ) -> None:
+        """One step's encoded records of a run: as the run's frames to the client's
+        socket, or, in-band, as each request's own frames to the hubs."""
         state = self._run_state(run_id)
         if state is None:
             return
@@ -386,8 +449,12 @@ class Emitter:
         else:
             state.last_step = step
         if not self._connect(state, run_id):
-            self._count_drops(state, len(chunks))
+            self._count_drops(state, 1)
             return
+        if state.inband:
+            self._send_inband(state, kind, step, timestamp, records)
+            return
+        chunks = _frame_chunks(records)
         if not state.hello_sent:
             header = wire.Header(state.run_bytes, state.source_id, 0, step, timestamp, 0)
             if not self._send(state, wire.encode_hello(header, self._hello)):
@@ -415,6 +482,76 @@ class Emitter:
         else:
             self._count_drops(state, 1)
 
+    def _send_inband(
+        self, state: _RunState, kind: int, step: int, timestamp: int, records: list[bytes]
+    ) -> None:
+        """Each request's records as frames of its own source, in envelopes keyed by
+        its vLLM id (inband.py); a notice for the whole run goes to every request."""
+        by_stream: dict[int, list[bytes]] = {}
+        for record in records:
+            by_stream.setdefault(record[0] | record[1] << 8, []).append(record)
+        if state.dropped:
+            # Queue drops of the run: every request of it reports them.
+            for instance in state.instances.values():
+                instance.dropped += state.dropped
+            state.dropped = 0
+        role = self._hello.role
+        extents = kind in (wire.KIND_PROVENANCE, wire.KIND_TEXT)
+        envelopes: list[inband.Envelope] = []
+        for stream, own in by_stream.items():
+            if stream == wire.ALL_STREAMS:
+                targets = list(state.instances.values())
+            else:
+                found = state.instances.get(stream)
+                targets = [found] if found is not None else []
+            if not targets:
+                self._stats["unrouted"] = self._stats.get("unrouted", 0) + len(own)
+                continue
+            flags = end_tokens = 0
+            if extents:
+                for record in own:
+                    _, end, finished = inband.record_extent(record)
+                    end_tokens = max(end_tokens, end)
+                    if finished:
+                        flags |= inband.FLAG_FINISHED
+            chunks = _frame_chunks(own)
+            for instance in targets:
+                if not instance.hello_sent:
+                    header = wire.Header(state.run_bytes, instance.source_id, 0, step, timestamp, 0)
+                    hello = wire.encode_hello(header, self._hello)
+                    envelopes.append(inband.Envelope(instance.key, role, 0, 0, hello))
+                    instance.hello_sent = True
+                    instance.next_seq = 1
+                for count, body in chunks:
+                    header = wire.Header(
+                        state.run_bytes,
+                        instance.source_id,
+                        instance.next_seq,
+                        step,
+                        timestamp,
+                        min(instance.dropped, 0xFFFFFFFF),
+                    )
+                    frame = wire.encode_joined_frame(kind, header, count, body)
+                    envelopes.append(inband.Envelope(instance.key, role, flags, end_tokens, frame))
+                    instance.next_seq += 1
+                    instance.dropped = 0
+        if envelopes:
+            self._send_envelopes(state, envelopes)
+
+    def _send_envelopes(self, state: _RunState, envelopes: list[inband.Envelope]) -> None:
+        """To every hub; a datagram no hub took is lost after its frames were numbered:
+        the client sees a sequence gap, or the response's end says what is missing."""
+        sink = state.sock
+        if sink is None:
+            return
+        for datagram in inband.encode_envelopes(envelopes):
+            if sink.send_envelopes(datagram):
+                self._stats["sent"] += 1
+            else:
+                self._stats["send_errors"] += 1
+                with self._drop_lock:
+                    self._stats["dropped"] += 1
+
     def _count_drops(self, state: _RunState, frames: int) -> None:
         state.dropped += frames
         with self._drop_lock:
@@ -436,6 +573,7 @@ class Emitter:
             return False
         state.sock = sock
         state.path = sock.path
+        state.inband = sock.inband
         return True
 
     def _send(self, state: _RunState, frame: bytes) -> bool:

@@ -1,10 +1,11 @@
-"""The server-local telemetry hub: frames in over AF_UNIX, a bounded stream out per subscriber.
+"""The server-local telemetry hub: frames in over AF_UNIX, out inside the responses.
 
-One hub runs in every API-server process that serves the telemetry route
+One hub runs in every API-server process that serves in-band telemetry
 (`endpoint.py`, or the simulated engine). Every emitter of the server
-(EngineCore, each API-server process) sends each frame to every hub of its
-server (`destination.py`), so whichever process an HTTP subscriber lands on,
-its hub sees every process's frames.
+(EngineCore, each API-server process) sends the frames of each request of
+ours to every hub of its server (`destination.py`), as envelopes keyed by
+the request's vLLM-internal id (`inband.py`); the hub of the process that
+serves the request holds its claim and keeps them for its response.
 
 - Where: `<hub base dir>/<scope>/hub-<pid>.sock`, an AF_UNIX datagram socket.
   The scope is one random id per server, chosen by the first process that
@@ -14,20 +15,19 @@ its hub sees every process's frames.
   the server's user; senders refuse anything else.
 - Who may send: datagrams carry `SCM_CREDENTIALS`; any other uid than the
   hub's own is rejected (counted), as the client's socket does.
-- What it keeps: only frames of runs that have a subscriber right now. A run
-  is created by its subscriber (the hub picks the 128-bit run id), so a run
-  exists in the hub before any request names it and nothing is lost; frames
-  of any other run id are discarded at once (counted as `unclaimed`).
-- Bounded: per subscriber `buffer_bytes` (4 MiB), all subscribers together
-  `total_bytes` (64 MiB), at most `max_subscribers` (64). A frame that does
-  not fit is discarded and counted; the subscriber's stream then carries a
-  `dropped` item before the next frame, so the client sees the loss. A
-  subscriber that takes nothing for `stall_seconds` (30 s; an idle stream
-  still takes a heartbeat every 2 s) is cut: its buffer is freed and its
-  stream gets an `end` item if it ever reads again.
+- What it keeps: only frames of requests claimed here right now. A claim is
+  made before vLLM sees the request and bound to its internal id when vLLM
+  registers it (in the request's own task), before the engine can produce a
+  frame for it; frames of any other request are discarded at once (counted
+  as `unclaimed`). Nobody can claim another request: the id is vLLM's, with
+  its random suffix, and only the request's own handler binds it.
+- Bounded: per claim `buffer_bytes` (4 MiB), all claims together
+  `total_bytes` (64 MiB), at most `max_claims` (1024). From the first frame
+  that does not fit, a claim keeps nothing more (counted): its response's end
+  item says how many were dropped, and the client fails that stream only.
 - Cost to the engine: none beyond the emitters' own sends. The hub's thread
   only receives, checks and appends; encoding for HTTP happens in the
-  subscriber's coroutine.
+  response's coroutine.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import telemetry_stream as ts
+from . import inband, wire
 
 __all__ = [
     "ENV_HUB_DIR",
     "ENV_SCOPE",
+    "Claim",
     "Hub",
     "HubError",
     "HubFull",
     "HubLimits",
-    "Subscription",
     "base_dir",
     "check_private_dir",
     "ensure_scope",
@@ -73,14 +73,10 @@ SOCKET_SUFFIX = ".sock"
 RCVBUF_BYTES = 8 << 20
 # Bytes a buffered frame costs beyond its length (the bytes object and the deque slot).
 ITEM_OVERHEAD = 96
-# Largest chunk handed to HTTP at once.
-CHUNK_BYTES = 256 << 10
 # A scope directory younger than this is never garbage-collected (its hub may be starting).
 STALE_SCOPE_SECONDS = 60.0
 
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_FRAME_MAGIC = b"PHUE"
-_RUN_ID = slice(8, 24)  # the run id in every frame header (docs/PROTOCOL.md, common header)
 _NOT_A_FRAME = -1
 _NO_CREDENTIALS = -2
 _HAVE_CREDS = hasattr(socket, "SO_PASSCRED") and hasattr(socket, "SCM_CREDENTIALS")
@@ -207,21 +203,21 @@ def _collect_stale(base: str, own_scope: str) -> None:
 class HubLimits:
     buffer_bytes: int = 4 << 20
     total_bytes: int = 64 << 20
-    max_subscribers: int = 64
-    stall_seconds: float = 30.0
-    heartbeat_seconds: float = 2.0
+    max_claims: int = 1024
+    # How long a response's end waits for the frames of its final step.
+    wait_seconds: float = 5.0
 
     @classmethod
     def from_env(cls) -> HubLimits:
         """Defaults, overridden by positive numbers in PARALLELHUE_HUB_BUFFER_BYTES,
-        PARALLELHUE_HUB_TOTAL_BYTES, PARALLELHUE_HUB_MAX_SUBSCRIBERS and
-        PARALLELHUE_HUB_STALL_SECONDS."""
+        PARALLELHUE_HUB_TOTAL_BYTES, PARALLELHUE_HUB_MAX_CLAIMS and
+        PARALLELHUE_HUB_WAIT_SECONDS."""
         limits = cls()
         for name, kind in (
             ("buffer_bytes", int),
             ("total_bytes", int),
-            ("max_subscribers", int),
-            ("stall_seconds", float),
+            ("max_claims", int),
+            ("wait_seconds", float),
         ):
             raw = os.environ.get(f"PARALLELHUE_HUB_{name.upper()}")
             if raw:
@@ -240,132 +236,220 @@ class HubLimits:
         return limits
 
 
-# ------------------------------------------------------------------ subscription
-class Subscription:
-    """One run's bounded queue of encoded stream items, read by one HTTP response.
+# ------------------------------------------------------------------ claims
+class Claim:
+    """One request's frames, held for its own response (inband.py).
 
-    The hub thread appends (`_offer`); the response's coroutine takes
-    (`next_chunk`), always on the event loop the subscription was made on.
+    Made by the server around the request (`Hub.claim`), bound to vLLM's
+    internal id by the frontend hook (`bind`); the hub thread appends
+    (`_offer`), the response's coroutine takes (`take`, `finish`), always on
+    the event loop the claim was made on.
     """
 
-    def __init__(self, hub: Hub, run_id: bytes, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, hub: Hub, loop: asyncio.AbstractEventLoop) -> None:
         self.hub = hub
-        self.run_id = run_id
+        self.key: bytes | None = None
         self._loop = loop
         self._queue: collections.deque[bytes] = collections.deque()
         self.buffered = 0  # accounted bytes in _queue
-        self._pending_dropped = 0  # discarded since the last dropped item
-        self.dropped = 0  # discarded in total
-        self.frames = 0  # accepted in total
-        self.last_pull = time.monotonic()
+        self.frames = 0  # frame items handed to the response
+        self.dropped = 0  # frames discarded once the buffer overflowed
+        self.poisoned = False  # a frame was dropped: nothing more is kept
+        self.hub_closed = False
+        self.closed = False
+        # What the senders said of the request (docs/PROTOCOL.md, "In-band telemetry").
+        self.sched_tokens = 0  # tokens the scheduler's frames cover so far
+        self.sched_done = False
+        self.text_final: int | None = None  # tokens of the frontend's finished record
+        self.text_closed = False
+        self.refused = False
         self._event = asyncio.Event()
-        self._waiting = False
-        self._preamble_sent = False
-        self._end: tuple[int, str] | None = None
-        self.finished = False
 
-    @property
-    def run_hex(self) -> str:
-        return self.run_id.hex()
+    def bind(self, request_id: str) -> bool:
+        """Take the frames of vLLM's request `request_id`; False if bound already,
+        or when another claim holds that id."""
+        key = request_id.encode("utf-8", "surrogateescape")
+        hub = self.hub
+        with hub._lock:
+            if self.key is not None or self.closed or key in hub._claims or not key:
+                return False
+            self.key = key
+            hub._claims[key] = self
+            return True
 
     # hub thread, under hub._lock
-    def _offer(self, item: bytes) -> bool:
-        """Append one encoded frame item; False when it does not fit (counted as dropped)."""
-        if self._end is not None:
-            return False
-        cost = len(item) + ITEM_OVERHEAD
+    def _offer(self, envelope: inband.Envelope) -> int:
+        """Note one envelope: 1 kept, 0 nothing to keep, -1 dropped."""
+        flags = envelope.flags
+        if envelope.role == wire.SOURCE_SCHEDULER:
+            if envelope.end_tokens > self.sched_tokens:
+                self.sched_tokens = envelope.end_tokens
+            if flags & (inband.FLAG_FINISHED | inband.FLAG_CLOSED):
+                self.sched_done = True
+        else:
+            if flags & inband.FLAG_FINISHED and self.text_final is None:
+                self.text_final = envelope.end_tokens
+            if flags & inband.FLAG_CLOSED:
+                self.text_closed = True
+            if flags & inband.FLAG_REFUSED:
+                self.refused = True
+        frame = envelope.frame
+        if not frame or self.closed or self.hub_closed:
+            return 0
+        if self.poisoned:
+            self.dropped += 1
+            return -1
+        cost = len(frame) + ITEM_OVERHEAD
         hub = self.hub
         if (
             self.buffered + cost > hub.limits.buffer_bytes
             or hub._buffered + cost > hub.limits.total_bytes
         ):
-            self._pending_dropped += 1
-            self.dropped += 1
-            return False
-        self._queue.append(item)
+            # From the first loss on nothing is kept: the client fails this stream.
+            self.poisoned = True
+            self.dropped += 1 + len(self._queue)
+            self._free()
+            return -1
+        self._queue.append(frame)
         self.buffered += cost
         hub._buffered += cost
-        self.frames += 1
-        return True
+        return 1
 
-    # hub thread or loop, under hub._lock
-    def _cut(self, code: int, message: str) -> None:
-        """End the stream: free the buffer now; the reader gets the end item next."""
-        if self._end is not None:
-            return
-        self._end = (code, message)
+    # The simulated engine's faults (parallelhue.sim.stream_faults): what a full buffer
+    # and a closing hub do to a claim, on purpose.
+    def fault_poison(self, frames: int) -> None:
+        with self.hub._lock:
+            self.poisoned = True
+            self.dropped += max(frames, 1) + len(self._queue)
+            self._free()
+
+    def fault_hub_closed(self) -> None:
+        with self.hub._lock:
+            self.hub_closed = True
+            self._free()
+
+    def _free(self) -> None:
         self.hub._buffered -= self.buffered
         self.buffered = 0
         self._queue.clear()
 
-    def _wake_if_waiting(self) -> None:
-        # Called under hub._lock from the hub thread.
-        if self._waiting:
-            self._waiting = False
-            try:
-                self._loop.call_soon_threadsafe(self._event.set)
-            except RuntimeError:  # the loop is closed: nobody is reading any more
-                pass
+    def _wake(self) -> None:
+        # From the hub thread. Always: the response's pump and its end may both be
+        # waiting (a spurious wake only makes a waiter look again).
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop is closed: nobody is reading any more
+            pass
+
+    def complete(self) -> bool:
+        """Whether every frame the response needs is in (or none will be kept)."""
+        if self.refused or self.poisoned or self.hub_closed:
+            return True
+        return self._text_ok() and self._sched_ok()
+
+    def _text_ok(self) -> bool:
+        return self.text_final is not None or self.text_closed
+
+    def _sched_ok(self) -> bool:
+        final = self.text_final
+        return self.sched_done or (final is not None and self.sched_tokens >= final)
 
     # event loop
-    async def next_chunk(self) -> bytes | None:
-        """The next bytes of the HTTP body (preamble first); None once the end item was given."""
+    def take(self) -> bytes:
+        """The kept frames as SSE events (b"" when none are waiting)."""
+        with self.hub._lock:
+            if not self._queue:
+                return b""
+            frames = list(self._queue)
+            self._free()
+            self.frames += len(frames)
+        return _events([inband.frame_item(frame) for frame in frames])
+
+    async def news(self, timeout: float | None = None, *, until_complete: bool = False) -> None:
+        """Return once frames came (or, `until_complete`, the claim is complete), or after
+        `timeout`. Checked under the hub's lock: nothing that came before is missed."""
+        with self.hub._lock:
+            if self._queue or self.closed or (until_complete and self.complete()):
+                return
+            self._event.clear()
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:  # noqa: UP041 - the plugin also runs on Python 3.10
+            pass
+
+    async def finish(self) -> bytes:
+        """The response's end: wait (at most the hub's wait_seconds) until the frames
+        of the final step are in, then the last frames and the end item, as events."""
         hub = self.hub
-        if not self._preamble_sent:
-            self._preamble_sent = True
-            self.last_pull = time.monotonic()
-            return ts.preamble(
-                self.run_id, hub.limits.buffer_bytes, int(hub.limits.heartbeat_seconds * 1000)
-            )
-        if self.finished:
-            return None
+        started = time.monotonic()
+        # Never bound: not a request of ours (no frames can come), no wait.
+        deadline = started + (hub.limits.wait_seconds if self.key is not None else 0.0)
+        parts = []
         while True:
-            with hub._lock:
-                self.last_pull = time.monotonic()
-                parts: list[bytes] = []
-                if self._pending_dropped:
-                    parts.append(ts.dropped_item(self._pending_dropped))
-                    self._pending_dropped = 0
-                size = 0
-                queue = self._queue
-                while queue and size < CHUNK_BYTES:
-                    item = queue.popleft()
-                    size += len(item)
-                    cost = len(item) + ITEM_OVERHEAD
-                    self.buffered -= cost
-                    hub._buffered -= cost
-                    parts.append(item)
-                if parts:
-                    hub._served += len(parts)
-                    return b"".join(parts)
-                if self._end is not None:
-                    self.finished = True
-                    hub._release(self)
-                    return ts.end_item(*self._end)
-                self._event.clear()
-                self._waiting = True
-            try:
-                await asyncio.wait_for(self._event.wait(), hub.limits.heartbeat_seconds)
-            except asyncio.TimeoutError:  # noqa: UP041 - the plugin also runs on Python 3.10
-                with hub._lock:
-                    self._waiting = False
-                    if not self._queue and self._end is None and not self._pending_dropped:
-                        self.last_pull = time.monotonic()
-                        return ts.heartbeat_item()
+            parts.append(self.take())  # an empty queue: news() then waits, never spins
+            if self.complete():
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await self.news(left, until_complete=True)
+        waited_us = int((time.monotonic() - started) * 1e6)
+        parts.append(self.take())
+        tail = b"".join(parts)
+        with hub._lock:
+            status = self._status()
+            end = inband.end_item(status, self.frames, self.dropped, waited_us)
+            hub._note_wait(waited_us, status)
+        self.close()
+        return tail + inband.event(end)
+
+    def _status(self) -> int:
+        if self.hub_closed:
+            return inband.STATUS_HUB_CLOSED
+        if self.poisoned:
+            return inband.STATUS_DROPPED
+        if self.refused:
+            return inband.STATUS_COMPLETE
+        text, sched = self._text_ok(), self._sched_ok()
+        if text and sched:
+            return inband.STATUS_COMPLETE
+        if not text and not sched:
+            return inband.STATUS_MISSING_BOTH
+        return inband.STATUS_MISSING_TEXT if not text else inband.STATUS_MISSING_SCHEDULER
 
     def close(self) -> None:
-        """The HTTP response is over (client gone or stream ended): free everything now."""
-        with self.hub._lock:
-            self._cut(ts.END_OTHER, "subscriber closed")
-            self.finished = True
-            self.hub._release(self)
-            self._waiting = False
-        self._event.set()  # a next_chunk() waiting on the loop returns at once
+        """The response is over (ended, or its client gone): free everything now."""
+        hub = self.hub
+        with hub._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._free()
+            if self.key is not None and hub._claims.get(self.key) is self:
+                del hub._claims[self.key]
+            hub._live.discard(self)
+        self._event.set()
+
+
+def _events(items: list[bytes]) -> bytes:
+    """Items as SSE events of at most MAX_EVENT_ITEMS_BYTES of items each."""
+    out: list[bytes] = []
+    batch: list[bytes] = []
+    used = 0
+    for item in items:
+        if batch and used + len(item) > inband.MAX_EVENT_ITEMS_BYTES:
+            out.append(inband.event(b"".join(batch)))
+            batch, used = [], 0
+        batch.append(item)
+        used += len(item)
+    if batch:
+        out.append(inband.event(b"".join(batch)))
+    return b"".join(out)
 
 
 # ------------------------------------------------------------------ hub
 class Hub:
-    """Receive every frame of this server; keep the subscribed runs' frames, bounded."""
+    """Receive every frame of this server's requests; keep the claimed ones, bounded."""
 
     def __init__(
         self,
@@ -385,18 +469,21 @@ class Hub:
         self.limits = limits or HubLimits()
         self._accept_uids = accept_uids if accept_uids is not None else frozenset({os.geteuid()})
         self._lock = threading.Lock()
-        self._subs: dict[bytes, Subscription] = {}
+        self._claims: dict[bytes, Claim] = {}  # bound claims by vLLM's request id
+        self._live: set[Claim] = set()  # every open claim, bound or not
         self._buffered = 0
-        self._served = 0
         self._counters = {
-            "frames": 0,  # datagrams received
-            "accepted": 0,  # buffered for a subscriber
-            "unclaimed": 0,  # no subscriber for their run
-            "dropped": 0,  # a subscriber's buffer was full
-            "rejected": 0,  # not a frame (too short, bad magic, oversized)
+            "frames": 0,  # frames received
+            "accepted": 0,  # kept for a claim
+            "unclaimed": 0,  # no claim for their request here
+            "dropped": 0,  # a claim's buffer was full
+            "rejected": 0,  # not an envelope datagram
             "rejected_uid": 0,  # sent by another user
-            "subscriptions": 0,  # ever made
-            "cut_stalled": 0,  # subscribers cut for not reading
+            "claims": 0,  # ever made
+            "waits": 0,  # responses that ended (their wait measured)
+            "wait_us_total": 0,
+            "wait_us_max": 0,
+            "incomplete": 0,  # ends whose status was not complete
         }
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -437,7 +524,7 @@ class Hub:
         thread.start()
 
     def close(self) -> None:
-        """Stop receiving, end every stream (their readers get an end item), remove the socket."""
+        """Stop receiving, end every claim (their responses say so), remove the socket."""
         if self._closing:
             return
         self._closing = True
@@ -445,9 +532,10 @@ class Hub:
             _poke(self.path)  # wake the receiving thread now rather than at its next timeout
             self._thread.join(2.0)
         with self._lock:
-            for sub in list(self._subs.values()):
-                sub._cut(ts.END_HUB_CLOSED, "the server's telemetry hub is shutting down")
-                sub._wake_if_waiting()
+            for claim in list(self._live):
+                claim.hub_closed = True
+        for claim in list(self._live):
+            claim._wake()
         if self._sock is not None:
             self._sock.close()
             try:
@@ -459,41 +547,40 @@ class Hub:
             except OSError:
                 pass
 
-    # ------------------------------------------------------------ subscribers
-    def subscribe(self) -> Subscription:
-        """A new run with a fresh 128-bit id, claimed before anyone can send frames for it.
+    # ------------------------------------------------------------ claims
+    def claim(self) -> Claim:
+        """A claim for the request about to be served, on the running event loop.
 
-        Must be called on the event loop that will read it. Raises HubFull.
-        """
+        Raises HubFull."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._closing:
                 raise HubFull("the server's telemetry hub is shutting down")
-            if len(self._subs) >= self.limits.max_subscribers:
+            if len(self._live) >= self.limits.max_claims:
                 raise HubFull(
-                    f"{self.limits.max_subscribers} telemetry subscribers are connected, "
+                    f"{self.limits.max_claims} requests with in-band telemetry are open, "
                     "the most this server allows"
                 )
-            run_id = secrets.token_bytes(16)
-            while run_id in self._subs:  # pragma: no cover - 2^-128
-                run_id = secrets.token_bytes(16)
-            sub = Subscription(self, run_id, loop)
-            self._subs[run_id] = sub
-            self._counters["subscriptions"] += 1
-            return sub
+            claim = Claim(self, loop)
+            self._live.add(claim)
+            self._counters["claims"] += 1
+            return claim
 
-    def _release(self, sub: Subscription) -> None:
+    def _note_wait(self, waited_us: int, status: int) -> None:
         # Under self._lock.
-        if self._subs.get(sub.run_id) is sub:
-            del self._subs[sub.run_id]
+        counters = self._counters
+        counters["waits"] += 1
+        counters["wait_us_total"] += waited_us
+        counters["wait_us_max"] = max(counters["wait_us_max"], waited_us)
+        if status != inband.STATUS_COMPLETE:
+            counters["incomplete"] += 1
 
     def stats(self) -> dict[str, int]:
-        """Counters, the live subscribers and the bytes they buffer now."""
+        """Counters, the open claims and the bytes they hold now."""
         with self._lock:
             result = dict(self._counters)
-            result["subscribers"] = len(self._subs)
+            result["open_claims"] = len(self._live)
             result["buffered_bytes"] = self._buffered
-            result["served_items"] = self._served
         result["process"] = os.getpid()  # which API-server process answered
         return result
 
@@ -502,19 +589,15 @@ class Hub:
         sock = self._sock
         assert sock is not None
         space = socket.CMSG_SPACE(_CREDS.size)
-        limit = ts.MAX_FRAME_ITEM
+        limit = inband.MAX_ENVELOPE_DATAGRAM
         poller = select.poll()
         poller.register(sock, select.POLLIN)
-        # Wake often enough to cut stalled subscribers on time.
-        check_every = min(1.0, self.limits.stall_seconds / 2)
-        wait_ms = int(min(0.5, check_every) * 1000) or 1
-        next_check = time.monotonic() + check_every
         while not self._closing:
             batch: list[tuple[bytes, int]] = []
             try:
-                if poller.poll(wait_ms):
-                    # Drain what is queued: one lock and one wake-up per subscriber
-                    # per batch, however many frames came.
+                if poller.poll(500):
+                    # Drain what is queued: one lock and one wake-up per claim per
+                    # batch, however many datagrams came.
                     while len(batch) < 256:
                         data, ancillary, flags, _ = sock.recvmsg(limit + 1, space)
                         batch.append(_checked(data, ancillary, flags, limit))
@@ -528,60 +611,47 @@ class Hub:
                 return
             if batch:
                 self._route(batch)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + check_every
-                self._cut_stalled(now)
 
     def _route(self, batch: list[tuple[bytes, int]]) -> None:
         counters = self._counters
-        touched: set[Subscription] = set()
+        touched: set[Claim] = set()
         accept = self._accept_uids
+        claims = self._claims
         with self._lock:
             for data, uid in batch:
-                counters["frames"] += 1
                 if uid == _NOT_A_FRAME:
                     counters["rejected"] += 1
                     continue
                 if uid not in accept:  # includes _NO_CREDENTIALS
                     counters["rejected_uid"] += 1
                     continue
-                sub = self._subs.get(data[_RUN_ID])
-                if sub is None:
-                    counters["unclaimed"] += 1
+                envelopes = inband.parse_envelopes(data)
+                if envelopes is None:
+                    counters["rejected"] += 1
                     continue
-                if sub._offer(ts.frame_item(data)):
-                    counters["accepted"] += 1
-                else:
-                    counters["dropped"] += 1
-                touched.add(sub)
-            for sub in touched:
-                sub._wake_if_waiting()
-
-    def _cut_stalled(self, now: float) -> None:
-        stall = self.limits.stall_seconds
-        with self._lock:
-            for sub in list(self._subs.values()):
-                if sub._end is None and now - sub.last_pull > stall:
-                    sub._cut(
-                        ts.END_TOO_SLOW,
-                        f"the subscriber read nothing for {stall:g} s; its telemetry was discarded",
-                    )
-                    self._release(sub)
-                    self._counters["cut_stalled"] += 1
-                    log.warning(
-                        "parallelhue: telemetry subscriber of run %s read nothing for %g s; "
-                        "cut off (its buffer is freed)",
-                        sub.run_hex,
-                        stall,
-                    )
+                for envelope in envelopes:
+                    if envelope.frame:
+                        counters["frames"] += 1
+                    claim = claims.get(envelope.key)
+                    if claim is None:
+                        if envelope.frame:
+                            counters["unclaimed"] += 1
+                        continue
+                    kept = claim._offer(envelope)
+                    if kept > 0:
+                        counters["accepted"] += 1
+                    elif kept < 0:
+                        counters["dropped"] += 1
+                    touched.add(claim)
+        for claim in touched:
+            claim._wake()
 
 
 def _checked(
     data: bytes, ancillary: list[tuple[int, int, bytes]], flags: int, limit: int
 ) -> tuple[bytes, int]:
     """(datagram, sender uid); _NOT_A_FRAME or _NO_CREDENTIALS instead of a uid."""
-    if flags & socket.MSG_TRUNC or len(data) > limit or len(data) < 24 or data[:4] != _FRAME_MAGIC:
+    if flags & socket.MSG_TRUNC or len(data) > limit or data[:4] != inband.ENVELOPE_MAGIC:
         return data, _NOT_A_FRAME
     for level, kind, payload in ancillary:
         if (

@@ -39,7 +39,7 @@ from parallelhue_vllm.wire import request_id
 from .cli.settings import RunConfig
 from .ingest.feed import Feed
 from .ingest.metrics import fetch_metrics, server_deltas
-from .ingest.receiver import PyHttpTelemetry, PyReceiver, ReceiverError
+from .ingest.receiver import PyReceiver, ReceiverError
 from .ingest.reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
 from .ingest.record import RecordingError, RecordWriterLike, open_writer
 from .ingest.request import build_body
@@ -55,9 +55,7 @@ from .ingest.telemetry import (
     TelemetryError,
     TelemetryPlan,
     choose,
-    dropped_line,
     rejected_line,
-    runs_url,
     security_line,
 )
 from .model.advice import TelemetrySetup, is_this_host
@@ -70,7 +68,6 @@ from .model.stream_errors import (
     api_key_message,
     connect_reason,
     is_setup_failure,
-    telemetry_end_message,
 )
 from .screen.views import View
 
@@ -177,6 +174,18 @@ class RunDriver:
             self.recorder.frames(frames)
         self.reconciler.push_frames(frames)
 
+    def on_frame(self, stream: int, frame: bytes) -> None:
+        """A frame the stream's response carried in-band."""
+        self.frames([frame])
+
+    def stream_lost(self, stream: int, reason: str) -> None:
+        """The stream's in-band telemetry is missing frames: that stream fails."""
+        if self.reconciler is None:
+            return
+        if self.recorder is not None:
+            self.recorder.stream_lost(stream, reason)
+        self.reconciler.push_stream_lost(stream, reason)
+
     def lost(self, frames: int | None) -> None:
         """Telemetry lost on its way here (docs/PROTOCOL.md, "Lost telemetry")."""
         if self.reconciler is None:
@@ -184,19 +193,6 @@ class RunDriver:
         if self.recorder is not None:
             self.recorder.lost(frames)
         self.reconciler.push_lost(frames)
-
-    def telemetry(self, items: list[bytes | int | None]) -> None:
-        """The HTTP telemetry stream's news in stream order: frames, lost frame
-        counts (`dropped` items) and None when the stream ended early."""
-        batch: list[bytes] = []
-        for item in items:
-            if isinstance(item, bytes):
-                batch.append(item)
-                continue
-            self.frames(batch)
-            batch = []
-            self.lost(item)
-        self.frames(batch)
 
     def finalize(self) -> None:
         if self.reconciler is None:
@@ -334,9 +330,9 @@ class IngestPath(Protocol):
 
 
 class ReferenceIngest:
-    """The reference path: httpx streams and `PyReceiver` (or `PyHttpTelemetry`)
-    on this event loop. Opened like `RustIngest`: constructor, `open_run()`,
-    `begin()`."""
+    """The reference path: httpx streams and `PyReceiver` on this event loop (in-band
+    telemetry comes inside the streams). Opened like `RustIngest`: constructor,
+    `open_run()`, `begin()`."""
 
     def __init__(
         self,
@@ -360,29 +356,15 @@ class ReferenceIngest:
         self.timeout = timeout
         self.requests: Requests = []
         self.receiver: PyReceiver | None = None
-        self.http_telemetry: PyHttpTelemetry | None = None
+        # In-band: each request asks for its telemetry inside its own response.
+        self.inband = self.telemetry is not None and self.telemetry.path == "http"
         self.driver = RunDriver(model, feed, None, None)
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._told: tuple[int, bool] = (0, False)
         self._told_rejected = False
         self._closed = False
-        if self.telemetry is not None and self.telemetry.path == "http":
-            url = runs_url(endpoint)
-            self.http_telemetry = PyHttpTelemetry(client, url, connect_target(url))
 
     async def open_run(self) -> str:
-        reader = self.http_telemetry
-        if reader is None:
-            return self.run_id
-        run_id = await reader.run_id()
-        if run_id is None:
-            kind, status, detail = reader.end or ("cancelled", 0, "")
-            if kind == "http_status" and status == 401:
-                key_given = "Authorization" in self.client.headers
-                raise TelemetryError(api_key_message(reader.url, key_given))
-            raise TelemetryError(telemetry_end_message(kind, status, detail, timeout=self.timeout))
-        self.run_id = run_id
-        return run_id
+        return self.run_id
 
     def begin(self, requests: Requests, record: tuple[str, dict[str, Any]] | None) -> None:
         self.requests = requests
@@ -394,9 +376,7 @@ class ReferenceIngest:
             except ReconcilerError as error:
                 raise SetupError(str(error)) from None
         self.driver.recorder = open_writer(*record) if record is not None else None
-        if self.http_telemetry is not None:
-            self.http_telemetry.accept()
-        elif self.driver.reconciler is not None and self.socket_path is not None:
+        if not self.inband and self.driver.reconciler is not None and self.socket_path is not None:
             accept = self.telemetry.accept_uids if self.telemetry is not None else ()
             self.receiver = PyReceiver(self.socket_path, accept_uids=accept)
 
@@ -408,7 +388,7 @@ class ReferenceIngest:
     def start_request(self, index: int) -> None:
         request, body = self.requests[index]
         # Telemetry is read from this loop: the readers yield after every event.
-        yield_each_read = self.receiver is not None or self.http_telemetry is not None
+        yield_each_read = self.receiver is not None
         self.driver.start(request.index)
         endpoint = (
             self.endpoint if request.path is None else server_root(self.endpoint) + request.path
@@ -421,6 +401,7 @@ class ReferenceIngest:
                 request,
                 self.driver,
                 yield_each_read=yield_each_read,
+                inband=self.inband,
             )
         )
 
@@ -430,15 +411,6 @@ class ReferenceIngest:
     def poll(self) -> None:
         if self.receiver is not None:
             self.driver.frames(self.receiver.take())
-        reader = self.http_telemetry
-        if reader is not None:
-            self.driver.telemetry(reader.take())
-            told_dropped, told_end = self._told
-            if reader.dropped > told_dropped:
-                self.feed.run_message(dropped_line(reader.dropped, reader.buffer_bytes))
-            if reader.end is not None and not told_end:
-                self.feed.run_message(telemetry_end_message(*reader.end, timeout=self.timeout))
-            self._told = (reader.dropped, told_end or reader.end is not None)
         self.driver.apply_events()
 
     def streams_done(self) -> bool:
@@ -472,16 +444,12 @@ class ReferenceIngest:
             task.cancel()
         if self.receiver is not None:
             self.receiver.close()
-        if self.http_telemetry is not None:
-            self.http_telemetry.close()
         if self.driver.recorder is not None:
             self.driver.recorder.close(footer)
 
     def receiver_stats(self) -> Mapping[str, object]:
         if self.receiver is not None:
             return self.receiver.stats()
-        if self.http_telemetry is not None:
-            return self.http_telemetry.stats()
         return {}
 
 

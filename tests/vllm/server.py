@@ -127,6 +127,16 @@ class Server:
                 pass
 
 
+def install_cleanup() -> None:
+    """Kill every server at exit and on SIGTERM; call from the main thread before
+    starting servers from other threads (signal handlers are the main thread's)."""
+    if not _HOOKED:
+        _HOOKED.append(True)
+        atexit.register(_stop_all)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 def start(
     model_dir: Path,
     log_path: Path,
@@ -190,11 +200,7 @@ def start(
         child_env["PARALLELHUE_SOCKET_DIR"] = socket_dir
     child_env.update(env or {})
     log = open(log_path, "wb")
-    if not _HOOKED:
-        _HOOKED.append(True)
-        atexit.register(_stop_all)
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    install_cleanup()
     process = subprocess.Popen(
         args,
         stdout=log,

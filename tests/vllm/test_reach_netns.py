@@ -220,12 +220,12 @@ def test_16_streams_over_http_across_hosts_exact_with_nothing_shared_but_the_url
     banner = done.stdout.splitlines()[0]
     assert (
         f"telemetry: {hosts.server_ip}:{PORT} over plain HTTP: NOT encrypted, anyone on the "
-        "network path can read or forge it; API key sent in clear, server-chosen run "
+        "network path can read or forge it; API key sent in clear, in-band, run "
     ) in banner
     assert banner.endswith("… (auto)") and "backend ngram" in banner
     assert not (client_home / "sockets").exists()  # nothing but the URL
-    # The recording holds the frames as received: one scheduler, a frontend in each
-    # API-server process (--api-server-count 2), and it replays to the same verdicts.
+    # The recording holds the frames as received: each request its own scheduler and
+    # frontend source, and it replays to the same verdicts.
     from parallelhue.ingest.record import read_recording
     from parallelhue.reference.reconciler import Reconciler
 
@@ -234,7 +234,7 @@ def test_16_streams_over_http_across_hosts_exact_with_nothing_shared_but_the_url
     sources = Reconciler(recording.header["run_id"], 16)
     sources.push_frames(frames)
     roles = sorted(str(s["role"]) for s in sources.sources())
-    assert roles == ["frontend", "frontend", "scheduler"], roles
+    assert roles == ["frontend"] * 16 + ["scheduler"] * 16, roles
     for reconciler in ("rust", "python"):
         replay = subprocess.run(
             [
@@ -302,7 +302,7 @@ def test_a_killed_client_frees_both_hubs_and_the_next_run_is_exact(
 ) -> None:
     url = vllm_server.url
     before = hubs(hosts, url)
-    assert all((h["subscribers"], h["buffered_bytes"]) == (0, 0) for h in before.values())
+    assert all((h["open_claims"], h["buffered_bytes"]) == (0, 0) for h in before.values())
     running = parallelhue(
         hosts, hosts.client, url, client_home,
         "--prompt-file", str(prompt_file(client_home, 8)), "--api-key", KEY,
@@ -312,27 +312,23 @@ def test_a_killed_client_frees_both_hubs_and_the_next_run_is_exact(
         deadline = time.monotonic() + 120
         while True:
             now = hubs(hosts, url)
-            served = sum(h["served_items"] - before[p]["served_items"] for p, h in now.items())
+            served = sum(h["accepted"] - before[p]["accepted"] for p, h in now.items())
             if served > 20:
                 break
             assert running.poll() is None, "the client ended before it could be killed"
-            assert time.monotonic() < deadline, "the client's telemetry stream never flowed"
+            assert time.monotonic() < deadline, "the client's telemetry never flowed"
             time.sleep(0.2)
-        assert sum(h["subscribers"] for h in now.values()) == 1
+        assert sum(h["open_claims"] for h in now.values()) == 8
     finally:
         running.kill()  # mid-run, no goodbye
         running.wait(10)
     deadline = time.monotonic() + 60
     while True:
         after = hubs(hosts, url)
-        if all((h["subscribers"], h["buffered_bytes"]) == (0, 0) for h in after.values()):
+        if all((h["open_claims"], h["buffered_bytes"]) == (0, 0) for h in after.values()):
             break
         assert time.monotonic() < deadline, after
         time.sleep(0.5)
-    # What the killed run's engine still produced reached the hubs and was discarded.
-    assert sum(h["unclaimed"] for h in after.values()) > sum(
-        h["unclaimed"] for h in before.values()
-    )
     done = parallelhue(
         hosts, hosts.client, url, client_home,
         "--prompt-file", str(prompt_file(client_home, 4)), "--api-key", KEY,

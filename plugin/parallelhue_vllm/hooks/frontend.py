@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import attribution, traps, wire
+from .. import attribution, inband, traps, wire
 from ..emitter import Emitter
 from .common import MAX_DISABLED, PRUNE_EVERY, TelemetryError, _Base, _speedups, log, parse_ours
 from .standins import (
@@ -95,17 +95,26 @@ class FrontendTelemetry(_Base):
         if req_state is None:
             return
         run, stream = found
+        if not self.own_stream(run, stream, request_id):
+            self.disable(request_id)
+            return
+        # The request's in-band claim (if it asked) takes this id's frames, from now.
+        inband.bind_current(request_id)
         problem = _refusal(req_state, self.rust_frontend)
         if problem is not None:
             self.disable(request_id)
+            self.release_stream(run, stream, request_id)
             key = (run, stream)
             if key not in self.noticed:
                 if len(self.noticed) > MAX_DISABLED:
                     self.noticed.clear()
                 self.noticed.add(key)
-                self._ensure_emitter().notice(run, stream, problem[0], problem[1])
+                emitter = self._ensure_emitter()
+                emitter.begin_request(run, stream, request_id)
+                emitter.notice(run, stream, problem[0], problem[1])
+                emitter.end_request(run, stream, request_id, refused=True)
             return
-        self._ensure_emitter()
+        self._ensure_emitter().begin_request(run, stream, request_id)
         state = _FrontRequest(run, stream, req_state, self.track(run, request_id))
         self._install(state)
         self.requests[request_id] = state
@@ -377,6 +386,7 @@ class FrontendTelemetry(_Base):
             self.disabled.discard(rid)
         if state is not None:
             _uninstall(state)
+            self.release_stream(state.run, state.stream, rid)
             self.untrack(state.run, rid)
 
     def _prune(self, processor_states: Any) -> None:

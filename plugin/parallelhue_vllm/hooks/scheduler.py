@@ -175,14 +175,21 @@ class SchedulerTelemetry(_Base):
             if found is None:
                 continue
             emitter = self._ensure_emitter(scheduler)
+            run, stream = found
+            if not self.own_stream(run, stream, rid):
+                self.disable(rid)
+                continue
+            emitter.begin_request(run, stream, rid)
             refused = self._refusal(new_request)
             if refused is not None:
                 # traps: refuse rather than guess (no provenance for it).
                 self.disable(rid)
-                emitter.notice(found[0], found[1], refused[0], refused[1])
+                self.release_stream(run, stream, rid)
+                emitter.notice(run, stream, refused[0], refused[1])
+                emitter.end_request(run, stream, rid)
                 continue
             make = _speedups.SchedRequest if _speedups is not None else _SchedRequest
-            requests[rid] = make(found[0], found[1], self.track(found[0], rid))
+            requests[rid] = make(run, stream, self.track(run, rid))
 
     def _refusal(self, new_request: Any) -> tuple[int, str] | None:
         """Why a new request of ours gets a notice instead of provenance (traps), or None."""
@@ -354,6 +361,10 @@ class SchedulerTelemetry(_Base):
         if keep_disabled:
             self.disable(rid)
         if state is not None:
+            self.release_stream(state.run, state.stream, rid)
+            if self.emitter is not None:
+                # After the request's last rows (queued before): its response may end.
+                self.emitter.end_request(state.run, state.stream, rid)
             self.untrack(state.run, rid)
 
     def fail_step(self, scheduler_output: Any, where: str, error: BaseException) -> None:

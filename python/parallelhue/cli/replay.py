@@ -20,7 +20,6 @@ from ..ingest.metrics import MetricsSnapshot
 from ..ingest.reconciler import ReconcilerError, ReconcilerLike, make_reconciler
 from ..ingest.record import SSE_FIELD_KINDS, Recording, RecordingError, read_recording
 from ..ingest.streams import StreamStopped
-from ..ingest.telemetry import dropped_line
 from ..model.advice import TelemetrySetup
 from ..model.backend import detect_backend
 from ..model.sanitize import one_line
@@ -136,11 +135,8 @@ def _apply(driver: RunDriver, event: tuple[Any, ...]) -> bool:
     elif kind == "lost":
         frames = None if event[2] is None else int(event[2])
         driver.lost(frames)
-        driver.feed.run_message(
-            dropped_line(frames, None)
-            if frames is not None
-            else "telemetry stream: it ended before the run"
-        )
+    elif kind == "stream_lost":
+        driver.stream_lost(int(event[2]), str(event[3]))
     elif kind == "finalize":
         driver.finalize()
         return True

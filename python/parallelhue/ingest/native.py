@@ -5,7 +5,7 @@
 `Receiver` thread (telemetry datagrams) and the `HttpStreams` thread (every
 stream's whole HTTP exchange, TLS included, its SSE deltas pushed into the
 reconciler, its end applied by the thread itself; with `--telemetry http`
-also the run's telemetry stream, its frames pushed like datagrams). Python composes the
+each response's in-band frames too, pushed like datagrams). Python composes the
 requests (`streams.py`) and then only collects: `poll()` applies one
 `Reconciler.take()` batch — new text once per stream, the spans over it
 appended to each stream's `SpanRecords` in Rust, verdicts, stream ends — to
@@ -15,7 +15,6 @@ the picture.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,7 +22,7 @@ from typing import Any, cast
 
 from .. import _native
 from ..model.state import RunModel
-from ..model.stream_errors import api_key_message, end_message, telemetry_end_message
+from ..model.stream_errors import end_message
 from .feed import Feed
 from .receiver import ReceiverError
 from .record import RecordingError
@@ -32,9 +31,8 @@ from .streams import (
     body_bytes,
     connect_target,
     request_headers,
-    telemetry_headers,
 )
-from .telemetry import TelemetryError, TelemetryPlan, dropped_line, rejected_line, runs_url
+from .telemetry import TelemetryPlan, rejected_line
 
 __all__ = ["RustIngest"]
 
@@ -42,11 +40,10 @@ __all__ = ["RustIngest"]
 class RustIngest:
     """One live run on the Rust path (any view, with or without --record).
 
-    Opened in three steps: the constructor starts the HTTP thread (and, for
-    HTTP telemetry, creates the run on the server); `open_run()` waits for the
-    run's id (the server's, over HTTP); `begin()` starts the recording, binds
-    the socket or accepts the server's run, and takes the requests composed
-    with that id. Then `start()`.
+    Opened in three steps: the constructor starts the HTTP thread; `open_run()`
+    gives the run's id; `begin()` starts the recording, binds the socket (unless
+    the telemetry comes in-band, inside each response), and takes the requests
+    composed with that id. Then `start()`.
     """
 
     def __init__(
@@ -72,13 +69,14 @@ class RustIngest:
         self.timeout = timeout
         self.telemetry = telemetry
         self.socket_path = socket_path if telemetry is not None else None
+        # In-band: each request asks for its telemetry inside its own response.
+        self.inband = telemetry is not None and telemetry.path == "http"
         self.run_id = run_id
         # Spans reach the screen only through take(): packed, without their text.
         self.reconciler = _native.Reconciler(run_id, len(model.streams), packed_spans=True)
         self.receiver: _native.Receiver | None = None
         self._ended: set[int] = set()
         self._closed = False
-        self._telemetry_seen: tuple[int, bool] = (0, False)  # (dropped, ended) already told
         self._told_rejected = False
         try:
             target = connect_target(endpoint)
@@ -93,48 +91,21 @@ class RustIngest:
                 timeout,
                 min_interval=min_interval,
             )
-            if telemetry is not None and telemetry.path == "http":
-                runs = connect_target(runs_url(endpoint))
-                headers = telemetry_headers(
-                    target, api_key, _native.TELEMETRY_CONTENT_TYPE, self.extra_headers
-                )
-                self.streams.subscribe(runs.path, headers, b"")
         except BaseException:
             self._release(None)
             raise
 
     async def open_run(self) -> str:
-        """The run's id: over HTTP the one the server created (its stream's
-        preamble); TelemetryError when the telemetry stream cannot be had."""
-        if self.telemetry is None or self.telemetry.path != "http":
-            return self.run_id
-        # The thread's own timeouts bound this (connect, then --timeout of silence).
-        while True:
-            state = self.streams.telemetry()
-            if state["run_id"] is not None:
-                # Ended since? The run's streams hear it once it is accepted.
-                self.run_id = state["run_id"]
-                return self.run_id
-            end = state["end"]
-            if end is not None:
-                kind, status, detail = end
-                if kind == "http_status" and status == 401:
-                    where = runs_url(self.endpoint)
-                    raise TelemetryError(api_key_message(where, self.api_key is not None))
-                raise TelemetryError(
-                    telemetry_end_message(kind, status, detail, timeout=self.timeout)
-                )
-            if self.streams.failed:
-                raise TelemetryError("telemetry stream: the Rust HTTP thread stopped unexpectedly")
-            await asyncio.sleep(0.005)
+        """The run's id (the client's own)."""
+        return self.run_id
 
     def begin(
         self,
         requests: Sequence[tuple[StreamRequest, dict[str, Any]]],
         record: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
-        """Start the recording, then the telemetry (bind the socket or take the
-        server's run): nothing reaches the reconciler before the tap."""
+        """Start the recording, then the telemetry (bind the socket, unless it comes
+        in-band): nothing reaches the reconciler before the tap."""
         self.requests = list(requests)
         if record is not None:
             path, header = record
@@ -144,9 +115,7 @@ class RustIngest:
                 raise RecordingError(
                     f"--record: cannot write {path}: {error.strerror or error}"
                 ) from None
-        if self.telemetry is not None and self.telemetry.path == "http":
-            self.streams.accept_telemetry()
-        elif self.socket_path is not None:
+        if self.socket_path is not None and not self.inband:
             accept = list(self.telemetry.accept_uids) if self.telemetry is not None else []
             try:
                 self.receiver = _native.Receiver(
@@ -181,7 +150,9 @@ class RustIngest:
             request.index,
             "POST",
             request.path or target.path,
-            request_headers(target, self.api_key, request.request_id, self.extra_headers),
+            request_headers(
+                target, self.api_key, request.request_id, self.extra_headers, self.inband
+            ),
             body_bytes(body),
         )
         self.model.start_stream(request.index, at)
@@ -199,8 +170,6 @@ class RustIngest:
                     self.feed.end(
                         state.index, "internal", 0, "the Rust HTTP thread stopped unexpectedly"
                     )
-        if self.telemetry is not None and self.telemetry.path == "http":
-            self._telemetry_news()
         streams = self.model.streams
         # Each stream's new spans land on its span_records inside take().
         records = cast("list[_native.SpanRecords]", [s.span_records for s in streams])
@@ -217,18 +186,6 @@ class RustIngest:
                 self.feed.end(stream, kind, status, detail, finish_reason, usage)
             except Exception as error:
                 self._failed_here(stream, error)
-
-    def _telemetry_news(self) -> None:
-        """What the telemetry stream itself says, as run messages (once each)."""
-        state = self.streams.telemetry()
-        told_dropped, told_end = self._telemetry_seen
-        dropped, end = state["dropped"], state["end"]
-        if dropped > told_dropped:
-            self.feed.run_message(dropped_line(dropped, state["buffer_bytes"]))
-        if end is not None and not told_end:
-            kind, status, detail = end
-            self.feed.run_message(telemetry_end_message(kind, status, detail, timeout=self.timeout))
-        self._telemetry_seen = (max(dropped, told_dropped), told_end or end is not None)
 
     def _failed_here(self, stream: int, error: Exception) -> None:
         """Handling what stream `stream` received raised: that stream fails with
@@ -288,8 +245,6 @@ class RustIngest:
     def receiver_stats(self) -> Mapping[str, object]:
         if self.receiver is not None:
             return self.receiver.stats()
-        if self.telemetry is not None and self.telemetry.path == "http":
-            return self.streams.telemetry()
         return {}
 
 

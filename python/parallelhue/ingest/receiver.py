@@ -1,4 +1,4 @@
-"""The reference path's telemetry: the socket (`PyReceiver`), the HTTP stream (`PyHttpTelemetry`).
+"""The reference path's telemetry socket (`PyReceiver`); in-band telemetry comes in the streams.
 
 `PyReceiver` reads the run's AF_UNIX datagram socket from the asyncio loop
 (no thread) and hands the frames to the session, which feeds the reference
@@ -8,11 +8,6 @@ into the Rust reconciler under its lock, see ingest.py); both check every
 datagram's `SO_PASSCRED` credentials and drop other users' datagrams, except
 those of the uids named by `--accept-uid` (then the socket is 0622 for a uid
 other than root, and each datagram admitted that way is counted).
-
-`PyHttpTelemetry` is the reference path's twin of the Rust HTTP thread's
-telemetry exchange (`--telemetry http`): httpx on the same loop, the
-pure-Python `parallelhue_vllm.telemetry_stream.StreamDecoder`, the same end
-kinds (`stream_errors.telemetry_end_message` words them).
 """
 
 from __future__ import annotations
@@ -25,13 +20,7 @@ import struct
 import sys
 from collections.abc import Sequence
 
-import httpx
-
-from parallelhue_vllm import telemetry_stream as ts
-
-from .streams import ConnectTarget, ExchangeEnded, error_body_text, exchange_end
-
-__all__ = ["PyHttpTelemetry", "PyReceiver", "ReceiverError"]
+__all__ = ["PyReceiver", "ReceiverError"]
 
 RCVBUF_BYTES = 8 << 20
 # One more than the protocol's largest datagram, so an oversized one is seen whole
@@ -131,116 +120,3 @@ class PyReceiver:
 
     def stats(self) -> dict[str, int | None]:
         return {**self._stats, "last_rejected_uid": self._last_rejected_uid}
-
-
-class PyHttpTelemetry:
-    """The run's HTTP telemetry stream read on the event loop (`--reconciler python`).
-
-    `run_id()` waits for the preamble (the run the server created); frames are
-    kept from the first one, `take()` hands them over once `accept()` was
-    called, in stream order with the losses: an int for each `dropped` item
-    (frames the hub discarded), None once the stream ended. `end` says how the
-    stream ended: `(kind, status, detail)` with the Rust thread's kinds, None
-    while it is open.
-    """
-
-    def __init__(self, client: httpx.AsyncClient, url: str, target: ConnectTarget) -> None:
-        self.url = url
-        self.target = target
-        self.end: tuple[str, int, str] | None = None
-        self.buffer_bytes: int | None = None
-        self.dropped = 0
-        self.heartbeats = 0
-        self._items: list[bytes | int | None] = []
-        self._bytes = 0
-        self._count = 0
-        self._accepted = False
-        self._closed = False
-        self._run_id: str | None = None
-        self._news = asyncio.Event()
-        self._task = asyncio.create_task(self._read(client))
-
-    async def run_id(self) -> str | None:
-        """The server's run id, or None when the stream ended first (see `end`)."""
-        while self._run_id is None and self.end is None and not self._closed:
-            self._news.clear()
-            await self._news.wait()
-        return self._run_id
-
-    def accept(self) -> None:
-        self._accepted = True
-
-    def take(self) -> list[bytes | int | None]:
-        if not self._accepted:
-            return []
-        items, self._items = self._items, []
-        return items
-
-    def stats(self) -> dict[str, object]:
-        return {
-            "run_id": self._run_id,
-            "frames": self._count,
-            "bytes": self._bytes,
-            "dropped": self.dropped,
-            "heartbeats": self.heartbeats,
-            "end": self.end,
-        }
-
-    def _ended(self, end: tuple[str, int, str]) -> None:
-        if self.end is None:
-            self.end = end
-            # The client closes the stream only after the run (`close`, which is
-            # not an end): whatever the server sends from now on is lost.
-            self._items.append(None)
-        self._news.set()
-
-    def _item(self, item: ts.Item) -> None:
-        if item.kind == "preamble":
-            self._run_id = item.run_id.hex()
-            self.buffer_bytes = item.buffer_bytes
-        elif item.kind == "frame":
-            self._items.append(item.frame)
-            self._count += 1
-            self._bytes += len(item.frame)
-        elif item.kind == "dropped":
-            self.dropped += item.frames
-            self._items.append(item.frames)
-        elif item.kind == "heartbeat":
-            self.heartbeats += 1
-        elif item.kind == "end":
-            self._ended(("server_end", item.code, item.message))
-        self._news.set()
-
-    async def _read(self, client: httpx.AsyncClient) -> None:
-        headers = {"Accept": ts.CONTENT_TYPE, "Accept-Encoding": "identity"}
-        decoder = ts.StreamDecoder()
-        try:
-            async with client.stream("POST", self.url, content=b"", headers=headers) as response:
-                if response.status_code >= 400:
-                    text = await error_body_text(response)
-                    raise ExchangeEnded("http_status", text, response.status_code)
-                content_type = response.headers.get("content-type", "")
-                if content_type.split(";")[0].strip().lower() != ts.CONTENT_TYPE:
-                    raise ExchangeEnded("not_sse", content_type, response.status_code)
-                async for chunk in response.aiter_raw():
-                    for item in decoder.push(chunk):
-                        self._item(item)
-                    if decoder.ended:
-                        return
-                decoder.finish()
-        except ts.StreamError as error:
-            for item in error.items:
-                self._item(item)
-            self._ended(("stream", 0, str(error)))
-        except asyncio.CancelledError:
-            # The client closed it (the run is over): not an end of the stream.
-            self._closed = True
-            self._news.set()
-            raise
-        except Exception as error:
-            kind, status, detail = exchange_end(error, self.target)
-            self._ended((kind, status, detail))
-
-    def close(self) -> None:
-        """Stop reading (the connection closes as the task unwinds). Idempotent."""
-        self._task.cancel()

@@ -50,6 +50,7 @@ class RecordWriterLike(Protocol):
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...
     def lost(self, frames: int | None) -> None: ...
+    def stream_lost(self, stream: int, reason: str) -> None: ...
     def finalize(self) -> None: ...
     def close(self, footer: dict[str, Any] | None) -> None: ...
 
@@ -83,6 +84,9 @@ class _Recorder:
 
     def lost(self, frames: int | None) -> None:
         self._writer.lost(frames)
+
+    def stream_lost(self, stream: int, reason: str) -> None:
+        self._writer.stream_lost(stream, reason)
 
     def finalize(self) -> None:
         self._writer.finalize()
@@ -122,7 +126,7 @@ class Recording:
     # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("sse_id", s, id)
     # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted) ("finish", s, reason)
     # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason)
-    # ("lost", frames | None) ("finalize",)
+    # ("lost", frames | None) ("stream_lost", stream, reason) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     footer: dict[str, Any] | None = None
 

@@ -29,6 +29,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from parallelhue_vllm.inband import HEADER as INBAND_HEADER
+from parallelhue_vllm.inband import STREAM_VERSION as INBAND_VERSION
+
 from .. import __version__
 from ..model.shapes import EndKind, Usage
 from ..reference.sse_body import BodyReader
@@ -43,10 +46,10 @@ __all__ = [
     "connect_target",
     "error_body_text",
     "exchange_end",
+    "inband_header",
     "make_client",
     "read_stream",
     "request_headers",
-    "telemetry_headers",
 ]
 
 # The start of an error body kept for its message.
@@ -89,6 +92,9 @@ class StreamSink(Protocol):
     # The other SSE inputs of docs/PROTOCOL.md (C2 tuples with the stream):
     # ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s, n, accepted, drafted).
     def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None: ...
+    # In-band telemetry: a frame the response carried; its telemetry missing frames.
+    def on_frame(self, stream: int, frame: bytes) -> None: ...
+    def stream_lost(self, stream: int, reason: str) -> None: ...
     def on_finish(self, stream: int, finish_reason: str) -> None: ...
     def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None: ...
     def on_usage(self, stream: int, usage: Usage) -> None: ...
@@ -116,30 +122,24 @@ def request_headers(
     api_key: str | None,
     request_id: str,
     extra: Sequence[tuple[str, str]] = (),
+    inband: bool = False,
 ) -> list[tuple[str, str]]:
     """The headers of a stream's request (framing headers are the sender's); `extra`
-    (--header) comes last and replaces a header of the same name (Authorization)."""
+    (--header) comes last and replaces a header of the same name (Authorization).
+    `inband`: ask for the request's telemetry inside its response."""
     headers = _host_headers(target, "text/event-stream")
     headers += [("Content-Type", "application/json"), ("X-Request-Id", request_id)]
+    if inband:
+        headers.append(inband_header())
     if api_key:
         headers.append(("Authorization", f"Bearer {api_key}"))
     replaced = {name.lower() for name, _ in extra}
     return [h for h in headers if h[0].lower() not in replaced] + list(extra)
 
 
-def telemetry_headers(
-    target: ConnectTarget,
-    api_key: str | None,
-    content_type: str,
-    extra: Sequence[tuple[str, str]] = (),
-) -> list[tuple[str, str]]:
-    """The headers of the run's telemetry stream request (an empty POST body); `extra`
-    (--header) as for the streams: a gateway in front of the server sees it on both."""
-    headers = _host_headers(target, content_type)
-    if api_key:
-        headers.append(("Authorization", f"Bearer {api_key}"))
-    replaced = {name.lower() for name, _ in extra}
-    return [h for h in headers if h[0].lower() not in replaced] + list(extra)
+def inband_header() -> tuple[str, str]:
+    """The request header that asks for in-band telemetry (docs/PROTOCOL.md)."""
+    return (INBAND_HEADER, str(INBAND_VERSION))
 
 
 def tls_context() -> ssl.SSLContext:
@@ -203,6 +203,7 @@ async def read_stream(
     sink: StreamSink,
     *,
     yield_each_read: bool = False,
+    inband: bool = False,
 ) -> None:
     """The reference path: run one stream to its end; report every outcome once.
 
@@ -213,7 +214,9 @@ async def read_stream(
     """
     stream = request.index
     try:
-        finish_reason = await _exchange(client, endpoint, body, request, sink, yield_each_read)
+        finish_reason = await _exchange(
+            client, endpoint, body, request, sink, yield_each_read, inband
+        )
     except StreamStopped:
         return
     except Exception as error:
@@ -264,16 +267,17 @@ async def _exchange(
     request: StreamRequest,
     sink: StreamSink,
     yield_each_read: bool,
+    inband: bool = False,
 ) -> str | None:
+    headers = {
+        "X-Request-Id": request.request_id,
+        "Accept-Encoding": "identity",
+        "Content-Type": "application/json",
+    }
+    if inband:
+        headers[INBAND_HEADER] = str(INBAND_VERSION)
     async with client.stream(
-        "POST",
-        endpoint,
-        content=body_bytes(body),
-        headers={
-            "X-Request-Id": request.request_id,
-            "Accept-Encoding": "identity",
-            "Content-Type": "application/json",
-        },
+        "POST", endpoint, content=body_bytes(body), headers=headers
     ) as response:
         if response.status_code >= 400:
             text = await error_body_text(response)
@@ -313,6 +317,10 @@ def _handle_inputs(stream: int, inputs: list[Any], sink: StreamSink, reader: Bod
     for item in inputs:
         if item[0] == "sse":
             sink.on_delta(stream, item[1], item[2])
+        elif item[0] == "frame":
+            sink.on_frame(stream, item[1])
+        elif item[0] == "lost":
+            sink.stream_lost(stream, item[1])
         else:
             sink.on_sse_input(stream, (item[0], stream, *item[1:]))
     usage = reader.extraction.usage

@@ -3,17 +3,20 @@
 `--telemetry` [PARALLELHUE_TELEMETRY]:
 - `socket`: the local AF_UNIX socket (the predecessor's path): the kernel
   vouches for each sender's uid; `--accept-uid` admits more uids, explicitly.
-- `http`: the server's own port, through the endpoint plugin
-  (docs/PROTOCOL.md, "HTTP telemetry stream"): the client creates a run
-  (`POST {api}/parallelhue/runs`), the server picks its 128-bit id, and the
-  run's HTTP thread reads the stream beside the completions.
-- `auto` (the default): `http` when the server's probe (`GET
-  {api}/parallelhue`) says it can serve telemetry, else the socket; the
-  screen says which, and why.
+- `http`: in-band, inside each request's own response (docs/PROTOCOL.md,
+  "In-band telemetry"): every request carries `X-ParallelHue-Telemetry: 2`
+  and its SSE response carries that request's frames, so whatever forwards
+  the response (a router, a proxy, a replica of a fleet) forwards them.
+- `auto` (the default): in-band when the server's probe (`GET
+  {api}/parallelhue`) says it serves it, or when the server is on another
+  host (a router in front of a fleet may not forward the probe; a response
+  without telemetry then says so per stream); else the socket. The screen
+  says which, and why.
 
 Over HTTP there are no `SCM_CREDENTIALS`; `security_line` says on screen
-what replaces them for this run (TLS, the API key, the server-chosen run
-id), with the wording of PROTOCOL.md's "Security of the telemetry paths".
+what replaces them for this run (TLS, the API key, each request's frames
+only in its own response), with the wording of PROTOCOL.md's "Security of
+the telemetry paths".
 """
 
 from __future__ import annotations
@@ -26,28 +29,28 @@ from typing import Literal
 
 import httpx
 
-from parallelhue_vllm.route import PROBE_PATH, RUNS_PATH
+from parallelhue_vllm.inband import STREAM_VERSION as INBAND_VERSION
+from parallelhue_vllm.route import PROBE_PATH
 
+from ..model.advice import is_this_host
 from ..model.endpoint import api_base
 from ..model.sanitize import one_line
 from ..model.stream_errors import api_key_message, connect_reason
-from .streams import ConnectTarget
+from .streams import ConnectTarget, connect_target
 
 __all__ = [
     "TELEMETRY_CHOICES",
     "TelemetryError",
     "TelemetryPlan",
     "choose",
-    "dropped_line",
     "probe_url",
     "rejected_line",
-    "runs_url",
     "security_line",
 ]
 
 TELEMETRY_CHOICES = ("auto", "socket", "http")
-# The HTTP telemetry stream version this client decodes (rust/core/src/telemetry_stream.rs).
-STREAM_VERSION = 1
+# The in-band telemetry version this client reads (rust/core/src/inband.rs).
+STREAM_VERSION = INBAND_VERSION
 PROBE_TIMEOUT = 10.0
 
 
@@ -69,10 +72,6 @@ def probe_url(endpoint: str) -> str:
     return api_base(endpoint) + PROBE_PATH.removeprefix("/v1")
 
 
-def runs_url(endpoint: str) -> str:
-    return api_base(endpoint) + RUNS_PATH.removeprefix("/v1")
-
-
 async def choose(
     client: httpx.AsyncClient,
     endpoint: str,
@@ -88,28 +87,31 @@ async def choose(
     if setting == "http":
         return TelemetryPlan("http")
     url = probe_url(endpoint)
+    remote = not is_this_host(connect_target(endpoint).host)
+
+    def fallback(why: str) -> TelemetryPlan:
+        # Another host cannot reach this host's socket: ask in-band anyway (a router
+        # may not forward the probe; each response says whether it carries telemetry).
+        if remote:
+            return TelemetryPlan("http", f"auto: {why}; another host: in-band")
+        return TelemetryPlan("socket", f"auto: {why}", accept)
+
     try:
         response = await client.get(url, timeout=PROBE_TIMEOUT)
     except httpx.HTTPError as error:
-        return TelemetryPlan(
-            "socket", f"auto: the probe {one_line(url)} failed: {connect_reason(error)}", accept
-        )
+        return fallback(f"the probe {one_line(url)} failed: {connect_reason(error)}")
     status = response.status_code
     if status == 401:
         raise TelemetryError(api_key_message(url, api_key is not None))
     if status != 200:
-        return TelemetryPlan(
-            "socket", f"auto: the server has no telemetry route (HTTP {status})", accept
-        )
+        return fallback(f"the server has no telemetry probe (HTTP {status})")
     try:
         answer = response.json()
         ok = answer.get("object") == "parallelhue.telemetry"
     except (ValueError, AttributeError):
         ok = False
     if not ok:
-        return TelemetryPlan(
-            "socket", "auto: the server's /v1/parallelhue is not ParallelHue's probe", accept
-        )
+        return fallback("the server's /v1/parallelhue is not ParallelHue's probe")
     if answer.get("stream_version") != STREAM_VERSION:
         version = one_line(str(answer.get("stream_version")), 20)
         return TelemetryPlan(
@@ -120,7 +122,7 @@ async def choose(
         )
     if answer.get("exact") is not True:
         reason = one_line(str(answer.get("reason") or "no reason given"), 200)
-        return TelemetryPlan("socket", f"auto: the server's telemetry route says: {reason}", accept)
+        return TelemetryPlan("socket", f"auto: the server's probe says: {reason}", accept)
     return TelemetryPlan("http", "auto")
 
 
@@ -151,7 +153,7 @@ def security_line(
     host = f"[{target.host}]" if ":" in target.host else target.host
     where = f"{host}:{target.port}"
     key = "API key sent" if api_key else "no API key"
-    run = f"server-chosen run {run_id[:8]}…"
+    run = f"in-band, run {run_id[:8]}…"
     if target.tls:
         return f"telemetry: {where} over HTTPS (certificate verified), {key}, {run}{note}"
     if _is_loopback(target.host):
@@ -160,15 +162,6 @@ def security_line(
     return (
         f"telemetry: {where} over plain HTTP: NOT encrypted, anyone on the network path can "
         f"read or forge it; {clear}, {run}{note}"
-    )
-
-
-def dropped_line(dropped: int, buffer_bytes: int | None) -> str:
-    """The run message when the server's hub discarded frames for this client."""
-    size = f"{buffer_bytes} bytes" if buffer_bytes is not None else "unknown"
-    return (
-        f"telemetry: {dropped} frames dropped by the server (the client read too slowly; "
-        f"buffer {size})"
     )
 
 

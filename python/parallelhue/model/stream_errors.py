@@ -10,10 +10,9 @@ met it, live or replayed.
 from __future__ import annotations
 
 import json
-from typing import cast
 
 from .sanitize import one_line
-from .shapes import END_KINDS, EndKind
+from .shapes import EndKind
 
 __all__ = [
     "api_key_message",
@@ -21,7 +20,6 @@ __all__ = [
     "end_message",
     "error_detail",
     "is_setup_failure",
-    "telemetry_end_message",
 ]
 
 # Where a run's API key comes from (config.py reads both).
@@ -122,33 +120,6 @@ def end_message(kind: EndKind, status: int, detail: str, *, timeout: float) -> s
     if kind == "internal":
         return "internal error in this stream: " + one_line(detail)
     return "cancelled"
-
-
-def telemetry_end_message(kind: str, status: int, detail: str, *, timeout: float) -> str:
-    """Why the run's HTTP telemetry stream ended (`HttpStreams.telemetry()["end"]`,
-    or the reference reader's): an end kind, or the stream's own `server_end`
-    (status: the end item's code) and `stream` (its framing error)."""
-    if kind == "server_end":
-        return f"telemetry stream: the server ended it (code {status}): {one_line(detail)}"
-    if kind == "stream":
-        return one_line(detail)
-    if kind == "not_sse":
-        shown = one_line(detail.split(";")[0]) or "no content type"
-        return (
-            f"telemetry stream: the server answered {shown} (HTTP {status}), not a "
-            "telemetry stream: is parallelhue-vllm's endpoint plugin enabled (VLLM_PLUGINS)?"
-        )
-    if kind == "http_status" and status == 404:
-        return (
-            "telemetry stream: the server has no telemetry route (HTTP 404): install "
-            "parallelhue-vllm on vLLM >= 0.32 and start it with VLLM_PLUGINS=parallelhue, "
-            "or use --telemetry socket"
-        )
-    if kind in END_KINDS:
-        return "telemetry stream: " + end_message(
-            cast(EndKind, kind), status, detail, timeout=timeout
-        )
-    return f"telemetry stream: {one_line(kind)}: {one_line(detail)}"
 
 
 def connect_reason(error: BaseException) -> str:

@@ -506,6 +506,20 @@ class Reconciler:
         else:
             self._frames_lost(f"telemetry lost: {frames} frames dropped by the server")
 
+    def push_stream_lost(self, stream: int, reason: str) -> None:
+        """A stream's in-band telemetry is missing frames (docs/PROTOCOL.md, "In-band
+        telemetry"): only that stream fails (an exact one is revoked before finalize);
+        its frames travel in its own response, so no other stream lost one."""
+        self._check_stream_index(stream)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+        self._input_start = len(self._events)
+        if self._finalized:
+            return
+        state = self._streams[stream]
+        if state.verdict != "failed":
+            self._set_failed(state, reason)
+
     def finalize(self) -> None:
         """Every pending stream gets its verdict; from now on every verdict is final. A
         source still holding frames behind a missing one lost a frame: that fails every

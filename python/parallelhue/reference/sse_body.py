@@ -21,6 +21,8 @@ import re
 from typing import Any
 
 from parallelhue.reference.sse import ChunkInputs, Input, SseError
+from parallelhue_vllm.inband import EVENT_NAME, STATUS_DROPPED, End, InbandError, decode_event
+from parallelhue_vllm.inband import lost_reason as inband_lost_reason
 
 __all__ = [
     "MAX_EVENT_BYTES",
@@ -182,6 +184,7 @@ class BodyReader:
         self._events = EventStream()
         self.extraction = ChunkInputs()
         self.end: tuple[str, ...] | None = None
+        self.inband = InbandState()
 
     @property
     def finish_reason(self) -> str | None:
@@ -204,6 +207,7 @@ class BodyReader:
         for raw in [*self._events.feed(b"\n\n"), *self._events.finish()]:
             self._apply(raw, out)
         if self.end is None:
+            self.inband.body_ended(out)
             self.end = ("body_ended",)
         return out
 
@@ -214,15 +218,71 @@ class BodyReader:
             self.end = ("bad_event", raw[1])
             return
         _, event_type, data = raw
+        if event_type == EVENT_NAME:
+            # In-band telemetry: the response's own frames (docs/PROTOCOL.md).
+            try:
+                self.inband.event(data, out)
+            except InbandError as error:
+                self.end = ("bad_event", str(error))
+            return
         if event_type not in ("", "message"):
-            return  # an event with its own type is not a completion chunk
+            return  # an event with another type is not a completion chunk
         if data.strip(WHITE_SPACE) == "[DONE]":
+            self.inband.body_ended(out)
             self.end = ("done",)
             return
         try:
             out.extend(self.extraction.extract_payload(data))
         except SseError as error:
             self.end = ("bad_event", str(error))
+
+
+ENDED_EARLY = "telemetry lost: the response ended before its in-band telemetry did"
+
+
+class InbandState:
+    """Where a response's in-band telemetry stands (the Rust `inband::InbandState`):
+    each event's frames become ("frame", bytes) inputs; an end item that says
+    something is missing, or a body that ends with telemetry begun and never
+    ended, becomes ("lost", reason)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.ended = False
+        self.frames = 0
+        self.end: End | None = None  # the end item (its waited_us: a measurement only)
+
+    def event(self, data: str, out: list[Input]) -> None:
+        if self.ended:
+            raise InbandError("in-band telemetry: an event after its end item")
+        self.seen = True
+        for item in decode_event(data):
+            if self.ended:
+                raise InbandError("in-band telemetry: an event after its end item")
+            if isinstance(item, bytes):
+                self.frames += 1
+                out.append(("frame", item))
+                continue
+            if item.frames != self.frames:
+                raise InbandError(
+                    f"in-band telemetry: the end item counts {item.frames} frames, "
+                    f"{self.frames} came"
+                )
+            if (item.status == STATUS_DROPPED) != (item.dropped > 0):
+                raise InbandError(
+                    f"in-band telemetry: end item status {item.status} with {item.dropped} "
+                    "frames dropped"
+                )
+            self.ended = True
+            self.end = item
+            reason = inband_lost_reason(item)
+            if reason is not None:
+                out.append(("lost", reason))
+
+    def body_ended(self, out: list[Input]) -> None:
+        if self.seen and not self.ended:
+            self.ended = True
+            out.append(("lost", ENDED_EARLY))
 
 
 def read_body(parts: list[bytes]) -> tuple[list[Input], tuple[str, ...], str | None]:

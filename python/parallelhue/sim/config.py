@@ -224,7 +224,7 @@ class SimConfig:
                 )
             if self.faults.stream_faults and self.telemetry_mode == "socket":
                 raise ValueError(
-                    "stream faults act on the HTTP telemetry route: use --telemetry http or both"
+                    "stream faults act on in-band telemetry: use --telemetry http or both"
                 )
 
 

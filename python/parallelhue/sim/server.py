@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import parallelhue_vllm
-from parallelhue_vllm import paths, route, wire
+from parallelhue_vllm import inband, paths, route, wire
 from parallelhue_vllm.destination import Destination
 from parallelhue_vllm.emitter import Emitter
-from parallelhue_vllm.hub import Hub, HubError, Subscription
+from parallelhue_vllm.hub import Claim, Hub, HubError, HubFull
 
 from .config import SimConfig, acceptance_for_stream
 from .engine import ContentFaultHook, Engine, SimRequest, request_seed
@@ -41,10 +41,6 @@ SPEC_METHOD = "simulated"
 BACKLOG_BYTES = 16_384
 # A run without requests for this long is ended in the emitters (sockets closed).
 RUN_IDLE_SECONDS = 30.0
-# Kernel send buffer of a telemetry connection: fixed (no autotuning up to
-# tcp_wmem's 4 MiB), so a subscriber that stops reading backs up into the hub,
-# whose bounded buffer counts the loss, after at most this much in the kernel.
-TELEMETRY_SNDBUF = 256 << 10
 
 _VOCAB: Vocabulary | None = None
 
@@ -138,8 +134,11 @@ class SimServer:
         self.fault_proxy: FaultProxy | None = None
         self.content_faults: ContentFaults | None = None
         self.other_uid_results: dict[str, str] = {}
-        # The telemetry route's hub (--telemetry http|both): the plugin's own code.
+        # The hub of in-band telemetry (--telemetry http|both): the plugin's own code.
         self.hub: Hub | None = None
+        # (run, stream) -> the request that has it: a second one gets no telemetry,
+        # as the plugin's hooks refuse it.
+        self._owners: dict[tuple[str, int], str] = {}
         self._api_key_hashes = [hashlib.sha256(k.encode()).digest() for k in self.config.api_keys]
         self._runs: set[str] = set()
         self._run_requests: dict[str, int] = {}  # requests in flight per run
@@ -331,7 +330,6 @@ class SimServer:
             "/v1/completions": ("POST",),
             "/sim/stats": ("GET",),
             route.PROBE_PATH: ("GET", "HEAD"),
-            route.RUNS_PATH: ("POST",),
         }
         if path.startswith("/v1") and request.method != "OPTIONS" and not self._authorized(request):
             # vLLM's --api-key middleware answers exactly this.
@@ -358,8 +356,6 @@ class SimServer:
         elif path == route.PROBE_PATH:
             probe = route.probe(self.hub, engine="simulated", off_reason=self._telemetry_off())
             await responder.send(200, _json_dumps(probe).encode(), head=request.method == "HEAD")
-        elif path == route.RUNS_PATH:
-            await self._telemetry_stream(request, responder)
         else:
             await self._generate(request, responder, chat=path == "/v1/chat/completions")
 
@@ -379,61 +375,9 @@ class SimServer:
         if not self.config.telemetry:
             return "exact telemetry is off on this server (started with --no-telemetry)"
         return (
-            "telemetry over HTTP is off on this server: start the SIMULATED engine with "
+            "in-band telemetry is off on this server: start the SIMULATED engine with "
             "--telemetry http or both"
         )
-
-    async def _telemetry_stream(self, request: HttpRequest, responder: HttpResponder) -> None:
-        """POST /v1/parallelhue/runs: one new run's frames, framed for a byte stream."""
-        try:
-            route.check_create_body(request.body)
-            sub = route.subscribe(self.hub, self._telemetry_off())
-        except route.RouteError as error:
-            raise HttpError(error.status, error.message) from None
-        writer = responder.writer
-        raw = writer.transport.get_extra_info("socket")
-        if raw is not None:
-            try:
-                raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TELEMETRY_SNDBUF)
-            except OSError:
-                pass
-        watcher = asyncio.create_task(_close_on_eof(responder.reader, sub))
-        faults = self.config.faults
-        stream_faults = (
-            StreamFaults(faults) if faults is not None and faults.stream_faults else None
-        )
-        try:
-            await responder.start_stream(
-                route.stream_headers()[0][1],
-                chunked=responder.keep_alive,
-                extra_headers=route.stream_headers()[1:],
-            )
-            async for chunk in route.stream_body(sub):
-                if writer.transport.is_closing():
-                    break
-                stop = None
-                if stream_faults is not None:
-                    output = stream_faults.apply(chunk)
-                    chunk, stop = output.data, output.stop
-                if chunk:
-                    responder.write(chunk)
-                # Backpressure: while the client does not read, the hub's bounded
-                # buffer fills and then counts drops; this coroutine only waits.
-                await writer.drain()
-                if stop == "close":
-                    writer.transport.abort()  # lost: no end item, no last chunk
-                    break
-                if stop == "end":
-                    await responder.end_stream()
-                    break
-            else:
-                await responder.end_stream()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            watcher.cancel()
-            sub.close()
-        responder.close_after()
 
     def _models_body(self) -> bytes:
         model = {
@@ -606,21 +550,67 @@ class SimServer:
         sim_request = self._new_request(params)
         if self.config.log_requests:
             log.info("SIMULATED request %s", sim_request.internal_id)
-        self.engine.add(sim_request)
         run_id = sim_request.run_id
+        owner = self._own(sim_request)
+        claim = self._claim(request, params, sim_request) if owner is not None else None
+        self.engine.add(sim_request)
         if run_id is not None:
             self._run_requests[run_id] = self._run_requests.get(run_id, 0) + 1
         try:
             if params.stream:
-                await self._stream(params, sim_request, responder)
+                await self._stream(params, sim_request, responder, claim)
             else:
                 await self._complete(params, sim_request, responder)
         except (ConnectionError, asyncio.CancelledError):
             self.engine.abort(sim_request)
             raise
         finally:
+            if claim is not None:
+                claim.close()
+            if owner is not None and self._owners.get(owner) == sim_request.internal_id:
+                del self._owners[owner]
             if run_id is not None:
                 self._request_done(run_id)
+
+    def _own(self, request: SimRequest) -> tuple[str, int] | None:
+        """Take (run, stream) for the request, as the plugin's hooks do (None: not
+        ours, or another live request has it: it gets no telemetry)."""
+        if request.run_id is None or self.hub is None:
+            return None
+        key = (request.run_id, request.stream)
+        if key in self._owners:
+            log.warning(
+                "SIMULATED: two requests claim stream %d of run %s; the later one gets no "
+                "telemetry",
+                request.stream,
+                request.run_id,
+            )
+            request.run_id = None
+            return None
+        self._owners[key] = request.internal_id
+        for emitter in (self.scheduler_emitter, self.frontend_emitter):
+            if emitter is not None:
+                emitter.begin_request(request.run_id, request.stream, request.internal_id)
+        return key
+
+    def _claim(
+        self, request: HttpRequest, params: _Params, sim_request: SimRequest
+    ) -> Claim | None:
+        """The request's in-band claim, when it asked and streams (the plugin's
+        middleware, endpoint.py, does the same in vLLM)."""
+        asked = request.headers.get(inband.HEADER.lower())
+        if asked is None or self.hub is None or not params.stream:
+            return None
+        if asked.strip() != str(inband.STREAM_VERSION):
+            log.warning("SIMULATED: in-band telemetry version %r is not served", asked)
+            return None
+        try:
+            claim = self.hub.claim()
+        except HubFull as error:
+            log.warning("SIMULATED: request served without telemetry: %s", error)
+            return None
+        claim.bind(sim_request.internal_id)
+        return claim
 
     def _request_done(self, run_id: str) -> None:
         left = self._run_requests[run_id] - 1
@@ -638,7 +628,13 @@ class SimServer:
             if emitter is not None:
                 emitter.end_run(run_id)
 
-    async def _stream(self, params: _Params, request: SimRequest, responder: HttpResponder) -> None:
+    async def _stream(
+        self,
+        params: _Params,
+        request: SimRequest,
+        responder: HttpResponder,
+        claim: Claim | None = None,
+    ) -> None:
         chat = params.chat
         model = self.config.model
         created = self._created
@@ -651,7 +647,13 @@ class SimServer:
         return_ids = params.return_token_ids
         prompt_ids = self.vocab.encode_bytes(params.prompt.encode("utf-8"))
         prompt_ids_json = ",".join(map(str, prompt_ids))
-        await responder.start_stream("text/event-stream", chunked=responder.keep_alive)
+        extra = [(inband.HEADER, str(inband.STREAM_VERSION))] if claim is not None else []
+        await responder.start_stream(
+            "text/event-stream", chunked=responder.keep_alive, extra_headers=extra
+        )
+        pump = (
+            asyncio.create_task(self._inband_pump(claim, responder)) if claim is not None else None
+        )
         if chat:
             first = (
                 head + '"delta":{"role":"assistant","content":""},"logprobs":null,'
@@ -732,6 +734,8 @@ class SimServer:
         finally:
             collector.direct = None
             collector.cancel_flush()
+            if pump is not None:
+                pump.cancel()
         if params.include_usage:
             prompt_tokens = len(prompt_ids)
             usage = (
@@ -741,8 +745,28 @@ class SimServer:
                 f'"completion_tokens":{completion_tokens}}}}}'
             )
             write(f"data: {usage}\n\n".encode())
+        if claim is not None:
+            # The frames of the final step, then the end item (bounded wait).
+            write(await claim.finish())
         write(b"data: [DONE]\n\n")
         await responder.end_stream()
+
+    async def _inband_pump(self, claim: Claim, responder: HttpResponder) -> None:
+        """The claim's frames as events, between the engine's chunks (each write is
+        whole events, so they never land inside one)."""
+        faults = self.config.faults
+        stream_faults = (
+            StreamFaults(faults) if faults is not None and faults.stream_faults else None
+        )
+        transport = responder.writer.transport
+        while not claim.closed:
+            await claim.news()
+            events = claim.take()
+            if events and not transport.is_closing():
+                responder.write(events)
+            if stream_faults is not None and stream_faults.apply(claim) == "close":
+                transport.abort()  # lost: no end item, no last chunk
+                return
 
     async def _complete(
         self, params: _Params, request: SimRequest, responder: HttpResponder
@@ -784,18 +808,6 @@ class SimServer:
         if params.chat and params.return_token_ids:
             body["prompt_token_ids"] = prompt_ids
         await responder.send(200, _json_dumps(body).encode())
-
-
-async def _close_on_eof(reader: asyncio.StreamReader | None, sub: Subscription) -> None:
-    """The subscriber sends nothing after its request: EOF means it left; free its run at once."""
-    if reader is None:
-        return
-    try:
-        while await reader.read(4096):
-            pass
-    except (ConnectionError, OSError):
-        pass
-    sub.close()
 
 
 def _default_dir() -> str:

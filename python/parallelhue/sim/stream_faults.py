@@ -1,86 +1,57 @@
-"""Faults of the HTTP telemetry stream, applied by the simulated engine's route.
+"""Faults of in-band telemetry, applied by the simulated engine to one response.
 
 The datagram faults (`faults.FaultProxy`) lose frames between the emitters
-and a socket; these lose them where the HTTP path loses them: after the hub,
-in the stream a subscriber reads. They rewrite the route's chunks (whole
-items, docs/PROTOCOL.md "HTTP telemetry stream") once a subscriber's stream
-has carried `skip_frames` frame items:
+and a socket; these lose them where the in-band path loses them: after the
+hub, in the response a client reads (docs/PROTOCOL.md, "In-band telemetry").
+Once a response has carried `skip_frames` frame items:
 
-- `stream-drop:N`: the next N frame items are discarded and a `dropped` item
-  saying N takes their place, exactly what a hub whose buffer was full sends;
-- `stream-end`: the stream ends there with an end item (code 3, "other");
-- `stream-close`: the connection closes there without an end item.
+- `stream-drop:N`: the response's claim overflows, exactly as a hub whose
+  buffer for it was full: nothing more is kept, and its end item says how
+  many frames were dropped (at least N are discarded before the end);
+- `stream-end`: the telemetry ends there: the end item says the hub shut down;
+- `stream-close`: the connection closes there, without an end item.
 
-The frames themselves are never changed, so what the client sees is
-byte for byte what a real hub or a lost connection would give it.
+The frames themselves are never changed, so what the client sees is byte for
+byte what a real hub or a lost connection would give it.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass, field
 
-from parallelhue_vllm import telemetry_stream as ts
+from parallelhue_vllm.hub import Claim
 
 from .config import FaultConfig
 
-__all__ = ["END_MESSAGE", "StreamFaults", "StreamOutput"]
+__all__ = ["StreamFaults"]
 
 log = logging.getLogger("parallelhue.sim")
-
-END_MESSAGE = "SIMULATED fault stream-end: the server ended the telemetry stream mid-run"
-_ITEM = struct.Struct("<BI")
-
-
-@dataclass(slots=True)
-class StreamOutput:
-    """What the route writes for one chunk, and whether the stream stops after it."""
-
-    data: bytes
-    # "end": the end item is in `data`, finish the body; "close": drop the connection.
-    stop: str | None = None
 
 
 @dataclass(slots=True)
 class StreamFaults:
-    """One subscriber's stream faults (a new instance per stream)."""
+    """One response's in-band faults (a new instance per response)."""
 
     config: FaultConfig
-    frames_seen: int = 0
-    dropped: int = 0
     fired: dict[str, int] = field(default_factory=dict)
 
-    def apply(self, chunk: bytes) -> StreamOutput:
-        """Rewrite one chunk of whole items (the preamble passes untouched)."""
-        if chunk[:4] == ts.STREAM_MAGIC and len(chunk) == ts.PREAMBLE_SIZE:
-            return StreamOutput(chunk)
+    def apply(self, claim: Claim) -> str | None:
+        """After frames went out: fault the claim once its response carried
+        `skip_frames` frames. Returns "close" when the connection must close now."""
         config = self.config
-        out = bytearray()
-        at = 0
-        while at + ts.ITEM_HEADER_SIZE <= len(chunk):
-            kind, length = _ITEM.unpack_from(chunk, at)
-            end = at + ts.ITEM_HEADER_SIZE + length
-            item = chunk[at:end]
-            at = end
-            if kind != ts.ITEM_FRAME or self.frames_seen < config.skip_frames:
-                self.frames_seen += kind == ts.ITEM_FRAME
-                out += item
-                continue
-            if config.stream_close:
-                self._fire("stream_close")
-                return StreamOutput(bytes(out), "close")
-            if config.stream_end:
-                self._fire("stream_end")
-                return StreamOutput(bytes(out) + ts.end_item(ts.END_OTHER, END_MESSAGE), "end")
-            if self.dropped < config.stream_drop:
-                self.dropped += 1
-                if self.dropped == config.stream_drop:
-                    self._fire("stream_drop")
-                    out += ts.dropped_item(self.dropped)
-                continue
-            out += item
-        return StreamOutput(bytes(out) + chunk[at:])
+        if claim.frames < config.skip_frames or self.fired:
+            return None
+        if config.stream_close:
+            self._fire("stream_close")
+            return "close"
+        if config.stream_end:
+            self._fire("stream_end")
+            claim.fault_hub_closed()
+        elif config.stream_drop:
+            self._fire("stream_drop")
+            claim.fault_poison(config.stream_drop)
+        return None
 
     def _fire(self, name: str) -> None:
         self.fired[name] = self.fired.get(name, 0) + 1

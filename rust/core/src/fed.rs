@@ -365,7 +365,21 @@ impl Fed {
                 per_step_drafted.as_deref(),
                 at,
             ),
+            SseInput::Frame(frame) => self.push_frame_at(frame, at),
+            SseInput::Lost(reason) => self.push_stream_lost_at(stream, reason, at),
         }
+    }
+
+    /// A stream's in-band telemetry is missing frames (see
+    /// [`Reconciler::push_stream_lost`]): recorded, then that stream fails.
+    pub fn push_stream_lost(&mut self, stream: u16, reason: &str) {
+        let at = if self.tap.is_some() { monotonic() } else { 0.0 };
+        self.push_stream_lost_at(stream, reason, at);
+    }
+
+    pub fn push_stream_lost_at(&mut self, stream: u16, reason: &str, at: f64) {
+        self.tap_item(at, &Item::StreamLost { stream, reason });
+        self.rec.push_stream_lost(stream, reason);
     }
 
     /// A stream's exchange is over: a normal end finishes its SSE in the

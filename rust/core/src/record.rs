@@ -16,7 +16,7 @@ use std::fmt;
 
 /// `PHREC` then the format version.
 pub const MAGIC: &[u8; 5] = b"PHREC";
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 /// Bytes of the item head: kind, payload length, time.
 pub const ITEM_HEAD: usize = 1 + 4 + 8;
 
@@ -35,6 +35,7 @@ pub mod kind {
     pub const SSE_CHOICE: u8 = 11;
     pub const SSE_USAGE: u8 = 12;
     pub const LOST: u8 = 13;
+    pub const STREAM_LOST: u8 = 14;
 }
 
 /// One recorded item. Reconciler inputs are `Sse`, `SseId`, `SseChoice`,
@@ -86,6 +87,11 @@ pub enum Item<'a> {
     /// frames the server's hub dropped, None when its stream ended early.
     Lost {
         frames: Option<u64>,
+    },
+    /// A stream's in-band telemetry missing frames (`Reconciler::push_stream_lost`).
+    StreamLost {
+        stream: u16,
+        reason: &'a str,
     },
     Finalize,
     Footer(&'a str),
@@ -203,6 +209,11 @@ pub fn encode_item(out: &mut Vec<u8>, at: f64, item: &Item<'_>) {
             head(out, kind::LOST, 9, at);
             out.push(u8::from(frames.is_some()));
             out.extend_from_slice(&frames.unwrap_or(0).to_le_bytes());
+        }
+        Item::StreamLost { stream, reason } => {
+            head(out, kind::STREAM_LOST, 2 + reason.len(), at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            out.extend_from_slice(reason.as_bytes());
         }
         Item::Finalize => head(out, kind::FINALIZE, 0, at),
     }
@@ -405,6 +416,13 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
                 frames: (p[0] != 0).then_some(count),
             }
         }
+        kind::STREAM_LOST => {
+            need(2)?;
+            Item::StreamLost {
+                stream: u16_at(p, 0),
+                reason: text(&p[2..], offset, kind)?,
+            }
+        }
         kind::FINALIZE => Item::Finalize,
         _ => return Err(bad("unknown kind")),
     })
@@ -490,6 +508,10 @@ mod tests {
             Item::Reject("oversized"),
             Item::Lost { frames: Some(7) },
             Item::Lost { frames: None },
+            Item::StreamLost {
+                stream: 3,
+                reason: "telemetry lost: x",
+            },
             Item::Finalize,
             Item::Footer("{}"),
         ];

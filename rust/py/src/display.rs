@@ -156,6 +156,9 @@ impl Reconciler {
                 Item::Frame(frame) => fed.push_frame(frame),
                 Item::Reject(reason) => fed.reject(reason.to_owned()),
                 Item::Lost { frames } => fed.push_lost(frames),
+                Item::StreamLost { stream, reason } if stream < n => {
+                    fed.push_stream_lost(stream, reason)
+                }
                 Item::Finalize => fed.finalize(),
                 _ => {}
             });

@@ -444,6 +444,14 @@ impl Reconciler {
         Ok(())
     }
 
+    /// A stream's in-band telemetry is missing frames (its response said so,
+    /// or ended before its telemetry did): that stream fails with `reason`.
+    fn push_stream_lost(&self, stream: &Bound<'_, PyAny>, reason: &str) -> PyResult<()> {
+        let s = self.stream(stream)?;
+        self.lock()?.push_stream_lost(s, reason);
+        Ok(())
+    }
+
     /// The stream's chunks carried a choice other than the single choice 0.
     fn push_sse_choice(&self, stream: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> PyResult<()> {
         let s = self.stream(stream)?;

@@ -62,6 +62,9 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
             .into_any(),
         Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
         Item::Lost { frames } => (t, "lost", frames).into_pyobject(py)?.into_any(),
+        Item::StreamLost { stream, reason } => (t, "stream_lost", stream, reason)
+            .into_pyobject(py)?
+            .into_any(),
         Item::Finalize => PyTuple::new(
             py,
             [
@@ -287,6 +290,11 @@ impl RecordWriter {
         self.put(&Item::Lost { frames })
     }
 
+    /// A stream's in-band telemetry missing frames (`Reconciler.push_stream_lost`).
+    fn stream_lost(&mut self, stream: u16, reason: &str) -> PyResult<()> {
+        self.put(&Item::StreamLost { stream, reason })
+    }
+
     fn finalize(&mut self) -> PyResult<()> {
         self.put(&Item::Finalize)
     }
@@ -364,6 +372,17 @@ pub(crate) fn encode_recording<'py>(
             "lost" => {
                 let frames: Option<u64> = field(2)?.extract()?;
                 record::encode_item(&mut out, t, &Item::Lost { frames });
+            }
+            "stream_lost" => {
+                let reason: String = field(3)?.extract()?;
+                record::encode_item(
+                    &mut out,
+                    t,
+                    &Item::StreamLost {
+                        stream: field(2)?.extract()?,
+                        reason: &reason,
+                    },
+                );
             }
             "finalize" => record::encode_item(&mut out, t, &Item::Finalize),
             other => {

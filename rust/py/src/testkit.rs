@@ -56,6 +56,8 @@ fn input_tuple<'py>(py: Python<'py>, input: SseInput) -> PyResult<Bound<'py, PyT
         SseInput::Delta { text, token_ids } => ("sse", text, token_ids).into_pyobject(py),
         SseInput::Id(id) => ("sse_id", id).into_pyobject(py),
         SseInput::Choice(index) => ("sse_choice", index).into_pyobject(py),
+        SseInput::Frame(frame) => ("frame", PyBytes::new(py, &frame)).into_pyobject(py),
+        SseInput::Lost(reason) => ("lost", reason).into_pyobject(py),
         SseInput::Usage {
             completion_tokens,
             per_step_accepted,

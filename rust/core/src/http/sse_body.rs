@@ -10,6 +10,7 @@
 
 use super::message::{BodyDecoder, BodyError, Framing};
 use crate::sse::inputs::{ChunkInputs, SseInput, SseInputRef};
+use crate::inband::{Given, InbandState, EVENT_NAME};
 use crate::sse::{Parsed, SseEvent, SseParser, Usage};
 
 /// Why a stream's body ended.
@@ -32,6 +33,8 @@ pub struct StreamBody {
     sse: SseParser,
     decoded: Vec<u8>,
     inputs: ChunkInputs,
+    /// The response's in-band telemetry (`event: parallelhue`).
+    inband: InbandState,
     /// Choice 0's finish_reason, once a chunk gave it.
     pub finish_reason: Option<String>,
     /// The usage of the last chunk that had one.
@@ -47,6 +50,7 @@ impl StreamBody {
             sse: SseParser::new(),
             decoded: Vec::new(),
             inputs: ChunkInputs::new(),
+            inband: InbandState::default(),
             finish_reason: None,
             usage: None,
             end: None,
@@ -74,6 +78,7 @@ impl StreamBody {
         let framing = self.body.feed(input, &mut self.decoded);
         let mut apply = Apply {
             inputs: &mut self.inputs,
+            inband: &mut self.inband,
             finish_reason: &mut self.finish_reason,
             usage: &mut self.usage,
             end: &mut self.end,
@@ -106,6 +111,7 @@ impl StreamBody {
     fn finish_events(&mut self, on_input: &mut impl FnMut(SseInputRef<'_>)) {
         let mut apply = Apply {
             inputs: &mut self.inputs,
+            inband: &mut self.inband,
             finish_reason: &mut self.finish_reason,
             usage: &mut self.usage,
             end: &mut self.end,
@@ -113,8 +119,9 @@ impl StreamBody {
         };
         self.sse.feed_with(b"\n\n", &mut |p| apply.event(p));
         self.sse.finish_with(&mut |p| apply.event(p));
-        if self.end.is_none() {
-            self.end = Some(StreamEnd::BodyEnded);
+        if apply.end.is_none() {
+            apply.ended_normally();
+            *apply.end = Some(StreamEnd::BodyEnded);
         }
     }
 }
@@ -122,6 +129,7 @@ impl StreamBody {
 /// Applies the events of a read in order; after an end, the rest are dropped.
 struct Apply<'s, F> {
     inputs: &'s mut ChunkInputs,
+    inband: &'s mut InbandState,
     finish_reason: &'s mut Option<String>,
     usage: &'s mut Option<Usage>,
     end: &'s mut Option<StreamEnd>,
@@ -129,6 +137,13 @@ struct Apply<'s, F> {
 }
 
 impl<F: FnMut(SseInputRef<'_>)> Apply<'_, F> {
+    /// `[DONE]` or the body's end: in-band telemetry begun and not ended is lost.
+    fn ended_normally(&mut self) {
+        if let Some(reason) = self.inband.body_ended() {
+            (self.on_input)(SseInputRef::Lost(reason));
+        }
+    }
+
     fn event(&mut self, parsed: Parsed<'_>) {
         if self.end.is_some() {
             return;
@@ -145,10 +160,23 @@ impl<F: FnMut(SseInputRef<'_>)> Apply<'_, F> {
                 self.inputs.extract_ref(&chunk, &mut *self.on_input)
             }
             Parsed::Event(Ok(SseEvent::Done)) => {
+                self.ended_normally();
                 *self.end = Some(StreamEnd::Done);
                 return;
             }
-            // An event with its own `event:` type is not a completion chunk.
+            // In-band telemetry: the response's own frames (docs/PROTOCOL.md).
+            Parsed::Event(Ok(SseEvent::Other { event, data })) if event == EVENT_NAME => {
+                let on_input = &mut *self.on_input;
+                let given = self.inband.event(&data, &mut |g| match g {
+                    Given::Frame(frame) => on_input(SseInputRef::Frame(&frame)),
+                    Given::Lost(reason) => on_input(SseInputRef::Lost(&reason)),
+                });
+                if let Err(e) = given {
+                    *self.end = Some(StreamEnd::BadEvent(e));
+                }
+                return;
+            }
+            // An event with another `event:` type is not a completion chunk.
             Parsed::Event(Ok(SseEvent::Other { .. })) => return,
             Parsed::Event(Err(e)) => Err(e),
         };

@@ -31,6 +31,18 @@ impl Reconciler {
         self.frames_lost(&reason);
     }
 
+    /// A stream's in-band telemetry is missing frames (docs/PROTOCOL.md,
+    /// "In-band telemetry"): its response said so, or ended before its
+    /// telemetry did. Only that stream fails (an exact one is revoked before
+    /// `finalize()`); the frames travel in its own response, so no other
+    /// stream can have lost one.
+    pub fn push_stream_lost(&mut self, stream: u16, reason: &str) {
+        self.begin_input();
+        if usize::from(stream) < self.streams.len() {
+            self.fail(usize::from(stream), reason.to_owned());
+        }
+    }
+
     /// Push one datagram.
     pub fn push_frame(&mut self, data: &[u8]) {
         self.begin_input();

@@ -22,6 +22,10 @@ pub enum SseInput {
         per_step_accepted: Option<Vec<u32>>,
         per_step_drafted: Option<Vec<u32>>,
     },
+    /// A telemetry frame the response carried in-band (`push_frame`).
+    Frame(Vec<u8>),
+    /// The response's in-band telemetry is missing frames (`push_stream_lost`).
+    Lost(String),
 }
 
 impl SseInput {
@@ -30,6 +34,8 @@ impl SseInput {
             SseInput::Delta { text, token_ids } => SseInputRef::Delta { text, token_ids },
             SseInput::Id(id) => SseInputRef::Id(id),
             SseInput::Choice(index) => SseInputRef::Choice(*index),
+            SseInput::Frame(frame) => SseInputRef::Frame(frame),
+            SseInput::Lost(reason) => SseInputRef::Lost(reason),
             SseInput::Usage {
                 completion_tokens,
                 per_step_accepted,
@@ -58,6 +64,8 @@ pub enum SseInputRef<'a> {
         per_step_accepted: Option<&'a [u32]>,
         per_step_drafted: Option<&'a [u32]>,
     },
+    Frame(&'a [u8]),
+    Lost(&'a str),
 }
 
 impl SseInputRef<'_> {
@@ -69,6 +77,8 @@ impl SseInputRef<'_> {
             },
             SseInputRef::Id(id) => SseInput::Id(id.to_owned()),
             SseInputRef::Choice(index) => SseInput::Choice(index),
+            SseInputRef::Frame(frame) => SseInput::Frame(frame.to_vec()),
+            SseInputRef::Lost(reason) => SseInput::Lost(reason.to_owned()),
             SseInputRef::Usage {
                 completion_tokens,
                 per_step_accepted,

@@ -1,0 +1,182 @@
+"""A fleet on the server host of tests/netns/netns.py: replicas behind vllm-router,
+optionally behind nginx with TLS (docs/REACH.md, "Fleets").
+
+- `router_binary()`: vllm-router from PyPI, installed by `make router-venv` into
+  `~/.cache/parallelhue/router-venv` (or `PARALLELHUE_VLLM_ROUTER`), its real
+  entry point (a Rust extension behind a Python launcher).
+- `start_router(hosts, port, workers)`: `vllm-router --policy round_robin` on
+  the server host, waited for until it answers.
+- `throwaway_ca(directory, ip)`: a CA and a certificate for `ip` signed by it
+  (three `openssl` commands, as tests/test_tls.py makes them).
+- `start_nginx(hosts, directory, port, upstream, certs)`: nginx (the Debian
+  package) as a TLS reverse proxy with buffering off, its config, pid and logs
+  in `directory`.
+
+Every process is started with `start_new_session` inside the namespace, so
+`Hosts.close()` (which kills what runs inside) removes it; `stop()` kills the
+process group first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from netns import Hosts
+
+__all__ = ["Proc", "router_binary", "start_nginx", "start_router", "throwaway_ca", "wait_until"]
+
+ROUTER_VENV = Path.home() / ".cache" / "parallelhue" / "router-venv"
+
+
+@dataclass
+class Proc:
+    """A process started in a namespace (its own session)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group, no goodbye (a replica that dies)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def router_binary() -> str | None:
+    """The vllm-router command, or None (`make router-venv` installs it)."""
+    explicit = os.environ.get("PARALLELHUE_VLLM_ROUTER")
+    if explicit:
+        return explicit
+    candidate = ROUTER_VENV / "bin" / "vllm-router"
+    return str(candidate) if candidate.exists() else shutil.which("vllm-router")
+
+
+def wait_until(check: Callable[[], bool], what: str, proc: Proc, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # not listening yet (OSError, httpx's errors)
+            pass
+        if proc.process.poll() is not None:
+            raise AssertionError(f"{what} exited: {proc.log_tail()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not up after {timeout:.0f} s: {proc.log_tail()}")
+        time.sleep(0.2)
+
+
+def spawn(hosts: Hosts, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Proc:
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            hosts.command(hosts.server, *argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    return Proc(process, log)
+
+
+def start_router(
+    hosts: Hosts, port: int, workers: Sequence[str], log: Path, ready: Callable[[], bool]
+) -> Proc:
+    binary = router_binary()
+    assert binary is not None, "vllm-router is not installed: run `make router-venv`"
+    argv = [
+        binary, "--host", hosts.server_ip, "--port", str(port), "--policy", "round_robin",
+        "--worker-urls", *workers, "--log-level", "warning",
+        # The fleet's own failures are what the tests look at: no retry elsewhere.
+        "--disable-retries",
+    ]  # fmt: skip
+    proc = spawn(hosts, argv, log)
+    wait_until(ready, "vllm-router", proc)
+    return proc
+
+
+def throwaway_ca(directory: Path, ip: str) -> Path:
+    """ca.pem, server.pem and server.key for `ip` in `directory`."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=ParallelHue fleet test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", f"/CN={ip}")
+    (directory / "ext.cnf").write_text(
+        f"subjectAltName=IP:{ip}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"
+    )
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2",
+            "-extfile", "ext.cnf")  # fmt: skip
+    return directory / "ca.pem"
+
+
+NGINX_CONF = """\
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen {ip}:{port} ssl;
+        ssl_certificate {dir}/server.pem;
+        ssl_certificate_key {dir}/server.key;
+        location / {{
+            proxy_pass {upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            # Server-sent events: every byte on as it comes.
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(
+    hosts: Hosts, directory: Path, port: int, upstream: str, ready: Callable[[], bool]
+) -> Proc:
+    conf = directory / "nginx.conf"
+    conf.write_text(
+        NGINX_CONF.format(dir=directory, ip=hosts.server_ip, port=port, upstream=upstream)
+    )
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    proc = spawn(hosts, [nginx, "-c", str(conf), "-g", "daemon off;"], directory / "nginx.log")
+    wait_until(ready, "nginx", proc)
+    return proc
