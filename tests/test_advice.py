@@ -299,7 +299,7 @@ def test_chunk_mode_gives_no_verdict_and_no_fix(capsys: pytest.CaptureFixture[st
 
 
 def test_the_live_status_line_shows_the_fix_before_any_run_message() -> None:
-    from parallelhue.screen.panes import status_line
+    from parallelhue.screen.status import status_line
 
     model = _model()
     model.run_messages.append("telemetry stream: the server ended it (code 1): bye")

@@ -203,10 +203,10 @@ def test_tail_pieces_refuses_spans_outside_the_text_and_short_key_tables(reader:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> None:
-    # panes._clean tests the whole tail at once when it can; the result is each
+    # clean_pieces tests the whole tail at once when it can; the result is each
     # piece sanitized on its own, empty pieces dropped, keys and order kept.
     from parallelhue.model.sanitize import sanitize
-    from parallelhue.screen.panes import _clean
+    from parallelhue.screen.lines import clean_pieces
 
     rng = random.Random(seed)
     odd = ["\u200d", "\x1b[31m", "\x1b]0;t\x07", "\r", "\t", "\n", "\x7f", "\u202e", "\u2028"]
@@ -219,7 +219,7 @@ def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> N
             for _ in range(rng.randrange(1, 80))
         ]
         want = [(sanitize(text), key) for text, key in pieces if sanitize(text)]
-        got = _clean(pieces)
+        got = clean_pieces(pieces)
         assert got == want, (extra, rate, pieces)
-        assert _clean(tuple(pieces)) == want
+        assert clean_pieces(tuple(pieces)) == want
         assert got is not pieces  # a new list: callers extend their lines

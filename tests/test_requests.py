@@ -30,7 +30,9 @@ from parallelhue.ingest.schedule import Dispatcher, arrival_offsets
 from parallelhue.model.backend import Backend
 from parallelhue.model.results import json_document
 from parallelhue.model.state import RunModel, StreamState
-from parallelhue.screen.panes import grid_screen, line_text, status_line
+from parallelhue.screen.grid import grid_screen
+from parallelhue.screen.lines import line_text
+from parallelhue.screen.status import status_line
 from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import FaultConfig, SimConfig

@@ -13,23 +13,13 @@ from rich.console import Console
 from parallelhue.ingest.feed import Feed
 from parallelhue.model.backend import Backend
 from parallelhue.model.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
+from parallelhue.screen.focus import GridUi
+from parallelhue.screen.grid import final_grid, grid_layout, grid_screen
+from parallelhue.screen.legend import legend_line, legend_lines
+from parallelhue.screen.lines import fit, line_text, line_width, tail_fit, wrap
 from parallelhue.screen.paint import ansi_line, plain_lines, rich_text
-from parallelhue.screen.panes import (
-    GridUi,
-    box_pane,
-    final_grid,
-    fit,
-    grid_layout,
-    grid_screen,
-    legend_line,
-    legend_lines,
-    line_text,
-    line_width,
-    pane_data,
-    stream_screen,
-    tail_fit,
-    wrap,
-)
+from parallelhue.screen.pane import box_pane, pane_data
+from parallelhue.screen.stream import stream_screen
 from parallelhue.screen.style import Theme
 from parallelhue.screen.summary import summary_block, summary_lines
 from parallelhue.screen.views import make_console
@@ -866,7 +856,7 @@ def test_at_80_and_120_columns_banner_legend_and_status_keep_their_meaning() -> 
 
 def test_arrow_keys_move_on_the_grid_by_geometry() -> None:
     """Issue 26, 11: arrows and hjkl stepped through the streams in order."""
-    from parallelhue.screen.panes import move_focus
+    from parallelhue.screen.focus import move_focus
 
     model = _demo_like(16)
     ui = GridUi(keys=True)
@@ -889,7 +879,7 @@ def test_arrow_keys_move_on_the_grid_by_geometry() -> None:
 def test_overview_tails_never_start_with_an_orphan_mark() -> None:
     """Issue 26, 6: an overview tail could start with a variation selector whose heart
     was cut off (U+2764 and U+FE0F in two steps' spans), or an accent without its letter."""
-    from parallelhue.screen.panes import overview_line
+    from parallelhue.screen.overview import overview_line
 
     for pieces in (["love \u2764", "\ufe0f and more"], ["the cafe", "\u0301 au lait"]):
         stream = StreamState(index=0, mode="exact")

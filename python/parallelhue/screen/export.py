@@ -25,8 +25,8 @@ from typing import Protocol
 from ..model.results import by_position, run_result
 from ..model.state import SIMULATED_LABEL, RunModel
 from .cells import cells, char_cells
+from .lines import Line
 from .paint import theme_for
-from .panes import Line
 from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
 from .summary import summary_block
 

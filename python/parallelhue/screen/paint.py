@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from rich.text import Span, Text
 
 from ..model.state import RunModel
-from .panes import Line
+from .lines import Line
 from .style import Theme
 
 __all__ = ["RESET", "ansi_line", "plain_lines", "rich_text", "theme_for"]

@@ -1,6 +1,6 @@
 """Style keys of the pane model, and the palettes that say what each key looks like.
 
-The pane model (`panes.py`) tags every piece of text with a style key such as
+The screen's lines (`lines.py`) tag every piece of text with a style key such as
 `step.2`, `role.accepted` or `label.exact`, never with a color. A `Theme`
 turns keys into SGR prefixes (the ANSI painter), Rich styles (the Rich
 painter) and CSS colors (the HTML and SVG painters), so one palette choice

@@ -21,8 +21,10 @@ from ..model.advice import grouped_notes, run_message_notes
 from ..model.results import run_result, stream_result, telemetry_measured
 from ..model.sanitize import sanitize
 from ..model.state import SIMULATED_LABEL, RunModel, label_key
+from .cells import cells
+from .lines import Line, fit, line_width, word_wrap
 from .paint import plain_lines, rich_text, theme_for
-from .panes import SHORT_LABELS, Line, cells, fit, line_width, word_wrap
+from .pane import SHORT_LABELS
 
 __all__ = ["render_summary", "role_line", "summary_block", "summary_lines"]
 

@@ -27,18 +27,11 @@ from typing import Any
 from rich.console import Console
 
 from ..model.state import RunModel, StreamState
+from .banner import banner_line
+from .grid import GRID_MAX_PANES
+from .lines import Line, fit, wrap
 from .paint import RESET, ansi_line
-from .panes import (
-    GRID_MAX_PANES,
-    Line,
-    PaneData,
-    banner_line,
-    bare_pane,
-    fit,
-    header_pieces,
-    pane_data,
-    wrap,
-)
+from .pane import PaneData, bare_pane, header_pieces, pane_data
 from .style import Theme
 from .summary import summary_block
 from .views import print_summary

@@ -1,6 +1,7 @@
 """The views of a run: one stream inline, a live grid of panes and overview lines, plain text.
 
-Every view lays its screen out with the pane model (`panes.py`) and paints it:
+Every view lays its screen out as lines (`lines.py`; the grid, stream and plain
+screens in `grid.py`, `stream.py`, `plain.py`) and paints it:
 the live grid with the ANSI painter (only the rows that changed are written),
 everything printed through Rich with the Rich painter. One task calls
 `refresh()` at a fixed rate, so the screen is redrawn from one place and never
@@ -21,20 +22,14 @@ from rich.live import Live
 
 from ..cli.settings import dumb_terminal
 from ..model.state import RunModel
+from .focus import GridUi, move_focus
+from .grid import GRID_MAX_PANES, final_grid, grid_layout, grid_screen
 from .keys import KeyReader
+from .lines import Line
 from .paint import RESET, ansi_line, rich_text, theme_for
-from .panes import (
-    GRID_MAX_PANES,
-    GridUi,
-    Line,
-    PaneCache,
-    final_grid,
-    grid_layout,
-    grid_screen,
-    move_focus,
-    plain_listing,
-    stream_screen,
-)
+from .pane import PaneCache
+from .plain import plain_listing
+from .stream import stream_screen
 from .summary import summary_block
 
 __all__ = [
