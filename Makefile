@@ -17,8 +17,8 @@ VLLM_RELEASES ?= 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0
 VLLM_SUMMARY ?= $(VLLM_CACHE)/matrix-summary.tsv
 export PARALLELHUE_VLLM_VENV := $(VLLM_VENV)
 
-.PHONY: all demo test test-fast check lint rust-test py-test vllm-test vllm-venv vllm-matrix router-venv \
-	bench fuzz clean native dist install-test plugin-dist plugin-pythons
+.PHONY: all demo test test-fast check lint rust-test py-test vllm-test llamacpp-test vllm-venv vllm-matrix \
+	router-venv bench fuzz clean native dist install-test plugin-dist plugin-pythons
 
 all: native
 
@@ -70,7 +70,7 @@ rust-test:
 	cargo test -p parallelhue-core
 
 py-test: native router-venv
-	$(PY) -m pytest -q -m "not vllm and not install" tests
+	$(PY) -m pytest -q -m "not vllm and not install and not llamacpp" tests
 
 # What a user installs, built from this tree: the client wheel and sdist, the plugin's.
 # (plugin wheels: the plugin's own build, plugin/, decides pure or accelerated.)
@@ -115,8 +115,16 @@ vllm-test: native vllm-venv router-venv
 vllm-matrix: native
 	bash tests/vllm/matrix.sh $(PY) "$(VLLM_CACHE)" "$(VLLM_SUMMARY)" $(VLLM_RELEASES)
 
-# Everything CI runs, the real-vLLM tier included.
-test: lint rust-test py-test install-test plugin-pythons vllm-test
+# The live llama.cpp tier (server-reported steps): builds llama-server once from the
+# llama.cpp vendored in llama-cpp-python's sdist (CPU only, cached outside the tree in
+# ~/.cache/parallelhue/llama-server-<version>: about 10 min on 2 cores, then reused)
+# and converts the vLLM tier's tiny model to GGUF with the vLLM venv's torch.
+llamacpp-test: native vllm-venv
+	PYTHON=$(PY) bash tests/llamacpp/build_server.sh >/dev/null
+	$(PY) -m pytest -q -m llamacpp tests/llamacpp
+
+# Everything CI runs, the real-vLLM and llama.cpp tiers included.
+test: lint rust-test py-test install-test plugin-pythons vllm-test llamacpp-test
 
 # Everything except the real-vLLM tier and the installs.
 test-fast: lint rust-test py-test

@@ -103,7 +103,7 @@ def test_frames_from_another_uid_name_accept_uid() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "then"),
-    [("exact", "exact needs vLLM, or --mode chunk"), ("auto", "colors show SSE chunks")],
+    [("exact", "exact needs vLLM, or --mode chunk"), ("auto", "colors: reported steps or chunks")],
 )
 def test_a_server_that_ignores_request_ids_is_not_called_broken(mode: str, then: str) -> None:
     reason = "stream 0: SSE chunk id does not carry the request id ph1_" + "a" * 32 + "_0"

@@ -100,7 +100,8 @@ FLAG_CASES = [
     (
         ["hi", "--extra-body", '{"stream": false, "top_p": 0.5}'],
         "--extra-body may not set stream: parallelhue sets stream, stream_options, "
-        "return_token_ids, request_id, n itself (they make the stream verifiable)",
+        "return_token_ids, request_id, n, timings_per_token itself "
+        "(they make the stream verifiable)",
     ),
     (
         ["hi", "--header", "NoColon"],

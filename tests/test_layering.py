@@ -38,11 +38,13 @@ _MODEL = (
 # (test_the_screen_model_imports_without_the_extension). The network libraries
 # stay out (the second assertion below).
 _NATIVE = ("parallelhue._native",) if importlib.util.find_spec("parallelhue._native") else ()
-# advice.py (the fix line) sits in the screen model: it reads the run, no network.
+# advice.py (the fix line) and reported.py (server-reported steps, judged from what
+# the readers extracted) sit in the screen model: they read the run, no network.
 _STATE = (
     *_MODEL,
     *_NATIVE,
     "parallelhue.model.advice",
+    "parallelhue.model.reported",
     "parallelhue.model.state",
     "parallelhue.screen",
     "parallelhue.screen.style",
@@ -70,6 +72,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "parallelhue.cli.settings": _SETTINGS,
     "parallelhue.screen.keys": (*_SETTINGS, "parallelhue.screen", "parallelhue.screen.keys"),
     "parallelhue.model.backend": _MODEL,
+    "parallelhue.model.reported": (*_ROOT, "parallelhue.model.reported"),
     "parallelhue.model.state": _STATE,
     "parallelhue.screen.lines": _LINES,
     "parallelhue.screen.chrome": _CHROME,

@@ -193,6 +193,62 @@ CASES: list[tuple[str, list[str], list[Any]]] = [
         [("error", f"{SHAPE}metrics must be an object or null")],
     ),
     (
+        "llama-server's timings follow their chunk's delta (other timing fields skipped)",
+        [
+            '{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],'
+            '"timings":{"prompt_ms":1.5,"predicted_n":3,"draft_n":4,"draft_n_accepted":2}}',
+            '{"id":"c","choices":[],"timings":{"predicted_n":4}}',
+            '{"id":"c","choices":[],"timings":{"predicted_ms":2.5}}',
+            '{"id":"c","choices":[],"timings":null}',
+        ],
+        [
+            ([("sse_id", "c"), ("sse", "x", []), ("sse_counts", "timings", 3, 4, 2)], None),
+            ([("sse_counts", "timings", 4, None, None)], None),
+            ([], None),
+            ([], None),
+        ],
+    ),
+    (
+        "vLLM's summary counts follow the usage input",
+        [
+            '{"id":"c","choices":[],"usage":{"completion_tokens":4},"metrics":{'
+            '"speculative_decoding":{"num_spec_steps":1,"num_draft_tokens":3,'
+            '"num_accepted_draft_tokens":2,"per_step_accepted":[2],"per_step_drafted":[3],'
+            '"acceptance_histogram":[0,0,1,0]}}}'
+        ],
+        [
+            (
+                [
+                    ("sse_id", "c"),
+                    ("sse_usage", 4, [2], [3]),
+                    ("sse_counts", "spec", 1, 3, 2),
+                ],
+                None,
+            )
+        ],
+    ),
+    (
+        "timings not an object",
+        ['{"choices":[],"timings":[1]}'],
+        [("error", f"{SHAPE}timings must be an object or null")],
+    ),
+    (
+        "a timings counter not an integer",
+        ['{"choices":[],"timings":{"draft_n":1.5}}'],
+        [("error", f"{SHAPE}timings.draft_n must be a non-negative integer")],
+    ),
+    (
+        "a summary count negative",
+        ['{"choices":[],"metrics":{"speculative_decoding":{"num_draft_tokens":-1}}}'],
+        [
+            (
+                "error",
+                f"{SHAPE}metrics.speculative_decoding.num_draft_tokens must be a non-negative "
+                "integer",
+            )
+        ],
+    ),
+    (
         "server error object",
         ['{"error":{"message":"boom","code":500}}'],
         [("error", "server error in SSE stream: boom")],
@@ -284,10 +340,28 @@ _chunk_value = st.fixed_dictionaries(
                 optional={
                     "speculative_decoding": st.one_of(
                         st.fixed_dictionaries(
-                            {}, optional={"per_step_accepted": _ids, "per_step_drafted": _ids}
+                            {},
+                            optional={
+                                "per_step_accepted": _ids,
+                                "per_step_drafted": _ids,
+                                "num_spec_steps": st.one_of(st.integers(0, 9), _odd),
+                                "num_draft_tokens": st.one_of(st.integers(0, 9), _odd),
+                            },
                         ),
                         _odd,
                     )
+                },
+            ),
+            _odd,
+        ),
+        "timings": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "predicted_n": st.one_of(st.integers(0, 9), _odd),
+                    "draft_n": st.one_of(st.integers(0, 9), _odd),
+                    "draft_n_accepted": st.one_of(st.integers(0, 9), _odd),
+                    "predicted_ms": st.floats(0, 9),
                 },
             ),
             _odd,

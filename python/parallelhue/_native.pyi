@@ -81,7 +81,10 @@ TELEMETRY_CONTENT_TYPE: str  # of a telemetry stream response (Unix only)
 # Reconciler.take(): (stream, new SSE text as UTF-8, where each non-empty delta
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
 # delta (f64 LE, time.monotonic's clock), tokens)
-_Text = tuple[int, bytes, bytes, bytes, int]
+# (delta ends u64, delta token counts u32, counts inputs 5 x i64, [(accepted, drafted)]):
+# the server-reported tier's inputs (rust/core/src/fed.rs StreamText).
+_Reported = tuple[bytes, bytes, bytes, list[tuple[list[int] | None, list[int] | None]]]
+_Text = tuple[int, bytes, bytes, bytes, int, _Reported]
 # (stream, end kind or None for a normal finish, HTTP status, detail,
 #  finish_reason, usage, monotonic time)
 _Ended = tuple[int, EndKind | None, int, str, str | None, Usage | None, float]
@@ -262,6 +265,11 @@ class RecordWriter:
         per_step_accepted: list[int] | None,
         per_step_drafted: list[int] | None,
     ) -> None: ...
+    def sse_counts(
+        self, stream: int, kind: str, a: int | None, b: int | None, c: int | None
+    ) -> None:
+        """A stock server's step counters ("timings" or "spec"): the server-reported
+        tier's input; ValueError for another kind."""
     def finish(self, stream: int, reason: str | None = None) -> None: ...
     def end(self, stream: int, kind: str, status: int, detail: str) -> None: ...
     def frames(self, frames: list[bytes]) -> None: ...

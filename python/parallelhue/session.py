@@ -61,6 +61,7 @@ from .ingest.telemetry import (
 from .model.advice import TelemetrySetup, is_this_host
 from .model.backend import detect_backend
 from .model.endpoint import api_base, server_root
+from .model.reported import reported_summary
 from .model.sanitize import one_line
 from .model.shapes import VLLM_PREFIX, EndKind, Usage
 from .model.state import RunModel, StreamState, telemetry_expected
@@ -142,9 +143,19 @@ class RunDriver:
                 raise StreamStopped from None
 
     def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None:
-        """An SSE input other than a delta (C2: sse_id, sse_choice, sse_usage)."""
+        """An SSE input other than a delta (C2: sse_id, sse_choice, sse_usage; and
+        sse_counts, which only the server-reported tier reads)."""
         if self.recorder is not None:
             self.recorder.sse_input(item)
+        inputs = self.model.streams[stream].reported_inputs
+        if item[0] == "sse_counts":
+            inputs.add_counts(item[2], item[3:6])
+            return
+        if item[0] == "sse_usage":
+            if item[2] is not None:
+                inputs.completion_tokens = item[2]
+            if item[3] is not None or item[4] is not None:
+                inputs.add_lists(item[3], item[4])
         if self.reconciler is not None:
             try:
                 self.reconciler.push_inputs([item])
@@ -518,8 +529,15 @@ class Session:
             "prompts": cfg.prompts,
             "timeout": cfg.timeout,
             "reconciler": cfg.reconciler,
+            "stop_strings": model.stop_strings,
             "started_unix": time.time(),
         }
+
+    def _stop_strings(self) -> bool:
+        """Whether any request asks for stop strings (--stop, --extra-body, a shape)."""
+        bodies: list[Mapping[str, Any]] = [self.config.extra_body, self.extra_body]
+        bodies += [shape.fields for shape in self.shapes or ()]
+        return bool(self.config.stop) or any(body.get("stop") for body in bodies)
 
     def _requests(self) -> Requests:
         cfg = self.config
@@ -663,6 +681,7 @@ class Session:
                 reconciler_kind=cfg.reconciler,
                 concurrency=cfg.concurrency,
                 request_rate=cfg.request_rate,
+                stop_strings=self._stop_strings(),
             )
             feed = Feed(
                 model,
@@ -687,6 +706,9 @@ class Session:
             model.finished = True
             footer = {
                 "verdicts": [[s.verdict, s.reason] for s in model.streams],
+                # Each stream's label and server-reported steps (replay compares them).
+                "labels": [s.label for s in model.streams],
+                "reported": [reported_summary(s.reported) for s in model.streams],
                 "errors": [s.error for s in model.streams],
                 "server_deltas": model.server_deltas,
                 "metrics_has_spec_decode": bool(

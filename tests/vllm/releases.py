@@ -23,7 +23,7 @@ import server
 # The first release with each feature the tier exercises (vLLM's sources).
 FIRST: dict[str, tuple[int, int, int]] = {
     # `stream_interval` in the OpenAI request body (per-request streaming interval).
-    "per_request_stream_interval": (0, 27, 1),
+    "per_request_stream_interval": (0, 27, 0),
     # `--per-request-spec-decode-metrics` (metrics.speculative_decoding per request).
     "per_request_spec_metrics": (0, 29, 0),
     # The frontend deletes the tokens after a matched stop string (ids and text agree).

@@ -22,6 +22,7 @@ from ..ingest.record import SSE_FIELD_KINDS, Recording, RecordingError, read_rec
 from ..ingest.streams import StreamStopped
 from ..model.advice import TelemetrySetup
 from ..model.backend import detect_backend
+from ..model.reported import reported_summary
 from ..model.sanitize import one_line
 from ..model.state import RunModel, StreamState
 from ..screen.views import REFRESH_HZ, make_view
@@ -89,6 +90,7 @@ def _build(recording: Recording, config: ReplayConfig) -> tuple[RunModel, RunDri
         reconciler_kind=config.reconciler,
         concurrency=concurrency,
         request_rate=float(rate) if isinstance(rate, int | float) else math.inf,
+        stop_strings=bool(header.get("stop_strings", False)),
     )
     model.started_at = 0.0
     model.replay_of = config.path
@@ -163,6 +165,21 @@ def _compare(path: str, model: RunModel, footer: dict[str, Any] | None) -> str |
             return (
                 f"replay differs from the recording: stream {state.index} was "
                 f"{_verdict(*recorded)}, replayed {_verdict(state.verdict, state.reason)}"
+            )
+    # The label of each stream and its server-reported steps, judged again from the
+    # recorded inputs (a recording without them: nothing to compare).
+    for state, label in zip(model.streams, footer.get("labels") or [], strict=False):
+        if state.label != label:
+            return (
+                f"replay differs from the recording: stream {state.index} was {label}, "
+                f"replayed {state.label}"
+            )
+    for state, recorded in zip(model.streams, footer.get("reported") or [], strict=False):
+        replayed = reported_summary(state.reported)
+        if replayed != recorded:
+            return (
+                f"replay differs from the recording: stream {state.index}'s server-reported "
+                f"steps were {recorded}, replayed {replayed}"
             )
     return None
 

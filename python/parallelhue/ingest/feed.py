@@ -70,6 +70,8 @@ class Feed:
         # For the fix line: the reconciler's first stream failure, as it said it, and
         # the frames it rejected (each one a run message), with the first one's reason.
         self.first_reason: str | None = None
+        # What the server-reported tier saw of speculative decoding (backend evidence).
+        self.reported: str | None = None
         self.rejected = 0
         self.first_rejection: str | None = None
 
@@ -103,6 +105,10 @@ class Feed:
         if kind is None:
             state.sse_finished = True
             state.finish_reason = finish_reason
+            if self.model.mode != "chunk":
+                state.judge_reported(self.model.stop_strings)
+                if state.reported is not None and state.reported.speculative:
+                    self._reported_engine(state.reported.engine)
         elif kind == "cancelled":
             state.cancelled = True
         else:
@@ -159,6 +165,9 @@ class Feed:
         if DRAFTS_BY_POSITION in model.totals:  # contract C2's stats: roles come with it
             model.roles_reported = True
         model.counters = reconciler.counters()
+        silent = int(model.counters.get("frames", 0)) == 0
+        for state in model.streams:
+            state.plugin_silent = silent
         sources = reconciler.sources()
         if len(sources) != len(model.sources):
             model.sources = sources
@@ -166,8 +175,16 @@ class Feed:
 
     def update_backend(self) -> None:
         self.model.backend = detect_backend(
-            self.backend_override, self.model.sources, self.metrics_before
+            self.backend_override, self.model.sources, self.metrics_before, self.reported
         )
+
+    def _reported_engine(self, engine: str | None) -> None:
+        """A stream's server-reported steps show drafting: evidence of speculative
+        decoding for the backend verdict (after a plugin hello, before /metrics)."""
+        evidence = f"{engine} reports drafts per step"
+        if self.reported != evidence:
+            self.reported = evidence
+            self.update_backend()
 
     def all_settled(self) -> bool:
         """Every stream that can still get a verdict has one."""

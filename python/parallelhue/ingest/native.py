@@ -174,9 +174,9 @@ class RustIngest:
         # Each stream's new spans land on its span_records inside take().
         records = cast("list[_native.SpanRecords]", [s.span_records for s in streams])
         texts, events, ends = self.reconciler.take(records)
-        for stream, utf8, chunk_ends, times, tokens in texts:
+        for stream, utf8, chunk_ends, times, tokens, reported in texts:
             try:
-                streams[stream].add_text(utf8, chunk_ends, times, tokens)
+                streams[stream].add_text(utf8, chunk_ends, times, tokens, reported)
             except Exception as error:
                 self._failed_here(stream, error)
         self.feed.events(events)

@@ -113,18 +113,20 @@ def open_writer(path: str, header: dict[str, Any]) -> RecordWriterLike:
     return _Recorder(writer)
 
 
-# SSE inputs other than a delta: the C2 tuple (kind, stream, ...) as recorded.
-SSE_FIELD_KINDS = frozenset(("sse_id", "sse_choice", "sse_usage"))
+# SSE inputs other than a delta: the C2 tuple (kind, stream, ...) as recorded
+# ("sse_counts": a stock server's step counters, for the server-reported tier only).
+SSE_FIELD_KINDS = frozenset(("sse_id", "sse_choice", "sse_usage", "sse_counts"))
 # Recorded events the reconciler applied; the rest (start, end, reject, lost,
-# finalize) are the run's own events.
-RECONCILER_INPUT_KINDS = frozenset(("frame", "sse", "finish")) | SSE_FIELD_KINDS
+# finalize, sse_counts) are the run's own events.
+RECONCILER_INPUT_KINDS = frozenset(("frame", "sse", "finish", "sse_id", "sse_choice", "sse_usage"))
 
 
 @dataclass
 class Recording:
     header: dict[str, Any]
     # (time, kind, ...): ("start", s) ("sse", s, text, ids) ("sse_id", s, id)
-    # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted) ("finish", s, reason)
+    # ("sse_choice", s, index) ("sse_usage", s, n, accepted, drafted)
+    # ("sse_counts", s, "timings" | "spec", a, b, c) ("finish", s, reason)
     # ("end", s, kind, status, detail) ("frame", bytes) ("reject", reason)
     # ("lost", frames | None) ("stream_lost", stream, reason) ("finalize",)
     events: list[tuple[Any, ...]] = field(default_factory=list)

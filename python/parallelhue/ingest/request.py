@@ -2,7 +2,9 @@
 
 What every stream needs for exactness is fixed here and cannot be overridden:
 `stream` with the usage chunk, `return_token_ids`, the run's `request_id` and
-one choice (`n`). `--extra-body` adds anything else the server accepts
+one choice (`n`); and for server-reported steps llama-server's
+`timings_per_token` (vLLM ignores the field: its request models log unknown
+fields at debug level). `--extra-body` adds anything else the server accepts
 (top_p, min_tokens, vLLM's sampling extensions); the dedicated flags
 (`--stop`, `--ignore-eos`, `--system`, `--temperature`, `--seed`, the
 penalties, `--force-full-length`) win over it.
@@ -18,7 +20,9 @@ from ..model.endpoint import is_chat_endpoint
 __all__ = ["RESERVED_BODY_KEYS", "build_body"]
 
 # Keys --extra-body may not set: the run's correctness depends on them.
-RESERVED_BODY_KEYS = ("stream", "stream_options", "return_token_ids", "request_id", "n")
+RESERVED_BODY_KEYS = (
+    "stream", "stream_options", "return_token_ids", "request_id", "n", "timings_per_token",
+)  # fmt: skip
 
 
 class _Request(Protocol):
@@ -46,6 +50,7 @@ def build_body(config: RunConfig, model: str, request: _Request) -> dict[str, An
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
+            "timings_per_token": True,
             "seed": request.seed,
             "request_id": request.request_id,
         }

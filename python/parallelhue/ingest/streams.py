@@ -90,7 +90,8 @@ def connect_target(endpoint: str) -> ConnectTarget:
 class StreamSink(Protocol):
     def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None: ...
     # The other SSE inputs of docs/PROTOCOL.md (C2 tuples with the stream):
-    # ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s, n, accepted, drafted).
+    # ("sse_id", s, id), ("sse_choice", s, index), ("sse_usage", s, n, accepted, drafted),
+    # ("sse_counts", s, kind, a, b, c) (a stock server's step counters: reported.py).
     def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None: ...
     # In-band telemetry: a frame the response carried; its telemetry missing frames.
     def on_frame(self, stream: int, frame: bytes) -> None: ...

@@ -153,11 +153,12 @@ def fix_line(model: RunModel, first_reason: str | None, rejected: int) -> str | 
     fix = _protocol_fix(messages) or _uid_fix(messages)
     if fix is None and first_reason is not None:
         if _FOREIGN_ID in first_reason:
-            # vLLM names its chunks after the request id it is sent; this server does not.
+            # vLLM names its chunks after the request id it is sent; this server does not
+            # (llama-server, for one: its own step reports color it, where they fit).
             then = (
                 "exact needs vLLM, or --mode chunk"
                 if model.mode == "exact"
-                else "colors show SSE chunks"
+                else "colors: reported steps or chunks"
             )
             fix = f"not vLLM (chunk ids lack our request id): {then}"
         elif first_reason == NO_FRAMES and rejected == 0:

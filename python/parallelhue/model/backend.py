@@ -1,10 +1,12 @@
 """Which decoding the server runs, decided from evidence only.
 
 Evidence, strongest first: the plugin's hello frames (the engine itself says
-which speculative method runs, with K and how roles were derived), then the
-server's /metrics (spec-decode counters exist), else nothing: generic and
-monochrome. The model name is never looked at. `--backend` overrides the
-verdict and the screen says it was declared by the user.
+which speculative method runs, with K and how roles were derived), then a
+stream's server-reported steps with drafts (vLLM's per-step lists,
+llama-server's draft counters), then the server's /metrics (spec-decode
+counters exist), else nothing: generic and monochrome. The model name is
+never looked at. `--backend` overrides the verdict and the screen says it
+was declared by the user.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def detect_backend(
     override: str,
     sources: Sequence[SourceInfo],
     metrics: MetricsSnapshot | None,
+    reported: str | None = None,
 ) -> Backend:
-    """The backend verdict from the evidence at hand (call again as hellos arrive)."""
+    """The backend verdict from the evidence at hand (call again as hellos arrive);
+    `reported`: what a stream's server-reported steps showed of drafting."""
     simulated = any(s.get("engine") == "simulated" for s in sources)
     if override == "generic":
         return Backend("generic", False, "user-declared with --backend generic", simulated)
@@ -91,6 +95,8 @@ def detect_backend(
     from_hello = _from_hello(sources)
     if from_hello is not None:
         return from_hello
+    if reported is not None:
+        return Backend("speculative (method unknown)", True, f"no plugin hello; {reported}")
     if metrics is not None and metrics.has_spec_decode:
         return Backend(
             "speculative (method unknown)",

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .endpoint import api_kind
-from .state import RunModel, StreamState, acceptance_of
+from .reported import reported_summary
+from .state import LABEL_EXACT, LABEL_REPORTED, RunModel, StreamState, acceptance_of
 
 __all__ = [
     "ACCEPTED_BY_POSITION",
@@ -84,8 +85,12 @@ def _histogram(stats: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _telemetry(stats: Mapping[str, Any]) -> dict[str, Any]:
-    """The reconciler's figures, all None when it settled no step for this stream."""
+    """The reconciler's figures, all None when it settled no step for this stream.
+    Server-reported steps that fit more than one way have no step figures, but
+    the engine's own draft totals: acceptance only."""
     steps = int(stats.get("steps", 0))
+    if steps <= 0 and int(stats.get("drafts_scheduled", 0)) > 0:
+        return {**_telemetry({}), "acceptance": acceptance_of(stats)}
     if steps <= 0:
         return {
             "confirmed_tokens": None,
@@ -133,7 +138,11 @@ def stream_result(stream: StreamState, origin: float | None = None) -> dict[str,
         "finish_reason": stream.finish_reason,
         "tokens": tokens,
         "tokens_source": stream.tokens_source,
-        **_telemetry(stream.stats if stream.mode != "chunk" else {}),
+        # Whose figures these are: EXACT's proven frames, the server's own word
+        # (server-reported steps), or none.
+        "evidence": _evidence(stream),
+        **_telemetry(stream.figures),
+        "reported": reported_summary(stream.reported),
         "acceptance_frozen": stream.acceptance_frozen,
         "ttft_s": stream.ttft,
         "itl_s": _spread(gaps),
@@ -152,9 +161,44 @@ def stream_result(stream: StreamState, origin: float | None = None) -> dict[str,
     }
 
 
+def _evidence(stream: StreamState) -> str | None:
+    if stream.label == LABEL_EXACT:
+        return "exact"
+    if stream.label == LABEL_REPORTED:
+        return "server-reported"
+    return None
+
+
+def figure_totals(model: RunModel) -> dict[str, Any]:
+    """The run's figures: the reconciler's totals, plus the server-reported
+    streams' own (a run without telemetry has only those)."""
+    if model.mode == "chunk":
+        return {}
+    totals = dict(model.totals)
+    for stream in model.streams:
+        if stream.shows_reported:
+            _add(totals, stream.figures)
+    return totals
+
+
+def _add(totals: dict[str, Any], stats: Mapping[str, Any]) -> None:
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            merged = dict(totals.get(key) or {})
+            for k, v in value.items():
+                merged[k] = merged.get(k, 0) + v
+            totals[key] = merged
+        elif isinstance(value, list):
+            mine = list(totals.get(key) or [])
+            mine += [0] * (len(value) - len(mine))
+            totals[key] = [a + b for a, b in zip(mine, value + [0] * len(mine), strict=False)]
+        else:
+            totals[key] = int(totals.get(key, 0)) + int(value)
+
+
 def telemetry_measured(model: RunModel) -> bool:
-    """Whether any stream has figures from the reconciler (else the table drops them)."""
-    return model.mode != "chunk" and int(model.totals.get("steps", 0)) > 0
+    """Whether any stream has step figures (else the table drops their columns)."""
+    return int(figure_totals(model).get("steps", 0)) > 0
 
 
 def run_result(model: RunModel) -> dict[str, Any]:
@@ -165,7 +209,7 @@ def run_result(model: RunModel) -> dict[str, Any]:
     ttfts = [s.ttft for s in streams if s.ttft is not None]
     e2es = [s.e2e for s in streams if s.e2e is not None]
     gaps = [gap for s in streams for gap in s.inter_step_gaps()]
-    totals = model.totals if model.mode != "chunk" else {}
+    totals = figure_totals(model)
     completed = sum(1 for s in streams if s.sse_finished and s.error is None)
     return {
         "streams": len(streams),

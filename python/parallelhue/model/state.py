@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Union, cast
 from ..screen.style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 from .advice import TelemetrySetup
 from .backend import Backend
+from .reported import LABEL_REPORTED, Reported, ReportedInputs, judge
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
 
@@ -37,6 +38,7 @@ __all__ = [
     "LABEL_EXACT",
     "LABEL_NOT_EXACT",
     "LABEL_QUEUED",
+    "LABEL_REPORTED",
     "LABEL_VERIFYING",
     "NO_ROLE",
     "NO_STEP",
@@ -69,6 +71,7 @@ _LABEL_KEYS = {
     LABEL_ERROR: "label.error",
     LABEL_CANCELLED: "label.cancelled",
     LABEL_QUEUED: "label.queued",
+    LABEL_REPORTED: "label.reported",
 }
 
 
@@ -366,6 +369,15 @@ class StreamState:
     usage: Usage | None = None
     # reconciler.stream_stats (a StreamStats once the first update arrived)
     stats: Mapping[str, Any] = field(default_factory=dict)
+    # The server's own statements about its steps (reported.py), collected on either
+    # path; judged once the stream's SSE finished normally.
+    reported_inputs: ReportedInputs = field(default_factory=ReportedInputs)
+    reported: Reported | None = None
+    # The run received no telemetry frame (no plugin): server-reported steps may
+    # stand in for EXACT. Kept up to date by the feed.
+    plugin_silent: bool = True
+    # The server-reported pieces as span records (see _Spans), built once judged.
+    reported_records: SpanStore | None = None
 
     def __repr__(self) -> str:
         return (
@@ -383,14 +395,25 @@ class StreamState:
             self.first_token_at = now
         self.delta_times.append(now)
         self.sse_tokens += len(token_ids)
+        self.reported_inputs.add_delta(len(data), len(token_ids))
         if data:
             self.sse_utf8 += data
             self.chunk_ends.append(len(self.sse_utf8))
             self.chunk_times.append(now)
 
-    def add_text(self, utf8: bytes, chunk_ends: bytes, times: bytes, tokens: int) -> None:
+    def add_text(
+        self,
+        utf8: bytes,
+        chunk_ends: bytes,
+        times: bytes,
+        tokens: int,
+        reported: tuple[bytes, bytes, bytes, list[Any]] | None = None,
+    ) -> None:
         """Deltas as the Rust path packs them (`Reconciler.take`): the new text
-        once, where each non-empty delta ends, one arrival time per delta."""
+        once, where each non-empty delta ends, one arrival time per delta, and
+        the server-reported tier's inputs."""
+        if reported is not None:
+            self.reported_inputs.add_packed(*reported)
         before = len(self.delta_times)
         chunks_before = len(self.chunk_ends)
         _append_le(self.delta_times, times)
@@ -462,9 +485,56 @@ class StreamState:
     # --- what to show -----------------------------------------------------------
 
     @property
+    def shows_reported(self) -> bool:
+        """Auto mode, no telemetry in the run, and the server's own statements
+        about this stream's steps fit each other and the bytes received."""
+        return (
+            self.mode == "auto"
+            and self.plugin_silent
+            and self.verdict != "exact"
+            and self.reported is not None
+            and self.reported.fits
+        )
+
+    @property
+    def reported_pending(self) -> bool:
+        """Auto mode, no telemetry, and the server states its steps (llama-server's
+        counters arrive per chunk): its verdict comes when the stream ends."""
+        return (
+            self.mode == "auto"
+            and self.plugin_silent
+            and self.reported is None
+            and self.reported_inputs.says_anything
+            and not self.over
+        )
+
+    @property
     def shows_chunks(self) -> bool:
-        """Chunk mode, or auto mode after this stream was downgraded."""
-        return self.mode == "chunk" or (self.mode == "auto" and self.verdict == "failed")
+        """Chunk mode, or auto mode after this stream was downgraded (and no
+        server-reported steps stand in, or may still)."""
+        if self.mode == "chunk":
+            return True
+        return (
+            self.mode == "auto"
+            and self.verdict == "failed"
+            and not self.shows_reported
+            and not self.reported_pending
+        )
+
+    def judge_reported(self, stop_strings: bool) -> None:
+        """The SSE finished normally: judge the server's statements (reported.py)."""
+        usage = self.usage.get("completion_tokens") if self.usage else None
+        completion = usage if isinstance(usage, int) else self.reported_inputs.completion_tokens
+        self.reported = judge(
+            self.reported_inputs, completion_tokens=completion, stop_strings=stop_strings
+        )
+        records = new_span_records()
+        words: list[int] = []
+        for end, step, role in self.reported.pieces:
+            step_word = NO_STEP if step is None else step
+            words += (end, step_word | (NO_ROLE if role is None else role) << 32)
+        records.extend(words)
+        self.reported_records = records
 
     @property
     def label(self) -> str:
@@ -474,8 +544,12 @@ class StreamState:
             return LABEL_CANCELLED
         if self.queued:
             return LABEL_QUEUED
+        if self.shows_reported:
+            return LABEL_REPORTED
         if self.shows_chunks:
             return LABEL_CHUNK
+        if self.reported_pending:
+            return LABEL_VERIFYING
         if self.verdict == "exact":
             return LABEL_EXACT
         if self.verdict == "failed":
@@ -491,7 +565,17 @@ class StreamState:
             return "not sent: exact mode stopped the run after another stream failed"
         if self.cancelled and self.verdict != "exact":
             return "cancelled: exact mode stopped the run after another stream failed"
+        reported = self.reported
+        if self.shows_reported and reported is not None:
+            what = f"steps as {reported.engine} reports them (one witness, not exact)"
+            if reported.ambiguity is not None:
+                what += f"; uncolored where they fit more than one way, {reported.ambiguity}"
+            return what
+        if self.reported_pending:
+            return "server-reported steps: colored when the stream ends"
         if self.verdict == "failed" and self.reason:
+            if self.mode == "auto" and reported is not None and reported.reason is not None:
+                return f"downgraded: server-reported steps refused: {one_line(reported.reason)}"
             prefix = "downgraded: " if self.mode == "auto" else "not exact: "
             return prefix + one_line(self.reason)
         return None
@@ -535,6 +619,11 @@ class StreamState:
                 index -= 1
             pieces.reverse()
             return pieces
+        if self.shows_reported and self.reported_records is not None:
+            keys, by_role = tail_keys(colorize, color_by, True)
+            return tail_pieces(
+                self.sse_utf8, self.reported_records, limit, 0, keys, by_role, "mixed"
+            )
         if self.mode == "auto" and self.verdict != "exact":
             # auto shows the text at once; the unproven tail stays uncolored (dim).
             tail = self.unproven_tail()
@@ -589,28 +678,35 @@ class StreamState:
         return "usage" if self.tokens else "none"
 
     @property
+    def figures(self) -> Mapping[str, Any]:
+        """The statistics its label stands for: the server-reported tier's, else
+        the reconciler's (empty in chunk mode)."""
+        if self.shows_reported and self.reported is not None:
+            return self.reported.stats()
+        return self.stats if self.mode != "chunk" else {}
+
+    @property
     def steps(self) -> int | None:
         """Proven engine steps; None when none was (chunk mode, no telemetry, not yet):
         not measured is never shown as 0."""
-        steps = 0 if self.mode == "chunk" else int(self.stats.get("steps", 0))
-        return steps or None
+        return int(self.figures.get("steps", 0)) or None
 
     @property
     def tokens_per_step(self) -> float | None:
         steps = self.steps
         if not steps:
             return None
-        return int(self.stats.get("tokens", 0)) / steps
+        return int(self.figures.get("tokens", 0)) / steps
 
     @property
     def acceptance(self) -> float | None:
-        return acceptance_of(self.stats)
+        return acceptance_of(self.figures)
 
     @property
     def acceptance_frozen(self) -> bool:
         """The reconciler stops counting a stream when it fails: its figures cover
         only what was proven before the downgrade."""
-        return self.verdict == "failed" and self.acceptance is not None
+        return self.verdict == "failed" and not self.shows_reported and self.acceptance is not None
 
     @property
     def ttft(self) -> float | None:
@@ -685,6 +781,9 @@ class RunModel:
     # every view, the summary and --json print it.
     telemetry_setup: TelemetrySetup | None = None
     fix: str | None = None
+    # The requests carry stop strings (server-reported steps of vLLM then refuse:
+    # its chunks hold text back).
+    stop_strings: bool = False
 
     def __post_init__(self) -> None:
         if self.queueing and not self.slots:

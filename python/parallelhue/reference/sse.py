@@ -27,6 +27,12 @@ MAX_NESTING = 127
 
 Input = tuple[Any, ...]
 
+# vLLM's summary counts beside the per-step lists, and llama-server's `timings`
+# counters (rust/core/src/sse.rs SPEC_SUMMARY_KEYS, TIMINGS_KEYS): the
+# server-reported tier's inputs ("sse_counts"); no reconciler reads them.
+SPEC_SUMMARY_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+TIMINGS_KEYS = ("predicted_n", "draft_n", "draft_n_accepted")
+
 
 class SseError(ValueError):
     """A chunk the extraction refuses; str() is the same message as the Rust one."""
@@ -182,7 +188,8 @@ class ChunkInputs:
 
     The inputs are the C2 tuples without the stream: ("sse", text, token_ids),
     ("sse_id", id), ("sse_choice", index), ("sse_usage", completion_tokens,
-    per_step_accepted, per_step_drafted).
+    per_step_accepted, per_step_drafted), and for the server-reported tier
+    ("sse_counts", "spec" | "timings", a, b, c).
     """
 
     def __init__(self) -> None:
@@ -221,6 +228,8 @@ class ChunkInputs:
                 if key == "completion_tokens":
                     completion_tokens = number
         steps = self._spec_steps(data.get("metrics"))
+        summary = self._spec_summary(data.get("metrics"))
+        timings = _timings(data.get("timings"))
         zero = next((c for c in parsed if c[0] == 0), None)
         self._restatements(zero, usage)
         inputs: list[Input] = []
@@ -243,6 +252,9 @@ class ChunkInputs:
             self.usage = usage if isinstance(usage, dict) else self.usage
             accepted, drafted = steps if steps is not None else (None, None)
             inputs.append(("sse_usage", completion_tokens, accepted, drafted))
+        for kind, counts in (("spec", summary), ("timings", timings)):
+            if counts is not None and any(value is not None for value in counts):
+                inputs.append(("sse_counts", kind, *counts))
         return inputs
 
     def _restatements(
@@ -282,3 +294,21 @@ class ChunkInputs:
             _opt_u32_list(spec.get("per_step_accepted"), f"{path}.per_step_accepted"),
             _opt_u32_list(spec.get("per_step_drafted"), f"{path}.per_step_drafted"),
         )
+
+    @staticmethod
+    def _spec_summary(metrics: Any) -> tuple[int | None, ...] | None:
+        """vLLM's summary counts beside the lists (shapes checked by _spec_steps first)."""
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        if not isinstance(spec, dict):
+            return None
+        path = "metrics.speculative_decoding"
+        return tuple(_opt_u64(spec.get(key), f"{path}.{key}") for key in SPEC_SUMMARY_KEYS)
+
+
+def _timings(value: Any) -> tuple[int | None, ...] | None:
+    """llama-server's `timings` counters, when the chunk has a `timings` object."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _shape("timings", "an object or null")
+    return tuple(_opt_u64(value.get(key), f"timings.{key}") for key in TIMINGS_KEYS)

@@ -13,7 +13,7 @@ from .lines import (
     Line,
 )
 
-__all__ = ["banner_line", "banner_lines"]
+__all__ = ["banner_line", "banner_lines", "reported_text"]
 
 
 def _banner_parts(model: RunModel, short: bool) -> list[Line]:
@@ -42,12 +42,37 @@ def _banner_parts(model: RunModel, short: bool) -> list[Line]:
         texts.append(f"UNTESTED engine: vLLM {untested} was never tested with the plugin")
     if not model.backend.speculative:
         texts.append("monochrome: no speculative decoding proven")
+    reported = reported_text(model, short)
+    if reported:
+        texts.append(reported)
     if model.telemetry:
         # Where telemetry comes from and what vouches for it; short: the path and its
         # one warning ("over plain HTTP: NOT encrypted"), before the first comma.
         texts.append(model.telemetry.split(", ", 1)[0] if short else model.telemetry)
     parts += [[(sanitize(text, keep_newlines=False), None)] for text in texts]
     return parts
+
+
+def reported_text(model: RunModel, short: bool) -> str:
+    """The banner's word on server-reported steps: which engine's statements color
+    which streams and why (no plugin telemetry), or that they will at a stream's end."""
+    if model.mode != "auto":
+        return ""
+    streams = model.streams
+    shown = sorted({str(s.reported.engine) for s in streams if s.shows_reported and s.reported})
+    # Streams still open whose server states (or, like the ended ones, will state) its steps.
+    waiting = any(
+        s.reported_pending
+        or (bool(shown) and s.plugin_silent and s.reported is None and not s.over)
+        for s in streams
+    )
+    if not shown and not waiting:
+        return ""
+    if short:
+        return "REPORTED steps" if shown else "REPORTED steps at stream ends"
+    engines = " and ".join(shown) if shown else "the server"
+    text = f"server-reported steps from {engines} (no plugin telemetry: the engine's own word)"
+    return text + ("; colors when each stream ends" if waiting else "")
 
 
 def banner_lines(model: RunModel, width: int | None, max_lines: int | None = None) -> list[Line]:

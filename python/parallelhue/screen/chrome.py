@@ -15,7 +15,6 @@ from .lines import (
     Line,
     Piece,
     fit,
-    line_text,
     line_width,
     word_wrap,
 )
@@ -43,9 +42,9 @@ def part_lines(parts: Sequence[Line], width: int, max_lines: int | None = None) 
         if size <= width:
             current, used = list(part), size
             continue
-        wrapped = word_wrap(part, width)
+        wrapped = [_unpadded(line) for line in word_wrap(part, width)]
         rows.extend(wrapped[:-1])
-        current = [(line_text(wrapped[-1]).rstrip(), wrapped[-1][0][1] if wrapped[-1] else None)]
+        current = wrapped[-1]
         used = line_width(current)
     if current or not rows:
         rows.append(current)
@@ -56,6 +55,13 @@ def part_lines(parts: Sequence[Line], width: int, max_lines: int | None = None) 
             last += [_SEPARATOR, *row]
         rows = [*rows[: keep - 1], last]
     return [fit(row, width) for row in rows]
+
+
+def _unpadded(line: Line) -> Line:
+    """`line` without the blank piece that pads it to its width."""
+    if line and line[-1][1] is None and not line[-1][0].strip():
+        return line[:-1]
+    return line
 
 
 def chrome_lines(

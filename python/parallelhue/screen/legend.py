@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..model.state import (
     LABEL_CHUNK,
+    LABEL_REPORTED,
     LABEL_VERIFYING,
     RunModel,
 )
@@ -62,6 +63,14 @@ def _legend_parts(model: RunModel, short: bool) -> list[Line]:
              None)
         )  # fmt: skip
     parts.append(unproven_part)
+    if any(stream.shows_reported for stream in model.shown_streams()):
+        what = (
+            "REPORTED streams: steps the server states, not proven"
+            if short
+            else f"{LABEL_REPORTED} streams: steps and roles as the engine states them, "
+            "cross-checked for consistency (one witness, not EXACT)"
+        )
+        parts.append([(what, None)])
     if _shows_chunks(model):
         parts.append(
             [(f"{'CHUNK' if short else LABEL_CHUNK} streams: colors are SSE chunks", None)]

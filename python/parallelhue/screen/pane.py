@@ -19,6 +19,7 @@ from ..model.state import (
     LABEL_EXACT,
     LABEL_NOT_EXACT,
     LABEL_QUEUED,
+    LABEL_REPORTED,
     LABEL_VERIFYING,
     RunModel,
     StreamState,
@@ -55,6 +56,7 @@ SHORT_LABELS = {
     LABEL_ERROR: "ERROR",
     LABEL_CANCELLED: "CANCEL",
     LABEL_QUEUED: "QUEUED",
+    LABEL_REPORTED: "REPORTED",
 }
 
 

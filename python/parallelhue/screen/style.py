@@ -63,6 +63,8 @@ _COMMON = {
     "label.verifying": Ink(bold=True),
     "label.cancelled": Ink(bold=True, dim=True),
     "label.queued": Ink(dim=True),
+    # SERVER-REPORTED STEPS: the engine's own word, a tier below EXACT.
+    "label.reported": Ink(fg=6, bold=True),
     # A character whose bytes came from two steps (or tokens of two roles): proven,
     # but no single step or role to color it by.
     "mixed": Ink(underline=True),

@@ -18,7 +18,7 @@ from typing import Any
 from rich.text import Text
 
 from ..model.advice import grouped_notes, run_message_notes
-from ..model.results import run_result, stream_result, telemetry_measured
+from ..model.results import figure_totals, run_result, stream_result, telemetry_measured
 from ..model.sanitize import sanitize
 from ..model.state import SIMULATED_LABEL, RunModel, label_key
 from .cells import cells
@@ -211,7 +211,7 @@ def _table(model: RunModel, width: int | None) -> tuple[list[Line], set[str]]:
 
 def _notes(model: RunModel, positions_shown: bool) -> list[str]:
     notes: list[str] = []
-    totals = model.totals
+    totals = figure_totals(model)
     measured = telemetry_measured(model)
     labels = " · ".join(f"{label} {n}" for label, n in sorted(model.count_labels().items()))
     notes.append(f"labels: {labels}")
@@ -233,6 +233,9 @@ def _notes(model: RunModel, positions_shown: bool) -> list[str]:
         checked = _metrics_note(model)
         if checked:
             notes.append(checked)
+    reported = _reported_note(model)
+    if reported:
+        notes.append(reported)
     for state in model.streams:
         if state.acceptance_frozen:
             notes.append(
@@ -303,6 +306,19 @@ def _metrics_note(model: RunModel) -> str:
         f"cross-checked with vLLM's per-request metrics: {steps} verify "
         f"step{'s' if steps != 1 else ''} of {streams} of {len(model.streams)} "
         f"stream{'s' if len(model.streams) != 1 else ''} agree with the scheduler's records"
+    )
+
+
+def _reported_note(model: RunModel) -> str:
+    """What the server-reported figures are (only when a stream shows them)."""
+    shown = [s for s in model.streams if s.shows_reported]
+    if not shown:
+        return ""
+    engines = sorted({str(s.reported.engine) for s in shown if s.reported is not None})
+    return (
+        f"{len(shown)} of {len(model.streams)} stream{'s' if len(model.streams) != 1 else ''}: "
+        f"steps and roles as {' and '.join(engines)} reported them (server-reported: the "
+        "engine's own statement, checked for consistency, one witness; not EXACT)"
     )
 
 

@@ -12,7 +12,7 @@ from typing import NoReturn
 from parallelhue_vllm import paths
 from parallelhue_vllm.hub import HubLimits
 
-from .config import TELEMETRY_MODES, FaultConfig, SimConfig
+from .config import STOCK_SERVERS, TELEMETRY_MODES, FaultConfig, SimConfig
 from .server import SimServer
 
 PROG = "python -m parallelhue.sim"
@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
         "POST /v1/parallelhue/runs, or both (default socket)",
     )
     telemetry.add_argument("--no-telemetry", action="store_true", help="send no telemetry frames")
+    telemetry.add_argument(
+        "--stock",
+        choices=STOCK_SERVERS,
+        default=None,
+        help="play a stock server without the plugin (no frames): vllm (per-step lists in the "
+        "final usage chunk) or llamacpp (a chunk per token with cumulative timings)",
+    )
     parser.add_argument(
         "--api-key",
         action="append",
@@ -125,7 +132,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         step_ms=args.step_ms,
         seed=args.seed,
         socket_dir=args.socket_dir,
-        telemetry=not args.no_telemetry,
+        telemetry=not args.no_telemetry and args.stock is None,
+        stock=args.stock,
         telemetry_mode=args.telemetry,
         api_keys=tuple(args.api_key or ()),
         hub_limits=HubLimits.from_env(),

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field, fields
 
 from parallelhue_vllm.hub import HubLimits
 
-__all__ = ["FaultConfig", "SimConfig", "acceptance_for_stream"]
+__all__ = ["STOCK_SERVERS", "FaultConfig", "SimConfig", "acceptance_for_stream"]
 
 MAX_DRAFT_LEN = 16
+# The stock servers the engine can play (no plugin frames; their own step reports).
+STOCK_SERVERS = ("vllm", "llamacpp")
 # Where telemetry goes: the client's socket, the HTTP route (through the hub), or both.
 TELEMETRY_MODES = ("socket", "http", "both")
 
@@ -54,6 +56,12 @@ class FaultConfig:
     sse_token_id: bool = False
     frame_token_id: bool = False
     reasoning: bool = False
+    # --stock faults on `target_stream`: the server's own step statements contradict
+    # its chunks (vLLM: one accepted draft moved between two listed steps, sums kept;
+    # llama-server: a verify step's accepted count bumped one token late), and
+    # vLLM's chunks merged `merge` steps at a time (its API server stalled).
+    reported_lie: bool = False
+    merge: int = 0
     target_stream: int = 0
     target_offset: int = 3
 
@@ -72,6 +80,7 @@ class FaultConfig:
             "target_stream",
             "target_offset",
             "stream_drop",
+            "merge",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(
@@ -172,6 +181,10 @@ class SimConfig:
     # At most one SSE chunk per connection per this many ms (0: one per step);
     # the steps in between are merged, as vLLM's collector merges them.
     sse_interval_ms: float = 0.0
+    # Play a stock server without our plugin (STOCK_SERVERS): no telemetry frames;
+    # vLLM's per-step lists in the final usage chunk, or llama-server's per-token
+    # chunks with cumulative `timings`.
+    stock: str | None = None
     # Benchmarks: hold the first step until this many requests are in (at most
     # min_batch_wait seconds), and report the steps run with a full batch.
     min_batch: int = 1
@@ -208,6 +221,12 @@ class SimConfig:
             raise ValueError(f"min batch must be 1..65535, got {self.min_batch}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.stock is not None and self.stock not in STOCK_SERVERS:
+            raise ValueError(
+                f"stock server must be one of {', '.join(STOCK_SERVERS)}, got '{self.stock}'"
+            )
+        if self.stock is not None and self.telemetry:
+            raise ValueError("a stock server sends no telemetry: leave telemetry off with --stock")
         if self.telemetry_mode not in TELEMETRY_MODES:
             raise ValueError(
                 f"telemetry mode must be one of {', '.join(TELEMETRY_MODES)}, "

@@ -62,6 +62,7 @@ class Collector:
         "finish_reason",
         "flush_handle",
         "interval",
+        "merge_every",
         "next_write",
         "steps",
         "stop_reason",
@@ -78,6 +79,9 @@ class Collector:
         self.steps = 0
         self.direct: DirectWrite | None = None
         self.interval = 0.0
+        # A fault (merge:N): hold N steps, then write them as one merged chunk, as
+        # vLLM's collector does while its API server stalls.
+        self.merge_every = 0
         self.next_write = 0.0
         self.flush_handle: asyncio.TimerHandle | None = None
 
@@ -85,6 +89,12 @@ class Collector:
         if finish_reason is not None:
             self.finish_reason = finish_reason
         direct = self.direct
+        if self.merge_every > 1 and direct is not None:
+            self._hold(text, token_ids)
+            if self.steps >= self.merge_every or finish_reason is not None:
+                text, token_ids = self._merged()
+                self._write(direct, text, token_ids, finish_reason)
+            return
         if direct is None:
             self._hold(text, token_ids)
             self.event.set()
@@ -173,12 +183,15 @@ class SimRequest:
         "run_id",
         "scheduler_done",
         "sent_chars",
+        "spec_steps",
         "started",
+        "step_log",
         "stop",
         "stop_pending",
         "stream",
         "text_done",
         "text_offset",
+        "token_texts",
     )
 
     def __init__(
@@ -218,6 +231,14 @@ class SimRequest:
         self.stop_pending = -1
         self.aborted = False
         self.collector = Collector()
+        # What a stock server reports of its steps (--stock): vLLM's per-step lists,
+        # (accepted, drafted) per step with drafts, accepted counted before the
+        # max_tokens cut; and per step (tokens kept, drafted, accepted), from
+        # which llama-server's cumulative counters of each token follow.
+        self.spec_steps: list[tuple[int, int]] = []
+        self.step_log: list[tuple[int, int, int]] = []
+        # --stock llamacpp: each kept token's text ("" when it ends inside a character).
+        self.token_texts: list[str] | None = None
 
 
 def request_seed(seed: int, stream: int, prompt: str) -> int:
@@ -387,6 +408,9 @@ class Engine:
                 metrics.accepted_tokens += accepted
                 for index in range(accepted):
                     per_position[index] += 1
+            accepted_all = count - 1 if drafts else 0  # counted before the max_tokens cut
+            if drafts:
+                request.spec_steps.append((accepted_all, drafts))
             position = request.position
             remaining = request.max_tokens - request.offset
             finish = wire.FINISH_NONE
@@ -429,6 +453,7 @@ class Engine:
                     finished_any = True
                 continue
             # ---- frontend: detokenize, stop strings, collector
+            request.step_log.append((count, drafts, accepted_all))
             text_record = self._frontend(request, position, count, token_ids, finish)
             if want_text and request.run_id is not None:
                 if faults is not None:
@@ -455,6 +480,8 @@ class Engine:
     ) -> wire.TextRecord:
         end = position + count
         offset = request.text_offset
+        if request.token_texts is not None:
+            request.token_texts.extend(self._texts[position:end])
         if not request.stop:
             text = "".join(self._texts[position:end])
             tokens = self._text_tokens[position:end]

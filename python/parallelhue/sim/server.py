@@ -26,6 +26,7 @@ from .engine import ContentFaultHook, Engine, SimRequest, request_seed
 from .faults import ContentFaults, FaultProxy, send_as_other_uid
 from .http import HttpError, HttpRequest, HttpResponder, serve_connection
 from .metrics import SimMetrics
+from .stock import LlamaStream, vllm_metrics
 from .stream_faults import StreamFaults
 from .vocab import Vocabulary, build_vocabulary
 
@@ -66,6 +67,7 @@ class _Params:
     stop: tuple[str, ...]
     seed: int
     base_id: str
+    timings_per_token: bool = False  # llama-server's request field (--stock llamacpp)
 
 
 def _json_dumps(value: object) -> str:
@@ -346,6 +348,9 @@ class SimServer:
             )
         if path == "/health":
             await responder.send(200, b"", "text/plain")
+        elif path == "/metrics" and self.config.stock == "llamacpp":
+            # llama-server without --metrics.
+            raise HttpError(501, "This server does not support metrics endpoint.")
         elif path == "/metrics":
             body = self.metrics.render().encode()
             await responder.send(200, body, "text/plain; version=0.0.4; charset=utf-8")
@@ -466,6 +471,7 @@ class SimServer:
             stop=stop,
             seed=seed,
             base_id=base_id,
+            timings_per_token=_bool_field(body, "timings_per_token"),
         )
 
     def _new_request(self, params: _Params) -> SimRequest:
@@ -488,7 +494,9 @@ class SimServer:
                 f"prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) "
                 f"exceeds the model length {self.config.max_model_len}",
             )
-        return SimRequest(
+        if self.config.stock == "llamacpp" and params.stop:
+            raise HttpError(400, "stop strings are not simulated with --stock llamacpp")
+        request = SimRequest(
             internal_id=internal_id,
             external_id=external_id,
             run_id=run_id,
@@ -500,6 +508,12 @@ class SimServer:
             stop=params.stop,
             num_prompt_tokens=prompt_tokens,
         )
+        if self.config.stock == "llamacpp":
+            request.token_texts = []
+        faults = self.config.faults
+        if faults is not None and faults.merge > 1 and stream == faults.target_stream:
+            request.collector.merge_every = faults.merge
+        return request
 
     def _ensure_run(self, run_id: str) -> None:
         if run_id in self._runs:
@@ -635,6 +649,9 @@ class SimServer:
         responder: HttpResponder,
         claim: Claim | None = None,
     ) -> None:
+        if self.config.stock == "llamacpp":
+            await self._stream_llama(params, request, responder)
+            return
         chat = params.chat
         model = self.config.model
         created = self._created
@@ -738,17 +755,50 @@ class SimServer:
                 pump.cancel()
         if params.include_usage:
             prompt_tokens = len(prompt_ids)
+            metrics = ""
+            if self.config.stock == "vllm":
+                metrics = vllm_metrics(request, self.config.draft_len, self.config.faults)
             usage = (
                 f'{{"id":"{external_id}","object":"{object_name}","created":{created},'
                 f'"model":"{model}","choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
                 f'"total_tokens":{prompt_tokens + completion_tokens},'
-                f'"completion_tokens":{completion_tokens}}}}}'
+                f'"completion_tokens":{completion_tokens}}}{metrics}}}'
             )
             write(f"data: {usage}\n\n".encode())
         if claim is not None:
             # The frames of the final step, then the end item (bounded wait).
             write(await claim.finish())
         write(b"data: [DONE]\n\n")
+        await responder.end_stream()
+
+    async def _stream_llama(
+        self, params: _Params, request: SimRequest, responder: HttpResponder
+    ) -> None:
+        """llama-server's stream (--stock llamacpp, stock.py): a chunk per token."""
+        stream = LlamaStream(
+            request,
+            chat=params.chat,
+            model=self.config.model,
+            created=self._created,
+            prompt_tokens=len(params.prompt.encode("utf-8")),
+            include_usage=params.include_usage,
+            timings=params.timings_per_token,
+            faults=self.config.faults,
+        )
+        await responder.start_stream("text/event-stream", chunked=responder.keep_alive)
+        collector = request.collector
+        collector.direct = None  # every step wakes this task, which writes per token
+        write = responder.write
+        while True:
+            await collector.event.wait()
+            collector.take()
+            stream.chunks(write)
+            await responder.writer.drain()
+            if responder.writer.transport.is_closing():
+                raise ConnectionResetError("client closed the stream")
+            if collector.finish_reason is not None:
+                break
+        write(stream.final(collector.finish_reason))
         await responder.end_stream()
 
     async def _inband_pump(self, claim: Claim, responder: HttpResponder) -> None:

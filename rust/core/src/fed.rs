@@ -21,7 +21,7 @@ use crate::outcome::Outcome;
 use crate::reconcile::{Event, PackedSpan, Reconciler};
 use crate::record::{u32_bytes, Item};
 use crate::spans::{push_span_record, span_word};
-use crate::sse::inputs::SseInput;
+use crate::sse::inputs::{CountsKind, SseInput};
 use crate::sse::Usage;
 use crate::tap::Tap;
 
@@ -35,7 +35,23 @@ pub struct StreamText {
     /// One arrival time per delta (monotonic seconds), empty-text ones included.
     pub times: Vec<f64>,
     pub tokens: u64,
+    /// What the server-reported tier reads (docs/CLIENT.md, "Server-reported
+    /// steps"): per delta, where its text ends (bytes from the stream's start)
+    /// and how many token ids it carried...
+    pub delta_ends: Vec<u64>,
+    pub delta_tokens: Vec<u32>,
+    /// ...each step-counts input as five i64 words: the stream's deltas so far,
+    /// the [`CountsKind`] code, then its three values (-1: absent)...
+    pub counts: Vec<i64>,
+    /// ...and the per-step lists of each usage input that had them.
+    pub lists: Vec<StepLists>,
 }
+
+/// vLLM's `per_step_accepted` and `per_step_drafted` of one usage input.
+pub type StepLists = (Option<Vec<u32>>, Option<Vec<u32>>);
+
+/// Words per step-counts input in [`StreamText::counts`].
+pub const COUNTS_WORDS: usize = 5;
 
 /// A stream whose HTTP exchange is over.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +79,21 @@ pub struct Batch {
     pub ends: Vec<Ended>,
 }
 
+impl Shown {
+    /// Stream `stream`'s entry of the batch being built; None for a stream
+    /// the run does not have.
+    fn entry(&mut self, stream: u16) -> Option<&mut StreamText> {
+        if stream as usize >= self.text_bytes.len() {
+            return None;
+        }
+        let order = &mut self.order;
+        Some(self.texts.entry(stream).or_insert_with(|| {
+            order.push(stream);
+            StreamText::default()
+        }))
+    }
+}
+
 #[derive(Default)]
 struct Shown {
     /// Each stream's packed records of the batch being built (kept: no
@@ -73,6 +104,8 @@ struct Shown {
     order: Vec<u16>,
     /// Bytes of SSE text per stream so far.
     text_bytes: Vec<u64>,
+    /// Deltas per stream so far.
+    deltas: Vec<u64>,
     /// Where each stream's last packed span ended.
     span_end: Vec<u64>,
     ends: Vec<Ended>,
@@ -114,6 +147,7 @@ impl Fed {
             tap: None,
             shown: Shown {
                 text_bytes: vec![0; n],
+                deltas: vec![0; n],
                 span_end: vec![0; n],
                 span_runs: vec![Vec::new(); n],
                 ..Shown::default()
@@ -330,21 +364,25 @@ impl Fed {
         }
         self.rec.push_sse(stream, text, token_ids);
         let s = stream as usize;
-        if s >= self.shown.text_bytes.len() {
-            return;
-        }
         let shown = &mut self.shown;
-        let entry = shown.texts.entry(stream).or_insert_with(|| {
-            shown.order.push(stream);
-            StreamText::default()
-        });
+        let (Some(bytes), Some(deltas)) = (shown.text_bytes.get_mut(s), shown.deltas.get_mut(s))
+        else {
+            return;
+        };
+        *bytes += text.len() as u64;
+        *deltas += 1;
+        let end = *bytes;
+        let Some(entry) = shown.entry(stream) else {
+            return;
+        };
         entry.times.push(at);
         entry.tokens += token_ids.len() as u64;
         if !text.is_empty() {
             entry.utf8.extend_from_slice(text.as_bytes());
-            shown.text_bytes[s] += text.len() as u64;
-            entry.chunk_ends.push(shown.text_bytes[s]);
+            entry.chunk_ends.push(end);
         }
+        entry.delta_ends.push(end);
+        entry.delta_tokens.push(token_ids.len() as u32);
     }
 
     /// One SSE input read by the HTTP thread: a delta goes to the screen as
@@ -358,15 +396,51 @@ impl Fed {
                 completion_tokens,
                 per_step_accepted,
                 per_step_drafted,
-            } => self.sse_usage_at(
-                stream,
-                *completion_tokens,
-                per_step_accepted.as_deref(),
-                per_step_drafted.as_deref(),
-                at,
-            ),
+            } => {
+                self.sse_usage_at(
+                    stream,
+                    *completion_tokens,
+                    per_step_accepted.as_deref(),
+                    per_step_drafted.as_deref(),
+                    at,
+                );
+                if per_step_accepted.is_some() || per_step_drafted.is_some() {
+                    if let Some(entry) = self.shown.entry(stream) {
+                        let lists = (per_step_accepted.clone(), per_step_drafted.clone());
+                        entry.lists.push(lists);
+                    }
+                }
+            }
+            SseInput::Counts { kind, values } => self.sse_counts_at(stream, *kind, *values, at),
             SseInput::Frame(frame) => self.push_frame_at(frame, at),
             SseInput::Lost(reason) => self.push_stream_lost_at(stream, reason, at),
+        }
+    }
+
+    /// Step counters of a stock server: recorded and queued for the screen
+    /// (the server-reported tier); the reconciler never sees them.
+    pub fn push_sse_counts(&mut self, stream: u16, kind: CountsKind, values: [Option<u64>; 3]) {
+        let at = self.now();
+        self.sse_counts_at(stream, kind, values, at);
+    }
+
+    fn sse_counts_at(&mut self, stream: u16, kind: CountsKind, values: [Option<u64>; 3], at: f64) {
+        let item = Item::SseCounts {
+            stream,
+            kind: kind.code(),
+            values,
+        };
+        self.tap_item(at, &item);
+        let Some(deltas) = self.shown.deltas.get(stream as usize).copied() else {
+            return;
+        };
+        if let Some(entry) = self.shown.entry(stream) {
+            entry.counts.push(deltas as i64);
+            entry.counts.push(i64::from(kind.code()));
+            // A count beyond i64 is stated as absent rather than wrapped (no server counts that far).
+            entry
+                .counts
+                .extend(values.map(|v| v.and_then(|n| i64::try_from(n).ok()).unwrap_or(-1)));
         }
     }
 
@@ -581,6 +655,9 @@ mod tests {
                     chunk_ends: vec![3, 4],
                     times: vec![1.5, 1.6, 1.7],
                     tokens: 4,
+                    delta_ends: vec![3, 3, 4],
+                    delta_tokens: vec![2, 1, 1],
+                    ..StreamText::default()
                 }
             )]
         );
@@ -591,6 +668,37 @@ mod tests {
         // The next delta's chunk end continues the stream's byte count.
         fed.sse_delta(2, "ab", &[9], 2.0);
         assert_eq!(fed.take().texts[0].1.chunk_ends, vec![6]);
+    }
+
+    /// The server-reported tier's inputs reach the screen in order with the
+    /// stream's delta count at each counts input; the reconciler never sees
+    /// the counts (its stream stays without evidence of them).
+    #[test]
+    fn take_gives_the_server_reported_inputs() {
+        let mut fed = Fed::new(Reconciler::with_run_id([1; 16], 2));
+        let timings = |n| SseInput::Counts {
+            kind: CountsKind::Timings,
+            values: [Some(n), Some(3), None],
+        };
+        fed.sse_input(1, &timings(1), 1.0);
+        fed.sse_delta(1, "ab", &[], 1.1);
+        fed.sse_input(1, &timings(2), 1.1);
+        let usage = SseInput::Usage {
+            completion_tokens: Some(2),
+            per_step_accepted: Some(vec![1]),
+            per_step_drafted: None,
+        };
+        fed.sse_input(1, &usage, 1.2);
+        // A stream the run does not have is ignored.
+        fed.sse_input(9, &timings(1), 1.3);
+        let batch = fed.take();
+        assert_eq!(batch.texts.len(), 1);
+        let (stream, text) = &batch.texts[0];
+        assert_eq!(*stream, 1);
+        assert_eq!(text.delta_ends, vec![2]);
+        assert_eq!(text.delta_tokens, vec![0]);
+        assert_eq!(text.counts, vec![0, 1, 1, 3, -1, 1, 1, 2, 3, -1]);
+        assert_eq!(text.lists, vec![(Some(vec![1]), None)]);
     }
 
     /// The packed spans of every take, stream by stream, are the span events

@@ -36,11 +36,13 @@ pub mod kind {
     pub const SSE_USAGE: u8 = 12;
     pub const LOST: u8 = 13;
     pub const STREAM_LOST: u8 = 14;
+    pub const SSE_COUNTS: u8 = 15;
 }
 
 /// One recorded item. Reconciler inputs are `Sse`, `SseId`, `SseChoice`,
 /// `SseUsage`, `Finish`, `Frame`, `Reject`, `Lost` and `Finalize`; `Start` and `End` say when a stream's request
-/// began and how it ended when not normally (for the screen and the summary).
+/// began and how it ended when not normally (for the screen and the summary);
+/// `SseCounts` feeds the server-reported tier only.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item<'a> {
     Header(&'a str),
@@ -69,6 +71,13 @@ pub enum Item<'a> {
         completion_tokens: Option<u64>,
         accepted: Option<&'a [u8]>,
         drafted: Option<&'a [u8]>,
+    },
+    /// Step counters of a stock server (an `SseInput::Counts`): `kind` is a
+    /// `CountsKind` code; no reconciler reads them (the server-reported tier does).
+    SseCounts {
+        stream: u16,
+        kind: u8,
+        values: [Option<u64>; 3],
     },
     Finish {
         stream: u16,
@@ -176,6 +185,24 @@ pub fn encode_item(out: &mut Vec<u8>, at: f64, item: &Item<'_>) {
                 let b = list.unwrap_or(&[]);
                 out.extend_from_slice(&((b.len() / 4) as u32).to_le_bytes());
                 out.extend_from_slice(b);
+            }
+        }
+        Item::SseCounts {
+            stream,
+            kind,
+            values,
+        } => {
+            // stream, kind, presence bits (one per value), then three u64s.
+            head(out, kind::SSE_COUNTS, 2 + 1 + 1 + 24, at);
+            out.extend_from_slice(&stream.to_le_bytes());
+            out.push(*kind);
+            let bits = values
+                .iter()
+                .enumerate()
+                .fold(0u8, |b, (i, v)| b | u8::from(v.is_some()) << i);
+            out.push(bits);
+            for v in values {
+                out.extend_from_slice(&v.unwrap_or(0).to_le_bytes());
             }
         }
         Item::Finish { stream, reason } => {
@@ -386,6 +413,34 @@ fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError
                 drafted: lists[1],
             }
         }
+        kind::SSE_COUNTS => {
+            need(28)?;
+            if p.len() != 28 {
+                return Err(bad("payload too long"));
+            }
+            if crate::sse::inputs::CountsKind::from_code(p[2]).is_none() {
+                return Err(bad("unknown counts kind"));
+            }
+            let bits = p[3];
+            if bits > 7 {
+                return Err(bad("unknown count bits"));
+            }
+            let mut values = [None; 3];
+            for (i, v) in values.iter_mut().enumerate() {
+                let at = 4 + 8 * i;
+                let n = u64::from_le_bytes(
+                    p[at..at + 8]
+                        .try_into()
+                        .map_err(|_| bad("payload too short"))?,
+                );
+                *v = (bits & (1 << i) != 0).then_some(n);
+            }
+            Item::SseCounts {
+                stream: u16_at(p, 0),
+                kind: p[2],
+                values,
+            }
+        }
         kind::FINISH => {
             need(3)?;
             let reason = text(&p[3..], offset, kind)?;
@@ -490,6 +545,11 @@ mod tests {
                 accepted: None,
                 drafted: Some(&ids[..4]),
             },
+            Item::SseCounts {
+                stream: 3,
+                kind: 1,
+                values: [Some(12), None, Some(u64::MAX)],
+            },
             Item::Finish {
                 stream: 3,
                 reason: Some("stop"),
@@ -585,6 +645,28 @@ mod tests {
         assert_eq!(
             decode_items(&short, |_, _| {}).unwrap_err().to_string(),
             "invalid item of kind 13 at byte 0: payload too short"
+        );
+        // A counts item with a presence bit beyond its three values, and one too long.
+        let (_, counts) = &all_items()[7];
+        let mut bad = counts.clone();
+        bad[ITEM_HEAD + 3] = 8;
+        assert_eq!(
+            decode_items(&bad, |_, _| {}).unwrap_err().to_string(),
+            "invalid item of kind 15 at byte 0: unknown count bits"
+        );
+        let mut unknown = counts.clone();
+        unknown[ITEM_HEAD + 2] = 3;
+        assert_eq!(
+            decode_items(&unknown, |_, _| {}).unwrap_err().to_string(),
+            "invalid item of kind 15 at byte 0: unknown counts kind"
+        );
+        let mut long = Vec::new();
+        head(&mut long, kind::SSE_COUNTS, 29, 0.0);
+        long.extend_from_slice(&[0, 0, 1]);
+        long.extend_from_slice(&[0; 26]);
+        assert_eq!(
+            decode_items(&long, |_, _| {}).unwrap_err().to_string(),
+            "invalid item of kind 15 at byte 0: payload too long"
         );
         assert_eq!(
             check_preamble(b"PHREC\x02rest"),

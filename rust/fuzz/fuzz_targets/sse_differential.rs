@@ -59,6 +59,10 @@ fn input_tuple<'py>(py: Python<'py>, input: &SseInput) -> Bound<'py, PyTuple> {
             per_step_drafted,
         )
             .into_pyobject(py),
+        SseInput::Counts { kind, values } => {
+            let [a, b, c] = *values;
+            ("sse_counts", kind.name(), a, b, c).into_pyobject(py)
+        }
     };
     tuple.expect("tuple")
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use parallelhue_core::fed::{monotonic, Batch};
 use parallelhue_core::record::{self, Item};
+use parallelhue_core::sse::inputs::CountsKind;
 use parallelhue_core::tap::Tap;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
@@ -34,12 +35,24 @@ fn batch_tuple<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let texts = PyList::empty(py);
     for (stream, t) in batch.texts {
+        // The server-reported tier's inputs (docs/CLIENT.md).
+        let lists = PyList::empty(py);
+        for (accepted, drafted) in &t.lists {
+            lists.append((accepted.clone(), drafted.clone()))?;
+        }
+        let reported = (
+            PyBytes::new(py, &le_bytes(&t.delta_ends, u64::to_le_bytes)),
+            PyBytes::new(py, &le_bytes(&t.delta_tokens, u32::to_le_bytes)),
+            PyBytes::new(py, &le_bytes(&t.counts, i64::to_le_bytes)),
+            lists,
+        );
         texts.append((
             stream,
             PyBytes::new(py, &t.utf8),
             PyBytes::new(py, &le_bytes(&t.chunk_ends, u64::to_le_bytes)),
             PyBytes::new(py, &le_bytes(&t.times, f64::to_le_bytes)),
             t.tokens,
+            reported,
         ))?;
     }
     // Each stream's new spans go straight onto its records: no Python object
@@ -151,6 +164,15 @@ impl Reconciler {
                     let (a, d): (Option<Vec<u32>>, Option<Vec<u32>>) =
                         (list(accepted), list(drafted));
                     fed.push_sse_usage(stream, completion_tokens, a.as_deref(), d.as_deref());
+                }
+                Item::SseCounts {
+                    stream,
+                    kind,
+                    values,
+                } if stream < n => {
+                    if let Some(kind) = CountsKind::from_code(kind) {
+                        fed.push_sse_counts(stream, kind, values);
+                    }
                 }
                 Item::Finish { stream, reason } if stream < n => fed.finish_sse(stream, reason),
                 Item::Frame(frame) => fed.push_frame(frame),

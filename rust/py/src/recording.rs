@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use parallelhue_core::fed::monotonic;
 use parallelhue_core::outcome::{EndKind, END_KINDS};
 use parallelhue_core::record::{self, Item};
+use parallelhue_core::sse::inputs::CountsKind;
 use parallelhue_core::tap::Tap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
@@ -60,6 +61,17 @@ fn item_tuple<'py>(py: Python<'py>, t: f64, item: Item<'_>) -> PyResult<Option<B
         Item::Frame(data) => (t, "frame", PyBytes::new(py, data))
             .into_pyobject(py)?
             .into_any(),
+        Item::SseCounts {
+            stream,
+            kind,
+            values: [a, b, c],
+        } => {
+            // decode_items accepts known kinds only.
+            let name = CountsKind::from_code(kind).map_or("?", CountsKind::name);
+            (t, "sse_counts", stream, name, a, b, c)
+                .into_pyobject(py)?
+                .into_any()
+        }
         Item::Reject(reason) => (t, "reject", reason).into_pyobject(py)?.into_any(),
         Item::Lost { frames } => (t, "lost", frames).into_pyobject(py)?.into_any(),
         Item::StreamLost { stream, reason } => (t, "stream_lost", stream, reason)
@@ -165,6 +177,15 @@ pub(crate) fn encode_input(
             };
             record::encode_item(out, t, &item);
         }
+        ("sse_counts", 5) => {
+            let kind: String = f[1].extract()?;
+            let item = Item::SseCounts {
+                stream: f[0].extract()?,
+                kind: counts_kind(&kind)?.code(),
+                values: [f[2].extract()?, f[3].extract()?, f[4].extract()?],
+            };
+            record::encode_item(out, t, &item);
+        }
         ("finish", 2) => {
             let reason: Option<String> = f[1].extract()?;
             let stream = f[0].extract()?;
@@ -198,6 +219,11 @@ impl RecordWriter {
         self.tap()?.item(monotonic(), item);
         Ok(())
     }
+}
+
+fn counts_kind(name: &str) -> PyResult<CountsKind> {
+    CountsKind::from_name(name)
+        .ok_or_else(|| value_error(format!("unknown counts kind {name:?}: timings or spec")))
 }
 
 fn end_code(kind: &str) -> PyResult<u8> {
@@ -252,6 +278,25 @@ impl RecordWriter {
             completion_tokens,
             accepted: accepted.as_deref(),
             drafted: drafted.as_deref(),
+        })
+    }
+
+    /// Step counters of a stock server (`kind` "timings" or "spec", three
+    /// optional counts): the server-reported tier's input.
+    #[pyo3(signature = (stream, kind, a, b, c))]
+    fn sse_counts(
+        &mut self,
+        stream: u16,
+        kind: &str,
+        a: Option<u64>,
+        b: Option<u64>,
+        c: Option<u64>,
+    ) -> PyResult<()> {
+        let kind = counts_kind(kind)?.code();
+        self.put(&Item::SseCounts {
+            stream,
+            kind,
+            values: [a, b, c],
         })
     }
 

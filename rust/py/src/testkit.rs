@@ -50,7 +50,8 @@ pub(crate) fn decode_frame<'py>(
 }
 
 /// One SSE input as its C2 tuple without the stream: ("sse", text, ids),
-/// ("sse_id", id), ("sse_choice", index) or ("sse_usage", n, accepted, drafted).
+/// ("sse_id", id), ("sse_choice", index), ("sse_usage", n, accepted, drafted) or
+/// ("sse_counts", kind, a, b, c).
 fn input_tuple<'py>(py: Python<'py>, input: SseInput) -> PyResult<Bound<'py, PyTuple>> {
     match input {
         SseInput::Delta { text, token_ids } => ("sse", text, token_ids).into_pyobject(py),
@@ -69,6 +70,10 @@ fn input_tuple<'py>(py: Python<'py>, input: SseInput) -> PyResult<Bound<'py, PyT
             per_step_drafted,
         )
             .into_pyobject(py),
+        SseInput::Counts { kind, values } => {
+            let [a, b, c] = values;
+            ("sse_counts", kind.name(), a, b, c).into_pyobject(py)
+        }
     }
 }
 

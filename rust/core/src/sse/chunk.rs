@@ -28,7 +28,21 @@ pub struct Usage {
 pub struct SpecSteps {
     pub per_step_accepted: Option<Vec<u32>>,
     pub per_step_drafted: Option<Vec<u32>>,
+    /// The summary counts beside the lists, [`SPEC_SUMMARY_KEYS`] in order:
+    /// read for the server-reported tier only (no reconciler rule reads them).
+    pub summary: [Option<u64>; 3],
 }
+
+/// vLLM's summary counts of `metrics.speculative_decoding`, in [`SpecSteps::summary`]'s order.
+pub const SPEC_SUMMARY_KEYS: [&str; 3] = [
+    "num_spec_steps",
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+];
+
+/// llama-server's cumulative counters of a chunk's `timings` (with
+/// `timings_per_token`), in [`Chunk::timings`]' order.
+pub const TIMINGS_KEYS: [&str; 3] = ["predicted_n", "draft_n", "draft_n_accepted"];
 
 /// A chat/completions streaming chunk.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,6 +52,10 @@ pub struct Chunk {
     pub usage: Option<Usage>,
     /// Present when the chunk has `metrics.speculative_decoding`.
     pub spec_steps: Option<SpecSteps>,
+    /// llama-server's `timings` counters ([`TIMINGS_KEYS`]), when the chunk
+    /// has a `timings` object: for the server-reported tier only (boxed: most
+    /// chunks have none, and a chunk stays small).
+    pub timings: Option<Box<[Option<u64>; 3]>>,
 }
 
 /// A parsed event of an OpenAI stream.

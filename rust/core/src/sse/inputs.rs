@@ -7,6 +7,45 @@ use super::chunk::Chunk;
 use super::error::SseError;
 use super::scan::Scanned;
 
+/// Which counters an [`SseInput::Counts`] carries (its `code` is the
+/// recording's, its `name` the Python tuples').
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CountsKind {
+    /// llama-server's cumulative `timings` of one chunk:
+    /// `predicted_n`, `draft_n`, `draft_n_accepted` ([`super::chunk::TIMINGS_KEYS`]).
+    Timings = 1,
+    /// vLLM's `metrics.speculative_decoding` summary: `num_spec_steps`,
+    /// `num_draft_tokens`, `num_accepted_draft_tokens` ([`super::chunk::SPEC_SUMMARY_KEYS`]).
+    SpecSummary = 2,
+}
+
+impl CountsKind {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<CountsKind> {
+        match code {
+            1 => Some(CountsKind::Timings),
+            2 => Some(CountsKind::SpecSummary),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CountsKind::Timings => "timings",
+            CountsKind::SpecSummary => "spec",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<CountsKind> {
+        [CountsKind::Timings, CountsKind::SpecSummary]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
 /// One SSE input of a stream, in the order the chunks said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SseInput {
@@ -21,6 +60,13 @@ pub enum SseInput {
         completion_tokens: Option<u64>,
         per_step_accepted: Option<Vec<u32>>,
         per_step_drafted: Option<Vec<u32>>,
+    },
+    /// Step counters a stock server states (llama-server's `timings`,
+    /// vLLM's summary counts): for the server-reported tier, which the
+    /// client computes above the reconcilers; no reconciler reads them.
+    Counts {
+        kind: CountsKind,
+        values: [Option<u64>; 3],
     },
     /// A telemetry frame the response carried in-band (`push_frame`).
     Frame(Vec<u8>),
@@ -45,6 +91,10 @@ impl SseInput {
                 per_step_accepted: per_step_accepted.as_deref(),
                 per_step_drafted: per_step_drafted.as_deref(),
             },
+            SseInput::Counts { kind, values } => SseInputRef::Counts {
+                kind: *kind,
+                values: *values,
+            },
         }
     }
 }
@@ -63,6 +113,10 @@ pub enum SseInputRef<'a> {
         completion_tokens: Option<u64>,
         per_step_accepted: Option<&'a [u32]>,
         per_step_drafted: Option<&'a [u32]>,
+    },
+    Counts {
+        kind: CountsKind,
+        values: [Option<u64>; 3],
     },
     Frame(&'a [u8]),
     Lost(&'a str),
@@ -88,6 +142,7 @@ impl SseInputRef<'_> {
                 per_step_accepted: per_step_accepted.map(<[u32]>::to_vec),
                 per_step_drafted: per_step_drafted.map(<[u32]>::to_vec),
             },
+            SseInputRef::Counts { kind, values } => SseInput::Counts { kind, values },
         }
     }
 }
@@ -164,6 +219,15 @@ impl ChunkInputs {
                 per_step_accepted: steps.and_then(|s| s.per_step_accepted.as_deref()),
                 per_step_drafted: steps.and_then(|s| s.per_step_drafted.as_deref()),
             });
+        }
+        let summary = chunk.spec_steps.as_ref().map(|s| s.summary);
+        for (kind, values) in [
+            (CountsKind::SpecSummary, summary),
+            (CountsKind::Timings, chunk.timings.as_deref().copied()),
+        ] {
+            if let Some(values) = values.filter(|v| v.iter().any(Option::is_some)) {
+                out(SseInputRef::Counts { kind, values });
+            }
         }
         Ok(())
     }
@@ -298,6 +362,39 @@ mod tests {
             ]
         );
         assert_eq!(finish.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn step_counts_follow_the_usage_and_the_delta_of_their_chunk() {
+        let (out, _) = inputs(&[
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"timings":{"predicted_n":3,"predicted_ms":1.5,"draft_n":4,"draft_n_accepted":2}}"#,
+            r#"{"id":"c","choices":[],"timings":{"predicted_ms":2.0}}"#,
+            r#"{"id":"c","choices":[],"usage":{"completion_tokens":3},"metrics":{"speculative_decoding":{"per_step_accepted":[2],"per_step_drafted":[4],"num_spec_steps":1,"num_draft_tokens":4,"num_accepted_draft_tokens":2}},"timings":{"predicted_n":3}}"#,
+        ]);
+        assert_eq!(
+            out,
+            vec![
+                SseInput::Id("c".into()),
+                delta("x", &[]),
+                SseInput::Counts {
+                    kind: CountsKind::Timings,
+                    values: [Some(3), Some(4), Some(2)],
+                },
+                SseInput::Usage {
+                    completion_tokens: Some(3),
+                    per_step_accepted: Some(vec![2]),
+                    per_step_drafted: Some(vec![4]),
+                },
+                SseInput::Counts {
+                    kind: CountsKind::SpecSummary,
+                    values: [Some(1), Some(4), Some(2)],
+                },
+                SseInput::Counts {
+                    kind: CountsKind::Timings,
+                    values: [Some(3), None, None],
+                },
+            ]
+        );
     }
 
     #[test]

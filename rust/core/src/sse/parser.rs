@@ -175,6 +175,7 @@ mod tests {
                 choices: vec![],
                 usage: None,
                 spec_steps: None,
+                timings: None,
             }))]
         );
     }

@@ -9,7 +9,7 @@
 //! character, a number that is not a plain non-negative integer of at most
 //! 18 digits (or of a u32 where one is read), a nested value under a key it
 //! does not read, a repeated key it reads, `error`, `object: "error"`,
-//! `usage` or `metrics` other than null, a missing `choices` or `index`,
+//! `usage`, `metrics` or `timings` other than null, a missing `choices` or `index`,
 //! anything after the closing brace. Inside the grammar, every field is read
 //! as the typed path reads it, so all three paths agree (tested against the
 //! `Value` path on every chunk of the typed path's tests and on mutations).
@@ -57,6 +57,7 @@ impl Scanned {
                 .collect(),
             usage: None,
             spec_steps: None,
+            timings: None,
         }
     }
 }
@@ -215,6 +216,7 @@ impl<'a> Scan<'a> {
         let mut choices = false;
         let mut usage = false;
         let mut metrics = false;
+        let mut timings = false;
         self.object(|s, key| match key {
             b"id" => once(&mut id, s.opt_string()?),
             b"object" => {
@@ -236,9 +238,10 @@ impl<'a> Scan<'a> {
                     Some(())
                 })
             }
-            // Only null: a usage or metrics object is the typed path's.
+            // Only null: a usage, metrics or timings object is the typed path's.
             b"usage" => flag_null(s, &mut usage),
             b"metrics" => flag_null(s, &mut metrics),
+            b"timings" => flag_null(s, &mut timings),
             b"error" => None,
             _ => s.skip(),
         })?;

@@ -15,7 +15,9 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::chunk::{Choice, Chunk, FoundChoice, FoundDelta, SpecSteps, Usage};
+use super::chunk::{
+    Choice, Chunk, FoundChoice, FoundDelta, SpecSteps, Usage, SPEC_SUMMARY_KEYS, TIMINGS_KEYS,
+};
 
 /// The chunk, or None when the `Value` path must decide.
 pub(crate) fn parse_chunk_typed(data: &str) -> Option<Chunk> {
@@ -159,7 +161,9 @@ impl<'de> Deserialize<'de> for IsError {
     }
 }
 
-const CHUNK_KEYS: [&str; 6] = ["id", "object", "error", "choices", "usage", "metrics"];
+const CHUNK_KEYS: [&str; 7] = [
+    "id", "object", "error", "choices", "usage", "metrics", "timings",
+];
 
 object_visitor!(ChunkVisitor, Chunk, "a chunk object", |map| {
     let mut id: Option<Option<String>> = None;
@@ -167,6 +171,7 @@ object_visitor!(ChunkVisitor, Chunk, "a chunk object", |map| {
     let mut choices: Option<Vec<Choice>> = None;
     let mut usage: Option<Option<Usage>> = None;
     let mut metrics: Option<Option<SpecSteps>> = None;
+    let mut timings: Option<Option<[Option<u64>; 3]>> = None;
     while let Some(key) = next_key(&mut map, &CHUNK_KEYS)? {
         match key {
             Some(0) => once(&mut id, map.next_value::<Option<String>>()?)?,
@@ -190,6 +195,10 @@ object_visitor!(ChunkVisitor, Chunk, "a chunk object", |map| {
                 map.next_value::<Option<Wrap<Metrics>>>()?
                     .and_then(|m| m.0 .0),
             )?,
+            Some(6) => once(
+                &mut timings,
+                map.next_value::<Option<Wrap<Timings>>>()?.map(|t| t.0 .0),
+            )?,
             _ => {
                 map.next_value::<Skip>()?;
             }
@@ -200,6 +209,7 @@ object_visitor!(ChunkVisitor, Chunk, "a chunk object", |map| {
         choices: choices.ok_or_else(give_up)?,
         usage: usage.flatten(),
         spec_steps: metrics.flatten(),
+        timings: timings.flatten().map(Box::new),
     })
 });
 
@@ -304,7 +314,13 @@ object_visitor!(MetricsVisitor, Metrics, "a metrics object", |map| {
     Ok(Metrics(spec.flatten()))
 });
 
-const SPEC_KEYS: [&str; 2] = ["per_step_accepted", "per_step_drafted"];
+const SPEC_KEYS: [&str; 5] = [
+    "per_step_accepted",
+    "per_step_drafted",
+    SPEC_SUMMARY_KEYS[0],
+    SPEC_SUMMARY_KEYS[1],
+    SPEC_SUMMARY_KEYS[2],
+];
 
 object_visitor!(
     SpecVisitor,
@@ -312,9 +328,11 @@ object_visitor!(
     "a speculative_decoding object",
     |map| {
         let mut lists: [Option<Option<Vec<u32>>>; 2] = [None, None];
+        let mut summary: [Option<Option<u64>>; 3] = [None; 3];
         while let Some(key) = next_key(&mut map, &SPEC_KEYS)? {
             match key {
-                Some(k) => once(&mut lists[k], map.next_value::<Option<Vec<u32>>>()?)?,
+                Some(k @ 0..=1) => once(&mut lists[k], map.next_value::<Option<Vec<u32>>>()?)?,
+                Some(k) => once(&mut summary[k - 2], map.next_value::<Option<u64>>()?)?,
                 None => {
                     map.next_value::<Skip>()?;
                 }
@@ -324,9 +342,26 @@ object_visitor!(
         Ok(SpecSteps {
             per_step_accepted,
             per_step_drafted,
+            summary: summary.map(Option::flatten),
         })
     }
 );
+
+/// llama-server's `timings` ([`TIMINGS_KEYS`]; its other fields are skipped).
+struct Timings([Option<u64>; 3]);
+
+object_visitor!(TimingsVisitor, Timings, "a timings object", |map| {
+    let mut counts: [Option<Option<u64>>; 3] = [None; 3];
+    while let Some(key) = next_key(&mut map, &TIMINGS_KEYS)? {
+        match key {
+            Some(k) => once(&mut counts[k], map.next_value::<Option<u64>>()?)?,
+            None => {
+                map.next_value::<Skip>()?;
+            }
+        }
+    }
+    Ok(Timings(counts.map(Option::flatten)))
+});
 
 #[cfg(test)]
 mod tests {
@@ -402,6 +437,39 @@ mod tests {
     }
 
     #[test]
+    fn step_counters_of_stock_servers_take_the_typed_path() {
+        // llama-server's per-token chunk with `timings_per_token` (other timing fields skipped).
+        let c = agree(
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],"created":1,"id":"chatcmpl-x","model":"m","system_fingerprint":"b1","object":"chat.completion.chunk","timings":{"cache_n":0,"prompt_n":4,"prompt_ms":1.5,"predicted_n":7,"predicted_ms":9.25,"predicted_per_second":700.1,"draft_n":9,"draft_n_accepted":5}}"#,
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.timings.as_deref(), Some(&[Some(7), Some(9), Some(5)]));
+        assert_eq!(
+            agree(r#"{"choices":[],"timings":{"predicted_n":1}}"#, true)
+                .unwrap()
+                .timings
+                .as_deref(),
+            Some(&[Some(1), None, None])
+        );
+        assert_eq!(
+            agree(r#"{"choices":[],"timings":null}"#, true)
+                .unwrap()
+                .timings,
+            None
+        );
+        // vLLM's summary counts beside the lists.
+        let spec = agree(
+            r#"{"choices":[],"metrics":{"speculative_decoding":{"num_spec_steps":2,"num_draft_tokens":6,"num_accepted_draft_tokens":3,"per_step_accepted":[1,2],"per_step_drafted":[3,3],"acceptance_histogram":[0,1,1,0]}}}"#,
+            true,
+        )
+        .unwrap()
+        .spec_steps
+        .unwrap();
+        assert_eq!(spec.summary, [Some(2), Some(6), Some(3)]);
+    }
+
+    #[test]
     fn escaped_strings_and_keys_decode_alike() {
         let c = choice0(
             r#"{"choices":[{"index":0,"delta":{"content":"a\"b\\c\/d\n\t\u00e9\u4e16\ud83d\ude00"}}]}"#,
@@ -474,6 +542,10 @@ mod tests {
             (r#"{"choices":[],"usage":{"completion_tokens":1.5}}"#, "usage.completion_tokens must be a non-negative integer"),
             (r#"{"choices":[],"usage":[]}"#, "usage must be an object or null"),
             (r#"{"choices":[],"metrics":{"speculative_decoding":{"per_step_drafted":[-1]}}}"#, "metrics.speculative_decoding.per_step_drafted[0] must be an integer in 0..=4294967295"),
+            (r#"{"choices":[],"metrics":{"speculative_decoding":{"num_spec_steps":-1}}}"#, "metrics.speculative_decoding.num_spec_steps must be a non-negative integer"),
+            (r#"{"choices":[],"timings":{"predicted_n":2.5}}"#, "timings.predicted_n must be a non-negative integer"),
+            (r#"{"choices":[],"timings":{"draft_n":"3"}}"#, "timings.draft_n must be a non-negative integer"),
+            (r#"{"choices":[],"timings":[]}"#, "timings must be an object or null"),
         ];
         for (data, message) in cases {
             assert_eq!(

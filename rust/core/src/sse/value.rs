@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use super::chunk::{Choice, Chunk, FoundChoice, FoundDelta, SpecSteps, Usage};
+use super::chunk::{
+    Choice, Chunk, FoundChoice, FoundDelta, SpecSteps, Usage, SPEC_SUMMARY_KEYS, TIMINGS_KEYS,
+};
 use super::error::SseError;
 
 fn shape(path: impl Into<String>, expected: &'static str) -> SseError {
@@ -73,7 +75,30 @@ fn spec_steps(metrics: Option<&Value>) -> Result<Option<SpecSteps>, SseError> {
             spec.get("per_step_drafted"),
             "metrics.speculative_decoding.per_step_drafted",
         )?,
+        summary: counts(spec, &SPEC_SUMMARY_KEYS, "metrics.speculative_decoding")?,
     }))
+}
+
+/// The counts named `keys` of the object at `path`, each optional.
+fn counts(
+    object: &serde_json::Map<String, Value>,
+    keys: &[&str; 3],
+    path: &str,
+) -> Result<[Option<u64>; 3], SseError> {
+    let mut out = [None; 3];
+    for (slot, key) in out.iter_mut().zip(keys) {
+        *slot = opt_u64(object.get(*key), || format!("{path}.{key}"))?;
+    }
+    Ok(out)
+}
+
+/// llama-server's `timings` counters, if the chunk has a `timings` object.
+fn timings(value: Option<&Value>) -> Result<Option<[Option<u64>; 3]>, SseError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(t)) => Ok(Some(counts(t, &TIMINGS_KEYS, "timings")?)),
+        Some(_) => Err(shape("timings", "an object or null")),
+    }
 }
 
 /// An error object's `message`, else the whole object as JSON.
@@ -122,11 +147,13 @@ pub fn parse_chunk_value(data: &str) -> Result<Chunk, SseError> {
         Some(_) => return Err(shape("usage", "an object or null")),
     };
     let spec_steps = spec_steps(obj.get("metrics"))?;
+    let timings = timings(obj.get("timings"))?.map(Box::new);
     Ok(Chunk {
         id,
         choices: out,
         usage,
         spec_steps,
+        timings,
     })
 }
 

