@@ -13,6 +13,7 @@ import pytest
 
 from client_fakes import FakeServer
 from parallelhue import cli, session
+from parallelhue.ingest.driver import RunDriver
 from parallelhue.ingest.feed import Feed
 from parallelhue.model.advice import (
     FIX_WIDTH,
@@ -28,7 +29,6 @@ from parallelhue.model.advice import (
 from parallelhue.model.backend import detect_backend
 from parallelhue.model.state import RunModel, StreamState
 from parallelhue.reference import Reconciler
-from parallelhue.session import RunDriver
 from test_cli import _CLEARED
 
 VECTORS = Path(__file__).parent / "vectors" / "generate.py"

@@ -27,9 +27,10 @@ import pytest
 from parallelhue.cli.config import parse_run
 from parallelhue.cli.replay import replay
 from parallelhue.cli.settings import ReplayConfig
-from parallelhue.model.reported import LABEL_REPORTED, Reported, ReportedInputs, judge
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_REPORTED
+from parallelhue.model.reported import Reported, ReportedInputs, judge
 from parallelhue.model.results import json_document
-from parallelhue.model.state import LABEL_CHUNK, LABEL_EXACT, StreamState
+from parallelhue.model.state import StreamState
 from parallelhue.screen.summary import summary_lines
 from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from parallelhue.ingest.feed import Feed
 from parallelhue.model.backend import Backend
-from parallelhue.model.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING
+from parallelhue.model.state import RunModel, StreamState
 from parallelhue.screen.focus import GridUi
 from parallelhue.screen.grid import final_grid, grid_layout, grid_screen
 from parallelhue.screen.legend import legend_line, legend_lines

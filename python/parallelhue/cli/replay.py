@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..ingest.driver import RunDriver
 from ..ingest.feed import Feed
 from ..ingest.metrics import MetricsSnapshot
 from ..ingest.reconciler import ReconcilerError, ReconcilerLike, make_reconciler
@@ -26,7 +27,7 @@ from ..model.reported import reported_summary
 from ..model.sanitize import one_line
 from ..model.state import RunModel, StreamState
 from ..screen.views import REFRESH_HZ, make_view
-from ..session import RunDriver, SetupError, outcome
+from ..session import SetupError, outcome
 from .settings import ReplayConfig
 
 __all__ = ["replay"]

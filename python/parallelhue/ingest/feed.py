@@ -1,7 +1,7 @@
 """What the screen model learns from a run's reconciler and streams.
 
-Both ways a run is fed — the Rust path's packed batches (`ingest.py`) and the
-reference path or a replay (`session.RunDriver`) — end up here for the parts
+Both ways a run is fed — the Rust path's packed batches (`native.py`) and the
+reference path or a replay (`driver.RunDriver`) — end up here for the parts
 they share: verdicts and run messages, how each stream ended (through the one
 message mapper, `stream_errors.end_message`), the statistics and the backend
 verdict. `on_failure` is told of every stream that fails, HTTP or verdict.

@@ -1,10 +1,10 @@
 """The reference path's telemetry socket (`PyReceiver`); in-band telemetry comes in the streams.
 
 `PyReceiver` reads the run's AF_UNIX datagram socket from the asyncio loop
-(no thread) and hands the frames to the session, which feeds the reference
-reconciler (`--reconciler python`). The shipped path binds the socket in
+(no thread) and hands the frames to the reference path (`reference.py`), which
+feeds the reference reconciler (`--reconciler python`). The shipped path binds the socket in
 Rust instead (`parallelhue._native.Receiver`, a thread that pushes frames
-into the Rust reconciler under its lock, see ingest.py); both check every
+into the Rust reconciler under its lock, see native.py); both check every
 datagram's `SO_PASSCRED` credentials and drop other users' datagrams, except
 those of the uids named by `--accept-uid` (then the socket is 0622 for a uid
 other than root, and each datagram admitted that way is counted).

@@ -3,7 +3,7 @@
 Both implement the same API and semantics (docs/PROTOCOL.md, "Python-facing
 API"; the shapes of what they return are `shapes.py`), so the reference path
 and replay never need to know which one they got. The shipped path drives the
-Rust one through `ingest.py`.
+Rust one through `native.py`.
 """
 
 from __future__ import annotations

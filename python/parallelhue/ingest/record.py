@@ -6,7 +6,7 @@ finish, telemetry frame, rejected datagram and telemetry loss in the order the r
 applied them, each stream's abnormal end, finalize — with times in seconds
 since the run started, then a footer. On the Rust path the tap inside the
 reconciler's lock writes it (`Reconciler.record`); on the reference path
-`RecordWriter`, the same encoder and writer, is fed by the session. Because
+`RecordWriter`, the same encoder and writer, is fed by `driver.RunDriver`. Because
 the reconcilers are deterministic, replaying the inputs in the same order
 gives the same spans and verdicts; replay checks that and says so.
 """

@@ -3,7 +3,7 @@
 Every stream's request carries the run's request id (`ph1_<run>_<i>`, in the
 body and as `X-Request-Id`), asks for token ids (`return_token_ids`) and the
 usage chunk, and has its own seed. `request.build_body` and `request_headers` make
-it; `ingest.py` hands it to the Rust HTTP thread (the shipped path, plain
+it; `native.py` hands it to the Rust HTTP thread (the shipped path, plain
 http and https alike).
 
 `read_stream` is the reference path's reader (`--reconciler python`): httpx

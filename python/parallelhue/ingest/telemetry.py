@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 TELEMETRY_CHOICES = ("auto", "socket", "http")
-# The in-band telemetry version this client reads (rust/core/src/inband.rs).
+# The in-band telemetry version this client asks for and reads (parallelhue_vllm.inband;
+# the probe must state the same; version 1 was the removed HTTP telemetry stream).
 STREAM_VERSION = INBAND_VERSION
 PROBE_TIMEOUT = 10.0
 

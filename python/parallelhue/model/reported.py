@@ -40,7 +40,6 @@ __all__ = [
     "COUNTS_KINDS",
     "ENGINE_LLAMACPP",
     "ENGINE_VLLM",
-    "LABEL_REPORTED",
     "Reported",
     "ReportedInputs",
     "Step",
@@ -48,12 +47,11 @@ __all__ = [
     "reported_summary",
 ]
 
-LABEL_REPORTED = "SERVER-REPORTED STEPS"
 ENGINE_VLLM = "vLLM"
 ENGINE_LLAMACPP = "llama-server"
 
 # The recording's and the Rust reader's codes of the "sse_counts" kinds
-# (rust/core/src/sse_inputs.rs CountsKind).
+# (rust/core/src/sse/inputs.rs CountsKind).
 COUNTS_KINDS = {"timings": 1, "spec": 2}
 _TIMINGS, _SPEC = COUNTS_KINDS["timings"], COUNTS_KINDS["spec"]
 _COUNT_WORDS = 5  # deltas so far, kind, three values (-1: absent)

@@ -20,8 +20,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .endpoint import api_kind
+from .labels import LABEL_EXACT, LABEL_REPORTED
 from .reported import reported_summary
-from .state import LABEL_EXACT, LABEL_REPORTED, RunModel, StreamState, acceptance_of
+from .state import RunModel, StreamState, acceptance_of
 
 __all__ = [
     "ACCEPTED_BY_POSITION",

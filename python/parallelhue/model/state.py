@@ -5,7 +5,7 @@ coloring rule lives here so every view (and the export) applies it the same
 way: a character is colored by its engine step only inside a span the
 reconciler proved; a mixed span stays uncolored; `SSE CHUNK MODE` colors by SSE
 chunk; nothing is colored for a non-speculative server or under NO_COLOR.
-Pieces carry style keys (style.py), never colors: the painters decide.
+Pieces carry style keys (labels.py), never colors: the painters decide.
 
 A stream's SSE text is stored once, as UTF-8; its chunks and the proven spans
 are runs of that text (end offsets with their steps), which is how the Rust
@@ -24,22 +24,26 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union, cast
 
-from ..screen.style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 from .advice import TelemetrySetup
 from .backend import Backend
-from .reported import LABEL_REPORTED, Reported, ReportedInputs, judge
+from .labels import (
+    CHUNK_KEYS,
+    LABEL_CANCELLED,
+    LABEL_CHUNK,
+    LABEL_ERROR,
+    LABEL_EXACT,
+    LABEL_NOT_EXACT,
+    LABEL_QUEUED,
+    LABEL_REPORTED,
+    LABEL_VERIFYING,
+    ROLE_KEYS,
+    STEP_KEYS,
+)
+from .reported import Reported, ReportedInputs, judge
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
 
 __all__ = [
-    "LABEL_CANCELLED",
-    "LABEL_CHUNK",
-    "LABEL_ERROR",
-    "LABEL_EXACT",
-    "LABEL_NOT_EXACT",
-    "LABEL_QUEUED",
-    "LABEL_REPORTED",
-    "LABEL_VERIFYING",
     "NO_ROLE",
     "NO_STEP",
     "SIMULATED_LABEL",
@@ -48,36 +52,11 @@ __all__ = [
     "Segment",
     "StreamState",
     "acceptance_of",
-    "label_key",
     "telemetry_expected",
 ]
 
-LABEL_EXACT = "EXACT TOKEN PROVENANCE"
-LABEL_CHUNK = "SSE CHUNK MODE"
-LABEL_VERIFYING = "VERIFYING"
-LABEL_NOT_EXACT = "NOT EXACT"
-LABEL_ERROR = "ERROR"
-LABEL_CANCELLED = "CANCELLED"
-LABEL_QUEUED = "QUEUED"  # --requests: not sent yet (waiting for its arrival time or a stream)
 # Everything from the embedded simulator says so, on screen, in summaries and exports.
 SIMULATED_LABEL = "SIMULATED ENGINE"
-
-# The style key of each label (style.py says what it looks like).
-_LABEL_KEYS = {
-    LABEL_EXACT: "label.exact",
-    LABEL_CHUNK: "label.chunk",
-    LABEL_VERIFYING: "label.verifying",
-    LABEL_NOT_EXACT: "label.failed",
-    LABEL_ERROR: "label.error",
-    LABEL_CANCELLED: "label.cancelled",
-    LABEL_QUEUED: "label.queued",
-    LABEL_REPORTED: "label.reported",
-}
-
-
-def label_key(label: str) -> str:
-    return _LABEL_KEYS.get(label, "bold")
-
 
 Segment = tuple[str, str | None]  # text (raw, sanitized by the layout), style key
 

@@ -48,13 +48,14 @@ from typing import Any
 
 from parallelhue.model.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
 from parallelhue.model.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
-from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue.reference.decode import Frame, FrameError, decode_frame
 from parallelhue.reference.sse import shown_reason
 from parallelhue_vllm.wire import (
     ALL_STREAMS,
     FINISH_LENGTH,
     FINISH_NAMES,
     KIND_HELLO,
+    KIND_NAMES,
     KIND_PROVENANCE,
     KIND_TEXT,
     LEAD_UNKNOWN,

@@ -1,7 +1,8 @@
 """What the terminal shows, one renderable per module.
 
 Every screen is laid out once as lines of styled pieces (`lines.py`, measured in
-terminal cells by `cells.py`, style keys from `style.py`) and painted by
+terminal cells by `cells.py`, style keys from `model/labels.py`, what each looks
+like from `style.py`) and painted by
 `paint.py` (ANSI, Rich) or `export.py` (HTML, SVG). The renderables: `banner.py`,
 `legend.py`, `status.py` (laid out from parts by `chrome.py`), a stream's pane
 (`pane.py`), an overview line (`overview.py`), the grid (`grid.py`, with the

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from ..model.backend import untested_engine
 from ..model.sanitize import sanitize
-from ..model.state import (
-    SIMULATED_LABEL,
-    RunModel,
-)
+from ..model.state import SIMULATED_LABEL, RunModel
 from .chrome import chrome_lines
-from .lines import (
-    Line,
-)
+from .lines import Line
 
 __all__ = ["banner_line", "banner_lines", "reported_text"]
 

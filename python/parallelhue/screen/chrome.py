@@ -11,13 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .lines import (
-    Line,
-    Piece,
-    fit,
-    line_width,
-    word_wrap,
-)
+from .lines import Line, Piece, fit, line_width, word_wrap
 
 __all__ = ["chrome_lines", "part_lines"]
 

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..model.labels import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS
 from ..model.results import by_position, run_result
 from ..model.state import SIMULATED_LABEL, RunModel
 from .cells import cells, char_cells
 from .lines import Line
 from .paint import theme_for
-from .style import CHUNK_KEYS, ROLE_KEYS, STEP_KEYS, Theme
+from .style import Theme
 from .summary import summary_block
 
 __all__ = ["EXPORT_WIDTH", "ExportError", "export_picture", "html_page", "svg_picture"]

@@ -8,22 +8,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model.state import (
-    RunModel,
-    StreamState,
-)
+from ..model.state import RunModel, StreamState
 from .banner import banner_lines
 from .focus import GridUi
 from .legend import legend_lines
-from .lines import (
-    Line,
-)
+from .lines import Line
 from .overview import overview_line
-from .pane import (
-    PaneCache,
-    box_pane,
-    pane_data,
-)
+from .pane import PaneCache, box_pane, pane_data
 from .status import status_lines
 
 __all__ = [

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from ..model.state import (
+from ..model.labels import (
     LABEL_CHUNK,
     LABEL_REPORTED,
     LABEL_VERIFYING,
-    RunModel,
+    ROLE_KEYS,
+    ROLE_NAMES,
+    STEP_KEYS,
 )
+from ..model.state import RunModel
 from .chrome import chrome_lines
-from .lines import (
-    Line,
-)
-from .style import ROLE_KEYS, ROLE_NAMES, STEP_KEYS
+from .lines import Line
 
 __all__ = ["legend_line", "legend_lines"]
 

@@ -15,10 +15,7 @@ import operator
 from collections.abc import Iterable, Sequence
 
 from ..model.sanitize import sanitize
-from ..model.state import (
-    RunModel,
-    StreamState,
-)
+from ..model.state import RunModel, StreamState
 from .cells import _TEXT as _MEASURED
 from .cells import cells, char_cells, for_screen, head_cells, tail_cells
 

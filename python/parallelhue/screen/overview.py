@@ -3,24 +3,10 @@ the live tail), so 64 streams are all visible at 200x50."""
 
 from __future__ import annotations
 
-from ..model.state import (
-    RunModel,
-    StreamState,
-    label_key,
-)
-from .lines import (
-    Line,
-    clean_pieces,
-    fit,
-    line_width,
-    styled_tail,
-    tail_fit,
-)
-from .pane import (
-    SHORT_LABELS,
-    number_text,
-    percent_text,
-)
+from ..model.labels import SHORT_LABELS, label_key
+from ..model.state import RunModel, StreamState
+from .lines import Line, clean_pieces, fit, line_width, styled_tail, tail_fit
+from .pane import number_text, percent_text
 
 __all__ = ["overview_line"]
 

@@ -11,31 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..model.labels import LABEL_VERIFYING, label_key
 from ..model.sanitize import sanitize
-from ..model.state import (
-    LABEL_CANCELLED,
-    LABEL_CHUNK,
-    LABEL_ERROR,
-    LABEL_EXACT,
-    LABEL_NOT_EXACT,
-    LABEL_QUEUED,
-    LABEL_REPORTED,
-    LABEL_VERIFYING,
-    RunModel,
-    StreamState,
-    label_key,
-)
-from .lines import (
-    Line,
-    Piece,
-    clean_pieces,
-    fit,
-    styled_tail,
-    wrap,
-)
+from ..model.state import RunModel, StreamState
+from .lines import Line, Piece, clean_pieces, fit, styled_tail, wrap
 
 __all__ = [
-    "SHORT_LABELS",
     "PaneCache",
     "PaneData",
     "bare_pane",
@@ -47,18 +28,6 @@ __all__ = [
     "percent_text",
     "proven_text",
 ]
-
-SHORT_LABELS = {
-    LABEL_EXACT: "EXACT",
-    LABEL_CHUNK: "CHUNK",
-    LABEL_VERIFYING: "VERIFY",
-    LABEL_NOT_EXACT: "FAILED",
-    LABEL_ERROR: "ERROR",
-    LABEL_CANCELLED: "CANCEL",
-    LABEL_QUEUED: "QUEUED",
-    LABEL_REPORTED: "REPORTED",
-}
-
 
 _BOX = ("┌", "─", "┐", "│", "└", "┘")
 

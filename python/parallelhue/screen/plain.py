@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 from ..model.sanitize import sanitize
-from ..model.state import (
-    RunModel,
-)
+from ..model.state import RunModel
 from .banner import banner_line
-from .lines import (
-    Line,
-    clean_pieces,
-    wrap,
-)
-from .pane import (
-    header_pieces,
-)
+from .lines import Line, clean_pieces, wrap
+from .pane import header_pieces
 
 __all__ = ["plain_listing"]
 

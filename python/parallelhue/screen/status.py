@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import math
 
+from ..model.labels import SHORT_LABELS
 from ..model.sanitize import sanitize
-from ..model.state import (
-    RunModel,
-)
+from ..model.state import RunModel
 from .chrome import chrome_lines
 from .focus import GridUi
-from .lines import (
-    Line,
-)
-from .pane import (
-    SHORT_LABELS,
-)
+from .lines import Line
 
 __all__ = ["requests_text", "status_line", "status_lines"]
 

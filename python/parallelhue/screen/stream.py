@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 from ..model.sanitize import sanitize
-from ..model.state import (
-    RunModel,
-)
+from ..model.state import RunModel
 from .banner import banner_lines
 from .focus import GridUi
 from .legend import legend_lines
-from .lines import (
-    Line,
-    clean_pieces,
-    fit,
-    styled_tail,
-    wrap,
-)
-from .pane import (
-    header_pieces,
-)
+from .lines import Line, clean_pieces, fit, styled_tail, wrap
+from .pane import header_pieces
 from .status import requests_text
 
 __all__ = ["stream_screen"]

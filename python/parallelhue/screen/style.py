@@ -1,7 +1,8 @@
-"""Style keys of the pane model, and the palettes that say what each key looks like.
+"""The palettes that say what each style key looks like.
 
 The screen's lines (`lines.py`) tag every piece of text with a style key such as
-`step.2`, `role.accepted` or `label.exact`, never with a color. A `Theme`
+`step.2`, `role.accepted` or `label.exact` (the keys: `model/labels.py`), never
+with a color. A `Theme`
 turns keys into SGR prefixes (the ANSI painter), Rich styles (the Rich
 painter) and CSS colors (the HTML and SVG painters), so one palette choice
 (`--palette`) and one NO_COLOR rule apply to every output alike.
@@ -15,23 +16,14 @@ from functools import cached_property
 from rich.color import Color
 from rich.style import Style
 
+from ..model.labels import CHUNK_KEYS, STEP_KEYS
+
 __all__ = [
-    "CHUNK_KEYS",
     "PALETTES",
-    "ROLE_KEYS",
-    "ROLE_NAMES",
-    "STEP_KEYS",
     "Ink",
     "Theme",
     "xterm_rgb",
 ]
-
-# Steps (and SSE chunks in chunk mode) cycle through four colors.
-STEP_KEYS = ("step.0", "step.1", "step.2", "step.3")
-CHUNK_KEYS = ("chunk.0", "chunk.1", "chunk.2", "chunk.3")
-# Token role codes of the span events (docs/PROTOCOL.md): 0 plain, 1 accepted, 2 target, 3 bonus.
-ROLE_KEYS = ("role.plain", "role.accepted", "role.target", "role.bonus")
-ROLE_NAMES = ("plain", "accepted draft", "target correction", "bonus")
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from typing import Any
 from rich.text import Text
 
 from ..model.advice import grouped_notes, run_message_notes
+from ..model.labels import SHORT_LABELS, label_key
 from ..model.results import figure_totals, run_result, stream_result, telemetry_measured
 from ..model.sanitize import sanitize
-from ..model.state import SIMULATED_LABEL, RunModel, label_key
+from ..model.state import SIMULATED_LABEL, RunModel
 from .cells import cells
 from .lines import Line, fit, line_width, word_wrap
 from .paint import plain_lines, rich_text, theme_for
-from .pane import SHORT_LABELS
 
 __all__ = ["render_summary", "role_line", "summary_block", "summary_lines"]
 
