@@ -171,7 +171,7 @@ _PACKAGE = os.path.join(PYTHON_DIR, "parallelhue")
 # reconciler (reference/) reads only its key lists there; the screen and the
 # network side (ingest/) sit on the model, never on each other; the session
 # joins them; cli/ and headless.py are the top. cli.settings, the validated
-# settings (plain data), is read below the top and imports as the screen may.
+# settings (plain data), is read below the top and imports only the model.
 ROOMS_BELOW: dict[str, frozenset[str]] = {
     "model": frozenset({"model", "_native"}),
     "reference": frozenset({"reference", "model"}),
