@@ -140,7 +140,8 @@ def client_main(
     telemetry = "socket" if telemetry == "socket" else "http"
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.model.state import NO_STEP, StreamState
+    from parallelhue.model.spans import NO_STEP
+    from parallelhue.model.state import StreamState
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)

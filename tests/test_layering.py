@@ -54,6 +54,7 @@ _STATE = (
     "parallelhue.model.advice",
     "parallelhue.model.labels",
     "parallelhue.model.reported",
+    "parallelhue.model.spans",
     "parallelhue.model.state",
 )
 _LABELS = (*_ROOT, "parallelhue.model.labels")

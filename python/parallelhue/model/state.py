@@ -17,12 +17,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import sys
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union, cast
+from typing import Any
 
 from .advice import TelemetrySetup
 from .backend import Backend
@@ -36,18 +35,22 @@ from .labels import (
     LABEL_QUEUED,
     LABEL_REPORTED,
     LABEL_VERIFYING,
-    ROLE_KEYS,
-    STEP_KEYS,
 )
 from .reported import Reported, ReportedInputs, judge
 from .sanitize import one_line
 from .shapes import SourceInfo, Usage
+from .spans import (
+    NO_ROLE,
+    NO_STEP,
+    SpanStore,
+    append_le,
+    new_span_records,
+    tail_keys,
+    tail_pieces,
+)
 
 __all__ = [
-    "NO_ROLE",
-    "NO_STEP",
     "SIMULATED_LABEL",
-    "SPAN_RECORD_BYTES",
     "RunModel",
     "Segment",
     "StreamState",
@@ -59,16 +62,6 @@ __all__ = [
 SIMULATED_LABEL = "SIMULATED ENGINE"
 
 Segment = tuple[str, str | None]  # text (raw, sanitized by the layout), style key
-
-
-def _span_key(step: int | None, role: int | None, color_by: str, roles_known: bool = True) -> str:
-    if color_by == "role":
-        if role is not None and 0 <= role < len(ROLE_KEYS):
-            return ROLE_KEYS[role]
-        # No role: tokens of two roles (mixed) when the reconciler reports roles at
-        # all (contract C2's 8th span element), else simply not proven.
-        return "mixed" if roles_known else "unproven"
-    return STEP_KEYS[step % len(STEP_KEYS)] if step is not None else "mixed"
 
 
 def telemetry_expected(counters: Mapping[str, Any]) -> bool:
@@ -169,153 +162,6 @@ class _Spans:
         return f"_Spans({list(self)!r})"
 
 
-# The span record's size and "none" values (see _Spans): declared once, in the
-# Rust core (parallelhue_core::spans), and exported by the extension. Without it
-# (`--reconciler python` needs none) the same values, which
-# tests/test_span_records.py holds equal to the extension's.
-try:
-    from .._native import NO_ROLE, NO_STEP, SPAN_RECORD_BYTES
-except ImportError:  # not built
-    NO_STEP, NO_ROLE, SPAN_RECORD_BYTES = 0xFFFFFFFF, 0xFF, 16
-# tail_pieces' key tables: by role, one key per role byte (NO_ROLE: none) for
-# each value of roles_known; by step, STEP_KEYS (a mixed span: "mixed").
-_ROLE_TABLES = {
-    known: tuple(
-        _span_key(None, None if code == NO_ROLE else code, "role", known)
-        for code in range(NO_ROLE + 1)
-    )
-    for known in (False, True)
-}
-_STEP_TABLE = tuple(STEP_KEYS)
-
-
-def tail_keys(
-    colorize: bool, color_by: str, roles_known: bool
-) -> tuple[tuple[str, ...] | None, bool]:
-    """tail_pieces' (keys, by_role) for a coloring rule."""
-    if not colorize:
-        return None, False
-    if color_by == "role":
-        return _ROLE_TABLES[roles_known], True
-    return _STEP_TABLE, False
-
-
-def python_tail_pieces(
-    data: bytes | bytearray,
-    records: Any,
-    limit: int,
-    total: int,
-    keys: tuple[str, ...] | None,
-    by_role: bool,
-    other: str,
-) -> list[tuple[str, str | None]]:
-    """`_native.tail_pieces` in Python, the same arguments and results (see
-    _native.pyi): the spans read back from the end one by one, each decoded
-    as _Spans.text does. The client runs without the extension under
-    `--reconciler python`; tests/test_pane_tail.py holds the two equal."""
-    if keys is not None and (not keys or (by_role and len(keys) <= NO_ROLE)):
-        raise ValueError("tail_pieces: by role needs 256 keys, by step at least one")
-    pieces: list[tuple[str, str | None]] = []
-    position = len(records) // 2 - 1
-    end = records[2 * position] if position >= 0 else 0
-    while position >= 0 and (limit < 0 or total < limit):
-        start = records[2 * position - 2] if position else 0
-        if not 0 <= start <= end <= len(data):
-            raise ValueError("span outside the text")
-        text = data[start:end].decode("utf-8", "replace")
-        word = records[2 * position + 1]
-        key: str | None
-        if keys is None:
-            key = None
-        elif by_role:
-            key = keys[(word >> 32) & NO_ROLE]
-        else:
-            step = word & NO_STEP
-            key = other if step == NO_STEP else keys[step % len(keys)]
-        pieces.append((text, key))
-        total += len(text)
-        position -= 1
-        end = start
-    pieces.reverse()
-    return pieces
-
-
-if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
-
-    _WordArray = array[int]
-else:
-    _WordArray = array
-
-
-class PySpanRecords(_WordArray):
-    """`_native.SpanRecords` without the extension (`--reconciler python`
-    needs none): an array("Q") of two words a span that notes whether a span
-    carried a token role. tests/test_span_records.py holds the two alike."""
-
-    __slots__ = ("has_roles",)
-    has_roles: bool
-
-    def __new__(cls) -> PySpanRecords:
-        self = cast(PySpanRecords, super().__new__(cls, "Q"))
-        self.has_roles = False
-        return self
-
-    def _saw(self, start: int) -> None:
-        if not self.has_roles:
-            self.has_roles = any(
-                (self[i] >> 32) & NO_ROLE != NO_ROLE for i in range(start | 1, len(self), 2)
-            )
-
-    def extend(self, words: Iterable[int]) -> None:
-        start = len(self)
-        super().extend(words)
-        self._saw(start)
-
-    def frombytes(self, data: ReadableBuffer) -> None:
-        size = memoryview(data).nbytes
-        if size % SPAN_RECORD_BYTES:
-            raise ValueError(
-                f"span records come in {SPAN_RECORD_BYTES}-byte spans; got {size} bytes"
-            )
-        start = len(self)
-        super().frombytes(data)
-        if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
-            tail = self[start:]
-            tail.byteswap()
-            self[start:] = tail
-        self._saw(start)
-
-    def __setitem__(self, index: Any, word: Any) -> None:
-        super().__setitem__(index, word)
-        self._saw(0)
-
-
-SpanStore = Union["_native.SpanRecords", PySpanRecords]
-
-try:
-    from .. import _native
-    from .._native import tail_pieces
-
-    new_span_records: Callable[[], SpanStore] = _native.SpanRecords
-except ImportError:  # not built: the whole client still runs (--reconciler python)
-    tail_pieces = python_tail_pieces
-    new_span_records = PySpanRecords
-
-_BIG_ENDIAN = sys.byteorder == "big"
-
-
-def _append_le(target: array[int] | array[float], data: bytes | memoryview) -> None:
-    """Append little-endian packed values (how the Rust path sends them)."""
-    if _BIG_ENDIAN:  # pragma: no cover - every supported machine is little-endian
-        extra: array[Any] = array(target.typecode)
-        extra.frombytes(data)
-        extra.byteswap()
-        target.extend(extra)
-    else:
-        target.frombytes(data)
-
-
 # Compact reprs: asyncio's end-of-run signal bookkeeping (Python 3.11) formats
 # the main task's result with repr(), and a full dataclass repr of a run's
 # texts and times cost ~0.2 s per call at 128k tokens.
@@ -395,12 +241,12 @@ class StreamState:
             self.reported_inputs.add_packed(*reported)
         before = len(self.delta_times)
         chunks_before = len(self.chunk_ends)
-        _append_le(self.delta_times, times)
+        append_le(self.delta_times, times)
         if self.first_token_at is None and len(self.delta_times) > before:
             self.first_token_at = self.delta_times[before]
         self.sse_tokens += tokens
         self.sse_utf8 += utf8
-        _append_le(self.chunk_ends, chunk_ends)
+        append_le(self.chunk_ends, chunk_ends)
         # Which delta each chunk came with is known when none was empty; else the
         # batch's last arrival stands for all of it (the timeline's precision).
         new_times = self.delta_times[before:]
@@ -611,7 +457,7 @@ class StreamState:
                 total = len(tail)
         # The hot path of every redraw, in Rust when built: the spans read back
         # from the end and decoded as _Spans.text does, each with its key
-        # (_span_key's rule).
+        # (spans.span_key's rule).
         keys, by_role = tail_keys(colorize, color_by, roles_known)
         spans = tail_pieces(self.sse_utf8, self.span_records, limit, total, keys, by_role, "mixed")
         spans.extend(pieces)  # the unproven tail comes last
