@@ -46,15 +46,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue.model.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
+from parallelhue.model.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
+from parallelhue.reference.decode import Frame, FrameError, decode_frame
 from parallelhue.reference.sse import shown_reason
-from parallelhue.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
-from parallelhue.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
 from parallelhue_vllm.wire import (
     ALL_STREAMS,
     FINISH_LENGTH,
     FINISH_NAMES,
     KIND_HELLO,
+    KIND_NAMES,
     KIND_PROVENANCE,
     KIND_TEXT,
     LEAD_UNKNOWN,
@@ -87,7 +88,7 @@ TOKEN_ROLE_NAMES = {
     ROLE_TARGET: "target",
     ROLE_BONUS: "bonus",
 }
-# The keys of stats and counters are defined once, in parallelhue.shapes
+# The keys of stats and counters are defined once, in parallelhue.model.shapes
 # (held equal to the Rust core's by tests/test_native_types.py).
 STAT_KEYS = _SHAPE_STAT_KEYS
 COUNTER_KEYS = _SHAPE_COUNTER_KEYS
