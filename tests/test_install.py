@@ -103,7 +103,7 @@ def test_dist_holds_the_wheels_and_sdists_with_their_metadata() -> None:
     plugin, plugin_files = _metadata(_one("parallelhue_vllm-*.whl"))
     assert client["Requires-Dist"] is not None
     requires = client.get_all("Requires-Dist")  # type: ignore[attr-defined]
-    assert "parallelhue-vllm>=0.3,<0.4" in requires
+    assert "parallelhue-vllm>=0.3.1,<0.4" in requires
     for meta, files in ((client, client_files), (plugin, plugin_files)):
         classifiers = meta.get_all("Classifier")  # type: ignore[attr-defined]
         assert "Programming Language :: Python :: 3.11" in classifiers
@@ -175,4 +175,4 @@ def test_the_client_wheel_alone_names_the_plugin_it_needs(tmp_path: Path) -> Non
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode != 0
-    assert "parallelhue-vllm<0.4,>=0.3" in result.stderr
+    assert "parallelhue-vllm<0.4,>=0.3.1" in result.stderr

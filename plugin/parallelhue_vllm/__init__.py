@@ -4,7 +4,7 @@ Inactive unless PARALLELHUE_VLLM_EXACT=1. Also home of the wire encoder and the
 emitter that the embedded simulated engine shares with the plugin.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 # The server-side self-check (parallelhue_vllm/check.py); the client points at it
 # when a run gets no telemetry.

