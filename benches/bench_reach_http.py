@@ -11,7 +11,10 @@ the telemetry differs:
   (`--telemetry http` on both sides);
 - `side`: the per-run subscription stream it replaced (issue 11), run from
   the tree of `--side-ref` (default: the commit before in-band telemetry),
-  extracted with `git archive` and given this build's extension (a superset);
+  extracted with `git archive`, with `--side-native`: an extension built from
+  a tree that still has the side route's reader (this tree has none since the
+  side route was removed; e.g. `python/parallelhue/_native.abi3.so` of main
+  at bf0f821, saved before the removal);
 - `socket`: the engine's emitters send datagrams to the client's socket (a
   path on the shared filesystem: AF_UNIX crosses network namespaces).
 
@@ -22,14 +25,15 @@ client process. Two kinds of round, also alternated:
   reconciler saw + frames the server's hub dropped for the client), streams
   exact, client CPU (user + system of the client process, all its threads)
   and server CPU (the engine process: engine, HTTP server, emitters, hub) per
-  10k tokens;
+  10k tokens; for `inband`, the time each response's end waited for its
+  final step's frames (the hub's own measure: mean and max over responses);
 - latency rounds (the client also writes `--record`, so their CPU is not
   reported): step-to-screen latency. For every step of every stream: from the
   `timestamp_ns` of the provenance frame carrying the step's record (set by
   the scheduler emitter's sender thread when it encodes the frame, just
   before sending it) to the moment the client's screen model receives the
-  first span of that step (`StreamState.add_span_runs`, called when the
-  session polls the Rust threads' batch: once per screen refresh). Measured
+  first span of that step (in its stream's span records after the session
+  polls the Rust threads' batch: once per screen refresh). Measured
   at the views' 10 Hz refresh (0.1 s, what a user sees) and at 100 Hz
   (0.01 s, so the transport's own latency shows). Both times are
   CLOCK_MONOTONIC of the same kernel (network namespaces share it). Steps
@@ -37,7 +41,7 @@ client process. Two kinds of round, also alternated:
   their own and are counted, not timed.
 
     sudo .venv/bin/python benches/bench_reach_http.py [--rounds N] [--rate R] [--seconds S]
-        [--configs inband,side,socket]
+        [--configs inband,side,socket] [--side-native PATH]
 
 All numbers come from a SIMULATED engine.
 """
@@ -64,11 +68,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "netns"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-STREAMS = 64
+# PH_BENCH_STREAMS: streams per run (the client side also runs against a real server).
+STREAMS = int(os.environ.get("PH_BENCH_STREAMS", "64"))
 PORT = 8000
 TOKENS_PER_STEP = 2.4  # the simulated engine's mean at its default acceptance spread
 _HEADER = struct.Struct("<4sBBH16sQQQQII")
-_SPAN = struct.Struct("<QQ")
 
 
 CONFIGS = ("inband", "side", "socket")
@@ -76,8 +80,8 @@ CONFIGS = ("inband", "side", "socket")
 SIDE_TREE: list[str] = []
 
 
-def side_tree(ref: str) -> str:
-    """`ref`'s python/ and plugin/ in a temporary directory, with this build's extension."""
+def side_tree(ref: str, native: str) -> str:
+    """`ref`'s python/ and plugin/ in a temporary directory, with the extension `native`."""
     tree = tempfile.mkdtemp(prefix="phside", dir="/tmp")
     os.chmod(tree, 0o755)
     archive = subprocess.run(
@@ -85,8 +89,7 @@ def side_tree(ref: str) -> str:
         check=True, capture_output=True,
     )  # fmt: skip
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-    for built in (ROOT / "python" / "parallelhue").glob("_native*.so"):
-        shutil.copy(built, os.path.join(tree, "python", "parallelhue", built.name))
+    shutil.copy(native, os.path.join(tree, "python", "parallelhue", os.path.basename(native)))
     return tree
 
 
@@ -140,24 +143,34 @@ def client_main(
     telemetry = "socket" if telemetry == "socket" else "http"
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.state import NO_STEP, StreamState
+    from parallelhue.state import NO_STEP
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
 
     first_span: dict[tuple[int, int], float] = {}
-    original = StreamState.add_span_runs
     if record:
+        # Spans reach the screen model in Rust (`Reconciler.take` appends them to each
+        # stream's span_records): after each poll, the words new since the last one.
+        from parallelhue.ingest import RustIngest
 
-        def timed(self: StreamState, records: bytes | memoryview) -> None:
+        original = RustIngest.poll
+        seen: dict[int, int] = {}
+
+        def timed(self: RustIngest) -> None:
+            original(self)
             now = time.monotonic()
-            for _end, word in _SPAN.iter_unpack(records):
-                step = word & NO_STEP
-                if step != NO_STEP:
-                    first_span.setdefault((self.index, step), now)
-            original(self, records)
+            for state in self.model.streams:
+                records = state.span_records
+                start = seen.get(state.index, 0)
+                end = len(records)
+                for at in range(start + 1, end, 2):
+                    step = records[at] & NO_STEP
+                    if step != NO_STEP:
+                        first_span.setdefault((state.index, step), now)
+                seen[state.index] = end
 
-        StreamState.add_span_runs = timed  # type: ignore[method-assign]
+        RustIngest.poll = timed  # type: ignore[method-assign]
     before = resource.getrusage(resource.RUSAGE_SELF)
     result = asyncio.run(
         run_headless(
@@ -284,6 +297,9 @@ def one_round(
     tokens = int(client["tokens"])
     full_records = int(after["full_batch_records"]) - int(before["full_batch_records"])
     full_seconds = float(after["full_batch_seconds"]) - float(before["full_batch_seconds"])
+    hub_after, hub_before = after.get("hub") or {}, before.get("hub") or {}
+    waits = int(hub_after.get("waits", 0)) - int(hub_before.get("waits", 0))
+    waited_us = int(hub_after.get("wait_us_total", 0)) - int(hub_before.get("wait_us_total", 0))
     return {
         "telemetry": telemetry,
         "kind": f"latency@{poll:g}s" if latency else "cost",
@@ -298,6 +314,10 @@ def one_round(
         "client_cpu_per_10k": client["cpu_seconds"] * 10_000 / tokens if tokens else None,
         "server_cpu_per_10k": (cpu_after - cpu_before) * 10_000 / tokens if tokens else None,
         "latency": client.get("latency"),
+        # In-band only: how long the responses' ends waited for their final step's frames.
+        "end_waits": waits,
+        "end_wait_mean_ms": waited_us / waits / 1000 if waits else None,
+        "end_wait_max_ms": int(hub_after.get("wait_us_max", 0)) / 1000 if waits else None,
         "load": load,
         "line": client["line"],
     }
@@ -316,13 +336,23 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _waits(rows: list[dict[str, Any]]) -> str:
+    waited = [r for r in rows if r["end_waits"]]
+    if not waited:
+        return "-"
+    mean = sum(r["end_wait_mean_ms"] * r["end_waits"] for r in waited) / sum(
+        r["end_waits"] for r in waited
+    )
+    return f"{mean:.2f} / {max(r['end_wait_max_ms'] for r in waited):.1f}"
+
+
 def summarize(rows: list[dict[str, Any]]) -> str:
     """One line per configuration: medians over rounds, losses and exactness over all rounds."""
     head = (
         "| telemetry | rounds | achieved step rec/s | frames lost | exact streams (worst) "
         "| client CPU s / 10k tok | server CPU s / 10k tok | step-to-screen p50 / p99 ms at "
-        "10 Hz | at 100 Hz | steps timed (untimed) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "10 Hz | at 100 Hz | steps timed (untimed) | end wait mean / max ms | load |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out = []
     for telemetry in dict.fromkeys(r["telemetry"] for r in rows):
@@ -343,7 +373,8 @@ def summarize(rows: list[dict[str, Any]]) -> str:
             f"{_median([r['server_cpu_per_10k'] for r in cost]):.3f} | "
             f"{lat('latency@0.1s', 'p50_ms'):.1f} / {lat('latency@0.1s', 'p99_ms'):.1f} | "
             f"{lat('latency@0.01s', 'p50_ms'):.1f} / {lat('latency@0.01s', 'p99_ms'):.1f} | "
-            f"{timed:,} ({untimed:,}) |"
+            f"{timed:,} ({untimed:,}) | {_waits(mine)} | "
+            f"{_median([r['load'] for r in mine]):.1f} |"
         )
     return head + "\n".join(out)
 
@@ -355,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="nominal generation time")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="inband,side,socket")
     parser.add_argument("--side-ref", default="310c3d1", help="the tree of the side route")
+    parser.add_argument(
+        "--side-native", default="", help="an extension with the side route's reader (for side)"
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--telemetry", help=argparse.SUPPRESS)
     parser.add_argument("--socket-dir", help=argparse.SUPPRESS)
@@ -381,7 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# SIMULATED engine, {STREAMS} streams, {args.rate} step records/s")
     print(f"# {json.dumps(versions())}")
     if "side" in configs:
-        SIDE_TREE.append(side_tree(args.side_ref))
+        if not os.path.isfile(args.side_native):
+            print(
+                "bench_reach_http: side needs --side-native PATH (an extension built "
+                "before the side route's removal)"
+            )
+            return 2
+        SIDE_TREE.append(side_tree(args.side_ref, args.side_native))
     rows = []
     try:
         with Hosts() as hosts:

@@ -17,7 +17,6 @@ pub mod digest;
 pub mod encode;
 pub mod fed;
 pub mod http;
-pub mod inband;
 pub mod outcome;
 pub mod protocol;
 pub mod reconcile;
