@@ -203,7 +203,7 @@ def client_main(
     telemetry = "socket" if telemetry == "socket" else "http"
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.state import NO_STEP
+    from parallelhue.model.spans import NO_STEP
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
@@ -212,7 +212,7 @@ def client_main(
     if record:
         # Spans reach the screen model in Rust (`Reconciler.take` appends them to each
         # stream's span_records): after each poll, the words new since the last one.
-        from parallelhue.ingest import RustIngest
+        from parallelhue.ingest.native import RustIngest
 
         original = RustIngest.poll
         seen: dict[int, int] = {}
@@ -264,7 +264,7 @@ def client_main(
 
 def latencies(record: str, first_span: dict[tuple[int, int], float]) -> dict[str, Any]:
     """Step-to-screen latencies (see the module doc) from the run's recording."""
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
     from parallelhue.reference import decode_frame
     from parallelhue_vllm.wire import KIND_PROVENANCE
 

@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
 from parallelhue.headless import HeadlessView
+from parallelhue.model.state import StreamState
 from parallelhue.session import Session, SessionResult
-from parallelhue.state import StreamState
 
 __all__ = ["by_byte", "compare_with_exact", "run_client", "summarize"]
 

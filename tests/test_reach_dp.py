@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import SimServer
-from parallelhue.views import make_console, make_view
 from parallelhue_vllm.hub import HubLimits
 from test_reach_client import RECONCILERS, clean_env, sim_config
 

@@ -24,17 +24,18 @@ from typing import Any
 import jsonschema
 import pytest
 
-from parallelhue.config import parse_run
-from parallelhue.replay import replay
-from parallelhue.reported import LABEL_REPORTED, Reported, ReportedInputs, judge
-from parallelhue.results import json_document
+from parallelhue.cli.config import parse_run
+from parallelhue.cli.replay import replay
+from parallelhue.cli.settings import ReplayConfig
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_REPORTED
+from parallelhue.model.reported import Reported, ReportedInputs, judge
+from parallelhue.model.results import json_document
+from parallelhue.model.state import StreamState
+from parallelhue.screen.summary import summary_lines
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
-from parallelhue.settings import ReplayConfig
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
 from parallelhue.sim.engine import SimRequest
-from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, StreamState
-from parallelhue.summary import summary_lines
-from parallelhue.views import make_console, make_view
 from test_cli import _CLEARED
 from test_client_sim import KINDS
 
@@ -321,7 +322,7 @@ def test_no_statements_are_no_tier_and_two_engines_are_refused() -> None:
 
 
 def test_a_search_beyond_its_budget_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import parallelhue.reported as reported_module
+    import parallelhue.model.reported as reported_module
 
     monkeypatch.setattr(reported_module, "MAX_STATES", 5)
     refused = vllm([1, 4, 1, 2], [3, 0, 1], [3, 3, 3])

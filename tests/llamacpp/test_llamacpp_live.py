@@ -20,8 +20,7 @@ import httpx
 import llama_server
 import pytest
 
-from parallelhue.reported import LABEL_REPORTED
-from parallelhue.state import LABEL_CHUNK
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_REPORTED
 from stock_runs import run_client, summarize
 
 PROMPT = "東京は日本の首都です。 def add(x, y): return x + y"

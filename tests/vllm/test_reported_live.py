@@ -23,8 +23,7 @@ import server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parallelhue.reported import LABEL_REPORTED
-from parallelhue.state import LABEL_EXACT
+from parallelhue.model.labels import LABEL_EXACT, LABEL_REPORTED
 from stock_runs import compare_with_exact, run_client, summarize
 
 pytestmark = pytest.mark.vllm
