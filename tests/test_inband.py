@@ -1,6 +1,6 @@
 """In-band telemetry's wire format (docs/PROTOCOL.md, "In-band telemetry"): the
 reference decoder against the normative vectors (the Rust decoder reads the same
-file in `rust/core/src/inband.rs`), the encoder round trip, the envelopes between
+file in `rust/core/src/telemetry/inband.rs`), the encoder round trip, the envelopes between
 emitters and hubs, and the claims that keep a request's frames for its response."""
 
 from __future__ import annotations

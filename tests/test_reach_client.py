@@ -101,9 +101,19 @@ def exact(result: SessionResult) -> bool:
 # ------------------------------------------------------------------ HTTP telemetry itself
 
 
-@pytest.mark.parametrize("reconciler", RECONCILERS)
-def test_http_telemetry_is_exact_with_no_socket_anywhere(reconciler: str) -> None:
+@pytest.mark.parametrize(
+    ("reconciler", "asked_by"), [(r, "flag") for r in RECONCILERS] + [("rust", "env")]
+)
+def test_http_telemetry_is_exact_with_no_socket_anywhere(
+    reconciler: str, asked_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--telemetry http` (or PARALLELHUE_TELEMETRY=http, as before the side route went)
+    means in-band."""
     socket_dir = os.environ["PARALLELHUE_SOCKET_DIR"]
+    ask = ["--telemetry", "http"]
+    if asked_by == "env":
+        monkeypatch.setenv("PARALLELHUE_TELEMETRY", "http")
+        ask = []
     result, session, screen = session_against(
         [
             "hi",
@@ -113,8 +123,7 @@ def test_http_telemetry_is_exact_with_no_socket_anywhere(reconciler: str) -> Non
             "40",
             "--mode",
             "exact",
-            "--telemetry",
-            "http",
+            *ask,
             "--reconciler",
             reconciler,
         ],

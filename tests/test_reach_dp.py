@@ -10,13 +10,21 @@ inside its own response (in-band), so every stream is EXACT whichever node
 served it, and each node's hub keeps only the frames of the requests it
 served. (With the old side route, a subscription to one node, the streams of
 the other node ended `missing telemetry`.)
+
+Multi-node data parallel with internal load balancing is the other case: node B
+stands for an API server whose EngineCore runs headless on another host, so its
+scheduler's frames reach no hub of B (they go to that host's empty hub
+directory). That is refused explicitly: B's streams fail with the reason, never
+EXACT, and A's stay EXACT.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import tempfile
 from typing import Any
 
 import pytest
@@ -25,6 +33,7 @@ from parallelhue.cli.config import parse_run
 from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import SimServer
+from parallelhue_vllm.hub import HubLimits
 from test_reach_client import RECONCILERS, clean_env, sim_config
 
 __all__ = ["clean_env"]  # the autouse fixture of test_reach_client applies here too
@@ -96,11 +105,16 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
 
 
-def run_behind_balancer(reconciler: str) -> tuple[SessionResult, Balancer, list[dict[str, Any]]]:
+def run_behind_balancer(
+    reconciler: str, mode: str = "exact", b: dict[str, Any] | None = None
+) -> tuple[SessionResult, Balancer, list[dict[str, Any]]]:
+    """One run behind the balancer; `b`: more SimConfig settings of node B."""
     console = make_console(False, plain=True)
 
     async def go() -> tuple[SessionResult, Balancer, list[dict[str, Any]]]:
-        nodes = [SimServer(sim_config(telemetry_mode="http")) for _ in range(2)]
+        nodes = [
+            SimServer(sim_config(telemetry_mode="http", **settings)) for settings in ({}, b or {})
+        ]
         urls = [await node.start() for node in nodes]
         balancer = Balancer(*urls)
         try:
@@ -114,7 +128,7 @@ def run_behind_balancer(reconciler: str) -> tuple[SessionResult, Balancer, list[
                 "--max-tokens",
                 "30",
                 "--mode",
-                "exact",
+                mode,
                 "--telemetry",
                 "http",
                 "--model",
@@ -158,3 +172,38 @@ def test_every_stream_is_exact_whichever_node_served_it(reconciler: str) -> None
         assert hub["claims"] > 0 and hub["accepted"] > 0, hub
         assert hub["unclaimed"] == 0 and hub["dropped"] == 0 and hub["incomplete"] == 0
         assert hub["waits"] == hub["claims"] and hub["open_claims"] == 0
+
+
+# The end item's reason when the scheduler's frames never come: after the hub's
+# whole wait (300 ms below; the hub states what it measured).
+SCHEDULER_MISSING = re.compile(
+    r"telemetry lost: the scheduler's frames of the final step did not come within (\d+) ms"
+)
+
+
+@pytest.mark.parametrize("reconciler", RECONCILERS)
+def test_a_node_whose_engine_core_is_on_another_host_is_refused_never_exact(
+    reconciler: str,
+) -> None:
+    with tempfile.TemporaryDirectory() as other_host:
+        # The remote host's hub directory: private, as the plugin requires, and empty.
+        remote_hubs = os.path.join(other_host, "hubs")
+        os.mkdir(remote_hubs, 0o700)
+        os.chmod(other_host, 0o700)
+        result, balancer, (hub_a, hub_b) = run_behind_balancer(
+            reconciler,
+            mode="auto",
+            b={"remote_engine_hub_dir": remote_hubs, "hub_limits": HubLimits(wait_seconds=0.3)},
+        )
+    on_b = {i for i, node in balancer.served.items() if node == "b"}
+    assert on_b, balancer.served
+    for stream in result.model.streams:
+        if stream.index not in on_b:
+            assert (stream.verdict, stream.reason) == ("exact", None)
+            continue
+        assert stream.verdict == "failed"
+        match = SCHEDULER_MISSING.fullmatch(str(stream.reason))
+        assert match is not None and int(match.group(1)) >= 300, stream.reason
+    # B claimed its requests and held only the detokenizer's frames; every end waited.
+    assert hub_b["claims"] == len(on_b) and hub_b["incomplete"] == len(on_b), hub_b
+    assert hub_a["incomplete"] == 0, hub_a

@@ -87,7 +87,7 @@ class HubError(Exception):
 
 
 class HubFull(Exception):
-    """No subscription slot is free."""
+    """No claim slot is free (`max_claims` requests with in-band telemetry are open)."""
 
 
 # ------------------------------------------------------------------ paths

@@ -67,8 +67,8 @@ __all__ = [
     "use_claim",
 ]
 
-# The request header and the version of this format (the HTTP telemetry stream of
-# subscriptions was version 1).
+# The request header and the version of this format (version 1 was the removed
+# per-run subscription stream).
 HEADER = "X-ParallelHue-Telemetry"
 STREAM_VERSION = 2
 EVENT_NAME = "parallelhue"

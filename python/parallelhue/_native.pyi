@@ -24,7 +24,6 @@ from parallelhue.model.shapes import (
     ReceiverStats,
     SourceInfo,
     StreamStats,
-    TelemetryState,
     Usage,
 )
 
@@ -44,7 +43,6 @@ __all__ = [
     "SSE_COALESCE_STREAMS",
     "SSE_READ_INTERVAL",
     "STAT_KEYS",
-    "TELEMETRY_CONTENT_TYPE",
     "HttpStreams",
     "Receiver",
     "Reconciler",
@@ -76,7 +74,6 @@ NO_ROLE: int
 SSE_READ_INTERVAL: float  # seconds; HttpStreams' default min_interval (Unix only)
 SSE_COALESCE_STREAMS: int  # open connections from which rounds are spaced (Unix only)
 ERROR_BODY_LIMIT: int  # bytes of an error body kept for its message (Unix only)
-TELEMETRY_CONTENT_TYPE: str  # of a telemetry stream response (Unix only)
 
 # Reconciler.take(): (stream, new SSE text as UTF-8, where each non-empty delta
 # ends (u64 LE byte offsets from the stream's start), one arrival time per
@@ -311,15 +308,6 @@ class HttpStreams:
         """End `stream` as "cancelled" (also when its exchange was over)."""
     def fail(self, stream: int, detail: str) -> None:
         """End `stream` as "internal" with `detail`."""
-    def subscribe(self, target: str, headers: list[tuple[str, str]], body: bytes) -> None:
-        """Create the run's telemetry stream: `POST target` (docs/PROTOCOL.md, "HTTP
-        telemetry stream"), read by the same thread. RuntimeError for a second one;
-        ValueError for a header that would break the request."""
-    def accept_telemetry(self) -> None:
-        """Take the run the stream's preamble named: the reconciler gets its run id
-        (before any other input) and every frame, from the first read, goes into it."""
-    def telemetry(self) -> TelemetryState:
-        """The telemetry stream so far."""
     def close(self) -> None:
         """Stop the thread and close every connection. Idempotent."""
     @property

@@ -57,15 +57,6 @@ write("reconciler", ops)
 write("reconciler", ops + b"\x03\x00\x00\x01\x00\x02\x07\x07\x02hi\x02\x00\x00")
 write("reconciler", ops + b"\x03\x01\x00\x05\x01\x0b\x01\x01\x02\x01\x00")
 
-# The HTTP telemetry stream: every vector, whole (first byte 0x00: split in
-# 1-byte pieces, no preamble added) and with its preamble cut off (0x80 adds one).
-stream_doc = json.loads((ROOT / "tests" / "vectors" / "stream" / "telemetry_stream.json").read_text())
-for v in stream_doc["vectors"]:
-    b = bytes.fromhex(v["hex"])
-    write("telemetry_stream", b"\x00" + b)
-    if b.startswith(b"PHTS") and len(b) > 32:
-        write("telemetry_stream", b"\x85" + b[32:])
-
 # chunk_paths: the chunk JSON alone, as vLLM and the simulated engine send it
 # (the scanner's grammar), and shapes only the typed or Value path reads.
 for chunk in [

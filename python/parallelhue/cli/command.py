@@ -83,8 +83,9 @@ verification:
   --mode MODE           [PARALLELHUE_MODE] auto (default) | exact | chunk
   --backend NAME        [PARALLELHUE_BACKEND] auto (default: from evidence) | generic | a
                         speculative method (ngram, draft_model, eagle3, mtp, ...) declared by you
-  --telemetry WAY       [PARALLELHUE_TELEMETRY] auto (default: the server's HTTP route when
-                        its plugin answers, else the socket) | socket | http
+  --telemetry WAY       [PARALLELHUE_TELEMETRY] auto (default: in-band when the server's
+                        plugin answers or the server is on another host, else the socket) |
+                        socket | http (in-band: each request's frames in its own response)
   --socket-dir DIR      [PARALLELHUE_SOCKET_DIR] telemetry socket directory
                         (default $XDG_RUNTIME_DIR/parallelhue, else <tmp>/parallelhue-<uid>)
   --accept-uid UID      [PARALLELHUE_ACCEPT_UIDS=UID,...] also admit socket frames from UID
@@ -125,7 +126,7 @@ the run (as in parallelhue --help):
   --mode --view --seed --prompt --requests --request-rate --stop --ignore-eos
   --system --extra-body --header --color --palette --json --record --export
   --measurement --reconciler --tmux --no-attach --start-delay, and
-  --telemetry socket (default) | http (the engine serves its HTTP route) | auto
+  --telemetry socket (default) | http (in-band, in each response) | auto
 """
 
 

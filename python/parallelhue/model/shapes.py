@@ -31,7 +31,6 @@ __all__ = [
     "SourceInfo",
     "SpanEvent",
     "StreamStats",
-    "TelemetryState",
     "Usage",
 ]
 
@@ -114,23 +113,6 @@ class ReceiverStats(TypedDict):
     batches: int
     errors: int
     rcvbuf: int
-
-
-class TelemetryState(TypedDict):
-    """The HTTP telemetry stream of a run as the Rust HTTP thread has seen it."""
-
-    subscribed: bool
-    run_id: str | None  # from the preamble: the run the server created
-    buffer_bytes: int | None
-    heartbeat_ms: int | None
-    accepted: bool  # the client took the run: frames go into the reconciler
-    frames: int
-    bytes: int
-    dropped: int  # frames the server's hub discarded for this client
-    heartbeats: int
-    # How it ended, None while open: (an EndKind, or "server_end" (status: the end
-    # item's code), "stream" (its framing error) ..., status, detail).
-    end: tuple[str, int, str] | None
 
 
 class Usage(TypedDict):

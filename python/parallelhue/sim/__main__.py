@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--telemetry",
         choices=TELEMETRY_MODES,
         default="socket",
-        help="where telemetry goes: the client's socket, the HTTP route "
-        "POST /v1/parallelhue/runs, or both (default socket)",
+        help="where telemetry goes: the client's socket, in-band in each request's "
+        "own response (http), or both (default socket)",
     )
     telemetry.add_argument("--no-telemetry", action="store_true", help="send no telemetry frames")
     telemetry.add_argument(

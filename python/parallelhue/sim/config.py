@@ -12,7 +12,7 @@ __all__ = ["STOCK_SERVERS", "FaultConfig", "SimConfig", "acceptance_for_stream"]
 MAX_DRAFT_LEN = 16
 # The stock servers the engine can play (no plugin frames; their own step reports).
 STOCK_SERVERS = ("vllm", "llamacpp")
-# Where telemetry goes: the client's socket, the HTTP route (through the hub), or both.
+# Where telemetry goes: the client's socket, in-band (through the hub), or both.
 TELEMETRY_MODES = ("socket", "http", "both")
 
 
@@ -42,11 +42,10 @@ class FaultConfig:
     delay_ms: float = 0.0
     # one datagram from uid 65534 (needs root; ignored otherwise)
     other_uid: bool = False
-    # HTTP telemetry stream faults (the route, after the hub): after `skip_frames`
-    # frame items of a subscriber's stream, discard `stream_drop` frames and
-    # announce them with a `dropped` item as a full hub buffer would; end the
-    # stream with an end item (`stream_end`); or close its connection without
-    # one (`stream_close`).
+    # In-band telemetry faults (sim/stream_faults.py, after the hub): once a response
+    # carried `skip_frames` frames, its claim overflows by `stream_drop` frames as a
+    # full hub buffer would; its telemetry ends as if the hub shut down (`stream_end`);
+    # or its connection closes without the end item (`stream_close`).
     stream_drop: int = 0
     stream_end: bool = False
     stream_close: bool = False
@@ -105,7 +104,7 @@ class FaultConfig:
 
     @property
     def stream_faults(self) -> bool:
-        """Whether the HTTP telemetry route must alter its streams."""
+        """Whether in-band telemetry must alter its responses."""
         return self.stream_drop > 0 or self.stream_end or self.stream_close
 
     @classmethod
@@ -159,7 +158,7 @@ class SimConfig:
     seed: int = 0
     socket_dir: str | None = None
     telemetry: bool = True
-    # socket: frames to the client's <run>.sock; http: POST /v1/parallelhue/runs
+    # socket: frames to the client's <run>.sock; http: in-band, in each request's response
     # streams them (through a hub, as in the vLLM plugin); both.
     telemetry_mode: str = "socket"
     # Bearer tokens required on every /v1 route (vLLM's --api-key); empty = none.
@@ -167,6 +166,11 @@ class SimConfig:
     hub_limits: HubLimits = field(default_factory=HubLimits)
     # Hub base directory (default: parallelhue_vllm.hub.base_dir()).
     hub_dir: str | None = None
+    # Multi-node data parallel with a headless EngineCore on another host
+    # (docs/REACH.md): the scheduler's emitter runs there and sees only that
+    # host's hub directory (this path; no API server, so no hub), never this
+    # process's hub or the client's socket. The detokenizer's frames stay here.
+    remote_engine_hub_dir: str | None = None
     faults: FaultConfig | None = None
     host: str = "127.0.0.1"
     port: int = 0

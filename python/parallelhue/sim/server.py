@@ -176,7 +176,18 @@ class SimServer:
                 hub_dir=self.hub.dir if self.hub is not None else None,
                 use_env_scope=False,
             )
-            self.scheduler_emitter = self._emitter(wire.SOURCE_SCHEDULER, emitter_dir, destination)
+            scheduler_destination = destination
+            if config.remote_engine_hub_dir is not None:
+                scheduler_destination = Destination(
+                    None,
+                    config.send_timeout,
+                    client_sockets=False,
+                    hub_dir=config.remote_engine_hub_dir,
+                    use_env_scope=False,
+                )
+            self.scheduler_emitter = self._emitter(
+                wire.SOURCE_SCHEDULER, emitter_dir, scheduler_destination
+            )
             self.frontend_emitter = self._emitter(wire.SOURCE_FRONTEND, emitter_dir, destination)
             scheduler_submit = self.scheduler_emitter.submit
             frontend_submit = self.frontend_emitter.submit

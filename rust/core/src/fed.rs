@@ -188,24 +188,6 @@ impl Fed {
     }
 
     // -------------------------------------------------------------- inputs
-    /// HTTP telemetry: the server chose the run's id (docs/PROTOCOL.md, "HTTP
-    /// telemetry stream"), so a reconciler for that id takes the place of the
-    /// one the run was opened with. Only before the run's first input.
-    pub fn bind_run(&mut self, run_id: [u8; 16]) -> Result<(), String> {
-        if self.rec.run_id() == &run_id {
-            return Ok(());
-        }
-        if self.rec.counters().frames > 0 || self.shown.text_bytes.iter().any(|&b| b > 0) {
-            return Err("the run already had inputs when its telemetry run id arrived".into());
-        }
-        let packed = self.rec.packs_spans();
-        self.rec = Reconciler::with_run_id(run_id, self.rec.num_streams());
-        if packed {
-            self.rec.pack_spans();
-        }
-        Ok(())
-    }
-
     pub fn push_frame(&mut self, data: &[u8]) {
         if let Some(tap) = &mut self.tap {
             tap.item(monotonic(), &Item::Frame(data));

@@ -1,5 +1,5 @@
 //! ParallelHue core: telemetry frame decoding, per-source sequence tracking,
-//! the three-witness reconciler, the HTTP telemetry stream, and the client's
+//! the three-witness reconciler, in-band telemetry, and the client's
 //! ingest path — the HTTP exchange of every stream (TLS included), SSE
 //! parsing, the telemetry socket, the `--record` tap and what the screen is
 //! handed. No Python here:
@@ -17,7 +17,6 @@ pub mod digest;
 pub mod encode;
 pub mod fed;
 pub mod http;
-pub mod inband;
 pub mod outcome;
 pub mod protocol;
 pub mod reconcile;

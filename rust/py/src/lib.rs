@@ -106,7 +106,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SSE_READ_INTERVAL", hs::DEFAULT_MIN_INTERVAL.as_secs_f64())?;
         m.add("SSE_COALESCE_STREAMS", hs::COALESCE_STREAMS)?;
         m.add("ERROR_BODY_LIMIT", hs::ERROR_BODY_LIMIT)?;
-        m.add("TELEMETRY_CONTENT_TYPE", hs::TELEMETRY_CONTENT_TYPE)?;
     }
     m.add_function(wrap_pyfunction!(recording::decode_recording, m)?)?;
     m.add_function(wrap_pyfunction!(recording::encode_recording, m)?)?;

@@ -3,8 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use parallelhue_core::http::{self, request_bytes, BodyError, Target, Timeouts};
-use parallelhue_core::http::{BodyEnd, TelemetryEnd};
+use parallelhue_core::http::{self, request_bytes, Target, Timeouts};
 use parallelhue_core::outcome::{EndKind, Outcome};
 use parallelhue_core::sse::Usage;
 use pyo3::exceptions::PyRuntimeError;
@@ -20,27 +19,6 @@ pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &Usage) -> PyResult<Bound<'py,
     d.set_item("completion_tokens", u.completion_tokens)?;
     d.set_item("total_tokens", u.total_tokens)?;
     Ok(d)
-}
-
-/// `(kind, status, detail)` of the telemetry stream's end: an `EndKind` name
-/// for the exchange, or `server_end` (status: the end item's code), `stream`
-/// (the stream's own framing error), `framing`, `closed` for its body.
-fn telemetry_end(end: &TelemetryEnd) -> (String, u16, String) {
-    match end {
-        TelemetryEnd::Exchange(o) => (
-            o.kind.map_or("finished", |k| k.name()).to_owned(),
-            o.status,
-            o.detail.clone(),
-        ),
-        TelemetryEnd::Body(BodyEnd::Server { code, message }) => {
-            ("server_end".into(), *code, message.clone())
-        }
-        TelemetryEnd::Body(BodyEnd::Stream(e)) => ("stream".into(), 0, e.to_string()),
-        TelemetryEnd::Body(BodyEnd::Http(BodyError::Incomplete { .. })) => {
-            ("closed".into(), 0, String::new())
-        }
-        TelemetryEnd::Body(BodyEnd::Http(e)) => ("framing".into(), 0, e.to_string()),
-    }
 }
 
 fn seconds(name: &str, value: f64) -> PyResult<Duration> {
@@ -149,48 +127,6 @@ impl HttpStreams {
         self.lock()?
             .stop(stream, Outcome::failed(EndKind::Internal, detail));
         Ok(())
-    }
-
-    /// Create the run's telemetry stream on the server: `POST target` with
-    /// `headers` and `body` (the route of docs/PROTOCOL.md, "HTTP telemetry
-    /// stream"). Its state: `telemetry()`. RuntimeError when the run already
-    /// has one; ValueError for a header that would break the request.
-    fn subscribe(&self, target: &str, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<()> {
-        let request = request_bytes("POST", target, &headers, body).map_err(value_error)?;
-        self.lock()?
-            .subscribe(request)
-            .map_err(PyRuntimeError::new_err)
-    }
-
-    /// Take the run the server named in the stream's preamble: the
-    /// reconciler gets its run id (before any other input) and every frame,
-    /// from the first one read, goes into it.
-    fn accept_telemetry(&self) -> PyResult<()> {
-        self.lock()?.accept_telemetry();
-        Ok(())
-    }
-
-    /// The telemetry stream so far (see `_native.pyi`, TelemetryState).
-    fn telemetry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let t = self.lock()?.telemetry();
-        let d = PyDict::new(py);
-        d.set_item("subscribed", t.subscribed)?;
-        d.set_item("run_id", t.preamble.as_ref().map(|p| p.run_id_hex()))?;
-        d.set_item("buffer_bytes", t.preamble.as_ref().map(|p| p.buffer_bytes))?;
-        d.set_item("heartbeat_ms", t.preamble.as_ref().map(|p| p.heartbeat_ms))?;
-        d.set_item("accepted", t.accepted)?;
-        d.set_item("frames", t.frames)?;
-        d.set_item("bytes", t.bytes)?;
-        d.set_item("dropped", t.dropped)?;
-        d.set_item("heartbeats", t.heartbeats)?;
-        match &t.end {
-            None => d.set_item("end", py.None())?,
-            Some(end) => {
-                let (kind, status, detail) = telemetry_end(end);
-                d.set_item("end", (kind, status, detail))?
-            }
-        }
-        Ok(d)
     }
 
     /// Stop the thread and close every connection. Idempotent.

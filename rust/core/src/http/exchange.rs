@@ -11,15 +11,11 @@ use rustls::ClientConnection;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::response::Response;
-use super::{Target, Timeouts, TELEMETRY_MIN_SILENCE};
+use super::{Target, Timeouts};
 use crate::outcome::{EndKind, Outcome};
 
 /// Reads of one connection per round before the others get their turn.
 const READS_PER_ROUND: usize = 4;
-/// The stream number of the telemetry exchange (never a stream: the
-/// reconciler allows at most 65 535 streams, numbered from 0).
-pub(super) const TELEMETRY: u16 = u16::MAX;
-
 pub(super) enum Phase {
     Connecting,
     /// Connected: writing the request, reading the answer.
@@ -28,8 +24,6 @@ pub(super) enum Phase {
 
 pub(super) struct Exchange {
     pub(super) stream: u16,
-    /// The run's telemetry stream rather than a completion stream.
-    pub(super) telemetry: bool,
     pub(super) phase: Phase,
     pub(super) sock: Option<TcpStream>,
     pub(super) tls: Option<ClientConnection>,
@@ -81,7 +75,6 @@ impl Exchange {
     pub(super) fn new(stream: u16, request: Vec<u8>, now: Instant, at: f64) -> Exchange {
         Exchange {
             stream,
-            telemetry: stream == TELEMETRY,
             phase: Phase::Connecting,
             sock: None,
             tls: None,
@@ -90,7 +83,7 @@ impl Exchange {
             request,
             sent: 0,
             sent_all: false,
-            response: Response::new(stream == TELEMETRY),
+            response: Response::new(),
             started: now,
             last_progress: now,
             start_at: Some(at),
@@ -418,13 +411,7 @@ impl Exchange {
                 ),
             ));
         }
-        let read = if self.telemetry {
-            // Heartbeats keep an open telemetry stream busy.
-            t.read.map(|r| r.max(TELEMETRY_MIN_SILENCE))
-        } else {
-            t.read
-        };
-        read.map(|r| {
+        t.read.map(|r| {
             (
                 self.last_progress + r,
                 Outcome::failed(EndKind::ReadTimeout, ""),

@@ -15,14 +15,10 @@
 //! reason, any other end as an [`crate::outcome::Outcome`] the client's one
 //! mapper turns into the user's message.
 //!
-//! The same thread also reads the run's HTTP telemetry stream when the run
-//! subscribes to it ([`HttpStreams::subscribe`], docs/PROTOCOL.md "HTTP
-//! telemetry stream"): one more exchange, whose body is decoded by
-//! [`TelemetryBody`]. Its preamble names the run
-//! the server created; the frames are held until the client accepts that run
-//! ([`HttpStreams::accept_telemetry`]: the reconciler takes the server's run
-//! id, the recording has begun), then each goes into the run's `Fed` exactly
-//! like a datagram from the telemetry socket (`telemetry_link`).
+//! In-band telemetry (docs/PROTOCOL.md, "In-band telemetry") arrives inside
+//! the streams themselves: the SSE reader turns its events into frames, which
+//! go into the run's `Fed` with the stream's other inputs, in order, exactly
+//! like a datagram from the telemetry socket.
 //!
 //! With several connections open, rounds that read something are at least
 //! `min_interval` apart: each read then brings several chunks, and the
@@ -30,19 +26,15 @@
 //! then exact to `min_interval`). One stream's failure — a panic included —
 //! ends that stream only.
 //!
-//! The thread's files: `streams` (the handle: commands in, telemetry state
-//! out), `thread` (the loop: wait, drive, commands, timeouts, publish),
+//! The thread's files: `streams` (the handle: commands in), `thread` (the loop: wait, drive, commands, timeouts, publish),
 //! `waiter` (epoll or poll), `exchange` (one connection: connect, TLS,
 //! write, read, timeouts), `response` (what its bytes are: head, error
-//! body, SSE body, telemetry body), `round` (a round's SSE inputs until they
-//! are published), `sse_body` and `telemetry_body` (a body's bytes through
-//! the HTTP framing to SSE inputs or telemetry items: [`crate::sse`],
-//! [`crate::telemetry::stream`]), `telemetry_link` (the telemetry stream's
-//! items held until the client accepts its run, then pushed into it).
+//! body, SSE body), `round` (a round's SSE inputs until they are
+//! published), `sse_body` (a body's bytes through the HTTP framing to SSE
+//! inputs: [`crate::sse`], [`crate::telemetry::inband`]).
 
 mod message;
 mod sse_body;
-mod telemetry_body;
 pub mod tls;
 
 #[cfg(unix)]
@@ -53,8 +45,6 @@ mod response;
 mod round;
 #[cfg(unix)]
 mod streams;
-#[cfg(unix)]
-mod telemetry_link;
 #[cfg(all(test, unix))]
 mod tests;
 #[cfg(unix)]
@@ -71,9 +61,6 @@ pub use message::{
 pub use sse_body::{StreamBody, StreamEnd};
 #[cfg(unix)]
 pub use streams::HttpStreams;
-pub use telemetry_body::{BodyEnd, TelemetryBody};
-#[cfg(unix)]
-pub use telemetry_link::{TelemetryEnd, TelemetryState};
 
 /// The start of an error body kept for the message.
 pub const ERROR_BODY_LIMIT: usize = 4096;
@@ -86,11 +73,6 @@ pub const COALESCE_STREAMS: usize = 4;
 /// acknowledgement it causes cost about as much as parsing the chunks it
 /// brings; docs/benchmarks/client.md measures both side by side).
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(10);
-/// The content type of a telemetry stream response.
-pub const TELEMETRY_CONTENT_TYPE: &str = "application/x-parallelhue-telemetry";
-/// The shortest silence after which an open telemetry stream counts as lost,
-/// whatever the read timeout: five of the hub's 2 s heartbeats.
-pub const TELEMETRY_MIN_SILENCE: Duration = Duration::from_secs(10);
 
 /// Where the streams go.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,16 +1,14 @@
 //! What a response's bytes are, as they arrive: the head (interim ones
 //! skipped), then the error body of a status >= 400, a refusal (another
-//! content type, a content coding), the SSE body or the telemetry body. Each
+//! content type, a content coding) or the SSE body. Each
 //! end is the exchange's outcome; no I/O here.
 
 use super::message::{find_head_end, BodyDecoder, BodyError, Framing, Head, MAX_HEAD_BYTES};
 use super::round::RoundInputs;
 use super::sse_body::{StreamBody, StreamEnd};
-use super::telemetry_body::TelemetryBody;
-use super::{ERROR_BODY_LIMIT, TELEMETRY_CONTENT_TYPE};
+use super::ERROR_BODY_LIMIT;
 use crate::outcome::{EndKind, Outcome};
 use crate::sse::inputs::SseInputRef;
-use crate::telemetry::stream::StreamItem;
 
 /// The error body of a status >= 400 being read.
 struct ErrorBody {
@@ -21,28 +19,20 @@ struct ErrorBody {
 
 /// One exchange's response so far.
 pub(super) struct Response {
-    /// The run's telemetry stream rather than a completion stream.
-    telemetry: bool,
     /// The head's bytes until it is complete.
     head: Vec<u8>,
     error_body: Option<ErrorBody>,
     pub(super) body: Option<StreamBody>,
-    pub(super) tbody: Option<TelemetryBody>,
-    /// Telemetry items decoded since the last publish.
-    pub(super) items: Vec<StreamItem>,
     /// SSE inputs read since the last publish.
     pub(super) deltas: RoundInputs,
 }
 
 impl Response {
-    pub(super) fn new(telemetry: bool) -> Response {
+    pub(super) fn new() -> Response {
         Response {
-            telemetry,
             head: Vec::new(),
             error_body: None,
             body: None,
-            tbody: None,
-            items: Vec::new(),
             deltas: RoundInputs::default(),
         }
     }
@@ -68,16 +58,6 @@ impl Response {
             Some(StreamEnd::Framing(e)) => Outcome::failed(EndKind::Framing, e.to_string()),
         };
         Some(outcome)
-    }
-
-    fn push_telemetry(&mut self, data: Option<&[u8]>) -> Option<Outcome> {
-        let body = self.tbody.as_mut()?;
-        match data {
-            Some(d) => body.feed(d, &mut self.items),
-            None => body.finish(),
-        }
-        // Its end is the body's (kept there); the outcome only closes the exchange.
-        body.end.is_some().then(Outcome::finished)
     }
 
     fn push_error_body(&mut self, data: Option<&[u8]>) -> Option<Outcome> {
@@ -142,12 +122,7 @@ impl Response {
                 return None;
             }
             let content_type = head.get("content-type").unwrap_or_default();
-            if self.telemetry {
-                let media = content_type.split(';').next().unwrap_or("").trim();
-                if !media.eq_ignore_ascii_case(TELEMETRY_CONTENT_TYPE) {
-                    return Some(Outcome::http(EndKind::NotSse, head.status, content_type));
-                }
-            } else if !content_type
+            if !content_type
                 .to_ascii_lowercase()
                 .contains("text/event-stream")
             {
@@ -157,16 +132,6 @@ impl Response {
             let coding = encoding.trim().to_ascii_lowercase();
             if !coding.is_empty() && coding != "identity" {
                 return Some(Outcome::failed(EndKind::Encoding, encoding));
-            }
-            if self.telemetry {
-                self.tbody = Some(TelemetryBody::new(framing));
-                if framing == Framing::Length(0) {
-                    return self.push_telemetry(None);
-                }
-                if !rest.is_empty() {
-                    return self.push_telemetry(Some(&rest));
-                }
-                return None;
             }
             self.body = Some(StreamBody::new(framing));
             if framing == Framing::Length(0) {
@@ -182,9 +147,7 @@ impl Response {
     /// Bytes read at `time` (None: the connection closed); the exchange's
     /// end when they end it.
     pub(super) fn on_bytes(&mut self, data: Option<&[u8]>, time: f64) -> Option<Outcome> {
-        if self.tbody.is_some() {
-            self.push_telemetry(data)
-        } else if self.body.is_some() {
+        if self.body.is_some() {
             self.push_body(data, time)
         } else if self.error_body.is_some() {
             self.push_error_body(data)

@@ -9,9 +9,9 @@
 //! here, a network read holding many events costs one call.
 
 use super::message::{BodyDecoder, BodyError, Framing};
-use crate::inband::{Given, InbandState, EVENT_NAME};
 use crate::sse::inputs::{ChunkInputs, SseInput, SseInputRef};
 use crate::sse::{Parsed, SseEvent, SseParser, Usage};
+use crate::telemetry::inband::{Given, InbandState, EVENT_NAME};
 
 /// Why a stream's body ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,5 @@
 //! [`HttpStreams`]: the handle of a run's HTTP thread. Commands go in
-//! through a shared list and a wake-up; the telemetry stream's state comes
-//! out.
+//! through a shared list and a wake-up.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::telemetry_link::{Link, TelemetryState};
 use super::thread::{Command, ReadOptions, Shared, Thread};
 use super::{Target, Timeouts};
 use crate::fed::{monotonic, Fed};
@@ -19,7 +17,6 @@ use crate::sys::{self, Waker};
 /// The HTTP thread of a run.
 pub struct HttpStreams {
     shared: Arc<Mutex<Shared>>,
-    telemetry: Arc<Mutex<TelemetryState>>,
     /// Wakes the thread for a command or the stop (None once closed).
     wake: Option<Waker>,
     stop: Arc<AtomicBool>,
@@ -48,12 +45,10 @@ impl HttpStreams {
     ) -> io::Result<HttpStreams> {
         let (wake_r, wake_w) = sys::wake_pipe()?;
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let telemetry = Arc::new(Mutex::new(TelemetryState::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
         let (t_shared, t_stop, t_failed) =
             (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&failed));
-        let t_telemetry = Arc::clone(&telemetry);
         let spawned = std::thread::Builder::new()
             .name("parallelhue-http".into())
             .spawn(move || {
@@ -62,8 +57,6 @@ impl HttpStreams {
                     shared: &t_shared,
                     stop: &t_stop,
                     fed: &fed,
-                    telemetry: &t_telemetry,
-                    link: Link::default(),
                     target,
                     timeouts,
                     min_interval,
@@ -76,7 +69,6 @@ impl HttpStreams {
             })?;
         Ok(HttpStreams {
             shared,
-            telemetry,
             wake: Some(wake_w),
             stop,
             failed,
@@ -116,35 +108,6 @@ impl HttpStreams {
     /// like [`HttpStreams::cancel`].
     pub fn stop(&self, stream: u16, outcome: Outcome) {
         self.command(Command::Stop { stream, outcome });
-    }
-
-    /// Create the run's telemetry stream: `request` is the whole `POST` of
-    /// the server's runs route. At most one per run; a second is refused.
-    pub fn subscribe(&self, request: Vec<u8>) -> Result<(), &'static str> {
-        {
-            let mut t = self
-                .telemetry
-                .lock()
-                .map_err(|_| "telemetry state poisoned")?;
-            if t.subscribed {
-                return Err("this run already has a telemetry stream");
-            }
-            t.subscribed = true;
-        }
-        self.command(Command::Subscribe { request });
-        Ok(())
-    }
-
-    /// Take the run the server created (its preamble arrived): the run's
-    /// reconciler gets the server's run id, and every frame from now on
-    /// (those already read included, in order) goes into it.
-    pub fn accept_telemetry(&self) {
-        self.command(Command::AcceptTelemetry);
-    }
-
-    /// The telemetry stream so far.
-    pub fn telemetry(&self) -> TelemetryState {
-        self.telemetry.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
     pub fn is_closed(&self) -> bool {

@@ -6,8 +6,6 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::telemetry_body::BodyEnd;
-use super::telemetry_link::{TelemetryEnd, TelemetryState};
 use super::thread::ReadOptions;
 use super::*;
 use crate::fed::{monotonic, Batch, Fed};
@@ -383,210 +381,83 @@ fn refused_timeout_and_cancel() {
     r.streams.close();
 }
 
-const TELEMETRY_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/x-parallelhue-telemetry\r\ntransfer-encoding: chunked\r\n\r\n";
+/// One `event: parallelhue` SSE event of `items` (docs/PROTOCOL.md, "In-band telemetry").
+fn inband_event(items: &[u8]) -> String {
+    let data = crate::telemetry::inband::tests::encode(items);
+    format!("event: parallelhue\ndata: {data}\n\n")
+}
 
-fn telemetry_item(kind: u8, payload: &[u8]) -> Vec<u8> {
+/// `event` whose chunk carries stream `s`'s request id in its `id`, as vLLM's does
+/// (the reconciler checks it once frames are in).
+fn event_of(s: u16, text: &str, ids: &[u32], finish: Option<&str>) -> String {
+    let id = format!("{{\"id\":\"chatcmpl-ph1_{}_{s}\",", "01".repeat(16));
+    event(text, ids, finish).replacen('{', &id, 1)
+}
+
+fn item(kind: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![kind];
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(payload);
     out
 }
 
-fn chunked_bytes(data: &[u8]) -> Vec<u8> {
-    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-fn telemetry_state_when(
-    r: &Run,
-    what: &str,
-    done: impl Fn(&TelemetryState) -> bool,
-) -> TelemetryState {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let state = r.streams.telemetry();
-        if done(&state) {
-            return state;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "telemetry never {what}: {state:?}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
+/// The SSE reader hands in-band frames to the run like datagrams, in order with
+/// the stream's chunks; an end item that says frames are missing fails that
+/// stream only, with the reason.
 #[test]
-fn the_telemetry_stream_names_the_run_and_its_frames_wait_for_acceptance() {
-    use crate::encode::{HelloFields, Sender};
-    use crate::telemetry::stream::{ITEM_DROPPED, ITEM_END, ITEM_FRAME, ITEM_HEARTBEAT};
-    let server_run = [0x5au8; 16];
-    let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
-    stream.extend_from_slice(&server_run);
-    stream.extend_from_slice(&(1u32 << 20).to_le_bytes());
-    stream.extend_from_slice(&2000u32.to_le_bytes());
-    let hello = Sender::new(server_run, 7).hello(&HelloFields::simulated(1, 2));
-    stream.extend(telemetry_item(ITEM_FRAME, &hello));
-    stream.extend(telemetry_item(ITEM_HEARTBEAT, b""));
-    stream.extend(telemetry_item(ITEM_DROPPED, &5u32.to_le_bytes()));
-    let mut end = 1u16.to_le_bytes().to_vec();
-    end.extend_from_slice(b"hub shutting down");
-    stream.extend(telemetry_item(ITEM_END, &end));
-    let mut answer = TELEMETRY_HEAD.as_bytes().to_vec();
-    for piece in stream.chunks(13) {
-        answer.extend(chunked_bytes(piece));
+fn in_band_frames_reach_the_run_and_a_loss_fails_its_own_stream() {
+    // Not a valid frame: the run says so, which shows it reached the reconciler.
+    let mut frame = b"PHUE".to_vec();
+    frame.extend_from_slice(&[0; 60]);
+    let mut end = Vec::new();
+    for v in [1u16, 0] {
+        end.extend_from_slice(&v.to_le_bytes()); // status 1 (scheduler missing), reserved
     }
-    answer.extend_from_slice(b"0\r\n\r\n");
-    let (port, requests) = serve(vec![answer], true);
-    let r = run(port, 2, None);
-    let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
-    let post = crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap();
-    r.streams.subscribe(post.clone()).unwrap();
-    assert_eq!(
-        r.streams.subscribe(post),
-        Err("this run already has a telemetry stream")
-    );
-    let state = telemetry_state_when(&r, "named its run", |t| t.preamble.is_some());
-    assert_eq!(state.preamble.as_ref().unwrap().run_id, server_run);
-    // Not accepted yet: nothing reached the reconciler, whose run is still the client's.
-    std::thread::sleep(Duration::from_millis(100));
-    {
-        let fed = r.fed.lock().unwrap();
-        assert_eq!((fed.counters().frames, *fed.run_id()), (0, [1; 16]));
+    for v in [1u32, 0, 2_000_000] {
+        end.extend_from_slice(&v.to_le_bytes()); // frames, dropped, waited_us
     }
-    assert_eq!(r.streams.telemetry().end, None);
-    r.streams.accept_telemetry();
-    let state = telemetry_state_when(&r, "ended", |t| t.end.is_some());
-    assert_eq!(
-        (
-            state.accepted,
-            state.frames,
-            state.bytes,
-            state.heartbeats,
-            state.dropped
-        ),
-        (true, 1, hello.len() as u64, 1, 5)
-    );
-    assert_eq!(
-        state.end,
-        Some(TelemetryEnd::Body(BodyEnd::Server {
-            code: 1,
-            message: "hub shutting down".into()
-        }))
-    );
-    let fed = r.fed.lock().unwrap();
-    assert_eq!(*fed.run_id(), server_run);
-    assert_eq!((fed.counters().frames, fed.sources().len()), (1, 1));
-    // The dropped item, in stream order, failed every stream without a verdict.
-    for stream in 0..2 {
-        assert_eq!(
-            fed.verdict(stream),
-            crate::reconcile::Verdict::Failed(
-                "telemetry lost: 5 frames dropped by the server".into()
-            )
-        );
+    let lossy = [
+        inband_event(&item(1, &frame)),
+        event_of(0, "a", &[5], Some("stop")),
+        inband_event(&item(2, &end)),
+        "data: [DONE]\n\n".to_string(),
+    ];
+    let fine = [
+        event_of(1, "b", &[6], Some("stop")),
+        "data: [DONE]\n\n".to_string(),
+    ];
+    let mut answers = Vec::new();
+    for events in [&lossy[..], &fine[..]] {
+        let mut answer = SSE_HEAD.as_bytes().to_vec();
+        let parts: Vec<&str> = events.iter().map(String::as_str).collect();
+        answer.extend(chunked(&parts));
+        answer.extend_from_slice(b"0\r\n\r\n");
+        answers.push(answer);
     }
-    drop(fed);
-    let sent = String::from_utf8(requests.lock().unwrap()[0].clone()).unwrap();
-    assert!(
-        sent.starts_with("POST /v1/parallelhue/runs HTTP/1.1\r\n"),
-        "{sent}"
-    );
-}
-
-#[test]
-fn a_telemetry_stream_that_ends_before_the_run_fails_the_open_streams() {
-    use crate::encode::{HelloFields, Sender};
-    use crate::telemetry::stream::ITEM_FRAME;
-    let server_run = [0x6bu8; 16];
-    let mut stream = b"PHTS\x01\x00\x00\x00".to_vec();
-    stream.extend_from_slice(&server_run);
-    stream.extend_from_slice(&(1u32 << 20).to_le_bytes());
-    stream.extend_from_slice(&2000u32.to_le_bytes());
-    let hello = Sender::new(server_run, 9).hello(&HelloFields::simulated(1, 2));
-    stream.extend(telemetry_item(ITEM_FRAME, &hello));
-    // The connection closes after a whole item, without the end item.
-    let mut answer = TELEMETRY_HEAD.as_bytes().to_vec();
-    answer.extend(chunked_bytes(&stream));
-    answer.extend_from_slice(b"0\r\n\r\n");
-    let (port, _) = serve(vec![answer], false);
-    let r = run(port, 3, None);
-    let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
-    let post = crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap();
-    r.streams.subscribe(post).unwrap();
-    telemetry_state_when(&r, "named its run", |t| t.preamble.is_some());
-    r.streams.accept_telemetry();
-    let state = telemetry_state_when(&r, "ended", |t| t.end.is_some());
-    assert_eq!(
-        state.end,
-        Some(TelemetryEnd::Body(BodyEnd::Stream(
-            crate::telemetry::stream::StreamError::ClosedWithoutEnd
-        )))
-    );
-    let fed = r.fed.lock().unwrap();
-    assert_eq!(fed.counters().frames, 1);
-    for stream in 0..3 {
-        assert_eq!(
-            fed.verdict(stream),
-            crate::reconcile::Verdict::Failed(
-                "telemetry lost: the telemetry stream ended before the run".into()
-            )
-        );
-    }
-}
-
-#[test]
-fn a_refused_telemetry_stream_says_why() {
-    let post = || {
-        let headers = vec![("Host".to_string(), "127.0.0.1".to_string())];
-        crate::http::request_bytes("POST", "/v1/parallelhue/runs", &headers, b"").unwrap()
-    };
-    let ends = |answer: Vec<u8>| {
-        let (port, _) = serve(vec![answer], false);
-        let r = run(port, 1, Some(Duration::from_millis(300)));
-        r.streams.subscribe(post()).unwrap();
-        telemetry_state_when(&r, "ended", |t| t.end.is_some())
-            .end
-            .unwrap()
-    };
-    assert_eq!(
-        ends(
-            b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 24\r\n\r\n{\"error\":\"Unauthorized\"}"
-                .to_vec()
-        ),
-        TelemetryEnd::Exchange(Outcome::http(
-            EndKind::HttpStatus,
-            401,
-            "{\"error\":\"Unauthorized\"}"
-        ))
-    );
-    assert_eq!(
-        ends(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n"
-                .to_vec()
-        ),
-        TelemetryEnd::Exchange(Outcome::http(EndKind::NotSse, 200, "text/event-stream"))
-    );
-    let mut cut = TELEMETRY_HEAD.as_bytes().to_vec();
-    cut.extend(chunked_bytes(b"PHTS\x01\x00\x00\x00"));
-    assert_eq!(
-        ends(cut).to_owned(),
-        TelemetryEnd::Body(BodyEnd::Http(BodyError::Incomplete { framing: "chunked" }))
-    );
-    // Nobody listening: the exchange's own outcome.
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let r = run(port, 1, None);
-    r.streams.subscribe(post()).unwrap();
-    assert_eq!(
-        telemetry_state_when(&r, "ended", |t| t.end.is_some()).end,
-        Some(TelemetryEnd::Exchange(Outcome::failed(
-            EndKind::Refused,
-            format!("127.0.0.1:{port}")
-        )))
-    );
+    let (port, _) = serve(answers, true);
+    let r = run(port, 2, Some(Duration::from_secs(5)));
+    r.streams.add(0, request(0));
+    let batch = collect(&r, 1);
+    r.streams.add(1, request(1));
+    let second = collect(&r, 1);
+    let reason =
+        "telemetry lost: the scheduler's frames of the final step did not come within 2000 ms";
+    let failed: Vec<_> = batch
+        .events
+        .iter()
+        .chain(&second.events)
+        .filter_map(|e| match e {
+            crate::reconcile::Event::Failed { stream, reason } => Some((*stream, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed, vec![(0, reason.to_string())]);
+    let rejected = batch
+        .events
+        .iter()
+        .filter(|e| matches!(e, crate::reconcile::Event::Run { message } if message.starts_with("rejected frame: ")))
+        .count();
+    assert_eq!(rejected, 1);
+    let mut streams = r.streams;
+    streams.close();
 }

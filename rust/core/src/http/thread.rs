@@ -1,7 +1,7 @@
 //! The HTTP thread's loop: wait for the connections, drive each ready
 //! exchange, take the commands, apply the timeouts, and publish the round:
-//! each exchange's start, SSE inputs and end, and the telemetry stream's
-//! items and end, handed to the run under one lock.
+//! each exchange's start, SSE inputs (in-band telemetry frames among them)
+//! and end, handed to the run under one lock.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::exchange::{strerror, Exchange, TELEMETRY};
-use super::telemetry_link::{Link, TelemetryEnd, TelemetryState};
+use super::exchange::{strerror, Exchange};
 use super::waiter::Waiter;
 use super::{Target, Timeouts, COALESCE_STREAMS};
 use crate::fed::{monotonic, Ended, Fed};
@@ -29,10 +28,6 @@ pub(super) enum Command {
     },
     /// End the stream with this outcome (cancelled, or failed by the client).
     Stop { stream: u16, outcome: Outcome },
-    /// Create the run's telemetry stream on the server (`POST`).
-    Subscribe { request: Vec<u8> },
-    /// The client took the server's run id: frames go to the run from now on.
-    AcceptTelemetry,
 }
 
 /// The commands not yet taken by the thread.
@@ -47,8 +42,6 @@ pub(super) struct Thread<'a> {
     pub(super) shared: &'a Mutex<Shared>,
     pub(super) stop: &'a AtomicBool,
     pub(super) fed: &'a Mutex<Fed>,
-    pub(super) telemetry: &'a Mutex<TelemetryState>,
-    pub(super) link: Link,
     pub(super) target: Target,
     pub(super) timeouts: Timeouts,
     pub(super) min_interval: Duration,
@@ -172,12 +165,6 @@ impl Thread<'_> {
                         exchanges.push(ex);
                     }
                     Command::Stop { stream, outcome } => stops.push((stream, outcome)),
-                    Command::Subscribe { request } => {
-                        let at = monotonic();
-                        let ex = self.start_exchange(TELEMETRY, request, now, at);
-                        exchanges.push(ex);
-                    }
-                    Command::AcceptTelemetry => self.link.accept = true,
                 }
             }
             for ex in &mut exchanges {
@@ -205,34 +192,16 @@ impl Thread<'_> {
 }
 
 impl Thread<'_> {
-    /// Hand the round's starts, deltas and ends (and telemetry) to the run (one lock).
+    /// Hand the round's starts, deltas and ends to the run (one lock).
     pub(super) fn publish(
         &mut self,
         exchanges: &mut Vec<Exchange>,
         mut stops: Vec<(u16, Outcome)>,
     ) {
-        // The telemetry exchange's items and end move to the link first.
-        for ex in exchanges.iter_mut().filter(|ex| ex.telemetry) {
-            ex.start_at = None;
-            self.link.items.append(&mut ex.response.items);
-            if let Some(outcome) = ex.end.take() {
-                ex.sock = None;
-                ex.tls = None;
-                self.link.end = Some(
-                    match ex.response.tbody.as_mut().and_then(|b| b.end.take()) {
-                        Some(body_end) => TelemetryEnd::Body(body_end),
-                        None => TelemetryEnd::Exchange(outcome),
-                    },
-                );
-                ex.done = true;
-            }
-        }
-        let link = &self.link;
-        let telemetry_news = !link.items.is_empty() || link.end.is_some() || link.accept;
         let busy = exchanges
             .iter()
             .any(|ex| ex.start_at.is_some() || !ex.response.deltas.is_empty() || ex.end.is_some());
-        if !busy && stops.is_empty() && !telemetry_news {
+        if !busy && stops.is_empty() {
             exchanges.retain(|ex| !ex.done);
             return;
         }
@@ -244,14 +213,11 @@ impl Thread<'_> {
             panic!("the run's reconciler failed")
         });
         let time = monotonic();
-        if telemetry_news {
-            self.link.publish(self.telemetry, &mut fed, time);
-        }
         for ex in exchanges.iter_mut() {
             if let Some(at) = ex.start_at.take() {
                 fed.stream_started(ex.stream, at);
             }
-            if ex.end.is_none() && !ex.telemetry {
+            if ex.end.is_none() {
                 if let Some(i) = stops.iter().position(|(s, _)| *s == ex.stream) {
                     let (_, outcome) = stops.swap_remove(i);
                     ex.fail(outcome);

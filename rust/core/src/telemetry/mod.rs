@@ -1,13 +1,13 @@
 //! The telemetry side of the client: the socket the plugin's datagrams
-//! arrive on (`receiver`, Linux) and the HTTP telemetry stream's framing
-//! (`stream`; the HTTP thread reads that stream: [`crate::http`]).
+//! arrive on (`receiver`, Linux) and in-band telemetry's events (`inband`;
+//! the SSE reader reads them with each stream: [`crate::http`]).
 
+pub mod inband;
 #[cfg(target_os = "linux")]
 pub mod receiver;
 #[cfg(not(target_os = "linux"))]
 #[path = "receiver_unsupported.rs"]
 pub mod receiver;
-pub mod stream;
 
 /// A point-in-time copy of the socket receiver's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -237,7 +237,7 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -265,7 +265,8 @@ mod tests {
         );
     }
 
-    fn encode(raw: &[u8]) -> String {
+    /// `raw` in standard base64 (the tests' encoder; the plugin's is Python's).
+    pub(crate) fn encode(raw: &[u8]) -> String {
         let mut s = String::new();
         for chunk in raw.chunks(3) {
             let mut acc = 0u32;
