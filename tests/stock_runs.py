@@ -5,15 +5,18 @@ check of server-reported colors against the plugin's EXACT spans."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 from parallelhue.config import parse_run
 from parallelhue.headless import HeadlessView
+from parallelhue.reported import judge
 from parallelhue.session import Session, SessionResult
+from parallelhue.sim.stock import lie_lists
 from parallelhue.state import StreamState
 
-__all__ = ["by_byte", "compare_with_exact", "run_client", "summarize"]
+__all__ = ["by_byte", "compare_with_exact", "lied_about", "run_client", "summarize"]
 
 
 def run_client(
@@ -88,3 +91,30 @@ def summarize(streams: Sequence[StreamState]) -> str:
         f"{len(streams)} streams, labels {labels}, fit {fits}, one way {unique}, "
         f"colored {colored} of {total} bytes"
     )
+
+
+def lied_about(state: StreamState) -> str:
+    """A live stream's own chunks judged against lists that lie: one accepted draft
+    moved from a listed step to the next one with room (the sums and usage stay
+    right, the simulator's `reported-lie`). "refused": the lie does not fit the
+    chunks. "hidden": it fits (it hides where chunks hold several steps), and then
+    it colors every byte exactly as the honest lists do (asserted): a lie never
+    colors what the engine did not state. "none": no step to move a draft from."""
+    honest = state.reported
+    assert honest is not None and honest.fits, (state.index, honest)
+    inputs = copy.deepcopy(state.reported_inputs)
+    if not inputs.lists:
+        return "none"
+    accepted, drafted = (list(v or []) for v in inputs.lists[0])
+    lie_lists(accepted, drafted)
+    if (accepted, drafted) == inputs.lists[0]:
+        return "none"
+    inputs.lists = [(accepted, drafted)]
+    lying = judge(inputs, completion_tokens=honest.tokens, stop_strings=False)
+    if not lying.fits:
+        assert lying.reason is not None and "do not fit the chunks received" in lying.reason, (
+            lying.reason
+        )
+        return "refused"
+    assert lying.pieces == honest.pieces, state.index
+    return "hidden"

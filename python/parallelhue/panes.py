@@ -518,19 +518,25 @@ def _banner_parts(model: RunModel, short: bool) -> list[Line]:
     return parts
 
 
-def reported_text(model: RunModel, short: bool) -> str:
-    """The banner's word on server-reported steps: which engine's statements color
-    which streams and why (no plugin telemetry), or that they will at a stream's end."""
+def _reported_engines(model: RunModel) -> tuple[list[str], bool]:
+    """The engines whose own statements color streams of this run (auto mode), and
+    whether a stream still open states (or, like the ended ones, will state) its steps."""
     if model.mode != "auto":
-        return ""
+        return [], False
     streams = model.streams
     shown = sorted({str(s.reported.engine) for s in streams if s.shows_reported and s.reported})
-    # Streams still open whose server states (or, like the ended ones, will state) its steps.
     waiting = any(
         s.reported_pending
         or (bool(shown) and s.plugin_silent and s.reported is None and not s.over)
         for s in streams
     )
+    return shown, waiting
+
+
+def reported_text(model: RunModel, short: bool) -> str:
+    """The banner's word on server-reported steps: which engine's statements color
+    which streams and why (no plugin telemetry), or that they will at a stream's end."""
+    shown, waiting = _reported_engines(model)
     if not shown and not waiting:
         return ""
     if short:
@@ -597,12 +603,16 @@ def _legend_parts(model: RunModel, short: bool) -> list[Line]:
              None)
         )  # fmt: skip
     parts.append(unproven_part)
-    if any(stream.shows_reported for stream in model.shown_streams()):
+    shown, waiting = _reported_engines(model)
+    if shown or waiting:
+        # What the tier proves, and that its colors come only with a stream's end
+        # (vLLM's lists arrive in the final chunk; llama's steps are judged there too).
         what = (
-            "REPORTED streams: steps the server states, not proven"
+            "REPORTED streams: the server's own steps (one witness), colored at its end"
             if short
             else f"{LABEL_REPORTED} streams: steps and roles as the engine states them, "
-            "cross-checked for consistency (one witness, not EXACT)"
+            "cross-checked for consistency (one witness, not EXACT); "
+            "colored when the stream ends"
         )
         parts.append([(what, None)])
     if _shows_chunks(model):

@@ -238,9 +238,10 @@ def judge(
     `stop_strings`: the request had any)."""
     timings = inputs.counts_of(_TIMINGS)
     drafting = any(t[2] is not None or t[3] is not None for t in timings)
-    if inputs.lists and timings:
+    if (inputs.lists or _no_verify_step(inputs)) and timings:
         return Reported(None, reason="the stream carries both vLLM's lists and llama's timings")
-    engine = ENGINE_VLLM if inputs.lists else ENGINE_LLAMACPP if drafting else None
+    vllm = bool(inputs.lists) or _no_verify_step(inputs)
+    engine = ENGINE_VLLM if vllm else ENGINE_LLAMACPP if drafting else None
     if engine is None:
         return Reported(None)  # nothing stated: a plain server, or one that reports nothing
     try:
@@ -249,6 +250,15 @@ def judge(
         return _judge_llama(inputs, timings, completion_tokens)
     except _Refused as refused:
         return Reported(engine, reason=str(refused))
+
+
+def _no_verify_step(inputs: ReportedInputs) -> bool:
+    """vLLM's summary says this stream had no verify step at all (0 steps, 0 drafts,
+    0 accepted), so it sends no lists: every step was one token without drafts.
+    vLLM sends the summary only when speculative decoding is on (it refuses
+    --per-request-spec-decode-metrics without a --speculative-config)."""
+    summary = inputs.counts_of(_SPEC)
+    return not inputs.lists and bool(summary) and summary[-1][1:] == (0, 0, 0)
 
 
 class _Refused(Exception):
@@ -261,7 +271,7 @@ class _Refused(Exception):
 def _judge_vllm(
     inputs: ReportedInputs, completion_tokens: int | None, stop_strings: bool
 ) -> Reported:
-    accepted, drafted = inputs.lists[0]
+    accepted, drafted = inputs.lists[0] if inputs.lists else ([], [])  # no verify step
     if any(later != (accepted, drafted) for later in inputs.lists[1:]):
         raise _Refused("vLLM's per-step lists differ between two usage chunks")
     if accepted is None or drafted is None:
@@ -313,6 +323,13 @@ def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: l
     behind and vLLM merged them). A state is (listed steps taken, tokens)."""
     count = len(accepted)
     listed_before = [0, *itertools.accumulate(accepted)]  # accepted drafts of the first i
+    # needed[i]: the fewest tokens the listed steps from i on still take (the last one
+    # may be cut to a single token). A state (i, p) with p + needed[i] > total can
+    # never reach the end: never entered, so the search stays near the states that
+    # fit (about total x unlisted tokens, not total x listed steps).
+    needed = [0] * (count + 1)
+    for i in range(count - 1, -1, -1):
+        needed[i] = needed[i + 1] + (accepted[i] + 1 if i < count - 1 else 1)
     # next_end[p]: the first chunk end after token p; a step from p may not pass it.
     next_end = [total] * (total + 1)
     ends = sorted(set(chunk_ends))
@@ -324,7 +341,7 @@ def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: l
 
     def moves(state: tuple[int, int]) -> Iterable[tuple[tuple[int, int], Step]]:
         i, p = state
-        if p < total:
+        if p < total and p + 1 + needed[i] <= total:
             yield (i, p + 1), Step(p, 1)
         if i < count and p > 0:
             size = accepted[i] + 1

@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +25,8 @@ import server
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from parallelhue.reported import LABEL_REPORTED
-from parallelhue.state import LABEL_EXACT
-from stock_runs import compare_with_exact, run_client, summarize
+from parallelhue.state import LABEL_EXACT, StreamState
+from stock_runs import compare_with_exact, lied_about, run_client, summarize
 
 pytestmark = pytest.mark.vllm
 
@@ -105,6 +106,15 @@ def _stall(srv: server.Server, after: float = 2.0, seconds: float = 2.0):  # typ
     return stall
 
 
+def _check_lies(states: list[StreamState]) -> None:
+    """The same live chunks against lying lists (stock_runs.lied_about): refused, or
+    hidden in merged chunks and then colored exactly as the honest lists."""
+    lies = Counter(lied_about(s) for s in states)
+    print(f"  the same chunks with lying lists: {dict(lies)}")
+    if lies["refused"] + lies["hidden"]:
+        assert lies["refused"] > 0, lies
+
+
 def _merged(state: object) -> int:
     """Chunks of the stream holding more tokens than one step can (K + 1)."""
     tokens = state.reported_inputs.delta_tokens  # type: ignore[attr-defined]
@@ -129,6 +139,7 @@ def test_stock_vllm_streams_show_their_own_steps(
         assert reported is not None and reported.engine == "vLLM"
         assert reported.tokens == state.sse_tokens
         assert reported.colored_bytes > 0
+    _check_lies(states)
 
 
 def test_merged_chunks_from_a_stalled_api_server_still_fit(
@@ -144,6 +155,7 @@ def test_merged_chunks_from_a_stalled_api_server_still_fit(
     assert [s.label for s in states] == [LABEL_REPORTED] * STREAMS, [
         (s.label, s.note) for s in states
     ]
+    _check_lies(states)
 
 
 @pytest.mark.parametrize("stall", [False, True], ids=["steady", "stalled"])
