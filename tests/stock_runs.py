@@ -110,7 +110,9 @@ def lied_about(state: StreamState) -> str:
     if (accepted, drafted) == inputs.lists[0]:
         return "none"
     inputs.lists = [(accepted, drafted)]
-    lying = judge(inputs, completion_tokens=honest.tokens, stop_strings=False)
+    lying = judge(
+        inputs, completion_tokens=honest.tokens, stop_strings=False, text=bytes(state.sse_utf8)
+    )
     if not lying.fits:
         assert lying.reason is not None and "do not fit the chunks received" in lying.reason, (
             lying.reason

@@ -70,7 +70,7 @@ def vllm(
     if summary is not None:
         inputs.add_counts("spec", summary)
     total = sum(chunks) if usage == -1 else usage
-    return judge(inputs, completion_tokens=total, stop_strings=stop)
+    return judge(inputs, completion_tokens=total, stop_strings=stop, text=b"a" * sum(chunks))
 
 
 def test_vllm_lists_that_fit_one_way_give_the_steps_and_their_roles() -> None:
@@ -124,6 +124,29 @@ def test_a_one_token_chunk_beside_a_zero_accepted_step_keeps_its_step_not_its_ro
     assert (stats["drafts_scheduled"], stats["accepted"]) == (6, 3)  # the engine's totals
 
 
+@pytest.mark.parametrize(
+    ("deltas", "pieces"),
+    [
+        (["a", "bcde", "fg"], ((1, 0, PLAIN), (5, 1, None), (7, None, None))),
+        # The second delta starts with a character of two bytes: vLLM may have carried
+        # a byte of it over from the first delta's token (step 0), so it belongs to both.
+        (["a", "ébc", "fg"], ((1, 0, PLAIN), (3, None, None), (5, 1, None), (7, None, None))),
+        # A first delta has nothing before it to share a character with.
+        (["é", "bcde", "fg"], ((2, 0, PLAIN), (6, 1, None), (8, None, None))),
+    ],
+)
+def test_a_delta_starting_with_a_long_character_shares_it_with_the_delta_before(
+    deltas: list[str], pieces: tuple[tuple[int, int | None, int | None], ...]
+) -> None:
+    inputs = ReportedInputs()
+    for text, tokens in zip(deltas, [1, 4, 2], strict=True):
+        inputs.add_delta(len(text.encode()), tokens)
+    inputs.add_lists([3, 3], [3, 3])
+    text = "".join(deltas).encode()
+    reported = judge(inputs, completion_tokens=7, stop_strings=False, text=text)
+    assert reported.pieces == pieces
+
+
 def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
     # The API server fell behind: both listed steps came in one chunk. Only the
     # prefill step is before them, so the steps are pinned, but not the bytes.
@@ -138,7 +161,7 @@ def _summary_only(chunks: list[int], summary: tuple[int, int, int]) -> Reported:
     for n in chunks:
         inputs.add_delta(n, n)
     inputs.add_counts("spec", summary)
-    return judge(inputs, completion_tokens=sum(chunks), stop_strings=False)
+    return judge(inputs, completion_tokens=sum(chunks), stop_strings=False, text=b"a" * sum(chunks))
 
 
 def test_a_stream_without_a_verify_step_is_one_plain_token_a_step() -> None:
@@ -166,7 +189,11 @@ def test_a_live_stream_merged_by_a_stalled_api_server_fits_one_way() -> None:
         start = end
     inputs.add_lists(data["per_step_accepted"], data["per_step_drafted"])
     inputs.add_counts("spec", data["summary"])
-    reported = judge(inputs, completion_tokens=data["completion_tokens"], stop_strings=False)
+    # Its text is not recorded: ASCII stands in (this checks the fit, not the bytes).
+    text = b"a" * data["delta_ends"][-1]
+    reported = judge(
+        inputs, completion_tokens=data["completion_tokens"], stop_strings=False, text=text
+    )
     assert reported.fits and reported.steps is not None, reported.reason
     assert sum(s.size for s in reported.steps) == data["completion_tokens"] == 400
     listed = [s for s in reported.steps if s.drafted]
@@ -250,7 +277,8 @@ def llama(
             inputs.add_delta(len(text.encode()), 0)
         inputs.add_counts("timings", (n, drafted, accepted))
     total = tokens[-1][1] if usage == -1 else usage
-    return judge(inputs, completion_tokens=total, stop_strings=False)
+    text = "".join(t[0] for t in tokens).encode()
+    return judge(inputs, completion_tokens=total, stop_strings=False, text=text)
 
 
 # A prefill token, a verify step of 3 drafts with 2 accepted (3 tokens), one
@@ -360,12 +388,12 @@ def test_llama_statements_that_contradict_are_refused(
 def test_no_statements_are_no_tier_and_two_engines_are_refused() -> None:
     plain = ReportedInputs()
     plain.add_delta(3, 1)
-    assert judge(plain, completion_tokens=1, stop_strings=False) == Reported(None)
+    assert judge(plain, completion_tokens=1, stop_strings=False, text=b"abc") == Reported(None)
     # llama-server without drafting: timings without draft counters state no steps.
     plain.add_counts("timings", (1, None, None))
-    assert judge(plain, completion_tokens=1, stop_strings=False) == Reported(None)
+    assert judge(plain, completion_tokens=1, stop_strings=False, text=b"abc") == Reported(None)
     plain.add_lists([1], [1])
-    both = judge(plain, completion_tokens=1, stop_strings=False)
+    both = judge(plain, completion_tokens=1, stop_strings=False, text=b"abc")
     assert both.reason == "the stream carries both vLLM's lists and llama's timings"
     assert not both.fits
 
@@ -464,9 +492,12 @@ def _truth(request: SimRequest) -> tuple[list[int], list[int]]:
 
 def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | None, range]]:
     """(end byte, step, role, tokens) of each colored piece: a delta's text belongs to
-    the tokens since the previous delta with text (reported.py's rule)."""
+    the tokens since the previous delta with text; with vLLM, a delta's first
+    character of several bytes also to the previous text delta's tokens (reported.py's
+    rule: vLLM's detokenizer carries a split character's bytes over)."""
     inputs = state.reported_inputs
     reported = state.reported
+    text = bytes(state.sse_utf8)
     assert reported is not None
     if reported.engine == "vLLM":
         token_ends = list(itertools.accumulate(inputs.delta_tokens))
@@ -475,13 +506,31 @@ def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | N
         token_ends = [
             next(t[1] for t in timings if t[0] > k) for k in range(len(inputs.delta_ends))
         ]
-    ends: dict[int, int] = {}
+    ranges: list[tuple[int, range]] = []
+    byte_start = token_start = 0
+    previous: int | None = None
     for end, token_end in zip(inputs.delta_ends, token_ends, strict=True):
-        ends.setdefault(end, token_end)  # the delta that brought the text (ids-only ones add none)
-    start = 0
-    for end, step, role in reported.pieces:
-        yield end, step, role, range(start, ends[end])
-        start = ends[end]
+        if end == byte_start:
+            continue  # ids only: its tokens' bytes come with a later delta
+        lead = text[byte_start]
+        first = (
+            0
+            if reported.engine != "vLLM" or lead < 0xC0
+            else 2
+            if lead < 0xE0
+            else 3
+            if lead < 0xF0
+            else 4
+        )
+        if previous is not None and first:
+            ranges.append((byte_start + first, range(previous, token_end)))
+        if byte_start + (first if previous is not None else 0) < end:
+            ranges.append((end, range(token_start, token_end)))
+        previous = token_start
+        byte_start, token_start = end, max(token_start, token_end)
+    assert [end for end, _ in ranges] == [end for end, _, _ in reported.pieces]
+    for (end, tokens), (_, step, role) in zip(ranges, reported.pieces, strict=True):
+        yield end, step, role, tokens
 
 
 def check_against_truth(run: _Run) -> tuple[int, int]:

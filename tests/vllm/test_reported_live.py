@@ -12,6 +12,7 @@ step (and role) the plugin's frames prove for it (stall included).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -87,9 +88,24 @@ def with_plugin(
     )
 
 
-def _args(max_tokens: int, prompt: str) -> list[str]:
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+    """A prompt per stream (--prompt-file), chat's and completions'."""
+    files = {}
+    for chat in (True, False):
+        path = tmp_path_factory.mktemp("prompts") / "prompts.json"
+        path.write_text(json.dumps([f"{i}. {PROMPTS[chat]}" for i in range(STREAMS)]))
+        files[chat] = path
+    return files
+
+
+def _args(method: str, max_tokens: int, prompts: Path) -> list[str]:
+    # ngram drafts only what the text repeats: the random-weight model repeats
+    # itself when greedy, and seldom at temperature 0.8 (measured: no stream of 16
+    # had a verify step), so ngram runs greedy, draft_model samples.
+    temperature = "0" if method == "ngram" else "0.8"
     return ["--concurrency", str(STREAMS), "--max-tokens", str(max_tokens), "--seed", "5",
-            "--temperature", "0.8", "--", prompt]  # fmt: skip
+            "--temperature", temperature, "--prompt-file", str(prompts)]  # fmt: skip
 
 
 def _stall(srv: server.Server, after: float = 2.0, seconds: float = 2.0):  # type: ignore[no-untyped-def]
@@ -123,10 +139,10 @@ def _merged(state: object) -> int:
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
 def test_stock_vllm_streams_show_their_own_steps(
-    stock: server.Server, method: str, chat: bool, socket_dir: str
+    stock: server.Server, method: str, chat: bool, socket_dir: str, prompts: dict[bool, Path]
 ) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    result = run_client(stock.url + path, _args(96, PROMPTS[chat]), socket_dir)
+    result = run_client(stock.url + path, _args(method, 96, prompts[chat]), socket_dir)
     states = result.model.streams
     print(f"vLLM {method} {'chat' if chat else 'completions'}: {summarize(states)}")
     assert [s.error for s in states] == [None] * STREAMS, stock.log_tail()
@@ -143,10 +159,13 @@ def test_stock_vllm_streams_show_their_own_steps(
 
 
 def test_merged_chunks_from_a_stalled_api_server_still_fit(
-    stock: server.Server, method: str, socket_dir: str
+    stock: server.Server, method: str, socket_dir: str, prompts: dict[bool, Path]
 ) -> None:
     result = run_client(
-        stock.url + "/v1/completions", _args(400, PROMPTS[0]), socket_dir, during=_stall(stock)
+        stock.url + "/v1/completions",
+        _args(method, 400, prompts[False]),
+        socket_dir,
+        during=_stall(stock),
     )
     states = result.model.streams
     merged = sum(_merged(s) for s in states)
@@ -160,11 +179,11 @@ def test_merged_chunks_from_a_stalled_api_server_still_fit(
 
 @pytest.mark.parametrize("stall", [False, True], ids=["steady", "stalled"])
 def test_reported_colors_are_the_plugins_exact_steps(
-    with_plugin: server.Server, method: str, stall: bool, socket_dir: str
+    with_plugin: server.Server, method: str, stall: bool, socket_dir: str, prompts: dict[bool, Path]
 ) -> None:
     result = run_client(
         with_plugin.url + "/v1/completions",
-        _args(400 if stall else 96, PROMPTS[0]),
+        _args(method, 400 if stall else 96, prompts[False]),
         socket_dir,
         during=_stall(with_plugin) if stall else None,
     )
