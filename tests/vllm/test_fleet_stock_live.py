@@ -25,20 +25,15 @@ import server
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
 
-from fleet import router_binary, start_router
-from test_fleet import STREAMS, hosts, parallelhue, work  # noqa: F401 (fixtures)
+from fleet import start_router
+
+# The fleet module's host pair, work directory, client and marks (vllm; skipped
+# without vllm-router).
+from test_fleet import ROUTER_PORT, STREAMS, hosts, parallelhue, pytestmark, work  # noqa: F401
 
 import reach_client as rc
 from netns import Hosts
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        router_binary() is None, reason="vllm-router is not installed: run `make router-venv`"
-    ),
-]
-
-ROUTER_PORT = 8000
 REPLICA_PORT = 8001
 
 
