@@ -96,10 +96,10 @@ def summarize(streams: Sequence[StreamState]) -> str:
 def lied_about(state: StreamState) -> str:
     """A live stream's own chunks judged against lists that lie: one accepted draft
     moved from a listed step to the next one with room (the sums and usage stay
-    right, the simulator's `reported-lie`). "refused": the lie does not fit the
-    chunks. "hidden": it fits (it hides where chunks hold several steps), and then
-    it colors every byte exactly as the honest lists do (asserted): a lie never
-    colors what the engine did not state. "none": no step to move a draft from."""
+    right, the simulator's `reported-lie`). "refused": the lie contradicts the
+    chunks. "fits": it does not (it hides where chunks hold several steps, or the
+    ambiguous chunks of ngram's undrafted steps): a consistent lie, which one
+    witness cannot expose (docs/CLIENT.md). "none": no draft to move."""
     honest = state.reported
     assert honest is not None and honest.fits, (state.index, honest)
     inputs = copy.deepcopy(state.reported_inputs)
@@ -113,10 +113,9 @@ def lied_about(state: StreamState) -> str:
     lying = judge(
         inputs, completion_tokens=honest.tokens, stop_strings=False, text=bytes(state.sse_utf8)
     )
-    if not lying.fits:
-        assert lying.reason is not None and "do not fit the chunks received" in lying.reason, (
-            lying.reason
-        )
-        return "refused"
-    assert lying.pieces == honest.pieces, state.index
-    return "hidden"
+    if lying.fits:
+        return "fits"
+    assert lying.reason is not None and "do not fit the chunks received" in lying.reason, (
+        lying.reason
+    )
+    return "refused"
