@@ -140,7 +140,8 @@ def client_main(
     telemetry = "socket" if telemetry == "socket" else "http"
     from parallelhue import headless
     from parallelhue.headless import run_headless
-    from parallelhue.state import NO_STEP, StreamState
+    from parallelhue.model.spans import NO_STEP
+    from parallelhue.model.state import StreamState
 
     # The session polls the Rust threads once per refresh of its view.
     headless.HeadlessView.__init__.__defaults__ = (poll,)
@@ -191,7 +192,7 @@ def client_main(
 
 def latencies(record: str, first_span: dict[tuple[int, int], float]) -> dict[str, Any]:
     """Step-to-screen latencies (see the module doc) from the run's recording."""
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
     from parallelhue.reference import decode_frame
     from parallelhue_vllm.wire import KIND_PROVENANCE
 

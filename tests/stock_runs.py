@@ -9,12 +9,12 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
 from parallelhue.headless import HeadlessView
-from parallelhue.reported import judge
+from parallelhue.model.reported import judge
+from parallelhue.model.state import StreamState
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim.stock import lie_lists
-from parallelhue.state import StreamState
 
 __all__ = ["by_byte", "compare_with_exact", "lied_about", "run_client", "summarize"]
 

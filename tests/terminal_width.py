@@ -1,7 +1,7 @@
 """How wide a terminal draws a text: the C library's wcwidth(3), per code point.
 
 xterm, VTE and tmux place text with it (tmux 3.3a measured in test_tmux.py
-agrees), so it is the oracle the layout tests hold `parallelhue.cells` to.
+agrees), so it is the oracle the layout tests hold `parallelhue.screen.cells` to.
 """
 
 from __future__ import annotations

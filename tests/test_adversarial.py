@@ -29,9 +29,9 @@ from adversarial.harness import run_transcript
 from adversarial.server import LyingServer
 from adversarial.story import EOS, build
 from adversarial.transcript import Transcript
-from parallelhue.config import parse_replay
-from parallelhue.replay import replay
-from parallelhue.views import make_console
+from parallelhue.cli.config import parse_replay
+from parallelhue.cli.replay import replay
+from parallelhue.screen.views import make_console
 from parallelhue_vllm import wire
 
 try:

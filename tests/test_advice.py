@@ -13,7 +13,9 @@ import pytest
 
 from client_fakes import FakeServer
 from parallelhue import cli, session
-from parallelhue.advice import (
+from parallelhue.ingest.driver import RunDriver
+from parallelhue.ingest.feed import Feed
+from parallelhue.model.advice import (
     FIX_WIDTH,
     NO_FRAMES,
     TelemetrySetup,
@@ -24,11 +26,9 @@ from parallelhue.advice import (
     is_this_host,
     run_message_notes,
 )
-from parallelhue.backend import detect_backend
-from parallelhue.feed import Feed
+from parallelhue.model.backend import detect_backend
+from parallelhue.model.state import RunModel, StreamState
 from parallelhue.reference import Reconciler
-from parallelhue.session import RunDriver
-from parallelhue.state import RunModel, StreamState
 from test_cli import _CLEARED
 
 VECTORS = Path(__file__).parent / "vectors" / "generate.py"
@@ -299,7 +299,7 @@ def test_chunk_mode_gives_no_verdict_and_no_fix(capsys: pytest.CaptureFixture[st
 
 
 def test_the_live_status_line_shows_the_fix_before_any_run_message() -> None:
-    from parallelhue.panes import status_line
+    from parallelhue.screen.status import status_line
 
     model = _model()
     model.run_messages.append("telemetry stream: the server ended it (code 1): bye")

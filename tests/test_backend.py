@@ -8,8 +8,8 @@ import pytest
 
 from client_fakes import FakeServer
 from parallelhue import cli, session
-from parallelhue.backend import detect_backend
-from parallelhue.metrics import parse_metrics, server_deltas
+from parallelhue.ingest.metrics import parse_metrics, server_deltas
+from parallelhue.model.backend import detect_backend
 from test_cli import _CLEARED
 
 SCHEDULER_HELLO = {

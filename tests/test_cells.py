@@ -7,8 +7,8 @@ import unicodedata
 
 import pytest
 
-from parallelhue.cells import cells, char_cells, for_screen, head_cells, tail_cells
-from parallelhue.sanitize import sanitize
+from parallelhue.model.sanitize import sanitize
+from parallelhue.screen.cells import cells, char_cells, for_screen, head_cells, tail_cells
 from terminal_width import terminal_width, wcwidth
 
 # The scripts and symbols generated text is made of: Latin and its accents, Greek,

@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from parallelhue import cli
-from parallelhue.config import ConfigError, parse_replay, parse_run
+from parallelhue.cli.config import ConfigError, parse_replay, parse_run
 
 _CLEARED = (
     "PARALLELHUE_ENDPOINT",
@@ -330,7 +330,7 @@ def test_prompt_file_errors(tmp_path: pytest.TempPathFactory) -> None:
 
 
 def test_demo_flags() -> None:
-    from parallelhue.demo import parse_demo
+    from parallelhue.cli.demo import parse_demo
 
     with pytest.raises(ConfigError) as error:
         parse_demo(["--concurrency", "65"], stdout_tty=True)
@@ -401,7 +401,7 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_fault_spec_is_validated() -> None:
-    from parallelhue.demo import parse_demo
+    from parallelhue.cli.demo import parse_demo
 
     with pytest.raises(ConfigError) as error:
         parse_demo(["--fault", "drop:2"], stdout_tty=False)
@@ -438,7 +438,7 @@ def test_help_states_the_concurrency_range_that_is_accepted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Defect 14: the help said "1-64" while 1024 was accepted.
-    from parallelhue.settings import HARD_CONCURRENCY_LIMIT
+    from parallelhue.cli.settings import HARD_CONCURRENCY_LIMIT
 
     _code, out, _err = run_cli(["--help"], capsys)
     line = next(x for x in out.splitlines() if x.lstrip().startswith("--concurrency"))
@@ -482,8 +482,8 @@ def test_endpoint_variables_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_request_knobs_reach_the_body() -> None:
-    from parallelhue.request import build_body
-    from parallelhue.streams import StreamRequest
+    from parallelhue.ingest.request import build_body
+    from parallelhue.ingest.streams import StreamRequest
 
     config = parse_run(
         ["hi", "--stop", "END", "--stop", "\n\n", "--ignore-eos", "--system", "be brief",

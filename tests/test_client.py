@@ -302,17 +302,18 @@ def test_missing_native_module_is_one_line(
 _WITHOUT_NATIVE = """
 import sys
 sys.modules["parallelhue._native"] = None
-from parallelhue import cli, state
+from parallelhue import cli
+from parallelhue.model import spans
 code = cli.main(["demo", "--concurrency", "2", "--max-tokens", "20", "--view", "plain",
                  "--reconciler", "python"])
-print("python tails:", state.tail_pieces is state.python_tail_pieces)
+print("python tails:", spans.tail_pieces is spans.python_tail_pieces)
 sys.exit(code)
 """
 
 
 def test_the_python_reconciler_runs_the_whole_client_without_the_extension() -> None:
     # The documented reference path needs no compiled code: the screen model
-    # falls back to its Python pane-tail reader (state.python_tail_pieces).
+    # falls back to its Python pane-tail reader (spans.python_tail_pieces).
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
@@ -427,7 +428,7 @@ def test_py_receiver_keeps_our_datagrams_and_drops_other_uids() -> None:
     import stat
     import struct
 
-    from parallelhue.receiver import PyReceiver
+    from parallelhue.ingest.receiver import PyReceiver
 
     path = os.path.join(os.environ["PARALLELHUE_SOCKET_DIR"], "r.sock")
 

@@ -10,11 +10,11 @@ import tempfile
 
 import pytest
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
+from parallelhue.screen.summary import summary_lines
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
-from parallelhue.summary import summary_lines
-from parallelhue.views import make_console, make_view
 from test_cli import _CLEARED
 
 try:

@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from parallelhue.backend import Backend
-from parallelhue.export import export_picture
-from parallelhue.state import RunModel, StreamState
-from parallelhue.views import GridView
+from parallelhue.model.backend import Backend
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen.export import export_picture
+from parallelhue.screen.views import GridView
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and os.environ.get("CI"):

@@ -17,7 +17,7 @@ import pytest
 
 from client_fakes import FakeServer
 from parallelhue import cli, session
-from parallelhue.demo import DEMO_MAX_TOKENS, DEMO_STEP_MS, parse_demo
+from parallelhue.cli.demo import DEMO_MAX_TOKENS, DEMO_STEP_MS, parse_demo
 from parallelhue.sim import SimConfig
 from test_cli import _CLEARED
 from test_client_sim import run_against_sim

@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
 from parallelhue.session import Session
 
 

@@ -17,17 +17,17 @@ from typing import Any
 
 import pytest
 
-from parallelhue.backend import Backend
-from parallelhue.feed import Feed
-from parallelhue.state import RunModel, StreamState
-from parallelhue.streams import StreamRequest
+from parallelhue.ingest.feed import Feed
+from parallelhue.ingest.streams import StreamRequest
+from parallelhue.model.backend import Backend
+from parallelhue.model.state import RunModel, StreamState
 
 native = pytest.importorskip("parallelhue._native")
 if not hasattr(native, "HttpStreams"):
     pytest.skip("the Rust HTTP thread needs Unix", allow_module_level=True)
 
-from parallelhue import ingest as ingest_module  # noqa: E402
-from parallelhue.ingest import RustIngest  # noqa: E402
+from parallelhue.ingest import native as ingest_module  # noqa: E402
+from parallelhue.ingest.native import RustIngest  # noqa: E402
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 RUN_ID = "00" * 16

@@ -109,8 +109,8 @@ def test_dist_holds_the_wheels_and_sdists_with_their_metadata() -> None:
         assert "Programming Language :: Python :: 3.11" in classifiers
         assert any(name.endswith("LICENSE") for name in files), files
     assert plugin["License-Expression"] == "Apache-2.0"  # type: ignore[index]
-    client_sdist = ("LICENSE", "rust/core/Cargo.toml", "python/parallelhue/cli.py")
-    plugin_sdist = ("LICENSE", "parallelhue_vllm/wire.py", "setup.py")
+    client_sdist = ("LICENSE", "rust/core/Cargo.toml", "python/parallelhue/cli/command.py")
+    plugin_sdist = ("LICENSE", "parallelhue_vllm/wire.py", "pyproject.toml")
     for sdist, inside in (
         (_one("parallelhue-*.tar.gz"), client_sdist),
         (_one("parallelhue_vllm-*.tar.gz"), plugin_sdist),

@@ -1,4 +1,4 @@
-"""The typed boundary: the shapes of parallelhue.shapes are the Rust core's, key for key.
+"""The typed boundary: the shapes of parallelhue.model.shapes are the Rust core's, key for key.
 
 The Rust bindings export their key lists; the TypedDicts and Literal types of
 `shapes.py` must list the same keys in the same order, and the dicts both
@@ -15,7 +15,7 @@ from typing import get_args
 
 import pytest
 
-from parallelhue import shapes
+from parallelhue.model import shapes
 from parallelhue.reference import Reconciler as ReferenceReconciler
 from parallelhue.reference import reconciler as reference_module
 from parallelhue_vllm.wire import (

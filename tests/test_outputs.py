@@ -125,7 +125,7 @@ def test_replay_without_a_footer_warns_and_exits_1(
     tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Defect 10: a recording without its footer replayed with exit 0 and no warning.
-    from parallelhue.record import read_recording, write_recording
+    from parallelhue.ingest.record import read_recording, write_recording
 
     recording = read_recording(_record(str(tmp_path), capsys))
     recording.footer = None  # as an interrupted run leaves it

@@ -1,5 +1,5 @@
 """The pane tail reader, the redraw's hot loop: the extension's
-`_native.tail_pieces` against the Python one (`state.python_tail_pieces`, the
+`_native.tail_pieces` against the Python one (`spans.python_tail_pieces`, the
 client's reader without the extension) on the same arguments, for ASCII and
 multi-byte text, spans splitting characters and invalid bytes, in both color
 rules, colored or not, for every length; and StreamState.tail_segments on
@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from parallelhue import _native, state
-from parallelhue.state import StreamState, _span_key, python_tail_pieces, tail_keys
+from parallelhue import _native
+from parallelhue.model import state
+from parallelhue.model.spans import python_tail_pieces, span_key, tail_keys
+from parallelhue.model.state import StreamState
 
 WORDS = ["the ", "quick ", "b", "r", "own ", "日本", "語 ", "é", "🚀", "x", "a\u0301 "]
 
@@ -99,7 +101,7 @@ def test_a_window_mixing_ascii_and_multibyte_spans_is_cut_per_span(reader: Any) 
         position += len(text.encode())
     whole = stream.tail_segments(True, None)
     assert [text for text, _ in whole] == texts
-    assert [key for _, key in whole] == [_span_key(k, None, "step") for k in range(len(texts))]
+    assert [key for _, key in whole] == [span_key(k, None, "step") for k in range(len(texts))]
     tail = stream.tail_segments(True, 250)
     assert [text for text, _ in tail] == texts[-175:]  # 100 x "c" + 75 x "日本" = 250
 
@@ -144,7 +146,7 @@ def test_spans_cut_anywhere_decode_as_python_decodes_each(broken: bool, seed: in
 
 
 def test_the_python_reader_decodes_and_keys_each_span_as_the_span_view_does() -> None:
-    # Its key tables follow _span_key for every role byte and step.
+    # Its key tables follow span_key for every role byte and step.
     stream = byte_stream(400, 3, broken=True)
     spans = stream.spans
     for color_by in ("step", "role"):
@@ -152,7 +154,7 @@ def test_the_python_reader_decodes_and_keys_each_span_as_the_span_view_does() ->
             keys, by_role = tail_keys(True, color_by, roles_known)
             args = (stream.sse_utf8, stream.span_records, -1, 0, keys, by_role, "mixed")
             assert python_tail_pieces(*args) == [
-                (spans.text(i), _span_key(spans.step(i), spans.role(i), color_by, roles_known))
+                (spans.text(i), span_key(spans.step(i), spans.role(i), color_by, roles_known))
                 for i in range(len(spans))
             ]
 
@@ -202,10 +204,10 @@ def test_tail_pieces_refuses_spans_outside_the_text_and_short_key_tables(reader:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> None:
-    # panes._clean tests the whole tail at once when it can; the result is each
+    # clean_pieces tests the whole tail at once when it can; the result is each
     # piece sanitized on its own, empty pieces dropped, keys and order kept.
-    from parallelhue.panes import _clean
-    from parallelhue.sanitize import sanitize
+    from parallelhue.model.sanitize import sanitize
+    from parallelhue.screen.lines import clean_pieces
 
     rng = random.Random(seed)
     odd = ["\u200d", "\x1b[31m", "\x1b]0;t\x07", "\r", "\t", "\n", "\x7f", "\u202e", "\u2028"]
@@ -218,7 +220,7 @@ def test_a_panes_pieces_are_cleaned_as_each_piece_alone_would_be(seed: int) -> N
             for _ in range(rng.randrange(1, 80))
         ]
         want = [(sanitize(text), key) for text, key in pieces if sanitize(text)]
-        got = _clean(pieces)
+        got = clean_pieces(pieces)
         assert got == want, (extra, rate, pieces)
-        assert _clean(tuple(pieces)) == want
+        assert clean_pieces(tuple(pieces)) == want
         assert got is not pieces  # a new list: callers extend their lines

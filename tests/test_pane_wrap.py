@@ -1,4 +1,4 @@
-"""panes.wrap / fit / tail_fit lay text out in the cells a terminal draws (cells.py):
+"""lines.wrap / fit / tail_fit lay text out in the cells a terminal draws (cells.py):
 ASCII, CJK, Devanagari, Arabic, emoji with skin tones and VS16, combining marks,
 zero-width characters, sanitized tabs and controls, cut into pieces at every place
 and laid out at every width. The properties are checked against the C library's
@@ -14,10 +14,10 @@ import random
 
 import pytest
 
-from parallelhue import cells as cells_module
-from parallelhue.cells import char_cells
-from parallelhue.panes import Line, Piece, cells, fit, line_text, tail_fit, wrap
-from parallelhue.sanitize import sanitize
+from parallelhue.model.sanitize import sanitize
+from parallelhue.screen import cells as cells_module
+from parallelhue.screen.cells import cells, char_cells
+from parallelhue.screen.lines import Line, Piece, fit, line_text, tail_fit, wrap
 from terminal_width import terminal_width
 
 ZWJ_FAMILY = "👨\u200d👩\u200d👧"

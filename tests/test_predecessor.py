@@ -14,7 +14,7 @@ import pytest
 
 from client_fakes import FakeServer
 from parallelhue import cli, session
-from parallelhue.config import ConfigError, parse_run
+from parallelhue.cli.config import ConfigError, parse_run
 from test_cli import _CLEARED
 
 _PREDECESSOR_VARIABLES = (

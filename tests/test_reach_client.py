@@ -25,10 +25,10 @@ import pytest
 import reach_client as rc
 from client_fakes import FakeServer
 from parallelhue import cli
-from parallelhue.config import ConfigError, parse_run
+from parallelhue.cli.config import ConfigError, parse_run
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import SimConfig, SimServer
-from parallelhue.views import make_console, make_view
 from test_cli import _CLEARED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_a_recording_over_http_replays_to_the_same_verdicts(clean_env: str) -> N
         record=path,
     )
     assert exact(result)
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
 
     recording = read_recording(path)
     assert recording.header["run_id"] == session.run_id
@@ -635,8 +635,8 @@ def test_a_root_server_is_rejected_by_a_users_client_unless_accepted(
 
 
 def test_the_telemetry_line_for_each_path() -> None:
-    from parallelhue.streams import connect_target
-    from parallelhue.telemetry import TelemetryPlan, security_line
+    from parallelhue.ingest.streams import connect_target
+    from parallelhue.ingest.telemetry import TelemetryPlan, security_line
 
     run = "0123456789abcdef" * 2
     http = TelemetryPlan("http")

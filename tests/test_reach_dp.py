@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import SimServer
-from parallelhue.views import make_console, make_view
 from test_reach_client import RECONCILERS, clean_env, sim_config
 
 __all__ = ["clean_env"]  # the autouse fixture of test_reach_client applies here too

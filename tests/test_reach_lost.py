@@ -20,7 +20,7 @@ import pytest
 
 import workloads
 from parallelhue import cli
-from parallelhue.record import read_recording
+from parallelhue.ingest.record import read_recording
 from parallelhue.reference import Reconciler as Reference
 from parallelhue.reference.sse_body import ENDED_EARLY
 from parallelhue.sim import FaultConfig, SimConfig

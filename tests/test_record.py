@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from parallelhue import cli
-from parallelhue.record import Recording, read_recording, write_recording
+from parallelhue.ingest.record import Recording, read_recording, write_recording
 from test_cli import _CLEARED
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from parallelhue.headless import HeadlessResult, run_headless
-from parallelhue.record import RECONCILER_INPUT_KINDS, read_recording
+from parallelhue.ingest.record import RECONCILER_INPUT_KINDS, read_recording
 from parallelhue.sim import SimConfig, SimServer
 
 native = pytest.importorskip("parallelhue._native")

@@ -1,4 +1,4 @@
-"""Server-reported steps (python/parallelhue/reported.py, docs/CLIENT.md).
+"""Server-reported steps (python/parallelhue/model/reported.py, docs/CLIENT.md).
 
 The judge on hand-made statements (every check that can refuse, with its
 exact reason; ambiguities left uncolored, never guessed), then the client
@@ -26,20 +26,23 @@ from typing import Any
 import jsonschema
 import pytest
 
-from parallelhue.backend import Backend
-from parallelhue.config import parse_run
-from parallelhue.export import export_picture
-from parallelhue.panes import banner_lines, legend_lines, line_text
-from parallelhue.replay import replay
-from parallelhue.reported import LABEL_REPORTED, Reported, ReportedInputs, judge
-from parallelhue.results import json_document
+from parallelhue.cli.config import parse_run
+from parallelhue.cli.replay import replay
+from parallelhue.cli.settings import ReplayConfig
+from parallelhue.model.backend import Backend
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_REPORTED
+from parallelhue.model.reported import Reported, ReportedInputs, judge
+from parallelhue.model.results import json_document
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen.banner import banner_lines
+from parallelhue.screen.export import export_picture
+from parallelhue.screen.legend import legend_lines
+from parallelhue.screen.lines import line_text
+from parallelhue.screen.summary import summary_lines
+from parallelhue.screen.views import GridView, make_console, make_view
 from parallelhue.session import Session, SessionResult
-from parallelhue.settings import ReplayConfig
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
 from parallelhue.sim.engine import SimRequest
-from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, RunModel, StreamState
-from parallelhue.summary import summary_lines
-from parallelhue.views import GridView, make_console, make_view
 from test_cli import _CLEARED
 from test_client_sim import KINDS
 
@@ -401,7 +404,7 @@ def test_no_statements_are_no_tier_and_two_engines_are_refused() -> None:
 
 
 def test_a_search_beyond_its_budget_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import parallelhue.reported as reported_module
+    import parallelhue.model.reported as reported_module
 
     monkeypatch.setattr(reported_module, "MAX_STATES", 5)
     refused = vllm([1, 4, 1, 2], [3, 0, 1], [3, 3, 3])

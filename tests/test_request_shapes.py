@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
 from parallelhue.headless import HeadlessView
 from parallelhue.session import RequestShape, Session, SessionResult
 from parallelhue.sim import SimConfig, SimServer

@@ -23,17 +23,19 @@ from typing import Any
 import pytest
 
 from client_fakes import FakeServer
-from parallelhue.backend import Backend
 from parallelhue.cli import main
-from parallelhue.config import ConfigError, parse_run
-from parallelhue.panes import grid_screen, line_text, status_line
-from parallelhue.record import read_recording
-from parallelhue.results import json_document
-from parallelhue.schedule import Dispatcher, arrival_offsets
+from parallelhue.cli.config import ConfigError, parse_run
+from parallelhue.ingest.record import read_recording
+from parallelhue.ingest.schedule import Dispatcher, arrival_offsets
+from parallelhue.model.backend import Backend
+from parallelhue.model.results import json_document
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen.grid import grid_screen
+from parallelhue.screen.lines import line_text
+from parallelhue.screen.status import status_line
+from parallelhue.screen.views import make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import FaultConfig, SimConfig
-from parallelhue.state import RunModel, StreamState
-from parallelhue.views import make_console, make_view
 from test_cli import _CLEARED
 from test_client_sim import run_against_sim
 
@@ -436,7 +438,7 @@ def test_a_requests_run_records_replays_and_exports_per_stream(
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_tmux_panes_are_the_streams_each_showing_its_latest_request() -> None:
-    from parallelhue.tmux import TmuxView, snapshot_lines
+    from parallelhue.screen.tmux import TmuxView, snapshot_lines
 
     model = _model(5, 2)
     for index in (0, 1):

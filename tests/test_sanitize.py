@@ -7,7 +7,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parallelhue.sanitize import one_line, sanitize
+from parallelhue.model.sanitize import one_line, sanitize
 
 
 def test_plain_text_is_untouched() -> None:

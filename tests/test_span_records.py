@@ -1,5 +1,5 @@
 """A stream's span records: the extension's `SpanRecords` (what the live
-path's `Reconciler.take` appends to) and `state.PySpanRecords` (the client
+path's `Reconciler.take` appends to) and `spans.PySpanRecords` (the client
 without the extension) hold the same words and say the same about roles for
 the same appends; `take(span_records)` refuses a wrong argument before it
 takes anything."""
@@ -17,8 +17,9 @@ import pytest
 
 import workloads
 from parallelhue import _native
+from parallelhue.model.spans import NO_ROLE, PySpanRecords
+from parallelhue.model.state import StreamState
 from parallelhue.reference import Reconciler as ReferenceReconciler
-from parallelhue.state import NO_ROLE, PySpanRecords, StreamState
 
 SpanRecords = getattr(_native, "SpanRecords", None)
 needs_native = pytest.mark.skipif(SpanRecords is None, reason="make native")
@@ -37,12 +38,12 @@ def kinds() -> list[Any]:
 
 @needs_native
 def test_the_client_without_the_extension_uses_the_extensions_values() -> None:
-    # The values are declared once, in the Rust core; state.py's fallback for a
+    # The values are declared once, in the Rust core; spans.py's fallback for a
     # client without the extension must be the same.
     code = (
         "import json, sys; sys.modules['parallelhue._native'] = None; "
-        "from parallelhue import state; "
-        "print(json.dumps([state.NO_STEP, state.NO_ROLE, state.SPAN_RECORD_BYTES]))"
+        "from parallelhue.model import spans; "
+        "print(json.dumps([spans.NO_STEP, spans.NO_ROLE, spans.SPAN_RECORD_BYTES]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     native = [_native.NO_STEP, _native.NO_ROLE, _native.SPAN_RECORD_BYTES]

@@ -19,8 +19,8 @@ import subprocess
 
 import pytest
 
-from parallelhue.cells import for_screen
-from parallelhue.sanitize import sanitize
+from parallelhue.model.sanitize import sanitize
+from parallelhue.screen.cells import for_screen
 from parallelhue.sim.vocab import CORPUS
 from terminal_width import terminal_width, wcwidth
 from test_tmux import (

@@ -218,11 +218,11 @@ def test_an_old_sender_gets_one_exact_error_per_frame(cls: Any, version: int) ->
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_client_names_the_plugin_version_to_install_once(version: int) -> None:
-    from parallelhue.backend import detect_backend
-    from parallelhue.feed import Feed
+    from parallelhue.ingest.driver import RunDriver
+    from parallelhue.ingest.feed import Feed
+    from parallelhue.model.backend import detect_backend
+    from parallelhue.model.state import RunModel, StreamState
     from parallelhue.reference import Reconciler
-    from parallelhue.session import RunDriver
-    from parallelhue.state import RunModel, StreamState
 
     generator = _generator()
     model = RunModel([StreamState(0, "exact")], "exact", detect_backend("auto", [], None), True)

@@ -10,29 +10,20 @@ import unicodedata
 from rich.cells import cell_len
 from rich.console import Console
 
-from parallelhue.backend import Backend
-from parallelhue.feed import Feed
-from parallelhue.paint import ansi_line, plain_lines, rich_text
-from parallelhue.panes import (
-    GridUi,
-    box_pane,
-    final_grid,
-    fit,
-    grid_layout,
-    grid_screen,
-    legend_line,
-    legend_lines,
-    line_text,
-    line_width,
-    pane_data,
-    stream_screen,
-    tail_fit,
-    wrap,
-)
-from parallelhue.state import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING, RunModel, StreamState
-from parallelhue.style import Theme
-from parallelhue.summary import summary_block, summary_lines
-from parallelhue.views import make_console
+from parallelhue.ingest.feed import Feed
+from parallelhue.model.backend import Backend
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_VERIFYING
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen.focus import GridUi
+from parallelhue.screen.grid import final_grid, grid_layout, grid_screen
+from parallelhue.screen.legend import legend_line, legend_lines
+from parallelhue.screen.lines import fit, line_text, line_width, tail_fit, wrap
+from parallelhue.screen.paint import ansi_line, plain_lines, rich_text
+from parallelhue.screen.pane import box_pane, pane_data
+from parallelhue.screen.stream import stream_screen
+from parallelhue.screen.style import Theme
+from parallelhue.screen.summary import summary_block, summary_lines
+from parallelhue.screen.views import make_console
 from terminal_width import terminal_width
 
 SPECULATIVE = Backend("ngram", True, "plugin hello")
@@ -316,7 +307,7 @@ def test_small_terminal_is_still_useful() -> None:
 
 
 def test_stream_and_grid_views_print_the_final_picture_and_summary() -> None:
-    from parallelhue.views import GridView, StreamView
+    from parallelhue.screen.views import GridView, StreamView
 
     for view_class in (StreamView, GridView):
         stream = exact_stream()
@@ -344,7 +335,7 @@ def test_final_grid_picture_keeps_all_64_panes() -> None:
 
 
 def _live_grid(model: RunModel, width: int, height: int) -> tuple[object, io.StringIO]:
-    from parallelhue.views import AnsiGrid
+    from parallelhue.screen.views import AnsiGrid
 
     file = io.StringIO()
     console = Console(
@@ -354,7 +345,7 @@ def _live_grid(model: RunModel, width: int, height: int) -> tuple[object, io.Str
 
 
 def test_live_grid_frame_matches_the_layout_and_the_coloring_rule() -> None:
-    from parallelhue.views import AnsiGrid
+    from parallelhue.screen.views import AnsiGrid
 
     streams = []
     for index in range(64):
@@ -432,7 +423,7 @@ def test_tail_segments_equal_the_tail_of_all_segments() -> None:
 
 
 def test_role_line_counts_plain_tokens_as_target_and_adds_up() -> None:
-    from parallelhue.summary import role_line
+    from parallelhue.screen.summary import role_line
 
     stats = {"tokens": 20, "accepted": 9, "target": 4, "bonus": 2, "plain": 5, "mixed_spans": 1}
     line = role_line(stats)
@@ -530,6 +521,13 @@ def test_summary_says_when_vllm_per_request_metrics_cross_checked_the_steps() ->
     model.totals["metrics_steps"] = 7
     assert (
         "cross-checked with vLLM's per-request metrics: 7 verify steps of 2 of 3 streams "
+        "agree with the scheduler's records (vLLM sends the lists only for a request the "
+        "engine finished with a verify step: none after a stop string)" in summary_lines(model)
+    )
+    streams[1].stats["metrics_steps"] = 1
+    model.totals["metrics_steps"] = 8
+    assert (
+        "cross-checked with vLLM's per-request metrics: 8 verify steps of 3 of 3 streams "
         "agree with the scheduler's records" in summary_lines(model)
     )
     # Chunk mode never claims it: no step was proven there.
@@ -622,7 +620,7 @@ def test_token_counts_come_from_usage_when_the_server_sends_no_token_ids() -> No
 
 def test_nothing_received_prints_nothing_but_the_one_line() -> None:
     # Defect 13: refused connections on every stream drew panes and a long summary.
-    from parallelhue.views import GridView, PlainView
+    from parallelhue.screen.views import GridView, PlainView
 
     for view_class in (PlainView, GridView):
         streams = [StreamState(index=i, mode="chunk") for i in range(3)]
@@ -666,7 +664,7 @@ def test_emoji_presentation_sequences_keep_every_line_and_export_box_in_its_cell
     one cell plus none, as wcwidth and tmux draw it; measured whole (two cells) by one and
     per character by the other, a pane line holding it was a cell off and the SVG drew
     the borders after it one cell early (docs/demo.svg, pane #2)."""
-    from parallelhue.export import line_boxes
+    from parallelhue.screen.export import line_boxes
 
     text = "nd hearts ❤️ 💚💙💛. 한국어 ❤️❤️ x é́ 👍🏽"
     for width in range(3, 40):
@@ -711,7 +709,7 @@ def test_every_text_color_reads_at_4_5_to_1_on_the_dark_backgrounds() -> None:
     """Issue 26, 30: step color 27 (#005fff) was 3.7:1 on the export's #101010. WCAG AA
     asks 4.5:1 for text: every colored key of both palettes, on the export's background
     and on a black terminal."""
-    from parallelhue.style import PALETTES, xterm_rgb
+    from parallelhue.screen.style import PALETTES, xterm_rgb
 
     low = []
     for name, inks in PALETTES.items():
@@ -866,7 +864,7 @@ def test_at_80_and_120_columns_banner_legend_and_status_keep_their_meaning() -> 
 
 def test_arrow_keys_move_on_the_grid_by_geometry() -> None:
     """Issue 26, 11: arrows and hjkl stepped through the streams in order."""
-    from parallelhue.panes import move_focus
+    from parallelhue.screen.focus import move_focus
 
     model = _demo_like(16)
     ui = GridUi(keys=True)
@@ -889,7 +887,7 @@ def test_arrow_keys_move_on_the_grid_by_geometry() -> None:
 def test_overview_tails_never_start_with_an_orphan_mark() -> None:
     """Issue 26, 6: an overview tail could start with a variation selector whose heart
     was cut off (U+2764 and U+FE0F in two steps' spans), or an accent without its letter."""
-    from parallelhue.panes import overview_line
+    from parallelhue.screen.overview import overview_line
 
     for pieces in (["love \u2764", "\ufe0f and more"], ["the cafe", "\u0301 au lait"]):
         stream = StreamState(index=0, mode="exact")

@@ -7,9 +7,9 @@ import time
 sys.path.insert(0, sys.argv[1])
 from rich.console import Console
 
-from parallelhue import views
-from parallelhue.backend import Backend
-from parallelhue.state import RunModel, StreamState
+from parallelhue.model.backend import Backend
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen import views
 
 random.seed(1)
 streams = []

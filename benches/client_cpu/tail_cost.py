@@ -9,15 +9,16 @@ and with 0, and divide the difference by the calls:
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python tail_cost.py 20
 
 With `--clean` the tails are read once and the calls measured are the panes'
-`_clean` of each (its printable check and the dropping of empty pieces).
+`clean_pieces` of each (its printable check and the dropping of empty pieces).
 """
 
 import random
 import sys
 
-from parallelhue.panes import _clean, grid_plan
+from parallelhue.model.state import StreamState
+from parallelhue.screen.grid import grid_plan
+from parallelhue.screen.lines import clean_pieces
 from parallelhue.sim.vocab import CORPUS
-from parallelhue.state import StreamState
 
 STREAMS = 64
 SPANS = 3000
@@ -52,8 +53,8 @@ def main() -> None:
         ]
         for _ in range(calls):
             for tail in tails:
-                pieces += len(_clean(tail))
-        print(f"budget {budget} chars, {calls * len(tails)} _clean calls, {pieces} pieces")
+                pieces += len(clean_pieces(tail))
+        print(f"budget {budget} chars, {calls * len(tails)} clean_pieces calls, {pieces} pieces")
         return
     for _ in range(calls):
         for stream in streams:

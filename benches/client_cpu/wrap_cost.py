@@ -1,4 +1,4 @@
-"""Instructions of the grid's pane bodies (panes.wrap of the cleaned tails), for callgrind.
+"""Instructions of the grid's pane bodies (lines.wrap of the cleaned tails), for callgrind.
 
 The tail-cost setup (tail_cost.py: 64 streams of the simulated engine's multilingual
 text, 220x70 grid, both color rules); the tails are read and cleaned once, and each
@@ -15,7 +15,8 @@ import sys
 
 from tail_cost import STREAMS, make_stream
 
-from parallelhue.panes import _clean, grid_plan, wrap
+from parallelhue.screen.grid import grid_plan
+from parallelhue.screen.lines import clean_pieces, wrap
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     body_height = max(0, plan.pane_height - 2 - 2)
     budget = inner * max(1, plan.pane_height - 4) * 2
     bodies = [
-        _clean(stream.tail_segments(True, budget, rule))
+        clean_pieces(stream.tail_segments(True, budget, rule))
         for stream in streams
         for rule in ("step", "role")
     ]

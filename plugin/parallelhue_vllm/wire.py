@@ -30,6 +30,7 @@ __all__ = [
     "FINISH_STOP",
     "HEADER_SIZE",
     "KIND_HELLO",
+    "KIND_NAMES",
     "KIND_NOTICE",
     "KIND_PROVENANCE",
     "KIND_TEXT",
@@ -141,7 +142,8 @@ _FLAG_TRIMMED = 2
 _FLAG_TEXT_TRUNCATED = 2
 _FLAG_TOKENS_TRIMMED = 4
 
-_KIND_NAMES = {
+# The frame kinds by name, in error messages (the reference decoder's too).
+KIND_NAMES = {
     KIND_HELLO: "hello",
     KIND_PROVENANCE: "provenance",
     KIND_TEXT: "text",
@@ -375,7 +377,7 @@ _RECORD_TYPES: dict[int, type] = {
 def _wrong_kind(kind: int, record: object) -> NoReturn:
     if kind not in _RECORD_TYPES:
         raise ValueError(f"kind {kind} does not carry records")
-    raise ValueError(f"a {type(record).__name__} cannot go in a {_KIND_NAMES[kind]} frame")
+    raise ValueError(f"a {type(record).__name__} cannot go in a {KIND_NAMES[kind]} frame")
 
 
 def encode_records(kind: int, header: Header, records: Sequence[Record]) -> bytes:
@@ -407,7 +409,7 @@ def encode_records(kind: int, header: Header, records: Sequence[Record]) -> byte
         else:
             _wrong_kind(kind, None)
     except struct.error as error:
-        kind_name = _KIND_NAMES[kind]
+        kind_name = KIND_NAMES[kind]
         raise ValueError(f"{kind_name} record field out of range: {error}") from error
     body = b"".join(parts)
     total = HEADER_SIZE + len(body)
@@ -596,7 +598,7 @@ def encode_record(kind: int, record: Record) -> bytes:
         else:
             _wrong_kind(kind, record)
     except struct.error as error:
-        raise ValueError(f"{_KIND_NAMES[kind]} record field out of range: {error}") from error
+        raise ValueError(f"{KIND_NAMES[kind]} record field out of range: {error}") from error
     return b"".join(parts)
 
 

@@ -3,8 +3,8 @@
 Checked against the built module by `python -m mypy.stubtest parallelhue._native`
 (`make lint`). The `Reconciler` API is exactly the one of docs/PROTOCOL.md
 ("Python-facing API"), shared with `parallelhue.reference.Reconciler` (typed
-like `parallelhue.reconciler.ReconcilerLike`); the dicts and events it hands
-out are the shapes of `parallelhue.shapes`, whose keys the constants below
+like `parallelhue.ingest.reconciler.ReconcilerLike`); the dicts and events it hands
+out are the shapes of `parallelhue.model.shapes`, whose keys the constants below
 list (tests/test_native_types.py holds them equal).
 
 `decode_frame`, `sse_inputs`, `read_sse_body` and `pack_inputs` are the test
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, final
 
-from parallelhue.shapes import (
+from parallelhue.model.shapes import (
     Counters,
     EndKind,
     Event,
@@ -69,7 +69,7 @@ SOURCE_KEYS: list[str]
 RECEIVER_KEYS: list[str]
 END_KINDS: list[str]
 # A span record (SpanRecords, Reconciler.take): its bytes, the step of a mixed
-# span, the role of a span without one (parallelhue.state takes them from here).
+# span, the role of a span without one (parallelhue.model.state takes them from here).
 SPAN_RECORD_BYTES: int
 NO_STEP: int
 NO_ROLE: int

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import parse_run
+from .cli.config import parse_run
+from .model.shapes import Counters, SourceInfo, StreamStats
+from .model.state import RunModel
 from .session import Session
-from .shapes import Counters, SourceInfo, StreamStats
-from .state import RunModel
 
 __all__ = ["HeadlessResult", "HeadlessView", "run_headless"]
 

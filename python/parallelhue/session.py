@@ -1,17 +1,19 @@
 """One live run: the socket, the reconciler, the streams, the view, the verdicts.
 
 A run takes one of two paths, chosen by `--reconciler`:
-- `rust` (the shipped path, `ingest.RustIngest`): Rust threads do every
-  stream's HTTP exchange and read the telemetry socket; the reconciler, the
-  `--record` tap and the screen's queue share one lock; Python applies one
+- `rust` (the shipped path, `ingest/native.py`, `RustIngest`): Rust threads do
+  every stream's HTTP exchange and read the telemetry socket; the reconciler,
+  the `--record` tap and the screen's queue share one lock; Python applies one
   packed batch per refresh to the screen model.
-- `python` (the reference path, `ReferenceIngest` here): httpx streams and
-  `PyReceiver` on this event loop feed the pure-Python reference reconciler
-  through `RunDriver`, which `replay` reuses.
+- `python` (the reference path, `ingest/reference.py`, `ReferenceIngest`):
+  httpx streams and `PyReceiver` on this event loop feed the pure-Python
+  reference reconciler through `RunDriver` (`ingest/driver.py`), which
+  `replay` reuses.
 
 `Session` does what both share: model discovery, `/metrics`, the loop that
-polls and redraws, exact mode's fail-closed stop, the grace period for late
-telemetry, finalize, the outcome, cleanup.
+polls and redraws (`ingest/base.py` says what it needs of a path), exact
+mode's fail-closed stop, the grace period for late telemetry, finalize, the
+outcome, cleanup.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -36,49 +38,38 @@ from parallelhue_vllm.paths import (
 )
 from parallelhue_vllm.wire import request_id
 
-from .advice import TelemetrySetup, is_this_host
-from .backend import detect_backend
-from .endpoint import api_base, server_root
-from .feed import Feed
-from .metrics import fetch_metrics, server_deltas
-from .receiver import PyReceiver, ReceiverError
-from .reconciler import ReconcilerError, ReconcilerLike, make_reconciler, reconciler_class
-from .record import RecordingError, RecordWriterLike, open_writer
-from .reported import reported_summary
-from .request import build_body
-from .sanitize import one_line
-from .schedule import Dispatcher, arrival_offsets
-from .settings import RunConfig
-from .shapes import VLLM_PREFIX, EndKind, Usage
-from .state import RunModel, StreamState, telemetry_expected
-from .stream_errors import (
+from .cli.settings import RunConfig
+from .ingest.base import IngestPath, Requests
+from .ingest.feed import Feed
+from .ingest.metrics import fetch_metrics, server_deltas
+from .ingest.receiver import ReceiverError
+from .ingest.reconciler import ReconcilerError, reconciler_class
+from .ingest.record import RecordingError
+from .ingest.reference import ReferenceIngest
+from .ingest.request import build_body
+from .ingest.schedule import Dispatcher, arrival_offsets
+from .ingest.streams import StreamRequest, connect_target, make_client
+from .ingest.telemetry import TelemetryError, TelemetryPlan, choose, security_line
+from .model.advice import TelemetrySetup, is_this_host
+from .model.backend import detect_backend
+from .model.endpoint import api_base
+from .model.reported import reported_summary
+from .model.sanitize import one_line
+from .model.shapes import VLLM_PREFIX
+from .model.state import RunModel, StreamState, telemetry_expected
+from .model.stream_errors import (
     api_key_message,
     connect_reason,
     is_setup_failure,
 )
-from .streams import (
-    StreamRequest,
-    StreamStopped,
-    connect_target,
-    make_client,
-    read_stream,
-)
-from .telemetry import (
-    TelemetryError,
-    TelemetryPlan,
-    choose,
-    rejected_line,
-    security_line,
-)
-from .views import View
+from .screen.views import View
 
 if TYPE_CHECKING:
-    from .ingest import RustIngest
+    from .ingest.native import RustIngest
 
 __all__ = [
     "GRACE_SECONDS",
-    "ReferenceIngest",
-    "RunDriver",
+    "RequestShape",
     "Session",
     "SessionResult",
     "SetupError",
@@ -104,125 +95,6 @@ class SessionResult:
     exit_code: int
     message: str | None
     model: RunModel
-
-
-class RunDriver:
-    """The reference path's and replay's inputs: each goes to the recording (if
-    any), the reconciler and the screen model, in the order it happened."""
-
-    def __init__(
-        self,
-        model: RunModel,
-        feed: Feed,
-        reconciler: ReconcilerLike | None,
-        recorder: RecordWriterLike | None = None,
-    ) -> None:
-        self.model = model
-        self.feed = feed
-        self.reconciler = reconciler
-        self.recorder = recorder
-        # The replayer swaps in the recording's clock so times match the original run.
-        self.clock: Callable[[], float] = time.monotonic
-
-    # --- inputs (streams.StreamSink) ------------------------------------------------
-
-    def start(self, stream: int) -> None:
-        self.model.start_stream(stream, self.clock())
-        if self.recorder is not None:
-            self.recorder.start(stream)
-
-    def on_delta(self, stream: int, text: str, token_ids: list[int]) -> None:
-        self.model.streams[stream].add_delta(text, token_ids, self.clock())
-        if self.recorder is not None:
-            self.recorder.sse(stream, text, token_ids)
-        if self.reconciler is not None:
-            try:
-                self.reconciler.push_sse(stream, text, token_ids)
-            except ValueError as error:  # e.g. a token id outside u32
-                self.feed.stream_error(stream, f"invalid SSE data: {one_line(str(error))}")
-                raise StreamStopped from None
-
-    def on_sse_input(self, stream: int, item: tuple[Any, ...]) -> None:
-        """An SSE input other than a delta (C2: sse_id, sse_choice, sse_usage; and
-        sse_counts, which only the server-reported tier reads)."""
-        if self.recorder is not None:
-            self.recorder.sse_input(item)
-        inputs = self.model.streams[stream].reported_inputs
-        if item[0] == "sse_counts":
-            inputs.add_counts(item[2], item[3:6])
-            return
-        if item[0] == "sse_usage":
-            if item[2] is not None:
-                inputs.completion_tokens = item[2]
-            if item[3] is not None or item[4] is not None:
-                inputs.add_lists(item[3], item[4])
-        if self.reconciler is not None:
-            try:
-                self.reconciler.push_inputs([item])
-            except (TypeError, ValueError) as error:  # e.g. a count outside u32
-                self.feed.stream_error(stream, f"invalid SSE data: {one_line(str(error))}")
-                raise StreamStopped from None
-
-    def on_finish(self, stream: int, finish_reason: str | None) -> None:
-        if self.recorder is not None:
-            self.recorder.finish(stream, finish_reason)
-        if self.reconciler is not None:
-            self.reconciler.finish_sse(stream, finish_reason)
-        self.feed.end(stream, None, 0, "", finish_reason)
-
-    def on_end(self, stream: int, kind: EndKind, status: int, detail: str) -> None:
-        if self.recorder is not None:
-            self.recorder.end(stream, kind, status, detail)
-        self.feed.end(stream, kind, status, detail)
-
-    def on_usage(self, stream: int, usage: Usage) -> None:
-        self.model.streams[stream].usage = usage
-
-    def frames(self, frames: list[bytes]) -> None:
-        if not frames or self.reconciler is None:
-            return
-        if self.recorder is not None:
-            self.recorder.frames(frames)
-        self.reconciler.push_frames(frames)
-
-    def on_frame(self, stream: int, frame: bytes) -> None:
-        """A frame the stream's response carried in-band."""
-        self.frames([frame])
-
-    def stream_lost(self, stream: int, reason: str) -> None:
-        """The stream's in-band telemetry is missing frames: that stream fails."""
-        if self.reconciler is None:
-            return
-        if self.recorder is not None:
-            self.recorder.stream_lost(stream, reason)
-        self.reconciler.push_stream_lost(stream, reason)
-
-    def lost(self, frames: int | None) -> None:
-        """Telemetry lost on its way here (docs/PROTOCOL.md, "Lost telemetry")."""
-        if self.reconciler is None:
-            return
-        if self.recorder is not None:
-            self.recorder.lost(frames)
-        self.reconciler.push_lost(frames)
-
-    def finalize(self) -> None:
-        if self.reconciler is None:
-            return
-        if self.recorder is not None:
-            self.recorder.finalize()
-        self.reconciler.finalize()
-        self.apply_events()
-        self.update_stats()
-
-    # --- outputs -------------------------------------------------------------------
-
-    def apply_events(self) -> None:
-        if self.reconciler is not None:
-            self.feed.events(self.reconciler.drain())
-
-    def update_stats(self) -> None:
-        if self.reconciler is not None:
-            self.feed.stats(self.reconciler)
 
 
 def outcome(model: RunModel) -> tuple[int, str | None]:
@@ -322,146 +194,6 @@ class RequestShape:
     path: str  # on the endpoint's server, e.g. /v1/chat/completions
     fields: Mapping[str, Any]  # replace the run's; give "prompt" or "messages"
     request_id: str | None = None  # None: the run's `ph1_` id (telemetry is for it)
-
-
-Requests = list[tuple[StreamRequest, dict[str, Any]]]
-
-
-class IngestPath(Protocol):
-    """What the session's loop needs of either path."""
-
-    def start_request(self, index: int) -> None: ...
-    def poll(self) -> None: ...
-    def streams_done(self) -> bool: ...
-    def cancel(self, stream: int) -> None: ...
-    def update_stats(self) -> None: ...
-    def telemetry_pending(self) -> bool: ...
-    def finalize(self) -> None: ...
-    def close(self, footer: dict[str, Any] | None = None) -> None: ...
-
-
-class ReferenceIngest:
-    """The reference path: httpx streams and `PyReceiver` on this event loop (in-band
-    telemetry comes inside the streams). Opened like `RustIngest`: constructor,
-    `open_run()`, `begin()`."""
-
-    def __init__(
-        self,
-        model: RunModel,
-        feed: Feed,
-        client: httpx.AsyncClient,
-        *,
-        run_id: str,
-        endpoint: str,
-        telemetry: TelemetryPlan | None,
-        socket_path: str | None,
-        timeout: float,
-    ) -> None:
-        self.model = model
-        self.feed = feed
-        self.client = client
-        self.endpoint = endpoint
-        self.run_id = run_id
-        self.telemetry = telemetry if model.mode != "chunk" else None
-        self.socket_path = socket_path
-        self.timeout = timeout
-        self.requests: Requests = []
-        self.receiver: PyReceiver | None = None
-        # In-band: each request asks for its telemetry inside its own response.
-        self.inband = self.telemetry is not None and self.telemetry.path == "http"
-        self.driver = RunDriver(model, feed, None, None)
-        self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._told_rejected = False
-        self._closed = False
-
-    async def open_run(self) -> str:
-        return self.run_id
-
-    def begin(self, requests: Requests, record: tuple[str, dict[str, Any]] | None) -> None:
-        self.requests = requests
-        if self.model.mode != "chunk":
-            try:
-                self.driver.reconciler = make_reconciler(
-                    "python", self.run_id, len(self.model.streams)
-                )
-            except ReconcilerError as error:
-                raise SetupError(str(error)) from None
-        self.driver.recorder = open_writer(*record) if record is not None else None
-        if not self.inband and self.driver.reconciler is not None and self.socket_path is not None:
-            accept = self.telemetry.accept_uids if self.telemetry is not None else ()
-            self.receiver = PyReceiver(self.socket_path, accept_uids=accept)
-
-    def start(self) -> None:
-        """Every request at once."""
-        for request, _body in self.requests:
-            self.start_request(request.index)
-
-    def start_request(self, index: int) -> None:
-        request, body = self.requests[index]
-        # Telemetry is read from this loop: the readers yield after every event.
-        yield_each_read = self.receiver is not None
-        self.driver.start(request.index)
-        endpoint = (
-            self.endpoint if request.path is None else server_root(self.endpoint) + request.path
-        )
-        self.tasks[request.index] = asyncio.create_task(
-            read_stream(
-                self.client,
-                endpoint,
-                body,
-                request,
-                self.driver,
-                yield_each_read=yield_each_read,
-                inband=self.inband,
-            )
-        )
-
-    def telemetry_pending(self) -> bool:
-        return False  # `PyReceiver.take` reads what the kernel holds, on this thread
-
-    def poll(self) -> None:
-        if self.receiver is not None:
-            self.driver.frames(self.receiver.take())
-        self.driver.apply_events()
-
-    def streams_done(self) -> bool:
-        """Every started request's exchange is over (the session knows which are to come)."""
-        return all(task.done() for task in self.tasks.values())
-
-    def cancel(self, stream: int) -> None:
-        task = self.tasks.get(stream)
-        if task is not None and not task.done():
-            task.cancel()
-        self.driver.on_end(stream, "cancelled", 0, "")
-
-    def update_stats(self) -> None:
-        self.driver.update_stats()
-        if self.receiver is not None and not self._told_rejected:
-            stats = self.receiver.stats()
-            if stats["rejected_uid"]:
-                self._told_rejected = True
-                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
-
-    def finalize(self) -> None:
-        self.poll()
-        self.driver.finalize()
-        self.update_stats()
-
-    def close(self, footer: dict[str, Any] | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for task in self.tasks.values():
-            task.cancel()
-        if self.receiver is not None:
-            self.receiver.close()
-        if self.driver.recorder is not None:
-            self.driver.recorder.close(footer)
-
-    def receiver_stats(self) -> Mapping[str, object]:
-        if self.receiver is not None:
-            return self.receiver.stats()
-        return {}
 
 
 class Session:
@@ -604,7 +336,7 @@ class Session:
                 socket_path=socket,
                 timeout=cfg.timeout,
             )
-        from .ingest import RustIngest
+        from .ingest.native import RustIngest
 
         ingest = RustIngest(
             model,
@@ -643,7 +375,7 @@ class Session:
         record = (cfg.record, self._header(plan, model)) if cfg.record is not None else None
         try:
             path.begin(self._requests(), record)
-        except ReceiverError as error:
+        except (ReceiverError, ReconcilerError) as error:
             raise SetupError(str(error)) from None
 
     async def run(self) -> SessionResult:

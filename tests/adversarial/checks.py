@@ -6,8 +6,8 @@ the whole outcome (every stream's verdict, label, reason and error).
 
 from __future__ import annotations
 
-from parallelhue.sanitize import one_line
-from parallelhue.state import LABEL_EXACT
+from parallelhue.model.labels import LABEL_EXACT
+from parallelhue.model.sanitize import one_line
 
 from .cases import Case
 from .harness import Outcome

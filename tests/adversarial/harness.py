@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
+from parallelhue.model.state import RunModel
+from parallelhue.screen.views import View, make_console, make_view
 from parallelhue.session import Session
-from parallelhue.state import RunModel
-from parallelhue.views import View, make_console, make_view
 
 from .server import LyingServer
 from .story import MODEL

@@ -3,7 +3,7 @@
 llama-server's draft-model speculative decoding, the tiny model drafting for
 itself (at most 3 drafts a step), chat and completions, 1 and 4 slots (-np):
 every stream's grouping is checked against its own draft counters (the fit of
-python/parallelhue/reported.py), and the facts the tier rests on are checked
+python/parallelhue/model/reported.py), and the facts the tier rests on are checked
 on the wire: one chunk per token with cumulative `timings`, the draft counters
 of every chunk of one verify step equal, at most 3 drafts a step. A llama-server
 without a draft model stays monochrome.
@@ -20,8 +20,7 @@ import httpx
 import llama_server
 import pytest
 
-from parallelhue.reported import LABEL_REPORTED
-from parallelhue.state import LABEL_CHUNK
+from parallelhue.model.labels import LABEL_CHUNK, LABEL_REPORTED
 from stock_runs import run_client, summarize
 
 PROMPT = "東京は日本の首都です。 def add(x, y): return x + y"

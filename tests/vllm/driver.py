@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from parallelhue.config import parse_run
+from parallelhue.cli.config import parse_run
 from parallelhue.headless import HeadlessView
-from parallelhue.record import read_recording
+from parallelhue.ingest.record import read_recording
 from parallelhue.session import RequestShape, Session
 
 SPEC_METRICS = {

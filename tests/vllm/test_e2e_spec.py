@@ -213,7 +213,7 @@ def test_sixty_four_recorded_streams_lose_nothing_and_replay_exactly(
 
     from parallelhue import cli
     from parallelhue.headless import run_headless
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
 
     method, srv, _ = spec_server
     record = tmp_path / f"run-{method}.phr"

@@ -226,7 +226,7 @@ def test_16_streams_over_http_across_hosts_exact_with_nothing_shared_but_the_url
     assert not (client_home / "sockets").exists()  # nothing but the URL
     # The recording holds the frames as received: each request its own scheduler and
     # frontend source, and it replays to the same verdicts.
-    from parallelhue.record import read_recording
+    from parallelhue.ingest.record import read_recording
     from parallelhue.reference.reconciler import Reconciler
 
     recording = read_recording(str(record))

@@ -25,8 +25,8 @@ import server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parallelhue.reported import LABEL_REPORTED
-from parallelhue.state import LABEL_EXACT, StreamState
+from parallelhue.model.labels import LABEL_EXACT, LABEL_REPORTED
+from parallelhue.model.state import StreamState
 from stock_runs import compare_with_exact, lied_about, run_client, summarize
 
 pytestmark = pytest.mark.vllm

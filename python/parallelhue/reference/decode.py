@@ -21,7 +21,7 @@ from parallelhue_vllm.wire import (
     ALL_STREAMS,
     HEADER_SIZE,
     KIND_HELLO,
-    KIND_NOTICE,
+    KIND_NAMES,
     KIND_PROVENANCE,
     KIND_TEXT,
     LEAD_UNKNOWN,
@@ -46,12 +46,6 @@ from parallelhue_vllm.wire import (
     TextToken,
 )
 
-KIND_NAMES = {
-    KIND_HELLO: "hello",
-    KIND_PROVENANCE: "provenance",
-    KIND_TEXT: "text",
-    KIND_NOTICE: "notice",
-}
 ROLE_LETTERS = {ROLE_PLAIN: "P", ROLE_ACCEPTED: "A", ROLE_TARGET: "T", ROLE_BONUS: "B"}
 U32_MAX = 0xFFFFFFFF
 

@@ -46,15 +46,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallelhue.reference.decode import KIND_NAMES, Frame, FrameError, decode_frame
+from parallelhue.model.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
+from parallelhue.model.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
+from parallelhue.reference.decode import Frame, FrameError, decode_frame
 from parallelhue.reference.sse import shown_reason
-from parallelhue.shapes import COUNTER_KEYS as _SHAPE_COUNTER_KEYS
-from parallelhue.shapes import STAT_KEYS as _SHAPE_STAT_KEYS
 from parallelhue_vllm.wire import (
     ALL_STREAMS,
     FINISH_LENGTH,
     FINISH_NAMES,
     KIND_HELLO,
+    KIND_NAMES,
     KIND_PROVENANCE,
     KIND_TEXT,
     LEAD_UNKNOWN,
@@ -87,7 +88,7 @@ TOKEN_ROLE_NAMES = {
     ROLE_TARGET: "target",
     ROLE_BONUS: "bonus",
 }
-# The keys of stats and counters are defined once, in parallelhue.shapes
+# The keys of stats and counters are defined once, in parallelhue.model.shapes
 # (held equal to the Rust core's by tests/test_native_types.py).
 STAT_KEYS = _SHAPE_STAT_KEYS
 COUNTER_KEYS = _SHAPE_COUNTER_KEYS
@@ -179,6 +180,7 @@ class _Stream:
     t_step: int | None = None
     trim_checked: bool = False  # a stop-string finish checked against the scheduler's step
     metrics_checked: bool = False  # vLLM's per-request metrics matched the records
+    metrics_to_stop: bool = False  # ... matched them up to a stop string's last step
     # Give counts of the empty-fragment tokens since the last fragment (the tokens
     # just before t's end), in offset order.
     pending_gives: list[int] = field(default_factory=list)
@@ -824,7 +826,7 @@ class Reconciler:
         state.p_trimmed = record.trimmed
         if state.p_finished is not None or state.p_trimmed:
             self._p_closed_rules(state)
-        if state.p_finished is not None:
+        if state.p_finished is not None or state.trim_checked:
             self._metrics_rules(state)
 
     def _p_closed_rules(self, state: _Stream) -> None:
@@ -857,21 +859,47 @@ class Reconciler:
     def _metrics_rules(self, state: _Stream) -> None:
         """The fourth witness: vLLM's per-request metrics list the scheduler's steps with
         drafts, in order, with their accepted (counted before a stop cut the step) and
-        drafted counts. Checked once both the lists and the scheduler's finish are known."""
+        drafted counts. Checked in full once the lists and the scheduler's finish are
+        known. After a stop-string finish they are also checked as soon as the
+        scheduler's step holding the text's last token is known, up to that step: a
+        contradiction there fails the stream even if the scheduler never finishes the
+        request (vLLM sends the lists only with the engine's finish, so exactness
+        still needs it)."""
         if state.metrics is None:
             return
         stream, (accepted, drafted) = state.index, state.metrics
         prefix = f"stream {stream}: vLLM's per-request metrics"
-        if state.p_finished is None or state.metrics_checked:
-            return
         steps = [step for step in state.p_steps if step.drafts_scheduled > 0]
-        if len(accepted) != len(steps):
-            raise self._fail(
-                state,
-                f"{prefix} list {len(accepted)} verify steps, the scheduler sent {len(steps)} "
-                "steps with drafts",
-            )
-        for index, (step, a, d) in enumerate(zip(steps, accepted, drafted, strict=True)):
+        if state.p_finished is not None and not state.metrics_checked:
+            if len(accepted) != len(steps):
+                raise self._fail(
+                    state,
+                    f"{prefix} list {len(accepted)} verify steps, the scheduler sent "
+                    f"{len(steps)} steps with drafts",
+                )
+            full = True
+        elif (
+            state.p_finished is None
+            and state.t_stop_string
+            and state.trim_checked
+            and not state.metrics_to_stop
+        ):
+            # Steps that start after the text's end are surplus: not compared.
+            end = len(state.t_ids)
+            steps = [step for step in steps if step.offset < end]
+            if len(accepted) < len(steps):
+                raise self._fail(
+                    state,
+                    f"{prefix} list {len(accepted)} verify steps, the scheduler sent "
+                    f"{len(steps)} steps with drafts up to the stop string",
+                )
+            full = False
+        else:
+            return
+        shown = len(steps)
+        for index, (step, a, d) in enumerate(
+            zip(steps, accepted[:shown], drafted[:shown], strict=True)
+        ):
             ra = step.roles.count(ROLE_ACCEPTED)
             rd = step.drafts_scheduled - step.drafts_padded
             accepted_ok = ra <= a <= rd if step.trimmed else a == ra
@@ -881,8 +909,11 @@ class Reconciler:
                     f"{prefix} disagree at verify step {index}: {a} accepted of {d} drafted, "
                     f"the scheduler's step at offset {step.offset} says {ra} of {rd}",
                 )
-        state.metrics_checked = True
-        state.stats["metrics_steps"] = len(accepted)
+        if full:
+            state.metrics_checked = True
+            state.stats["metrics_steps"] = shown
+        else:
+            state.metrics_to_stop = True
 
     def _check_trim(self, state: _Stream, step_end: int) -> None:
         """A stop-string finish at offset e with n trimmed tokens: the scheduler's step
@@ -1058,6 +1089,7 @@ class Reconciler:
                     s for s in state.p_steps if s.offset < end <= s.offset + len(s.roles)
                 )
                 self._check_trim(state, holding.offset + len(holding.roles))
+                self._metrics_rules(state)
         self._finish_pair(state)
         self._check_sse_within_http(state)
         if len(state.q_ids) > end:

@@ -1,7 +1,7 @@
 """One SSE chunk's JSON -> the reconciler's SSE inputs (docs/PROTOCOL.md "Inputs").
 
-The reference of the Rust extraction (`rust/core/src/sse.rs` `parse_chunk`,
-`rust/core/src/sse_inputs.rs`): the same JSON is accepted and rejected alike,
+The reference of the Rust extraction (`rust/core/src/sse/parser.rs` `parse_chunk`,
+`rust/core/src/sse/inputs.rs`): the same JSON is accepted and rejected alike,
 every shape error has the same message, and the same inputs come out, so the
 `--reconciler python` path sees exactly what the Rust path sees. This only
 extracts; every check of the inputs against the other witnesses is a
@@ -28,7 +28,7 @@ MAX_NESTING = 127
 Input = tuple[Any, ...]
 
 # vLLM's summary counts beside the per-step lists, and llama-server's `timings`
-# counters (rust/core/src/sse.rs SPEC_SUMMARY_KEYS, TIMINGS_KEYS): the
+# counters (rust/core/src/sse/chunk.rs SPEC_SUMMARY_KEYS, TIMINGS_KEYS): the
 # server-reported tier's inputs ("sse_counts"); no reconciler reads them.
 SPEC_SUMMARY_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 TIMINGS_KEYS = ("predicted_n", "draft_n", "draft_n_accepted")

@@ -2,11 +2,12 @@
 "Reading the SSE body").
 
 The reference of the Rust reader's event-stream grammar and fold
-(`rust/core/src/sse.rs` `EventParser`/`SseParser`, `rust/core/src/sse_stream.rs`
-`StreamBody`): the same bytes, split into reads anywhere, give the same inputs,
-the same end and the same finish reason, and the same refusal with the same
-message (a JSON syntax error excepted, which each JSON parser words itself; its
-class, `invalid JSON in SSE data: `, is the same). `tests/test_sse_body.py` and
+(`rust/core/src/sse/events.rs` `EventParser`, `rust/core/src/sse/parser.rs`
+`SseParser`, `rust/core/src/http/sse_body.rs` `StreamBody`): the same bytes,
+split into reads anywhere, give the same inputs, the same end and the same
+finish reason, and the same refusal with the same message (a JSON syntax error
+excepted, which each JSON parser words itself; its class, `invalid JSON in SSE
+data: `, is the same). `tests/test_sse_body.py` and
 the `sse_differential` fuzz target hold the two readers equal.
 
 The body is read as bytes, never as text first: a line is UTF-8 or the stream is
@@ -33,7 +34,7 @@ __all__ = [
     "read_body",
 ]
 
-# The Rust reader's bounds (rust/core/src/sse.rs).
+# The Rust reader's bounds (rust/core/src/sse/error.rs).
 MAX_LINE_BYTES = 8 << 20
 MAX_EVENT_BYTES = 16 << 20
 _LINE_END = re.compile(rb"[\r\n]")

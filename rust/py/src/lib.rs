@@ -7,7 +7,7 @@
 //! ("Python-facing API"), shared with `parallelhue.reference.Reconciler`.
 //! Batch entry points release the GIL (`py.detach`); single small calls do not.
 //! The key lists exported here are the one definition of the typed dicts in
-//! `parallelhue.reconciler` (tests/test_native_types.py holds them equal).
+//! `parallelhue.ingest.reconciler` (tests/test_native_types.py holds them equal).
 
 mod convert;
 mod display;
@@ -80,7 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "RECORDING_VERSION",
         parallelhue_core::record::FORMAT_VERSION,
     )?;
-    // The span record's values, declared once (state.py takes them from here).
+    // The span record's values, declared once (model/spans.py takes them from here).
     m.add("NO_STEP", parallelhue_core::spans::NO_STEP)?;
     m.add("NO_ROLE", parallelhue_core::spans::NO_ROLE)?;
     m.add(

@@ -1,5 +1,5 @@
 //! The live screen's hot loop: the styled tail of one stream's proven spans
-//! (`parallelhue.state.StreamState.tail_segments`), one call per pane redraw.
+//! (`parallelhue.model.state.StreamState.tail_segments`), one call per pane redraw.
 //!
 //! In Python each span cost a slice, a `decode` and a tuple (≈ 20 % of the
 //! client's main thread at 64 streams in the grid). Here the buffers are read

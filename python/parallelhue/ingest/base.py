@@ -1,0 +1,26 @@
+"""What the session's loop needs of a run's ingest path, either one (`native.py`, the
+shipped Rust threads; `reference.py`, the pure-Python reference on the event loop)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .streams import StreamRequest
+
+__all__ = ["IngestPath", "Requests"]
+
+# Each request of the run, composed with the run's id: its stream and its body.
+Requests = list[tuple[StreamRequest, dict[str, Any]]]
+
+
+class IngestPath(Protocol):
+    """What the session's loop needs of either path."""
+
+    def start_request(self, index: int) -> None: ...
+    def poll(self) -> None: ...
+    def streams_done(self) -> bool: ...
+    def cancel(self, stream: int) -> None: ...
+    def update_stats(self) -> None: ...
+    def telemetry_pending(self) -> bool: ...
+    def finalize(self) -> None: ...
+    def close(self, footer: dict[str, Any] | None = None) -> None: ...
