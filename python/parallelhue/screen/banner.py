@@ -8,7 +8,7 @@ from ..model.state import SIMULATED_LABEL, RunModel
 from .chrome import chrome_lines
 from .lines import Line
 
-__all__ = ["banner_line", "banner_lines", "reported_engines", "reported_text"]
+__all__ = ["banner_line", "banner_lines", "reported_text"]
 
 
 def _banner_parts(model: RunModel, short: bool) -> list[Line]:
@@ -48,25 +48,10 @@ def _banner_parts(model: RunModel, short: bool) -> list[Line]:
     return parts
 
 
-def reported_engines(model: RunModel) -> tuple[list[str], bool]:
-    """The engines whose own statements color streams of this run (auto mode), and
-    whether a stream still open states (or, like the ended ones, will state) its steps."""
-    if model.mode != "auto":
-        return [], False
-    streams = model.streams
-    shown = sorted({str(s.reported.engine) for s in streams if s.shows_reported and s.reported})
-    waiting = any(
-        s.reported_pending
-        or (bool(shown) and s.plugin_silent and s.reported is None and not s.over)
-        for s in streams
-    )
-    return shown, waiting
-
-
 def reported_text(model: RunModel, short: bool) -> str:
     """The banner's word on server-reported steps: which engine's statements color
     which streams and why (no plugin telemetry), or that they will at a stream's end."""
-    shown, waiting = reported_engines(model)
+    shown, waiting = model.reported_engines()
     if not shown and not waiting:
         return ""
     if short:

@@ -11,7 +11,6 @@ from ..model.labels import (
     STEP_KEYS,
 )
 from ..model.state import RunModel
-from .banner import reported_engines
 from .chrome import chrome_lines
 from .lines import Line
 
@@ -64,7 +63,7 @@ def _legend_parts(model: RunModel, short: bool) -> list[Line]:
              None)
         )  # fmt: skip
     parts.append(unproven_part)
-    shown, waiting = reported_engines(model)
+    shown, waiting = model.reported_engines()
     if shown or waiting:
         # What the tier proves, and that its colors come only with a stream's end
         # (vLLM's lists arrive in the final chunk; llama's steps are judged there too).
