@@ -93,6 +93,7 @@ def vector(
     return {"name": name, "hex": data.hex(), "finish": finish, "items": items, "error": error}
 
 
+# A table on purpose: one entry per vector, each read on its own (long by design).
 def all_vectors() -> list[Vector]:
     p = preamble()
     after = len(p)  # stream offset of the first item
