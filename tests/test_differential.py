@@ -535,6 +535,32 @@ def test_the_lie_table_gives_the_same_events_in_both_reconcilers(case: int) -> N
 
 
 @pytest.mark.parametrize("cls", [ReferenceReconciler, NativeReconciler], ids=["python", "rust"])
+def test_stop_string_metrics_with_the_engines_finish_in_that_step_are_exact(cls: Any) -> None:
+    # vLLM sends the lists of a stop-string stream only when the engine finished the
+    # request in the stop string's step too: then every verify step is checked.
+    T, R = test_reference, wire.ROLE_ACCEPTED
+    run = T.Run(num_streams=1, cls=cls)
+    run.push(
+        run.prov(T.prov(0, 0, [10], [wire.ROLE_PLAIN], 0)),
+        run.text(T.text(0, 0, [T.tok(10, "Hi")], "Hi")),
+        run.prov(T.prov(0, 1, [11, 12], [R, wire.ROLE_BONUS], 1)),
+        run.text(T.text(0, 1, [T.tok(11, " a"), T.tok(12, "b")], " ab")),
+        run.text(
+            T.text(0, 3, [T.tok(13, "c")], "c", **T.FIN, tokens_trimmed=True, trimmed_tokens=1)
+        ),
+    )
+    run.sse(0, "Hi", [10])
+    run.sse(0, " ab", [11, 12])
+    run.sse(0, "c", [13])
+    run.rec.push_sse_usage(0, 4, [1, 1], [1, 1])
+    run.push(run.prov(T.prov(0, 3, [13, 14], [R, wire.ROLE_BONUS], 1, **T.FIN_LENGTH)))
+    run.finish(0)
+    run.rec.finalize()
+    assert ("exact", 0) in run.events()
+    assert run.rec.stream_stats(0)["metrics_steps"] == 2
+
+
+@pytest.mark.parametrize("cls", [ReferenceReconciler, NativeReconciler], ids=["python", "rust"])
 def test_the_last_sequence_number_is_not_released_twice(cls: Any) -> None:
     # A source jumps to the top of the u64 sequence space (a gap), then sends seq
     # 2^64 - 1 again with other content: a duplicate that differs, not a new frame

@@ -1281,6 +1281,37 @@ def _lie_metrics_without_scheduler_finish(run: Run) -> None:
     run.finish(0)
 
 
+def _stop_string_metrics(
+    accepted: list[int], drafted: list[int], *, lists_first: bool = False
+) -> Any:
+    """Stream 0 ends on a stop string in the step at offset 3 (its second token
+    trimmed); the scheduler never finishes it. Verify steps at offsets 1 and 3, each
+    one accepted draft of one. vLLM's lists arrive after the text (or, with
+    `lists_first`, before the scheduler's step holding the stop string)."""
+
+    def lie(run: Run) -> None:
+        run.push(
+            run.prov(prov(0, 0, [10], [P], 0)),
+            run.text(text(0, 0, [tok(10, "Hi")], "Hi")),
+            run.prov(prov(0, 1, [11, 12], [A, B], 1)),
+            run.text(text(0, 1, [tok(11, " a"), tok(12, "b")], " ab")),
+        )
+        run.sse(0, "Hi", [10])
+        run.sse(0, " ab", [11, 12])
+        if lists_first:
+            run.rec.push_sse_usage(0, None, accepted, drafted)
+        run.push(
+            run.text(text(0, 3, [tok(13, "c")], "c", **FIN, tokens_trimmed=True, trimmed_tokens=1)),
+        )
+        run.sse(0, "c", [13])
+        if not lists_first:
+            run.rec.push_sse_usage(0, 4, accepted, drafted)
+        run.push(run.prov(prov(0, 3, [13, 14], [A, B], 1)))
+        run.finish(0)
+
+    return lie
+
+
 def _lie_chunk_inside_step(run: Run) -> None:
     run.push(run.prov(prov(0, 0, [10], [P], 0)), run.text(text(0, 0, [tok(10, "Hi")], "Hi")))
     run.sse(0, "Hi a", [10])  # " a" moved from step 2's chunk into step 1's (ids stay)
@@ -1401,6 +1432,20 @@ LIES = [
      f"{S0}vLLM's per-request metrics carry per_step_accepted without per_step_drafted"),
     ("vLLM's metrics without the scheduler's finish", _lie_metrics_without_scheduler_finish,
      "missing telemetry: the scheduler did not finish the request at offset 1"),
+    ("vLLM's metrics contradicting a step before the stop string's",
+     _stop_string_metrics([0, 1], [1, 1]),
+     f"{S0}vLLM's per-request metrics disagree at verify step 0: 0 accepted of 1 drafted, "
+     "the scheduler's step at offset 1 says 1 of 1"),
+    ("vLLM's metrics contradicting the stop string's step, received before it",
+     _stop_string_metrics([1, 0], [1, 1], lists_first=True),
+     f"{S0}vLLM's per-request metrics disagree at verify step 1: 0 accepted of 1 drafted, "
+     "the scheduler's step at offset 3 says 1 of 1"),
+    ("vLLM's metrics missing a step up to the stop string", _stop_string_metrics([1], [1]),
+     f"{S0}vLLM's per-request metrics list 1 verify steps, the scheduler sent 2 steps with "
+     "drafts up to the stop string"),
+    ("vLLM's metrics matching up to the stop string, the scheduler never finishing",
+     _stop_string_metrics([1, 1, 7], [1, 1, 9]),
+     "missing telemetry: the scheduler did not finish the request at offset 5"),
 ]  # fmt: skip
 
 

@@ -521,6 +521,13 @@ def test_summary_says_when_vllm_per_request_metrics_cross_checked_the_steps() ->
     model.totals["metrics_steps"] = 7
     assert (
         "cross-checked with vLLM's per-request metrics: 7 verify steps of 2 of 3 streams "
+        "agree with the scheduler's records (vLLM sends the lists only for a request the "
+        "engine finished with a verify step: none after a stop string)" in summary_lines(model)
+    )
+    streams[1].stats["metrics_steps"] = 1
+    model.totals["metrics_steps"] = 8
+    assert (
+        "cross-checked with vLLM's per-request metrics: 8 verify steps of 3 of 3 streams "
         "agree with the scheduler's records" in summary_lines(model)
     )
     # Chunk mode never claims it: no step was proven there.

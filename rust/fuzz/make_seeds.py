@@ -7,6 +7,7 @@ import hashlib
 import json
 import pathlib
 import struct
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "rust" / "fuzz" / "corpus"
@@ -94,6 +95,20 @@ trouble = [
     b": \xc0\xaf\n", b'data: {"x":"\xed\xa0\x80"}\n\n', b'data: {"x":"\\ud800"}\n\n',
     b"data: \x00\n\n", b"data: \xc2\xa0[DONE]\x1c\n\n", b"data\r\ndata: 1\r\r",
     b"data: \xe6\x1f\x97\x1f\xa5\n\n", b"event: \xe6\x97\xa5\ndata: 2\n\n",
+]
+# In-band telemetry events (the plugin's own encoder): frames, then an end item that
+# counts them, says frames were dropped, or miscounts; and a body that ends before it.
+sys.path.insert(0, str(ROOT / "plugin"))
+from parallelhue_vllm import inband  # noqa: E402
+
+chunk = sse[0]
+frame_items = b"".join(inband.frame_item(f) for f in frames[:2])
+trouble += [
+    inband.event(frame_items) + chunk + inband.event(inband.end_item(0, 2, 0, 7)),
+    inband.event(frame_items + inband.end_item(inband.STATUS_DROPPED, 2, 3, 0)),
+    inband.event(frame_items + inband.end_item(0, 1, 0, 0)) + b"data: [DONE]\n\n",
+    inband.event(frame_items) + b"data: [DONE]\n\n",
+    b"event: parallelhue\ndata: AQ=\n\n",
 ]
 for s in sse + trouble:
     write("sse_differential", b"\x03" + s)

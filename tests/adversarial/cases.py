@@ -865,6 +865,14 @@ def _drafted_missing(spec: dict[str, list[int]]) -> None:
     del spec["per_step_drafted"]
 
 
+def _first_step_one_fewer_accepted(spec: dict[str, list[int]]) -> None:
+    spec["per_step_accepted"][0] -= 1
+
+
+def _only_first_step(spec: dict[str, list[int]]) -> None:
+    del spec["per_step_accepted"][1:], spec["per_step_drafted"][1:]
+
+
 def _relabelled_beside_metrics(t: Transcript) -> None:
     # vLLM's own counters, taken before the scheduler's frames lie about roles.
     lists = _honest_metrics(t)
@@ -2663,6 +2671,46 @@ CASES: list[Case] = [
             )
         },
         rule="evidence is monotone: the first lists are kept, a different restatement fails",
+    ),
+    # ---------------------------- issue 24 #6: the fourth witness after a stop string
+    _C(
+        "sse.metrics.stop_string.accepted",
+        "sse.metrics.per_step_accepted",
+        "stream 0 ends on a stop string; its per-request metrics say one accepted draft "
+        "fewer at the first verify step (before the stop string's step)",
+        "sse",
+        _sse_metrics_edit(_first_step_one_fewer_accepted),
+        base="stop_string",
+        reasons={0: metrics_disagree(0, "1 accepted of 3", 1, "2 of 3")},
+        rule="the fourth witness checks a stop-string stream up to the step holding its "
+        "last token, without the scheduler's finish",
+    ),
+    _C(
+        "sse.metrics.stop_string.steps",
+        "sse.metrics.per_step_accepted",
+        "stream 0 ends on a stop string; its per-request metrics list 1 verify step, the "
+        "scheduler's records 2 up to the stop string's step",
+        "sse",
+        _sse_metrics_edit(_only_first_step),
+        base="stop_string",
+        reasons={
+            0: "stream 0: vLLM's per-request metrics list 1 verify steps, the scheduler sent "
+            "2 steps with drafts up to the stop string"
+        },
+        rule="the fourth witness: one entry per scheduler step with drafts, up to the stop "
+        "string's step",
+    ),
+    _C(
+        "sse.metrics.stop_string.unfinished",
+        "sse.metrics.per_step_accepted",
+        "stream 0 ends on a stop string; per-request metrics matching every record arrive, "
+        "yet the scheduler never finished the request",
+        "sse",
+        _sse_metrics,
+        base="stop_string",
+        reasons={0: "missing telemetry: the scheduler did not finish the request at offset 9"},
+        rule="vLLM sends the lists only with the engine's finish: with lists, exactness "
+        "needs the scheduler's finish",
     ),
     _C(
         "sse.usage.completion_tokens.corrected",

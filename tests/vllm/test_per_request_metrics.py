@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import httpx
 import pytest
 import releases
 import server
+
+from parallelhue.reference import decode_to_dict
 
 pytestmark = pytest.mark.vllm
 
@@ -49,9 +52,8 @@ def metrics_server(tiny_model: Path, socket_dir: str, logs_dir: Path) -> Iterato
         srv.stop()
 
 
-def vllm_spec_metrics(url: str, shape: driver.Shape) -> dict[str, Any] | None:
-    """`metrics.speculative_decoding` of the usage chunk vLLM sends for `shape`,
-    read raw: the JSON path and vLLM's own totals, which the client does not use."""
+def _raw_stream(url: str, shape: driver.Shape) -> tuple[str, dict[str, Any] | None]:
+    """The text and the usage chunk vLLM streams for `shape`, read raw."""
     chat = shape.endpoint == "chat"
     body: dict[str, Any] = {
         "model": "tiny",
@@ -68,13 +70,22 @@ def vllm_spec_metrics(url: str, shape: driver.Shape) -> dict[str, Any] | None:
     else:
         body["prompt"] = shape.prompt
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    usage: dict[str, Any] | None = None
+    text, usage = "", None
     with httpx.stream("POST", url + path, json=body, timeout=300) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or ():
+                    text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                 if chunk.get("usage") is not None:
                     usage = chunk
+    return text, usage
+
+
+def vllm_spec_metrics(url: str, shape: driver.Shape) -> dict[str, Any] | None:
+    """`metrics.speculative_decoding` of the usage chunk vLLM sends for `shape`,
+    read raw: the JSON path and vLLM's own totals, which the client does not use."""
+    _, usage = _raw_stream(url, shape)
     assert usage is not None, "no usage chunk"
     spec: dict[str, Any] | None = (usage.get("metrics") or {}).get("speculative_decoding")
     return spec
@@ -139,3 +150,111 @@ def test_vllm_per_request_metrics_summary_says_cross_checked(
         done.stdout,
     )
     assert len(checked) == 1 and int(checked[0]) >= 3, done.stdout
+
+
+def _witness_facts(inputs: list[tuple[Any, ...]], streams: int) -> list[dict[str, Any]]:
+    """Per stream, from the run's frames: the scheduler's steps with drafts (all, and
+    those starting before the text's end), whether the scheduler (the engine) finished
+    the request, and whether the text ended on a stop string."""
+    facts = [
+        {"steps": [], "engine_finished": False, "stop_string": False, "text_end": 0}
+        for _ in range(streams)
+    ]
+    for item in inputs:
+        if item[0] != "frame":
+            continue
+        frame = decode_to_dict(item[1])
+        for record in frame.get("records", ()):
+            if "stream" not in record or record["stream"] >= streams:
+                continue
+            fact = facts[record["stream"]]
+            if frame["kind"] == "provenance":
+                if record["drafts_scheduled"]:
+                    fact["steps"].append(record["offset"])
+                fact["engine_finished"] |= bool(record["flags"] & 1)
+            elif frame["kind"] == "text":
+                fact["text_end"] = max(fact["text_end"], record["offset"] + len(record["tokens"]))
+                fact["stop_string"] |= bool(record["flags"] & 0b110)
+    return facts
+
+
+MIXED_PROMPTS = (
+    PROMPT,
+    "for i in range(10): print(i)\nfor i in range(10): print(i)\nfor i in",
+    "東京は日本の首都です。東京は日本の首都です。東京は",
+    "a = [1, 2, 3]\na = [1, 2, 3]\nb = [",
+)
+
+
+def _late_stop(text: str) -> str | None:
+    """A stop string that first occurs late in `text` (after a third of it), so the
+    request ran verify steps before the frontend stops it; None if there is none."""
+    for start in range(len(text) * 2 // 3, len(text) - 3):
+        candidate = text[start : start + 3]
+        if candidate.strip() and text.find(candidate) >= len(text) // 3:
+            return candidate
+    return None
+
+
+def mixed_shapes(url: str) -> list[driver.Shape]:
+    """16 streams: chat and completions, temperature 0 and 0.8 (seeded), max_tokens 24
+    and 64; on half of them a stop string taken from late in that request's own text
+    (read once without it), so the frontend ends it after verify steps."""
+    shapes = []
+    for i in range(16):
+        shape = driver.Shape(
+            "chat" if i % 2 else "completions",
+            MIXED_PROMPTS[i % 4],
+            24 if i % 3 == 0 else 64,
+            0.8 if (i // 2) % 2 else 0.0,
+            seed=2000 + i,
+            extra=USAGE,
+        )
+        if (i // 4) % 2:
+            stop = _late_stop(_raw_stream(url, shape)[0])
+            shape = replace(shape, stop=(stop,) if stop else ())
+        shapes.append(shape)
+    return shapes
+
+
+def test_vllm_per_request_metrics_sixteen_mixed_streams(
+    metrics_server: server.Server, socket_dir: str
+) -> None:
+    """16 mixed streams (`mixed_shapes`): vLLM sends the lists exactly for the streams
+    the engine finished with at least one verify step, and each of those is
+    cross-checked step by step. A stream the frontend ended on a stop string (the engine
+    never finished it) gets none: vLLM 0.32 attaches them only to the engine's
+    finishing output."""
+    shapes = mixed_shapes(metrics_server.url)
+    result = driver.run(metrics_server.url, shapes, socket_dir)
+    errors = [(i, s.error) for i, s in enumerate(result.streams) if s.error]
+    assert not errors, errors
+    assert result.verdicts == [("exact", None)] * len(shapes), metrics_server.log_tail(30)
+    facts = _witness_facts(result.inputs, len(shapes))
+    listed, with_lists, rows = 0, 0, []
+    for index, (stream, fact) in enumerate(zip(result.streams, facts, strict=True)):
+        assert stream.usage is not None, f"stream {index}: no usage chunk"
+        _, accepted, drafted = stream.usage
+        shown = sum(1 for offset in fact["steps"] if offset < fact["text_end"])
+        rows.append(
+            f"stream {index}: stop string {fact['stop_string']}, engine finished "
+            f"{fact['engine_finished']}, {len(fact['steps'])} verify steps ({shown} up to the "
+            f"text's end), lists {None if accepted is None else len(accepted)}"
+        )
+        # vLLM's lists: exactly when the engine finished the request with verify steps.
+        sent = fact["engine_finished"] and bool(fact["steps"])
+        assert (accepted is not None) == sent, rows[-1]
+        assert (drafted is not None) == sent, rows[-1]
+        if accepted is not None:
+            assert len(accepted) == len(fact["steps"]), rows[-1]
+            listed += len(accepted)
+            with_lists += 1
+    assert result.totals["metrics_steps"] == listed > 0
+    print("\n".join(f"{row}, stop {shape.stop}" for row, shape in zip(rows, shapes, strict=True)))
+    stop_ended = [f for f in facts if f["stop_string"] and not f["engine_finished"]]
+    unchecked = sum(sum(1 for o in f["steps"] if o < f["text_end"]) for f in stop_ended)
+    print(
+        f"{listed} verify steps of {with_lists} of {len(shapes)} streams cross-checked; "
+        f"{len(stop_ended)} streams ended on a stop string without the engine's finish "
+        f"({unchecked} verify steps up to their stop strings), no lists for any of them"
+    )

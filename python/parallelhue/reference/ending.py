@@ -86,6 +86,7 @@ class EndingRules(MetricsRules):
                     s for s in state.p_steps if s.offset < end <= s.offset + len(s.roles)
                 )
                 self._check_trim(state, holding.offset + len(holding.roles))
+                self._metrics_rules(state)
         self._finish_pair(state)
         self._check_sse_within_http(state)
         if len(state.q_ids) > end:

@@ -47,21 +47,47 @@ class MetricsRules(ProveRules):
     def _metrics_rules(self, state: _Stream) -> None:
         """The fourth witness: vLLM's per-request metrics list the scheduler's steps with
         drafts, in order, with their accepted (counted before a stop cut the step) and
-        drafted counts. Checked once both the lists and the scheduler's finish are known."""
+        drafted counts. Checked in full once the lists and the scheduler's finish are
+        known. After a stop-string finish they are also checked as soon as the
+        scheduler's step holding the text's last token is known, up to that step: a
+        contradiction there fails the stream even if the scheduler never finishes the
+        request (vLLM sends the lists only with the engine's finish, so exactness
+        still needs it)."""
         if state.metrics is None:
             return
         stream, (accepted, drafted) = state.index, state.metrics
         prefix = f"stream {stream}: vLLM's per-request metrics"
-        if state.p_finished is None or state.metrics_checked:
-            return
         steps = [step for step in state.p_steps if step.drafts_scheduled > 0]
-        if len(accepted) != len(steps):
-            raise self._fail(
-                state,
-                f"{prefix} list {len(accepted)} verify steps, the scheduler sent {len(steps)} "
-                "steps with drafts",
-            )
-        for index, (step, a, d) in enumerate(zip(steps, accepted, drafted, strict=True)):
+        if state.p_finished is not None and not state.metrics_checked:
+            if len(accepted) != len(steps):
+                raise self._fail(
+                    state,
+                    f"{prefix} list {len(accepted)} verify steps, the scheduler sent "
+                    f"{len(steps)} steps with drafts",
+                )
+            full = True
+        elif (
+            state.p_finished is None
+            and state.t_stop_string
+            and state.trim_checked
+            and not state.metrics_to_stop
+        ):
+            # Steps that start after the text's end are surplus: not compared.
+            end = len(state.t_ids)
+            steps = [step for step in steps if step.offset < end]
+            if len(accepted) < len(steps):
+                raise self._fail(
+                    state,
+                    f"{prefix} list {len(accepted)} verify steps, the scheduler sent "
+                    f"{len(steps)} steps with drafts up to the stop string",
+                )
+            full = False
+        else:
+            return
+        shown = len(steps)
+        for index, (step, a, d) in enumerate(
+            zip(steps, accepted[:shown], drafted[:shown], strict=True)
+        ):
             ra = step.roles.count(ROLE_ACCEPTED)
             rd = step.drafts_scheduled - step.drafts_padded
             accepted_ok = ra <= a <= rd if step.trimmed else a == ra
@@ -71,5 +97,8 @@ class MetricsRules(ProveRules):
                     f"{prefix} disagree at verify step {index}: {a} accepted of {d} drafted, "
                     f"the scheduler's step at offset {step.offset} says {ra} of {rd}",
                 )
-        state.metrics_checked = True
-        state.stats["metrics_steps"] = len(accepted)
+        if full:
+            state.metrics_checked = True
+            state.stats["metrics_steps"] = shown
+        else:
+            state.metrics_to_stop = True

@@ -133,6 +133,7 @@ class _Stream:
     t_step: int | None = None
     trim_checked: bool = False  # a stop-string finish checked against the scheduler's step
     metrics_checked: bool = False  # vLLM's per-request metrics matched the records
+    metrics_to_stop: bool = False  # ... matched them up to a stop string's last step
     # Give counts of the empty-fragment tokens since the last fragment (the tokens
     # just before t's end), in offset order.
     pending_gives: list[int] = field(default_factory=list)

@@ -106,7 +106,7 @@ class StreamRules(EndingRules):
         state.p_trimmed = record.trimmed
         if state.p_finished is not None or state.p_trimmed:
             self._p_closed_rules(state)
-        if state.p_finished is not None:
+        if state.p_finished is not None or state.trim_checked:
             self._metrics_rules(state)
 
     def _check_provenance_token(self, state: _Stream, offset: int) -> None:

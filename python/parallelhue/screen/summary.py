@@ -302,11 +302,18 @@ def _metrics_note(model: RunModel) -> str:
     if steps <= 0:
         return ""
     streams = sum(1 for s in model.streams if int(s.stats.get("metrics_steps", 0) or 0) > 0)
-    return (
+    note = (
         f"cross-checked with vLLM's per-request metrics: {steps} verify "
         f"step{'s' if steps != 1 else ''} of {streams} of {len(model.streams)} "
         f"stream{'s' if len(model.streams) != 1 else ''} agree with the scheduler's records"
     )
+    if streams < len(model.streams):
+        # Why the others are not counted (docs/PROTOCOL.md "The fourth witness").
+        note += (
+            " (vLLM sends the lists only for a request the engine finished with a verify "
+            "step: none after a stop string)"
+        )
+    return note
 
 
 def _reported_note(model: RunModel) -> str:

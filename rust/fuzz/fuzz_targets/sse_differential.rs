@@ -63,6 +63,9 @@ fn input_tuple<'py>(py: Python<'py>, input: &SseInput) -> Bound<'py, PyTuple> {
             let [a, b, c] = *values;
             ("sse_counts", kind.name(), a, b, c).into_pyobject(py)
         }
+        // In-band telemetry, as the reference's `read_body` gives it.
+        SseInput::Frame(frame) => ("frame", PyBytes::new(py, frame)).into_pyobject(py),
+        SseInput::Lost(reason) => ("lost", reason).into_pyobject(py),
     };
     tuple.expect("tuple")
 }

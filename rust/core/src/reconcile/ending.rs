@@ -94,6 +94,7 @@ impl Stream {
                     None => e,
                 };
                 self.check_trim(s, step_end)?;
+                self.metrics_rules(s)?;
             }
         }
         self.finish_pair(s)?;

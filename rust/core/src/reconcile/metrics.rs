@@ -69,26 +69,49 @@ impl Stream {
 
     /// The fourth witness: vLLM's per-request metrics list the scheduler's
     /// steps with drafts, in order, with their accepted and drafted counts
-    /// (accepted counted before a stop cut the step). Checked once both the
-    /// lists and the scheduler's finish are known.
+    /// (accepted counted before a stop cut the step). Checked in full once
+    /// the lists and the scheduler's finish are known. After a stop-string
+    /// finish they are also checked as soon as the scheduler's step holding
+    /// the text's last token is known, up to that step: a contradiction there
+    /// fails the stream even if the scheduler never finishes the request
+    /// (vLLM sends the lists only with the engine's finish, so exactness
+    /// still needs it).
     pub(super) fn metrics_rules(&mut self, s: usize) -> Result<(), String> {
         let Some(Metrics { accepted, drafted }) = &self.metrics else {
             return Ok(());
         };
-        if self.p_finished.is_none() || self.metrics_checked {
+        let (steps, full) = if self.p_finished.is_some() && !self.metrics_checked {
+            if accepted.len() != self.spec_steps.len() {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics list {} verify steps, the scheduler sent {} steps with drafts",
+                    accepted.len(),
+                    self.spec_steps.len()
+                ));
+            }
+            (self.spec_steps.len(), true)
+        } else if self.p_finished.is_none()
+            && self.t_stop_string
+            && self.trim_checked
+            && !self.metrics_to_stop
+        {
+            // Steps that start after the text's end are surplus: not compared.
+            let e = self.t_end;
+            let shown = self.spec_steps.iter().take_while(|x| x.offset < e).count();
+            if accepted.len() < shown {
+                return Err(format!(
+                    "stream {s}: vLLM's per-request metrics list {} verify steps, the scheduler sent {shown} steps with drafts up to the stop string",
+                    accepted.len()
+                ));
+            }
+            (shown, false)
+        } else {
             return Ok(());
-        }
-        if accepted.len() != self.spec_steps.len() {
-            return Err(format!(
-                "stream {s}: vLLM's per-request metrics list {} verify steps, the scheduler sent {} steps with drafts",
-                accepted.len(),
-                self.spec_steps.len()
-            ));
-        }
+        };
         for (i, (step, (&a, &d))) in self
             .spec_steps
             .iter()
             .zip(accepted.iter().zip(drafted))
+            .take(steps)
             .enumerate()
         {
             let (ra, rd) = (u32::from(step.accepted), u32::from(step.drafted));
@@ -105,8 +128,12 @@ impl Stream {
                 ));
             }
         }
-        self.metrics_checked = true;
-        self.stats.metrics_steps = accepted.len() as u64;
+        if full {
+            self.metrics_checked = true;
+            self.stats.metrics_steps = steps as u64;
+        } else {
+            self.metrics_to_stop = true;
+        }
         Ok(())
     }
 }

@@ -242,6 +242,9 @@ struct Stream {
     trim_checked: bool,
     /// vLLM's per-request metrics were checked against them.
     metrics_checked: bool,
+    /// vLLM's per-request metrics were checked up to the scheduler's step
+    /// holding a stop-string text's last token (before the scheduler's finish).
+    metrics_to_stop: bool,
     t_trimmed_tokens: u16,
     /// Header step of the stream's last provenance / text record.
     p_step: Option<u64>,

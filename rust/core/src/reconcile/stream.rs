@@ -44,7 +44,7 @@ impl Stream {
         if self.p_finished.is_some() || self.p_trimmed {
             self.p_closed_rules(s)?;
         }
-        if self.p_finished.is_some() {
+        if self.p_finished.is_some() || self.trim_checked {
             self.metrics_rules(s)?;
         }
         Ok(())
