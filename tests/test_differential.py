@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -259,6 +260,81 @@ def _roles(rng: random.Random, count: int) -> tuple[list[int], int, bool]:
     return [1] * accepted + [2], accepted + rng.randint(1, 2), False
 
 
+def _chaotic_provenance(
+    rng: random.Random,
+    faulty: Callable[[], bool],
+    scripts: list[list[wire.TextToken]],
+    p_pos: list[int],
+) -> list[wire.Record]:
+    """One provenance frame's records of chaotic_inputs (its rng draws, in its order)."""
+    streams = len(scripts)
+    records: list[wire.Record] = []
+    for stream in rng.sample(range(streams), rng.randint(1, streams)):
+        script = scripts[stream]
+        offset = p_pos[stream]
+        count = rng.randint(1, 3)
+        if not faulty():  # past the end only as a fault
+            count = min(count, len(script) - offset)
+            if count <= 0:
+                continue
+        ids = [t.token_id for t in script[offset : offset + count]]
+        ids += [rng.randint(1, 6) for _ in range(count - len(ids))]  # beyond the end
+        if faulty():
+            ids[rng.randrange(count)] ^= 8
+        roles, drafts, trimmed = _roles(rng, count)
+        if faulty():
+            offset += 1
+        # The scheduler finishes the request with its last token (stop), mostly.
+        done = offset + count >= len(script) and (rng.random() < 0.8) != faulty()
+        record = wire.ProvenanceRecord(stream, offset, ids, roles, drafts, 0, done,
+                                       1 if done else 0, trimmed)  # fmt: skip
+        records.append(record)
+        p_pos[stream] = offset + count
+    if faulty():
+        records.append(wire.ProvenanceRecord(streams, 0, [1], [0], 0))  # foreign
+    return records
+
+
+def _chaotic_text(
+    rng: random.Random,
+    faulty: Callable[[], bool],
+    scripts: list[list[wire.TextToken]],
+    progress: tuple[list[int], list[bool], list[list[tuple[str, list[int]]]]],
+) -> list[wire.Record]:
+    """One text frame's records of chaotic_inputs (its rng draws, in its order)."""
+    streams = len(scripts)
+    t_pos, t_done, sse_queue = progress
+    records: list[wire.Record] = []
+    for stream in rng.sample(range(streams), rng.randint(1, streams)):
+        if t_done[stream] and not faulty():
+            continue
+        script = scripts[stream]
+        offset = t_pos[stream]
+        tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back, t.lead_len)
+                  for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
+        if faulty() and tokens and tokens[-1].fragment:
+            tokens[-1].span_back += 1
+        if faulty() and tokens and not tokens[0].fragment:
+            tokens[0].lead_len = rng.choice((0, 1, 2, 7, wire.LEAD_UNKNOWN))
+        if faulty() and tokens and tokens[-1].span_back:
+            tokens[-1].span_back -= 1  # its first predecessor's bytes: unclaimed
+            if not tokens[-1].span_back:
+                tokens[-1].lead_len = 0
+        finished = offset + len(tokens) >= len(script) or faulty()
+        http = b"".join(t.fragment for t in tokens)
+        if faulty():
+            http = rng.choice(PARTS).encode()
+        truncated = finished and rng.random() < 0.2
+        if truncated and http:
+            http = http[:-1] if http[-1] < 0x80 else b""  # a stop string cut it
+        records.append(wire.TextRecord(stream, offset, tokens, http, finished,
+                                       1 if finished else 0, truncated))  # fmt: skip
+        t_pos[stream] = offset + len(tokens)
+        t_done[stream] = t_done[stream] or finished
+        sse_queue[stream].append((http.decode(), [t.token_id for t in tokens]))
+    return records
+
+
 def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
     rng = random.Random(seed)
     fault = rng.choice((0.0, 0.02, 0.1))  # per-decision fault probability
@@ -308,63 +384,13 @@ def chaotic_inputs(seed: int) -> tuple[str, int, list[tuple[Any, ...]]]:
         action = rng.random()
         if action < 0.3:
             source = 0x52 if faulty() else 0x51
-            records: list[wire.Record] = []
-            for stream in rng.sample(range(streams), rng.randint(1, streams)):
-                script = scripts[stream]
-                offset = p_pos[stream]
-                count = rng.randint(1, 3)
-                if not faulty():  # past the end only as a fault
-                    count = min(count, len(script) - offset)
-                    if count <= 0:
-                        continue
-                ids = [t.token_id for t in script[offset : offset + count]]
-                ids += [rng.randint(1, 6) for _ in range(count - len(ids))]  # beyond the end
-                if faulty():
-                    ids[rng.randrange(count)] ^= 8
-                roles, drafts, trimmed = _roles(rng, count)
-                if faulty():
-                    offset += 1
-                # The scheduler finishes the request with its last token (stop), mostly.
-                done = offset + count >= len(script) and (rng.random() < 0.8) != faulty()
-                record = wire.ProvenanceRecord(stream, offset, ids, roles, drafts, 0, done,
-                                               1 if done else 0, trimmed)  # fmt: skip
-                records.append(record)
-                p_pos[stream] = offset + count
-            if faulty():
-                records.append(wire.ProvenanceRecord(streams, 0, [1], [0], 0))  # foreign
+            records = _chaotic_provenance(rng, faulty, scripts, p_pos)
             if not records:
                 continue
             data = wire.encode_records(wire.KIND_PROVENANCE, header(source), records)
         elif action < 0.6:
             source = 0xF2 if faulty() else 0xF1
-            records = []
-            for stream in rng.sample(range(streams), rng.randint(1, streams)):
-                if t_done[stream] and not faulty():
-                    continue
-                script = scripts[stream]
-                offset = t_pos[stream]
-                tokens = [wire.TextToken(t.token_id, t.fragment, t.span_back, t.lead_len)
-                          for t in script[offset : offset + rng.randint(1, 3)]]  # fmt: skip
-                if faulty() and tokens and tokens[-1].fragment:
-                    tokens[-1].span_back += 1
-                if faulty() and tokens and not tokens[0].fragment:
-                    tokens[0].lead_len = rng.choice((0, 1, 2, 7, wire.LEAD_UNKNOWN))
-                if faulty() and tokens and tokens[-1].span_back:
-                    tokens[-1].span_back -= 1  # its first predecessor's bytes: unclaimed
-                    if not tokens[-1].span_back:
-                        tokens[-1].lead_len = 0
-                finished = offset + len(tokens) >= len(script) or faulty()
-                http = b"".join(t.fragment for t in tokens)
-                if faulty():
-                    http = rng.choice(PARTS).encode()
-                truncated = finished and rng.random() < 0.2
-                if truncated and http:
-                    http = http[:-1] if http[-1] < 0x80 else b""  # a stop string cut it
-                records.append(wire.TextRecord(stream, offset, tokens, http, finished,
-                                               1 if finished else 0, truncated))  # fmt: skip
-                t_pos[stream] = offset + len(tokens)
-                t_done[stream] = t_done[stream] or finished
-                sse_queue[stream].append((http.decode(), [t.token_id for t in tokens]))
+            records = _chaotic_text(rng, faulty, scripts, (t_pos, t_done, sse_queue))
             if not records:
                 continue
             data = wire.encode_records(wire.KIND_TEXT, header(source), records)

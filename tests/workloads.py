@@ -440,6 +440,29 @@ class _StreamSim:
         return delta
 
 
+def _hello(run_bytes: bytes, source: int, role: int, spec: tuple[bool, int, str]) -> bytes:
+    """A source's hello; `spec` is the scheduler's (async, k, method)."""
+    async_scheduling, spec_k, method = spec
+    derivation = (
+        wire.DERIVATION_NONE
+        if spec_k == 0
+        else (wire.DERIVATION_COUNTS if async_scheduling else wire.DERIVATION_DRAFT_IDS)
+    )
+    if role == wire.SOURCE_FRONTEND:  # the frontend announces no speculative fields
+        fields = (wire.DERIVATION_NONE, False, 0, "", wire.VERIFICATION_NONE)
+    else:
+        verification = wire.VERIFICATION_STANDARD if spec_k else wire.VERIFICATION_NONE
+        fields = (derivation, async_scheduling, spec_k, method, verification)
+    derived, is_async, k_announced, spec_method, verification = fields
+    return wire.encode_hello(
+        wire.Header(run_bytes, source, 0, 0, 1),
+        wire.Hello(
+            role, wire.ENGINE_SIMULATED, derived, is_async, k_announced,
+            "0.2.0", "sim-1", spec_method, verification,
+        ),
+    )  # fmt: skip
+
+
 def generate(
     seed: int,
     *,
@@ -489,26 +512,9 @@ def generate(
     starts = [rng.randint(0, 3) for _ in sims]
 
     method = "" if spec_k == 0 else rng.choice(("ngram", "draft_model", "eagle3"))
-    derivation = (
-        wire.DERIVATION_NONE
-        if spec_k == 0
-        else (wire.DERIVATION_COUNTS if async_scheduling else wire.DERIVATION_DRAFT_IDS)
-    )
 
     def hello(source: int, role: int) -> bytes:
-        if role == wire.SOURCE_FRONTEND:  # the frontend announces no speculative fields
-            fields = (wire.DERIVATION_NONE, False, 0, "", wire.VERIFICATION_NONE)
-        else:
-            verification = wire.VERIFICATION_STANDARD if spec_k else wire.VERIFICATION_NONE
-            fields = (derivation, async_scheduling, spec_k, method, verification)
-        derived, is_async, k_announced, spec_method, verification = fields
-        return wire.encode_hello(
-            wire.Header(run_bytes, source, 0, 0, 1),
-            wire.Hello(
-                role, wire.ENGINE_SIMULATED, derived, is_async, k_announced,
-                "0.2.0", "sim-1", spec_method, verification,
-            ),
-        )  # fmt: skip
+        return _hello(run_bytes, source, role, (async_scheduling, spec_k, method))
 
     # Each channel is a list of (time, input); a channel keeps its own order.
     scheduler: list[tuple[float, Input]] = [(-1.0, ("frame", hello(scheduler_id, 1)))]

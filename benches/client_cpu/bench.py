@@ -97,14 +97,9 @@ def engine_tokens(port):
     return float(m.group(1)) if m else None
 
 
-def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 70, 220, 0, 0))
-    env = dict(os.environ, PYTHONPATH=pypath, TERM="xterm-256color")
-    for k in list(env):
-        if k.startswith("PARALLELHUE_") or k == "NO_COLOR":
-            env.pop(k)
-    cmd = [
+def profiler_prefix():
+    """The profiler the CP_* environment asks for, wrapped around the client's command."""
+    return [
         # CP_PERF=FILE: profile the client (software clock; this guest has no PMU).
         *(
             [
@@ -135,6 +130,18 @@ def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
             if os.environ.get("CP_TRACE")
             else []
         ),
+    ]
+
+
+def run_client(pypath, port, sdir, max_tokens, conc, reconciler, extra):
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 70, 220, 0, 0))
+    env = dict(os.environ, PYTHONPATH=pypath, TERM="xterm-256color")
+    for k in list(env):
+        if k.startswith("PARALLELHUE_") or k == "NO_COLOR":
+            env.pop(k)
+    cmd = [
+        *profiler_prefix(),
         sys.executable,
         *(["-m", "cProfile", "-o", os.environ["CP_PROF"]] if os.environ.get("CP_PROF") else []),
         *(

@@ -279,6 +279,7 @@ def header_vectors() -> dict[str, list[Vector]]:
     return {"valid": good, "invalid": bad}
 
 
+# A table on purpose: one entry per vector, each read on its own (long by design).
 def hello_vectors() -> dict[str, list[Vector]]:
     def hello_frame(**fields: Any) -> bytes:
         return raw_frame(HELLO, hello_body(**fields), seq=0, step=0)
@@ -526,6 +527,7 @@ def hello_vectors() -> dict[str, list[Vector]]:
     return {"valid": good, "invalid": bad}
 
 
+# A table on purpose: one entry per vector, each read on its own (long by design).
 def provenance_vectors() -> dict[str, list[Vector]]:
     def prov(*records: bytes, count: int | None = None) -> bytes:
         return raw_frame(PROV, records_body(*records, count=count))
@@ -817,6 +819,7 @@ def _fix_body_len(vector: Vector) -> Vector:
     return vector
 
 
+# A table on purpose: one entry per vector, each read on its own (long by design).
 def text_vectors() -> dict[str, list[Vector]]:
     def text(*records: bytes, count: int | None = None) -> bytes:
         return raw_frame(TEXT, records_body(*records, count=count), source=FRONTEND)

@@ -365,6 +365,55 @@ def _default_view(concurrency: int, stdout_tty: bool, env: Mapping[str, str]) ->
     return "stream" if concurrency == 1 else "grid"
 
 
+def _sampling(
+    src: Sources,
+) -> tuple[dict[str, Any], bool, float | None, dict[str, float | None]]:
+    """--extra-body, --force-full-length, --temperature and the penalties, in that order."""
+    env = src.env
+    args = src.args
+    extra_body = _extra_body(args.extra_body) if args.extra_body is not None else {}
+    force_full_length = bool(args.force_full_length)
+    if not force_full_length and env.get("PARALLELHUE_FORCE_FULL_LENGTH", "").strip():
+        raw = env["PARALLELHUE_FORCE_FULL_LENGTH"]
+        force_full_length = check_switch("PARALLELHUE_FORCE_FULL_LENGTH", raw)
+    got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
+    temperature: float | None
+    if got:
+        temperature = check_float(got[0], got[1], 0.0, 100.0)
+    elif "temperature" in extra_body:
+        temperature = None  # --extra-body's stands
+    else:
+        temperature = 0.0 if force_full_length else DEFAULT_TEMPERATURE
+    penalties: dict[str, float | None] = {}
+    for key, low in (("frequency", -2.0), ("presence", -2.0), ("repeat", 0.0)):
+        flag = f"--{key}-penalty"
+        got = src.get(flag, f"PARALLELHUE_{key.upper()}_PENALTY")
+        high = 2.0 if low < 0 else 100.0
+        penalties[f"{key}_penalty"] = check_float(got[0], got[1], low, high) if got else None
+    return extra_body, force_full_length, temperature, penalties
+
+
+def _socket_dir(src: Sources) -> str | None:
+    socket_dir: str | None = None
+    got = src.get("--socket-dir", None)
+    if got is not None:
+        if not got[1].strip():
+            raise ConfigError("--socket-dir needs a directory path")
+        socket_dir = got[1]
+    return socket_dir
+
+
+def _prompt_extras(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
+    """--stop and --system."""
+    stop = tuple(args.stop or ())
+    if any(not item for item in stop):
+        raise ConfigError("--stop needs a non-empty string")
+    system = args.system
+    if system is not None and not system.strip():
+        raise ConfigError("--system is empty: give the system prompt's text")
+    return stop, system
+
+
 def resolve_common(
     src: Sources,
     *,
@@ -427,37 +476,14 @@ def resolve_common(
     telemetry = check_choice(got[0], got[1], TELEMETRY) if got else "auto"
     got = src.get("--seed", "PARALLELHUE_SEED")
     seed = check_int(got[0], got[1], 0, MAX_SEED) if got else 0
-    extra_body = _extra_body(args.extra_body) if args.extra_body is not None else {}
-    force_full_length = bool(args.force_full_length)
-    if not force_full_length and env.get("PARALLELHUE_FORCE_FULL_LENGTH", "").strip():
-        raw = env["PARALLELHUE_FORCE_FULL_LENGTH"]
-        force_full_length = check_switch("PARALLELHUE_FORCE_FULL_LENGTH", raw)
-    got = src.get("--temperature", "PARALLELHUE_TEMPERATURE")
-    temperature: float | None
-    if got:
-        temperature = check_float(got[0], got[1], 0.0, 100.0)
-    elif "temperature" in extra_body:
-        temperature = None  # --extra-body's stands
-    else:
-        temperature = 0.0 if force_full_length else DEFAULT_TEMPERATURE
-    penalties: dict[str, float | None] = {}
-    for key, low in (("frequency", -2.0), ("presence", -2.0), ("repeat", 0.0)):
-        flag = f"--{key}-penalty"
-        got = src.get(flag, f"PARALLELHUE_{key.upper()}_PENALTY")
-        high = 2.0 if low < 0 else 100.0
-        penalties[f"{key}_penalty"] = check_float(got[0], got[1], low, high) if got else None
+    extra_body, force_full_length, temperature, penalties = _sampling(src)
     got = src.get("--start-delay", "PARALLELHUE_START_DELAY")
     start_delay = check_float(got[0], got[1], 0.0, MAX_START_DELAY) if got else 0.0
     got = src.get("--color", "PARALLELHUE_COLOR")
     color_by = check_choice(got[0], got[1], COLOR_MODES) if got else "step"
     got = src.get("--palette", "PARALLELHUE_PALETTE")
     palette = check_choice(got[0], got[1], PALETTE_NAMES) if got else "standard"
-    socket_dir: str | None = None
-    got = src.get("--socket-dir", None)
-    if got is not None:
-        if not got[1].strip():
-            raise ConfigError("--socket-dir needs a directory path")
-        socket_dir = got[1]
+    socket_dir = _socket_dir(src)
     record = src.get("--record", None)
     export = src.get("--export", None)
     tmux = bool(args.tmux) and not args.no_tmux  # --no-tmux wins, as it did
@@ -473,12 +499,7 @@ def resolve_common(
             f"--view stream shows one stream, but {concurrency} streams were asked for: "
             "use --view grid or --concurrency 1"
         )
-    stop = tuple(args.stop or ())
-    if any(not item for item in stop):
-        raise ConfigError("--stop needs a non-empty string")
-    system = args.system
-    if system is not None and not system.strip():
-        raise ConfigError("--system is empty: give the system prompt's text")
+    stop, system = _prompt_extras(args)
     return {
         "max_tokens": max_tokens,
         "concurrency": concurrency,

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
-import json
 import logging
 import os
 import resource
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import parallelhue_vllm
@@ -26,6 +24,7 @@ from .engine import ContentFaultHook, Engine, SimRequest, request_seed
 from .faults import ContentFaults, FaultProxy, send_as_other_uid
 from .http import HttpError, HttpRequest, HttpResponder, serve_connection
 from .metrics import SimMetrics
+from .params import Params, json_dumps, parse_params
 from .stock import LlamaStream, vllm_metrics
 from .stream_faults import StreamFaults
 from .vocab import Vocabulary, build_vocabulary
@@ -52,70 +51,6 @@ def shared_vocabulary() -> Vocabulary:
     if _VOCAB is None:
         _VOCAB = build_vocabulary()
     return _VOCAB
-
-
-@dataclass(slots=True)
-class _Params:
-    """A validated generation request."""
-
-    chat: bool
-    prompt: str
-    stream: bool
-    include_usage: bool
-    return_token_ids: bool
-    max_tokens: int
-    stop: tuple[str, ...]
-    seed: int
-    base_id: str
-    timings_per_token: bool = False  # llama-server's request field (--stock llamacpp)
-
-
-def _json_dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _int_field(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise HttpError(400, f"'{name}' must be an integer, got {_json_dumps(value)}")
-    if value < low:
-        raise HttpError(400, f"'{name}' must be >= {low}, got {value}")
-    return value
-
-
-def _bool_field(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise HttpError(400, f"'{name}' must be a boolean, got {_json_dumps(value)}")
-    return value
-
-
-def _chat_prompt(messages: object) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise HttpError(400, "'messages' must be a non-empty list of {role, content} objects")
-    lines: list[str] = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise HttpError(400, "each message must be an object with a string 'role'")
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = [
-                part.get("text", "")
-                for part in content
-                if isinstance(part, dict) and part.get("type") == "text"
-            ]
-            content = "".join(text for text in texts if isinstance(text, str))
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise HttpError(400, "message 'content' must be a string or a list of text parts")
-        lines.append(f"<|{message['role']}|>{content}")
-    lines.append("<|assistant|>")
-    return "\n".join(lines)
 
 
 class SimServer:
@@ -366,12 +301,12 @@ class SimServer:
             body = self.metrics.render().encode()
             await responder.send(200, body, "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/sim/stats":
-            await responder.send(200, _json_dumps(self.stats()).encode())
+            await responder.send(200, json_dumps(self.stats()).encode())
         elif path == "/v1/models":
             await responder.send(200, self._models_body())
         elif path == route.PROBE_PATH:
             probe = route.probe(self.hub, engine="simulated", off_reason=self._telemetry_off())
-            await responder.send(200, _json_dumps(probe).encode(), head=request.method == "HEAD")
+            await responder.send(200, json_dumps(probe).encode(), head=request.method == "HEAD")
         else:
             await self._generate(request, responder, chat=path == "/v1/chat/completions")
 
@@ -405,87 +340,9 @@ class SimServer:
             "parent": None,
             "max_model_len": self.config.max_model_len,
         }
-        return _json_dumps({"object": "list", "data": [model]}).encode()
+        return json_dumps({"object": "list", "data": [model]}).encode()
 
-    def _parse(self, request: HttpRequest, chat: bool) -> _Params:
-        try:
-            body = json.loads(request.body)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise HttpError(400, f"request body is not valid JSON: {error}") from None
-        if not isinstance(body, dict):
-            raise HttpError(400, "request body must be a JSON object")
-        model = body.get("model")
-        if model is not None and model != self.config.model:
-            raise HttpError(404, f"The model `{model}` does not exist.")
-        n = _int_field(body, "n", 1, 1)
-        if n != 1:
-            raise HttpError(400, f"n={n} is not supported by the simulated engine: use n=1")
-        if chat:
-            prompt = _chat_prompt(body.get("messages"))
-            max_tokens = _int_field(body, "max_completion_tokens", None, 1)
-            if max_tokens is None:
-                max_tokens = _int_field(body, "max_tokens", None, 1)
-        else:
-            raw_prompt = body.get("prompt")
-            if isinstance(raw_prompt, list) and len(raw_prompt) == 1:
-                raw_prompt = raw_prompt[0]
-            if not isinstance(raw_prompt, str):
-                raise HttpError(400, "'prompt' must be a string")
-            prompt = raw_prompt
-            max_tokens = _int_field(body, "max_tokens", None, 1)
-        if max_tokens is None:
-            max_tokens = self.config.default_max_tokens
-        if max_tokens > self.config.max_model_len:
-            raise HttpError(
-                400,
-                f"'max_tokens' {max_tokens} exceeds the model length {self.config.max_model_len}",
-            )
-        stop_value = body.get("stop")
-        stop: tuple[str, ...]
-        if stop_value is None:
-            stop = ()
-        elif isinstance(stop_value, str):
-            stop = (stop_value,) if stop_value else ()
-        elif isinstance(stop_value, list) and all(isinstance(item, str) for item in stop_value):
-            stop = tuple(item for item in stop_value if item)
-        else:
-            raise HttpError(400, "'stop' must be a string or a list of strings")
-        temperature = body.get("temperature")
-        if temperature is not None and (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or temperature < 0
-        ):
-            raise HttpError(400, "'temperature' must be a number >= 0")
-        seed = body.get("seed")
-        if seed is None:
-            seed = self.config.seed
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise HttpError(400, f"'seed' must be an integer, got {_json_dumps(seed)}")
-        stream_options = body.get("stream_options") or {}
-        if not isinstance(stream_options, dict):
-            raise HttpError(400, "'stream_options' must be an object")
-        stream = _bool_field(body, "stream")
-        include_usage = _bool_field(stream_options, "include_usage")
-        base_id = request.headers.get("x-request-id") or body.get("request_id")
-        if base_id is None:
-            base_id = secrets.token_hex(16)
-        if not isinstance(base_id, str) or not base_id:
-            raise HttpError(400, "'request_id' must be a non-empty string")
-        return _Params(
-            chat=chat,
-            prompt=prompt,
-            stream=stream,
-            include_usage=include_usage,
-            return_token_ids=_bool_field(body, "return_token_ids"),
-            max_tokens=max_tokens,
-            stop=stop,
-            seed=seed,
-            base_id=base_id,
-            timings_per_token=_bool_field(body, "timings_per_token"),
-        )
-
-    def _new_request(self, params: _Params) -> SimRequest:
+    def _new_request(self, params: Params) -> SimRequest:
         external_id = ("chatcmpl-" if params.chat else "cmpl-") + params.base_id
         internal_id = f"{external_id}-{secrets.token_hex(4)}"
         parsed = wire.parse_request_id(internal_id)
@@ -571,7 +428,7 @@ class SimServer:
         return result
 
     async def _generate(self, request: HttpRequest, responder: HttpResponder, chat: bool) -> None:
-        params = self._parse(request, chat)
+        params = parse_params(request, chat, self.config)
         sim_request = self._new_request(params)
         if self.config.log_requests:
             log.info("SIMULATED request %s", sim_request.internal_id)
@@ -618,9 +475,7 @@ class SimServer:
                 emitter.begin_request(request.run_id, request.stream, request.internal_id)
         return key
 
-    def _claim(
-        self, request: HttpRequest, params: _Params, sim_request: SimRequest
-    ) -> Claim | None:
+    def _claim(self, request: HttpRequest, params: Params, sim_request: SimRequest) -> Claim | None:
         """The request's in-band claim, when it asked and streams (the plugin's
         middleware, endpoint.py, does the same in vLLM)."""
         asked = request.headers.get(inband.HEADER.lower())
@@ -655,7 +510,7 @@ class SimServer:
 
     async def _stream(
         self,
-        params: _Params,
+        params: Params,
         request: SimRequest,
         responder: HttpResponder,
         claim: Claim | None = None,
@@ -706,12 +561,12 @@ class SimServer:
             finish_json = "null" if finish_reason is None else f'"{finish_reason}"'
             stop_json = "null"
             if finish_reason is not None and collector.stop_reason is not None:
-                stop_json = _json_dumps(collector.stop_reason)
-            text_json = _json_dumps(text)
+                stop_json = json_dumps(collector.stop_reason)
+            text_json = json_dumps(text)
             if chat:
                 delta = f'"delta":{{"content":{text_json}'
                 if reasoning:
-                    delta += f',"reasoning_content":{_json_dumps(reasoning)}'
+                    delta += f',"reasoning_content":{json_dumps(reasoning)}'
                 chunk = (
                     f'{head}{delta}}},"logprobs":null,"finish_reason":{finish_json},'
                     f'"stop_reason":{stop_json}'
@@ -765,25 +620,33 @@ class SimServer:
             if pump is not None:
                 pump.cancel()
         if params.include_usage:
-            prompt_tokens = len(prompt_ids)
-            metrics = ""
-            if self.config.stock == "vllm":
-                metrics = vllm_metrics(request, self.config.draft_len, self.config.faults)
-            usage = (
-                f'{{"id":"{external_id}","object":"{object_name}","created":{created},'
-                f'"model":"{model}","choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
-                f'"total_tokens":{prompt_tokens + completion_tokens},'
-                f'"completion_tokens":{completion_tokens}}}{metrics}}}'
-            )
-            write(f"data: {usage}\n\n".encode())
+            write(self._usage_event(request, object_name, len(prompt_ids), completion_tokens))
         if claim is not None:
             # The frames of the final step, then the end item (bounded wait).
             write(await claim.finish())
         write(b"data: [DONE]\n\n")
         await responder.end_stream()
 
+    def _usage_event(
+        self, request: SimRequest, object_name: str, prompt_tokens: int, completion_tokens: int
+    ) -> bytes:
+        """The usage chunk after the last choice chunk (vLLM's metrics when playing stock vLLM)."""
+        external_id = request.external_id
+        created = self._created
+        model = self.config.model
+        metrics = ""
+        if self.config.stock == "vllm":
+            metrics = vllm_metrics(request, self.config.draft_len, self.config.faults)
+        usage = (
+            f'{{"id":"{external_id}","object":"{object_name}","created":{created},'
+            f'"model":"{model}","choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+            f'"total_tokens":{prompt_tokens + completion_tokens},'
+            f'"completion_tokens":{completion_tokens}}}{metrics}}}'
+        )
+        return f"data: {usage}\n\n".encode()
+
     async def _stream_llama(
-        self, params: _Params, request: SimRequest, responder: HttpResponder
+        self, params: Params, request: SimRequest, responder: HttpResponder
     ) -> None:
         """llama-server's stream (--stock llamacpp, stock.py): a chunk per token."""
         stream = LlamaStream(
@@ -830,7 +693,7 @@ class SimServer:
                 return
 
     async def _complete(
-        self, params: _Params, request: SimRequest, responder: HttpResponder
+        self, params: Params, request: SimRequest, responder: HttpResponder
     ) -> None:
         collector = request.collector
         texts: list[str] = []
@@ -868,7 +731,7 @@ class SimServer:
         }
         if params.chat and params.return_token_ids:
             body["prompt_token_ids"] = prompt_ids
-        await responder.send(200, _json_dumps(body).encode())
+        await responder.send(200, json_dumps(body).encode())
 
 
 def _default_dir() -> str:

@@ -331,6 +331,7 @@ fn text(p: &[u8], offset: usize, kind: u8) -> Result<&str, RecordError> {
     })
 }
 
+/// A table on purpose: one arm per item kind of the recording format (long by design).
 #[inline(always)]
 fn decode_one(kind: u8, p: &[u8], offset: usize) -> Result<Item<'_>, RecordError> {
     let bad = |why| RecordError::BadItem { offset, kind, why };

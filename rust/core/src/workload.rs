@@ -166,6 +166,38 @@ fn gen_stream(rng: &mut Rng, n_tokens: u32, k: u16) -> Gen {
     Gen { tokens, steps }
 }
 
+/// The roles of one step of `cnt` tokens with `ds` drafts scheduled.
+fn step_roles(ds: u16, cnt: u32) -> Vec<u8> {
+    if ds == 0 {
+        vec![ROLE_PLAIN]
+    } else {
+        let mut r = vec![ROLE_ACCEPTED; cnt as usize - 1];
+        r.push(if cnt as u16 == ds + 1 {
+            ROLE_BONUS
+        } else {
+            ROLE_TARGET
+        });
+        r
+    }
+}
+
+/// One step's text tokens as the detokenizer reports them, and their HTTP bytes.
+fn text_tokens(detok: &mut Detok, toks: &[(u32, Vec<u8>)]) -> (Vec<TextTok>, Vec<u8>) {
+    let mut ttoks = Vec::with_capacity(toks.len());
+    let mut http = Vec::new();
+    for (id, b) in toks {
+        let (frag, back, lead) = detok.feed(b);
+        http.extend_from_slice(&frag);
+        ttoks.push(TextTok {
+            token_id: *id,
+            fragment: frag,
+            span_back: back,
+            lead_len: lead,
+        });
+    }
+    (ttoks, http)
+}
+
 /// Generate a workload.
 pub fn generate(cfg: &WorkloadConfig) -> Workload {
     let mut rng = Rng(cfg.seed);
@@ -203,17 +235,7 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
             let off = tok_off[s];
             let toks = &g.tokens[off as usize..(off + cnt) as usize];
             let ds = if off == 0 || cfg.k == 0 { 0 } else { cfg.k };
-            let roles: Vec<u8> = if ds == 0 {
-                vec![ROLE_PLAIN]
-            } else {
-                let mut r = vec![ROLE_ACCEPTED; cnt as usize - 1];
-                r.push(if cnt as u16 == ds + 1 {
-                    ROLE_BONUS
-                } else {
-                    ROLE_TARGET
-                });
-                r
-            };
+            let roles = step_roles(ds, cnt);
             let (flags, reason) = if last { (1, 2) } else { (0, 0) };
             prov.push(ProvRec {
                 stream: s as u16,
@@ -225,18 +247,7 @@ pub fn generate(cfg: &WorkloadConfig) -> Workload {
                 token_ids: toks.iter().map(|t| t.0).collect(),
                 roles,
             });
-            let mut ttoks = Vec::with_capacity(toks.len());
-            let mut http = Vec::new();
-            for (id, b) in toks {
-                let (frag, back, lead) = detoks[s].feed(b);
-                http.extend_from_slice(&frag);
-                ttoks.push(TextTok {
-                    token_id: *id,
-                    fragment: frag,
-                    span_back: back,
-                    lead_len: lead,
-                });
-            }
+            let (ttoks, http) = text_tokens(&mut detoks[s], toks);
             let delta = String::from_utf8(http.clone()).expect("complete characters");
             texts[s].push_str(&delta);
             sse_text[s].push_str(&delta);
