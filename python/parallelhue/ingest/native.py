@@ -32,7 +32,7 @@ from .streams import (
     connect_target,
     request_headers,
 )
-from .telemetry import TelemetryPlan, rejected_line
+from .telemetry import TelemetryPlan, tell_rejected_uid
 
 __all__ = ["RustIngest"]
 
@@ -207,11 +207,9 @@ class RustIngest:
     def update_stats(self) -> None:
         if self.model.mode != "chunk":
             self.feed.stats(self.reconciler)
-        if self.receiver is not None and not self._told_rejected:
-            stats = self.receiver.stats()
-            if stats["rejected_uid"]:
-                self._told_rejected = True
-                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
+        self._told_rejected = tell_rejected_uid(
+            self.receiver, self._told_rejected, self.feed.run_message
+        )
 
     def finalize(self) -> None:
         if self.model.mode != "chunk":

@@ -22,7 +22,7 @@ from .receiver import PyReceiver
 from .reconciler import make_reconciler
 from .record import open_writer
 from .streams import read_stream
-from .telemetry import TelemetryPlan, rejected_line
+from .telemetry import TelemetryPlan, tell_rejected_uid
 
 __all__ = ["ReferenceIngest"]
 
@@ -119,11 +119,9 @@ class ReferenceIngest:
 
     def update_stats(self) -> None:
         self.driver.update_stats()
-        if self.receiver is not None and not self._told_rejected:
-            stats = self.receiver.stats()
-            if stats["rejected_uid"]:
-                self._told_rejected = True
-                self.feed.run_message(rejected_line(stats["last_rejected_uid"]))
+        self._told_rejected = tell_rejected_uid(
+            self.receiver, self._told_rejected, self.feed.run_message
+        )
 
     def finalize(self) -> None:
         self.poll()

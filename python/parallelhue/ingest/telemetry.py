@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -164,6 +164,25 @@ def security_line(
         f"telemetry: {where} over plain HTTP: NOT encrypted, anyone on the network path can "
         f"read or forge it; {clear}, {run}{note}"
     )
+
+
+class _ReceiverWithStats(Protocol):
+    def stats(self) -> Mapping[str, Any]: ...
+
+
+def tell_rejected_uid(
+    receiver: _ReceiverWithStats | None, told: bool, run_message: Callable[[str], None]
+) -> bool:
+    """Tells the run, once, that the socket rejected another uid's datagrams.
+
+    Returns whether the run has been told (pass it back as `told` next time)."""
+    if receiver is None or told:
+        return told
+    stats = receiver.stats()
+    if not stats["rejected_uid"]:
+        return False
+    run_message(rejected_line(stats["last_rejected_uid"]))
+    return True
 
 
 def rejected_line(uid: int | None) -> str:
