@@ -215,7 +215,9 @@ def test_16_streams_over_http_across_hosts_exact_with_nothing_shared_but_the_url
         "--mode", "exact", "--max-tokens", "48", "--record", str(record),
     )  # fmt: skip
     print(f"\n16 streams over HTTP across namespaces: {time.monotonic() - started:.1f} s")
-    assert (done.returncode, done.stderr) == (0, ""), done.stderr + vllm_server.log_tail()
+    # The one stderr line a run with --record writes: where the recording went.
+    expected = f"parallelhue: recording written to {record}\n"
+    assert (done.returncode, done.stderr) == (0, expected), done.stderr + vllm_server.log_tail()
     assert done.stdout.count("EXACT TOKEN PROVENANCE ·") == 16
     banner = done.stdout.splitlines()[0]
     assert (
