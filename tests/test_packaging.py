@@ -20,12 +20,14 @@ def _project(path: Path) -> dict[str, object]:
 
 
 def test_the_client_pins_the_plugin_release_that_speaks_its_protocol() -> None:
-    """Protocol N is spoken by parallelhue-vllm 0.N: the pin admits exactly that."""
+    """Protocol N is spoken by parallelhue-vllm 0.N: the pin admits that line from the
+    plugin release beside this client on (0.3.1 added the `(untested)` mark the banner reads)."""
     protocol = wire.PROTOCOL_VERSION
     client = _project(ROOT / "pyproject.toml")
     plugin = _project(ROOT / "plugin" / "pyproject.toml")
-    assert f"parallelhue-vllm>=0.{protocol},<0.{protocol + 1}" in client["dependencies"]  # type: ignore[operator]
-    assert str(plugin["version"]).startswith(f"0.{protocol}.")
+    version = str(plugin["version"])
+    assert version.startswith(f"0.{protocol}.")
+    assert f"parallelhue-vllm>={version},<0.{protocol + 1}" in client["dependencies"]  # type: ignore[operator]
 
 
 def test_both_distributions_carry_the_license_and_classifiers() -> None:

@@ -364,63 +364,80 @@ pub fn find_head_end(buf: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
-impl Head {
-    /// Parse the head (without its blank line).
-    pub fn parse(raw: &[u8]) -> Result<Head, HeadError> {
-        let mut lines = raw
-            .split(|&b| b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-        let first = lines.next().unwrap_or(b"");
-        let mut parts = first.splitn(3, |&b| b == b' ');
-        let version = parts.next().unwrap_or(b"");
-        let code = parts.next().unwrap_or(b"");
-        let reason = parts.next().unwrap_or(b"");
-        if !version.starts_with(b"HTTP/1.")
-            || code.len() != 3
-            || !code.iter().all(u8::is_ascii_digit)
-        {
-            return Err(HeadError(format!(
-                "not an HTTP/1.x status line: {}",
-                shown_line(first)
-            )));
+/// httparse's error as today's text: it does not say which line, so the
+/// line is found again (the first folded line, or the first one that is
+/// not `token: value`).
+fn httparse_error(raw: &[u8], error: Option<httparse::Error>) -> HeadError {
+    let mut lines = raw
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let first = lines.next().unwrap_or(b"");
+    if matches!(
+        error,
+        Some(httparse::Error::Version | httparse::Error::Status)
+    ) {
+        return HeadError(format!(
+            "not an HTTP/1.x status line: {}",
+            shown_line(first)
+        ));
+    }
+    let tchar = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    for line in lines {
+        if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
+            return HeadError("obsolete folded header line in the response".into());
         }
-        let status = std::str::from_utf8(code)
-            .unwrap_or("0")
-            .parse()
-            .unwrap_or(0);
-        let mut headers = Vec::new();
-        for line in lines {
-            if line.is_empty() {
-                continue;
-            }
-            if line[0] == b' ' || line[0] == b'\t' {
-                return Err(HeadError(
-                    "obsolete folded header line in the response".into(),
-                ));
-            }
-            let colon = line.iter().position(|&b| b == b':');
-            let bad = || {
-                HeadError(format!(
-                    "malformed response header line: {}",
-                    shown_line(line)
-                ))
-            };
-            let Some(colon) = colon else {
-                return Err(bad());
-            };
-            let name = &line[..colon];
-            if name.is_empty() || name.trim_ascii() != name {
-                return Err(bad());
-            }
-            headers.push((
-                String::from_utf8_lossy(name).into_owned(),
-                line[colon + 1..].trim_ascii().to_vec(),
+        let colon = line.iter().position(|&b| b == b':');
+        let ok = colon.is_some_and(|c| {
+            c > 0
+                && line[..c].iter().all(tchar)
+                && line[c + 1..]
+                    .iter()
+                    .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        });
+        if !ok {
+            return HeadError(format!(
+                "malformed response header line: {}",
+                shown_line(line)
             ));
         }
+    }
+    HeadError(format!(
+        "not an HTTP/1.x status line: {}",
+        shown_line(first)
+    ))
+}
+
+impl Head {
+    /// Parse the head (without its blank line). Names must be tokens and
+    /// values free of control bytes (RFC 9110 §5.1, §5.5), as httparse holds.
+    pub fn parse(raw: &[u8]) -> Result<Head, HeadError> {
+        // httparse wants the blank line that ends the head.
+        let mut full = Vec::with_capacity(raw.len() + 4);
+        full.extend_from_slice(raw);
+        full.extend_from_slice(b"\r\n\r\n");
+        let mut stack = [httparse::EMPTY_HEADER; 32];
+        let mut heap;
+        let mut response = httparse::Response::new(&mut stack);
+        let mut parsed = response.parse(&full);
+        if parsed == Err(httparse::Error::TooManyHeaders) {
+            heap = vec![httparse::EMPTY_HEADER; memchr::memchr_iter(b'\n', raw).count() + 1];
+            response = httparse::Response::new(&mut heap);
+            parsed = response.parse(&full);
+        }
+        match parsed {
+            Ok(httparse::Status::Complete(_)) => {}
+            // Not reached: the head was given its blank line.
+            Ok(httparse::Status::Partial) => return Err(httparse_error(raw, None)),
+            Err(e) => return Err(httparse_error(raw, Some(e))),
+        }
         Ok(Head {
-            status,
-            reason: String::from_utf8_lossy(reason).into_owned(),
-            headers,
+            status: response.code.unwrap_or(0),
+            reason: response.reason.unwrap_or("").to_string(),
+            headers: response
+                .headers
+                .iter()
+                .map(|h| (h.name.to_string(), h.value.trim_ascii().to_vec()))
+                .collect(),
         })
     }
 
@@ -664,5 +681,47 @@ mod tests {
             Ok(Framing::Close)
         );
         assert!(Head::parse(b"HTTP/1.1 100 Continue").unwrap().is_interim());
+    }
+
+    #[test]
+    fn httparse_errors_name_the_line_it_rejected() {
+        let cases: [(&[u8], &str); 6] = [
+            (
+                b"HTTP/1.1 200 OK\r\nx: 1\r\nbad name: x\r\ny: 2",
+                "malformed response header line: 'bad name: x'",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nx: a\x01b",
+                "malformed response header line: 'x: a\\x01b'",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n: v",
+                "malformed response header line: ': v'",
+            ),
+            (
+                b"HTTP/1.2 200 OK",
+                "not an HTTP/1.x status line: 'HTTP/1.2 200 OK'",
+            ),
+            (
+                b"HTTP/1.1 2000 OK",
+                "not an HTTP/1.x status line: 'HTTP/1.1 2000 OK'",
+            ),
+            (b"", "not an HTTP/1.x status line: ''"),
+        ];
+        for (raw, message) in cases {
+            assert_eq!(Head::parse(raw).unwrap_err().to_string(), message);
+        }
+    }
+
+    #[test]
+    fn heads_past_the_stack_array_keep_every_header() {
+        let mut raw = b"HTTP/1.1 200 OK".to_vec();
+        for i in 0..40 {
+            raw.extend_from_slice(format!("\r\nx-{i}:  v{i} ").as_bytes());
+        }
+        let head = Head::parse(&raw).unwrap();
+        assert_eq!(head.headers.len(), 40);
+        assert_eq!(head.headers[39], ("x-39".to_string(), b"v39".to_vec()));
+        assert_eq!(head.reason, "OK");
     }
 }
