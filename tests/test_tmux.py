@@ -319,7 +319,8 @@ def test_tmux_panes_keep_their_header_however_long_the_text(
     assert code == 0, err
     session = err.split("parallelhue: tmux session ", 1)[1].split()[0]
     for index in range(6):
-        text = wait_for(f"{session}:0.{index}", " tok ")
+        # The pane is live: its header says VERIFYING until the stream's verdict is in.
+        text = wait_for(f"{session}:0.{index}", f"#{index} EXACT TOKEN PROVENANCE")
         lines = text.splitlines()
         assert lines[0].startswith(f"#{index} EXACT TOKEN PROVENANCE"), lines[:2]
         assert re.match(r"\d+ tok \d+ st ", lines[1]), lines[:2]
