@@ -112,6 +112,17 @@ def test_a_server_that_ignores_request_ids_is_not_called_broken(mode: str, then:
     )
 
 
+@pytest.mark.parametrize("mode", ["exact", "auto"])
+def test_a_prefill_decode_router_is_named_not_called_another_server(mode: str) -> None:
+    reason = (
+        "stream 0: SSE chunk id does not carry the request id ph1_" + "a" * 32 + "_0"
+        " (a prefill/decode router renamed the request)"
+    )
+    assert fix_line(_model(mode), reason, 0) == (
+        "fix: a P/D router hides the evidence: exact only straight to a decode worker"
+    )
+
+
 def test_no_fix_line_for_chunk_mode_frames_rejected_for_other_reasons_or_other_failures() -> None:
     assert fix_line(_model("chunk"), NO_FRAMES, 0) is None
     assert fix_line(_model(), NO_FRAMES, 3) is None  # frames came: not a missing plugin
@@ -141,6 +152,11 @@ def test_every_fix_line_fits_80_columns() -> None:
         longest.append(fix_line(model, NO_FRAMES, 1))
     for mode in ("auto", "exact"):
         longest.append(fix_line(_model(mode), "SSE chunk id does not carry the request id", 0))
+        pd_router = (
+            "SSE chunk id does not carry the request id (a prefill/decode router renamed "
+            "the request)"
+        )
+        longest.append(fix_line(_model(mode), pd_router, 0))
     assert all(line is not None for line in longest)
     assert max(len(line or "") for line in longest) <= FIX_WIDTH
 

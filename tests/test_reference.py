@@ -1246,6 +1246,17 @@ def _lie_chunk_id_other_stream(run: Run) -> None:
     run.rec.push_sse_id(0, f"chatcmpl-ph1_{RUN}_01")
 
 
+def _lie_chunk_id_of_a_pd_router(run: Run) -> None:
+    # vllm-router's P/D id, as vLLM names the chunks after it; the ph1_ id only in a
+    # field nobody checks.
+    run.ids_sent.add(0)
+    run.rec.push_sse_id(
+        0,
+        "chatcmpl-___prefill_addr_http://10.0.0.1:8001___decode_addr_http://10.0.0.1:8002_"
+        f"9f1c2d3e-ph1_{RUN}_01",
+    )
+
+
 def _lie_chunk_id_changed(run: Run) -> None:
     run.sse(0, "Hi", [10])
     run.rec.push_sse_id(0, chunk_id(0) + "-other")
@@ -1398,6 +1409,9 @@ LIES = [
      f"{S0}vLLM's per-request metrics differ between two usage chunks"),
     ("a chunk id of another stream", _lie_chunk_id_other_stream,
      f"{S0}SSE chunk id does not carry the request id ph1_{RUN}_0"),
+    ("a prefill/decode router's chunk id", _lie_chunk_id_of_a_pd_router,
+     f"{S0}SSE chunk id does not carry the request id ph1_{RUN}_0 (a prefill/decode router "
+     "renamed the request)"),
     ("a chunk id that changes", _lie_chunk_id_changed, f"{S0}SSE chunk id changed mid-stream"),
     ("no chunk id", _lie_no_chunk_id, f"{S0}no SSE chunk id"),
     ("SSE data after the end", _lie_sse_after_finish, f"{S0}SSE data after the stream finished"),

@@ -5,7 +5,8 @@ optionally behind nginx with TLS (docs/REACH.md, "Fleets").
   `~/.cache/parallelhue/router-venv` (or `PARALLELHUE_VLLM_ROUTER`), its real
   entry point (a Rust extension behind a Python launcher).
 - `start_router(hosts, port, workers)`: `vllm-router --policy round_robin` on
-  the server host, waited for until it answers.
+  the server host, waited for until it answers; with `prefill_decode`, its vLLM
+  prefill/decode mode in front of one prefill and one decode worker.
 - `throwaway_ca(directory, ip)`: a CA and a certificate for `ip` signed by it
   (three `openssl` commands, as tests/test_tls.py makes them).
 - `start_nginx(hosts, directory, port, upstream, certs)`: nginx (the Debian
@@ -101,16 +102,29 @@ def spawn(hosts: Hosts, argv: Sequence[str], log: Path, env: dict[str, str] | No
 
 
 def start_router(
-    hosts: Hosts, port: int, workers: Sequence[str], log: Path, ready: Callable[[], bool]
+    hosts: Hosts,
+    port: int,
+    workers: Sequence[str],
+    log: Path,
+    ready: Callable[[], bool],
+    *,
+    prefill_decode: tuple[str, str] | None = None,
 ) -> Proc:
+    """`round_robin` over `workers`; with `prefill_decode` (prefill URL, decode URL) its
+    vLLM P/D mode instead: each request is prefilled on one and decoded on the other."""
     binary = router_binary()
     assert binary is not None, "vllm-router is not installed: run `make router-venv`"
     argv = [
         binary, "--host", hosts.server_ip, "--port", str(port), "--policy", "round_robin",
-        "--worker-urls", *workers, "--log-level", "warning",
+        "--log-level", "warning",
         # The fleet's own failures are what the tests look at: no retry elsewhere.
         "--disable-retries",
     ]  # fmt: skip
+    if prefill_decode is None:
+        argv += ["--worker-urls", *workers]
+    else:
+        prefill, decode = prefill_decode
+        argv += ["--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode]
     proc = spawn(hosts, argv, log)
     wait_until(ready, "vllm-router", proc)
     return proc

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
 
 import server
+
+from netns import Hosts, require_root
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,3 +54,23 @@ def socket_dir() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Hosts]:
+    """A client host and a server host (network namespaces), one set per module."""
+    why = require_root()
+    if why is not None:
+        pytest.skip(why)
+    with Hosts() as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def work(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Everything of one module's servers and clients (readable by other uids), removed
+    at the end."""
+    root = Path(tempfile.mkdtemp(prefix=f"ph-{request.module.__name__}-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
 from fleet import router_binary, start_nginx, start_router, throwaway_ca
 
 import reach_client as rc
-from netns import Hosts, require_root
+from netns import Hosts
 
 pytestmark = [
     pytest.mark.vllm,
@@ -52,23 +52,6 @@ TLS_PORT = 8443
 PORTS = {"a": 8001, "b": 8002}
 STREAMS = 16
 PROMPTS = rc.MIXED_SCRIPT_PROMPTS
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Hosts]:
-    why = require_root()
-    if why is not None:
-        pytest.skip(why)
-    with Hosts() as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="phfleet", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _on_server(hosts: Hosts, url: str, path: str) -> int:

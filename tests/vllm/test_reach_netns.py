@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
 
 import reach_client as rc
-from netns import Hosts, require_root
+from netns import Hosts
 
 pytestmark = pytest.mark.vllm
 
@@ -44,24 +44,6 @@ PORT = 8000
 UID = 65534
 CLIENT_PYTHON = sys.executable
 PROMPTS = rc.MIXED_SCRIPT_PROMPTS
-
-
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Hosts]:
-    why = require_root()
-    if why is not None:
-        pytest.skip(why)
-    with Hosts() as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    """Everything of this module's server and clients, removed at the end."""
-    root = Path(tempfile.mkdtemp(prefix="phnsv", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _let_others_traverse(path: str) -> list[tuple[Path, int]]:

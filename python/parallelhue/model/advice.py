@@ -47,6 +47,7 @@ FIX_PREFIX = "fix: "
 NO_FRAMES = "missing telemetry: no frames received for this run"
 REJECTED_PREFIX = "rejected frame: "
 _FOREIGN_ID = "SSE chunk id does not carry the request id"
+_PD_ROUTER = "(a prefill/decode router renamed the request)"
 _PROTOCOL = re.compile(r"unsupported protocol version (\d+) \(this build speaks (\d+)\)")
 _FOREIGN_UID = re.compile(r"telemetry: datagrams from uid (\d+) rejected")
 # The self-check of the plugin (issue 25): it names every server-side reason.
@@ -152,7 +153,11 @@ def fix_line(model: RunModel, first_reason: str | None, rejected: int) -> str | 
     messages = model.run_messages
     fix = _protocol_fix(messages) or _uid_fix(messages)
     if fix is None and first_reason is not None:
-        if _FOREIGN_ID in first_reason:
+        if _FOREIGN_ID in first_reason and first_reason.endswith(_PD_ROUTER):
+            # vllm-router's P/D mode renames both stages and drops the ask (docs/REACH.md);
+            # the decode worker itself emits every step.
+            fix = "a P/D router hides the evidence: exact only straight to a decode worker"
+        elif _FOREIGN_ID in first_reason:
             # vLLM names its chunks after the request id it is sent; this server does not
             # (llama-server, for one: its own step reports color it, where they fit).
             then = (

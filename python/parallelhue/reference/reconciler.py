@@ -48,6 +48,7 @@ from parallelhue.reference.state import (
     INPUT_SHAPES,
     LATE_MESSAGE,
     LIST_KEYS,
+    PD_ROUTER_NOTE,
     STAT_KEYS,
     U32_MAX,
     U64_MAX,
@@ -57,6 +58,7 @@ from parallelhue.reference.state import (
     _check_u32_list,
     _empty_stats,
     _Failed,
+    _is_pd_router_id,
     _Stream,
 )
 
@@ -176,8 +178,10 @@ class Reconciler(AdmissionRules):
             return
         request_id = f"ph1_{self.run_id}_{stream}"
         if not _carries_request_id(chunk_id, request_id):
+            whose = PD_ROUTER_NOTE if _is_pd_router_id(chunk_id) else ""
             self._set_failed(
-                state, f"stream {stream}: SSE chunk id does not carry the request id {request_id}"
+                state,
+                f"stream {stream}: SSE chunk id does not carry the request id {request_id}{whose}",
             )
         elif state.sse_id is not None and state.sse_id != chunk_id:
             self._set_failed(state, f"stream {stream}: SSE chunk id changed mid-stream")

@@ -187,6 +187,17 @@ def _add_lists(total: list[int], values: list[int]) -> None:
         total[index] += value
 
 
+# Said after the reason when the chunk id is the one vllm-router's P/D mode gives both
+# stages (docs/REACH.md): the router renamed the request, no server bug.
+PD_ROUTER_NOTE = " (a prefill/decode router renamed the request)"
+
+
+def _is_pd_router_id(chunk_id: str) -> bool:
+    """vllm-router's P/D request id, `___prefill_addr_<url>___decode_addr_<url>_<uuid>`."""
+    _, found, rest = chunk_id.partition("___prefill_addr_")
+    return bool(found) and "___decode_addr_" in rest
+
+
 def _carries_request_id(chunk_id: str, request_id: str) -> bool:
     """`chunk_id` holds `request_id` not followed by another digit."""
     start = chunk_id.find(request_id)

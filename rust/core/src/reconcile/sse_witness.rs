@@ -56,7 +56,12 @@ impl Reconciler {
         let request_id = format!("ph1_{}_{s}", run_id_hex(&self.run_id));
         let st = &mut self.streams[s];
         let reason = if !carries_request_id(chunk_id, &request_id) {
-            format!("stream {s}: SSE chunk id does not carry the request id {request_id}")
+            let whose = if is_pd_router_id(chunk_id) {
+                PD_ROUTER_NOTE
+            } else {
+                ""
+            };
+            format!("stream {s}: SSE chunk id does not carry the request id {request_id}{whose}")
         } else if st.sse_id.as_deref().is_some_and(|id| id != chunk_id) {
             format!("stream {s}: SSE chunk id changed mid-stream")
         } else {
@@ -117,6 +122,17 @@ impl Reconciler {
 
 /// `chunk_id` holds `request_id` (`ph1_<run>_<stream>`) not followed by
 /// another digit (`ph1_<run>_1` is not in `..._12`).
+/// Said after the reason when the chunk id is the one vllm-router's P/D mode gives
+/// both stages (docs/REACH.md): the router renamed the request, no server bug.
+const PD_ROUTER_NOTE: &str = " (a prefill/decode router renamed the request)";
+
+/// vllm-router's P/D request id, `___prefill_addr_<url>___decode_addr_<url>_<uuid>`.
+fn is_pd_router_id(chunk_id: &str) -> bool {
+    chunk_id
+        .split_once("___prefill_addr_")
+        .is_some_and(|(_, rest)| rest.contains("___decode_addr_"))
+}
+
 pub(super) fn carries_request_id(chunk_id: &str, request_id: &str) -> bool {
     chunk_id.match_indices(request_id).any(|(i, m)| {
         !chunk_id[i + m.len()..]

@@ -362,6 +362,23 @@ fn lies() -> Vec<(&'static str, Lie, String)> {
             format!("{s0}SSE chunk id does not carry the request id ph1_{RUN}_0"),
         ),
         (
+            "a prefill/decode router's chunk id",
+            Box::new(|run: &mut Run| {
+                run.ids_sent[0] = true;
+                run.r.push_sse_id(
+                    0,
+                    &format!(
+                        "chatcmpl-___prefill_addr_http://10.0.0.1:8001___decode_addr_\
+                         http://10.0.0.1:8002_9f1c2d3e-ph1_{RUN}_01"
+                    ),
+                );
+            }),
+            format!(
+                "{s0}SSE chunk id does not carry the request id ph1_{RUN}_0 (a prefill/decode \
+                 router renamed the request)"
+            ),
+        ),
+        (
             "a chunk id that changes",
             Box::new(|run: &mut Run| {
                 run.sse(0, "Hi", &[10]);
