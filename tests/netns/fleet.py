@@ -4,9 +4,12 @@ optionally behind nginx with TLS (docs/REACH.md, "Fleets").
 - `router_binary()`: vllm-router from PyPI, installed by `make router-venv` into
   `~/.cache/parallelhue/router-venv` (or `PARALLELHUE_VLLM_ROUTER`), its real
   entry point (a Rust extension behind a Python launcher).
-- `start_router(hosts, port, workers)`: `vllm-router --policy round_robin` on
+- `start_router(hosts, port, workers, log)`: `vllm-router --policy round_robin` on
   the server host, waited for until it answers; with `prefill_decode`, its vLLM
   prefill/decode mode in front of one prefill and one decode worker.
+- `simulated_fleet(name, replicas, first_port, sim_args)`: simulated engines
+  behind vllm-router in fresh namespaces, removed at the end.
+- `NEEDS_ROUTER`: the skip mark of every test that starts vllm-router.
 - `throwaway_ca(directory, ip)`: a CA and a certificate for `ip` signed by it
   (three `openssl` commands, as tests/test_tls.py makes them).
 - `start_nginx(hosts, directory, port, upstream, certs)`: nginx (the Debian
@@ -24,14 +27,32 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import reach_client as rc
 from netns import Hosts
 
-__all__ = ["Proc", "router_binary", "start_nginx", "start_router", "throwaway_ca", "wait_until"]
+__all__ = [
+    "NEEDS_ROUTER",
+    "Proc",
+    "answers",
+    "router_binary",
+    "simulated_fleet",
+    "start_nginx",
+    "start_router",
+    "throwaway_ca",
+    "wait_until",
+]
 
 ROUTER_VENV = Path.home() / ".cache" / "parallelhue" / "router-venv"
 
@@ -74,6 +95,16 @@ def router_binary() -> str | None:
     return str(candidate) if candidate.exists() else shutil.which("vllm-router")
 
 
+NEEDS_ROUTER = pytest.mark.skipif(
+    router_binary() is None, reason="vllm-router is not installed: run `make router-venv`"
+)
+
+
+def answers(hosts: Hosts, host: str, url: str) -> Callable[[], bool]:
+    """Whether `url` serves /v1/models to `host` (a readiness check)."""
+    return lambda: hosts.call(host, lambda: rc.request(url, "GET", "/v1/models").status == 200)
+
+
 def wait_until(check: Callable[[], bool], what: str, proc: Proc, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -106,12 +137,12 @@ def start_router(
     port: int,
     workers: Sequence[str],
     log: Path,
-    ready: Callable[[], bool],
     *,
     prefill_decode: tuple[str, str] | None = None,
 ) -> Proc:
-    """`round_robin` over `workers`; with `prefill_decode` (prefill URL, decode URL) its
-    vLLM P/D mode instead: each request is prefilled on one and decoded on the other."""
+    """`round_robin` over `workers` on the server host, waited for until the client host
+    reaches it; with `prefill_decode` (prefill URL, decode URL) its vLLM P/D mode
+    instead: each request is prefilled on one and decoded on the other."""
     binary = router_binary()
     assert binary is not None, "vllm-router is not installed: run `make router-venv`"
     argv = [
@@ -126,8 +157,37 @@ def start_router(
         prefill, decode = prefill_decode
         argv += ["--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode]
     proc = spawn(hosts, argv, log)
-    wait_until(ready, "vllm-router", proc)
+    wait_until(
+        answers(hosts, hosts.client, f"http://{hosts.server_ip}:{port}"), "vllm-router", proc
+    )
     return proc
+
+
+@contextmanager
+def simulated_fleet(
+    name: str, replicas: int, first_port: int, sim_args: Sequence[str], router_port: int = 8000
+) -> Iterator[tuple[Hosts, str, list[str]]]:
+    """(hosts, router URL, replica URLs): `replicas` simulated engines
+    (`python -m parallelhue.sim` with `sim_args`, one hub directory) on the server host's
+    loopback, behind vllm-router; everything removed at the end."""
+    work = Path(tempfile.mkdtemp(prefix=f"ph{name}", dir="/tmp"))
+    work.chmod(0o700)
+    procs: list[Proc] = []
+    try:
+        with Hosts() as hosts:
+            urls = [f"http://127.0.0.1:{first_port + i}" for i in range(replicas)]
+            for i, url in enumerate(urls):
+                argv = [sys.executable, "-m", "parallelhue.sim", "--host", "127.0.0.1"]
+                argv += ["--port", str(first_port + i), *sim_args]
+                env = {"PARALLELHUE_HUB_DIR": str(work / "hub")}
+                procs.append(spawn(hosts, argv, work / f"sim{i}.log", env=env))
+                wait_until(answers(hosts, hosts.server, url), f"replica {i}", procs[-1])
+            procs.append(start_router(hosts, router_port, urls, work / "router.log"))
+            yield hosts, f"http://{hosts.server_ip}:{router_port}", urls
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def throwaway_ca(directory: Path, ip: str) -> Path:

@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet import Proc, router_binary, spawn, start_router, wait_until
+from fleet import NEEDS_ROUTER, simulated_fleet
 
 import reach_client as rc
 from netns import Hosts, require_root
@@ -30,58 +30,19 @@ from netns import Hosts, require_root
 PYTHON = sys.executable
 REPLICAS = 3
 STREAMS = 64
-ROUTER_PORT = 8000
 
 pytestmark = [
     pytest.mark.skipif(bool(require_root()), reason=require_root() or ""),
-    pytest.mark.skipif(
-        router_binary() is None, reason="vllm-router is not installed: run `make router-venv`"
-    ),
+    NEEDS_ROUTER,
 ]
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Hosts, str, list[str]]]:
-    work = Path(tempfile.mkdtemp(prefix="phfleet-sim", dir="/tmp"))
-    work.chmod(0o700)
-    procs: list[Proc] = []
-    try:
-        with Hosts() as hosts:
-            replicas = [f"http://127.0.0.1:{9001 + i}" for i in range(REPLICAS)]
-            for i, url in enumerate(replicas):
-                proc = spawn(
-                    hosts,
-                    [PYTHON, "-m", "parallelhue.sim", "--host", "127.0.0.1",
-                     "--port", str(9001 + i), "--telemetry", "http", "--step-ms", "4"],
-                    work / f"sim{i}.log",
-                    env={"PARALLELHUE_HUB_DIR": str(work / "hub")},
-                )  # fmt: skip
-                procs.append(proc)
-                wait_until(
-                    lambda u=url: hosts.call(
-                        hosts.server, lambda: rc.request(u, "GET", "/v1/models").status == 200
-                    ),
-                    f"replica {i}",
-                    proc,
-                )
-            router_url = f"http://{hosts.server_ip}:{ROUTER_PORT}"
-            procs.append(
-                start_router(
-                    hosts,
-                    ROUTER_PORT,
-                    replicas,
-                    work / "router.log",
-                    lambda: hosts.call(
-                        hosts.client,
-                        lambda: rc.request(router_url, "GET", "/v1/models").status == 200,
-                    ),
-                )
-            )
-            yield hosts, router_url, replicas
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    with simulated_fleet(
+        "fleet-sim", REPLICAS, 9001, ["--telemetry", "http", "--step-ms", "4"]
+    ) as made:
+        yield made
 
 
 def probe(hosts: Hosts, url: str) -> dict[str, Any]:

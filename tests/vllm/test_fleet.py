@@ -31,20 +31,14 @@ from typing import Any
 import httpx
 import pytest
 import server
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
-
-from fleet import router_binary, start_nginx, start_router, throwaway_ca
+from fleet import NEEDS_ROUTER, start_nginx, start_router, throwaway_ca
 
 import reach_client as rc
 from netns import Hosts
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        router_binary() is None, reason="vllm-router is not installed: run `make router-venv`"
-    ),
+    NEEDS_ROUTER,
 ]
 
 ROUTER_PORT = 8000
@@ -96,9 +90,6 @@ def router(hosts: Hosts, work: Path, replicas: dict[str, server.Server]) -> Iter
         ROUTER_PORT,
         [replicas["a"].url, replicas["b"].url],
         work / "router.log",
-        lambda: hosts.call(
-            hosts.client, lambda: rc.request(url, "GET", "/v1/models").status == 200
-        ),
     )
     try:
         yield url

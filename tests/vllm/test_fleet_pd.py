@@ -31,20 +31,14 @@ from typing import Any
 import httpx
 import pytest
 import server
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
-
-from fleet import router_binary, start_router
+from fleet import NEEDS_ROUTER, start_router
 
 import reach_client as rc
 from netns import Hosts
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(
-        router_binary() is None, reason="vllm-router is not installed: run `make router-venv`"
-    ),
+    NEEDS_ROUTER,
 ]
 
 ROUTER_PORT = 8000
@@ -119,9 +113,6 @@ def router(hosts: Hosts, work: Path, workers: dict[str, server.Server]) -> Itera
         ROUTER_PORT,
         [],
         work / "router.log",
-        lambda: hosts.call(
-            hosts.client, lambda: rc.request(url, "GET", "/v1/models").status == 200
-        ),
         prefill_decode=(workers["prefill"].url, workers["decode"].url),
     )
     try:
