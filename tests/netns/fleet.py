@@ -64,6 +64,12 @@ class Proc:
     process: subprocess.Popen[bytes]
     log: Path
 
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             try:

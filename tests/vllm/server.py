@@ -17,9 +17,11 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -240,6 +242,58 @@ def start(
     except BaseException:
         server.stop()
         raise
+
+
+def start_on_server_host(
+    hosts: Any,
+    model_dir: Path,
+    log_path: Path,
+    *,
+    port: int,
+    hub_dir: Path,
+    extra_args: Sequence[str] = (),
+    serve: bool = False,
+) -> Server:
+    """A server with the plugin (its hub in `hub_dir`) and ngram K=3 on the server host
+    of `hosts` (a tests/netns/netns.py `Hosts`), on its loopback at `port`."""
+
+    def healthy(url: str) -> bool:
+        status = hosts.call(hosts.server, lambda: httpx.get(url + "/health", timeout=3).status_code)
+        return bool(status == 200)
+
+    return start(
+        model_dir,
+        log_path,
+        speculative=dict(NGRAM),
+        plugin=True,
+        env={
+            "VLLM_PLUGINS": "parallelhue,parallelhue_e2e_fixes",
+            "PARALLELHUE_HUB_DIR": str(hub_dir),
+        },
+        serve=serve,
+        extra_args=list(extra_args),
+        prefix=hosts.command(hosts.server),
+        port=port,
+        healthy=healthy,
+    )
+
+
+@contextmanager
+def on_server_host(
+    hosts: Any, model_dir: Path, log_prefix: Path, specs: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, Server]]:
+    """`start_on_server_host` for each name and keyword arguments in `specs`, one after
+    the other in this thread (a server dies with the thread that started it: it gets
+    PR_SET_PDEATHSIG), logs at `<log_prefix><name>.log`; all stopped at the end."""
+    started: dict[str, Server] = {}
+    try:
+        for name, spec in specs.items():
+            log = log_prefix.with_name(f"{log_prefix.name}{name}.log")
+            started[name] = start_on_server_host(hosts, model_dir, log, **spec)
+        yield started
+    finally:
+        for srv in started.values():
+            srv.stop()
 
 
 if __name__ == "__main__":  # manual smoke start: python tests/vllm/server.py MODEL_DIR

@@ -48,53 +48,25 @@ STREAMS = 16
 PROMPTS = rc.MIXED_SCRIPT_PROMPTS
 
 
-def _on_server(hosts: Hosts, url: str, path: str) -> int:
-    return hosts.call(hosts.server, lambda: httpx.get(url + path, timeout=3).status_code)
-
-
 @pytest.fixture(scope="module")
 def replicas(
     hosts: Hosts, work: Path, tiny_model: Path, logs_dir: Path
 ) -> Iterator[dict[str, server.Server]]:
-    """Both replicas, one after the other (a server dies with the thread that started it:
-    tests/vllm/server.py sets PR_SET_PDEATHSIG, so never from a passing thread)."""
-    started: dict[str, server.Server] = {}
-    try:
-        for name in PORTS:
-            started[name] = server.start(
-                tiny_model,
-                logs_dir / f"fleet-{name}.log",
-                speculative=dict(server.NGRAM),
-                plugin=True,
-                env={
-                    "VLLM_PLUGINS": "parallelhue,parallelhue_e2e_fixes",
-                    "PARALLELHUE_HUB_DIR": str(work / "hub"),
-                },
-                serve=name == "b",
-                extra_args=["--api-server-count", "2"] if name == "b" else [],
-                prefix=hosts.command(hosts.server),
-                port=PORTS[name],
-                healthy=lambda url: _on_server(hosts, url, "/health") == 200,
-            )
+    """Both replicas, one after the other."""
+    specs: dict[str, dict[str, Any]] = {
+        name: {"port": port, "hub_dir": work / "hub"} for name, port in PORTS.items()
+    }
+    specs["b"] |= {"serve": True, "extra_args": ["--api-server-count", "2"]}
+    with server.on_server_host(hosts, tiny_model, logs_dir / "fleet-", specs) as started:
         yield started
-    finally:
-        for srv in started.values():
-            srv.stop()
 
 
 @pytest.fixture(scope="module")
 def router(hosts: Hosts, work: Path, replicas: dict[str, server.Server]) -> Iterator[str]:
     url = f"http://{hosts.server_ip}:{ROUTER_PORT}"
-    proc = start_router(
-        hosts,
-        ROUTER_PORT,
-        [replicas["a"].url, replicas["b"].url],
-        work / "router.log",
-    )
-    try:
+    workers = [replicas["a"].url, replicas["b"].url]
+    with start_router(hosts, ROUTER_PORT, workers, work / "router.log"):
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

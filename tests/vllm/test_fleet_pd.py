@@ -67,58 +67,32 @@ def _on_server(hosts: Hosts, url: str, path: str) -> httpx.Response:
 def workers(
     hosts: Hosts, work: Path, tiny_model: Path, logs_dir: Path
 ) -> Iterator[dict[str, server.Server]]:
-    """The prefill and the decode worker, one after the other (a server dies with the
-    thread that started it), sharing one KV directory."""
+    """The prefill and the decode worker, one after the other, sharing one KV directory."""
     transfer = {
         "kv_connector": "ExampleConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"shared_storage_path": str(work / "kv")},
     }
-    started: dict[str, server.Server] = {}
-    try:
-        for name in PORTS:
-            started[name] = server.start(
-                tiny_model,
-                logs_dir / f"pd-{name}.log",
-                speculative=dict(server.NGRAM),
-                plugin=True,
-                env={
-                    "VLLM_PLUGINS": "parallelhue,parallelhue_e2e_fixes",
-                    "PARALLELHUE_HUB_DIR": str(work / f"hub-{name}"),
-                },
-                extra_args=[
-                    "--kv-transfer-config",
-                    json.dumps(transfer),
-                    "--block-size",
-                    str(BLOCK_SIZE),
-                    # Every request's prompt cache comes through the connector, never
-                    # from the worker's own prefix cache of an earlier request.
-                    "--no-enable-prefix-caching",
-                ],
-                prefix=hosts.command(hosts.server),
-                port=PORTS[name],
-                healthy=lambda url: _on_server(hosts, url, "/health").status_code == 200,
-            )
+    extra_args = [
+        "--kv-transfer-config", json.dumps(transfer), "--block-size", str(BLOCK_SIZE),
+        # Every request's prompt cache comes through the connector, never from the
+        # worker's own prefix cache of an earlier request.
+        "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    specs = {
+        name: {"port": port, "hub_dir": work / f"hub-{name}", "extra_args": extra_args}
+        for name, port in PORTS.items()
+    }
+    with server.on_server_host(hosts, tiny_model, logs_dir / "pd-", specs) as started:
         yield started
-    finally:
-        for srv in started.values():
-            srv.stop()
 
 
 @pytest.fixture(scope="module")
 def router(hosts: Hosts, work: Path, workers: dict[str, server.Server]) -> Iterator[str]:
     url = f"http://{hosts.server_ip}:{ROUTER_PORT}"
-    proc = start_router(
-        hosts,
-        ROUTER_PORT,
-        [],
-        work / "router.log",
-        prefill_decode=(workers["prefill"].url, workers["decode"].url),
-    )
-    try:
+    pair = (workers["prefill"].url, workers["decode"].url)
+    with start_router(hosts, ROUTER_PORT, [], work / "router.log", prefill_decode=pair):
         yield url
-    finally:
-        proc.stop()
 
 
 def parallelhue(hosts: Hosts, host: str, url: str, *args: str) -> subprocess.CompletedProcess[str]:
