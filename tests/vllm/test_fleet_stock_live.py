@@ -14,31 +14,28 @@ PARALLELHUE_VLLM_EXACT) and `make router-venv` (vllm-router).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import server
+from fleet import NEEDS_ROUTER, start_router
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netns"))
-
-from fleet import start_router
-
-# The fleet module's host pair, work directory, client and marks (vllm; skipped
-# without vllm-router).
-from test_fleet import ROUTER_PORT, STREAMS, hosts, parallelhue, pytestmark, work  # noqa: F401
+# The fleet module's client and its shape (the host pair and work directory are
+# tests/vllm/conftest.py's).
+from test_fleet import ROUTER_PORT, STREAMS, parallelhue
 
 import reach_client as rc
 from netns import Hosts
+
+pytestmark = [pytest.mark.vllm, NEEDS_ROUTER]
 
 REPLICA_PORT = 8001
 
 
 @pytest.fixture(scope="module")
-def router(hosts: Hosts, work: Path, tiny_model: Path, logs_dir: Path) -> Iterator[str]:  # noqa: F811
+def router(hosts: Hosts, work: Path, tiny_model: Path, logs_dir: Path) -> Iterator[str]:
     replica = server.start(
         tiny_model,
         logs_dir / "fleet-stock.log",
@@ -53,24 +50,13 @@ def router(hosts: Hosts, work: Path, tiny_model: Path, logs_dir: Path) -> Iterat
     )
     url = f"http://{hosts.server_ip}:{ROUTER_PORT}"
     try:
-        proc = start_router(
-            hosts,
-            ROUTER_PORT,
-            [replica.url],
-            work / "router.log",
-            lambda: hosts.call(
-                hosts.client, lambda: rc.request(url, "GET", "/v1/models").status == 200
-            ),
-        )
-        try:
+        with start_router(hosts, ROUTER_PORT, [replica.url], work / "router.log"):
             yield url
-        finally:
-            proc.stop()
     finally:
         replica.stop()
 
 
-def test_a_stock_vllm_behind_the_router_shows_its_own_steps(hosts: Hosts, router: str) -> None:  # noqa: F811
+def test_a_stock_vllm_behind_the_router_shows_its_own_steps(hosts: Hosts, router: str) -> None:
     started = time.monotonic()
     done = parallelhue(hosts, router, "--max-tokens", "96", "--temperature", "0.8")
     assert done.returncode == 0, done.stderr[-3000:]
