@@ -371,3 +371,80 @@ def test_a_stalled_client_is_reported_once_and_does_not_hold_the_sender(
     ]
     stalled.close()
     other.close()
+
+
+_PAUSED_SENDER = """
+import json, sys
+from parallelhue_vllm import wire
+from parallelhue_vllm.emitter import Emitter
+emitter = Emitter(
+    role=wire.SOURCE_SCHEDULER, engine=wire.ENGINE_VLLM, engine_version="0.32.0+cpu",
+    plugin_version="0.1.0", spec_method="ngram", num_speculative_tokens=3,
+    role_derivation=wire.DERIVATION_DRAFT_IDS, async_scheduling=False,
+    socket_dir=sys.argv[1], send_timeout=0.5,
+)
+for step in range(int(sys.argv[3])):
+    record = wire.ProvenanceRecord(0, step, [7], [wire.ROLE_PLAIN], 0)
+    emitter.submit(sys.argv[2], wire.KIND_PROVENANCE, step, [record])
+emitter.close(30.0)
+print(json.dumps(emitter.stats()))
+"""
+
+
+def test_a_sender_stopped_through_its_timeout_does_not_blame_a_client_that_reads(
+    sock_dir: Path,
+) -> None:
+    """vLLM's process stopped (SIGSTOP, a long pause) while its sender waits on a full
+    receiver, past the sender's timeout. The client reads all along, but another
+    source's datagrams (the scheduler keeps stepping) fill its queue again just as the
+    process runs on: its wait has expired by the wall clock and the queue is full for
+    a moment. The client is not slow, so nothing may be dropped (before, such a pause
+    lost frames and the run's EXACT with them)."""
+    import json
+    import signal
+
+    receiver = Receiver(sock_dir)
+    qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
+    steps = qlen + 20
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_SENDER, str(sock_dir), RUN, str(steps)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    datagrams: list[bytes] = []
+    try:
+        receiver.sock.settimeout(10.0)
+        datagrams.append(receiver.sock.recv(1 << 17))  # the hello: the sender runs
+        time.sleep(0.3)  # it fills the queue at once and waits on the next frame
+        os.kill(child.pid, signal.SIGSTOP)
+        receiver.sock.setblocking(False)
+        while True:  # the client reads all along
+            try:
+                datagrams.append(receiver.sock.recv(1 << 17))
+            except BlockingIOError:
+                break
+        time.sleep(1.0)  # twice the sender's timeout
+        for _ in range(qlen + 1):  # the other source fills the queue again (qlen + 1 fit)
+            other.sendto(b"other", str(receiver.path))
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.02)  # the client reads on a moment later
+        receiver.sock.settimeout(1.0)
+        while True:  # until the sender has exited and nothing is left
+            try:
+                datagrams.append(receiver.sock.recv(1 << 17))
+            except TimeoutError:
+                if child.poll() is not None:
+                    break
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        other.close()
+        receiver.close()
+    frames = [decode_frame(d) for d in datagrams if d != b"other"]
+    stats = json.loads(out)
+    assert (stats["dropped"], stats["sent"]) == (0, steps + 1)
+    assert [f.header.dropped for f in frames] == [0] * (steps + 1)
+    assert [f.header.seq for f in frames] == list(range(steps + 1))

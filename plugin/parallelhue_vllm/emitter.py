@@ -8,6 +8,8 @@ them over a connected AF_UNIX datagram socket per run, blocking at most
 is waited for, not a loss. Only the sender thread waits, never the caller; the
 wait is generous because Linux queues just `net.unix.max_dgram_qlen` (often 10)
 datagrams per socket and a client busy for a moment must not lose frames.
+The wait is wall time, so a process stopped through it (SIGSTOP, a long pause)
+tries once more for RESUME_GRACE before it calls the client slow.
 
 The queue is bounded twice: `queue_size` items and MAX_QUEUED_RECORDS records,
 so a stalled client or a starved sender costs bounded memory. Everything that
@@ -45,6 +47,9 @@ MAX_RUNS = 256
 # After a failed socket check or send, how long a run's frames are dropped
 # (and counted) before the socket is checked again.
 RECHECK_SECONDS = 0.5
+# After a send timed out, how long the receiver may still take to make room: the
+# timeout may have passed while this process was stopped, not while the client slept.
+RESUME_GRACE = 0.1
 # Records waiting in the queue at most (all runs): about 26 MB of rows at most.
 MAX_QUEUED_RECORDS = 65536
 
@@ -597,7 +602,12 @@ class Emitter:
                 self._stats["sent"] += 1
                 return True
             except TimeoutError:
-                # The receiver stayed full for the whole timeout.
+                # The timeout is wall time: a process stopped or starved through it (SIGSTOP,
+                # a long pause) wakes past its deadline although the client read all along.
+                # Only a receiver still full for a moment after we run again is slow.
+                if _send_after_pause(sock, frame):
+                    self._stats["sent"] += 1
+                    return True
                 state.slow_until = time.monotonic() + RECHECK_SECONDS
                 self._warn_send(state, f"the client did not read for {self._send_timeout:g} s")
                 return False
@@ -620,6 +630,19 @@ class Emitter:
                 state.run_bytes.hex(),
                 reason,
             )
+
+
+def _send_after_pause(sock: Any, frame: bytes) -> bool:
+    """Send `frame` if the receiver has room within RESUME_GRACE of trying again."""
+    until = time.monotonic() + RESUME_GRACE
+    while True:
+        try:
+            sock.send(frame, socket.MSG_DONTWAIT)
+            return True
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.ENOBUFS) or time.monotonic() >= until:
+                return False
+            time.sleep(0.001)
 
 
 def _frame_chunks(encoded: list[bytes]) -> list[tuple[int, bytes]]:

@@ -193,16 +193,22 @@ def test_stock_vllm_streams_show_their_own_steps(
 def test_merged_chunks_from_a_stalled_api_server_still_fit(
     stock: server.Server, method: str, socket_dir: str, prompts: dict[bool, Path]
 ) -> None:
-    result = run_client(
-        stock.url + "/v1/completions",
-        _args(method, 400, prompts[False]),
-        socket_dir,
-        during=_stall(stock),
-    )
-    states = result.model.streams
-    merged = sum(_merged(s) for s in states)
-    print(f"vLLM {method} stalled 2 s: {summarize(states)}; {merged} merged chunks")
-    assert merged > 0, "the stall merged no chunk"
+    # Whether the API server merges deltas after a stall depends on how its output loop
+    # and the streams interleave when it runs again: a run whose stall merged nothing
+    # cannot test merged chunks, so it is run again (at most twice), never judged.
+    for _ in range(3):
+        result = run_client(
+            stock.url + "/v1/completions",
+            _args(method, 400, prompts[False]),
+            socket_dir,
+            during=_stall(stock),
+        )
+        states = result.model.streams
+        merged = sum(_merged(s) for s in states)
+        print(f"vLLM {method} stalled 2 s: {summarize(states)}; {merged} merged chunks")
+        if merged > 0:
+            break
+    assert merged > 0, "the stall merged no chunk in 3 runs"
     assert [s.label for s in states] == [LABEL_REPORTED] * STREAMS, [
         (s.label, s.note) for s in states
     ]
