@@ -144,6 +144,22 @@ def _no_frames_fix(setup: TelemetrySetup | None) -> str:
     return f"start vLLM with PARALLELHUE_VLLM_EXACT=1 ({SELF_CHECK})"
 
 
+def _foreign_id_fix(mode: str, reason: str) -> str:
+    """The chunks do not carry our request id: who renamed the request."""
+    if reason.endswith(_PD_ROUTER):
+        # vllm-router's P/D mode renames both stages and drops the ask (docs/REACH.md);
+        # the decode worker itself emits every step.
+        return "a P/D router hides the evidence: exact only straight to a decode worker"
+    # vLLM names its chunks after the request id it is sent; this server does not
+    # (llama-server, for one: its own step reports color it, where they fit).
+    then = (
+        "exact needs vLLM, or --mode chunk"
+        if mode == "exact"
+        else "colors: reported steps or chunks"
+    )
+    return f"not vLLM (chunk ids lack our request id): {then}"
+
+
 def fix_line(model: RunModel, first_reason: str | None, rejected: int) -> str | None:
     """The likely cause of the run's missing evidence and its fix (None: nothing is
     missing, or nothing a user can fix); `first_reason` is the first stream
@@ -153,19 +169,8 @@ def fix_line(model: RunModel, first_reason: str | None, rejected: int) -> str | 
     messages = model.run_messages
     fix = _protocol_fix(messages) or _uid_fix(messages)
     if fix is None and first_reason is not None:
-        if _FOREIGN_ID in first_reason and first_reason.endswith(_PD_ROUTER):
-            # vllm-router's P/D mode renames both stages and drops the ask (docs/REACH.md);
-            # the decode worker itself emits every step.
-            fix = "a P/D router hides the evidence: exact only straight to a decode worker"
-        elif _FOREIGN_ID in first_reason:
-            # vLLM names its chunks after the request id it is sent; this server does not
-            # (llama-server, for one: its own step reports color it, where they fit).
-            then = (
-                "exact needs vLLM, or --mode chunk"
-                if model.mode == "exact"
-                else "colors: reported steps or chunks"
-            )
-            fix = f"not vLLM (chunk ids lack our request id): {then}"
+        if _FOREIGN_ID in first_reason:
+            fix = _foreign_id_fix(model.mode, first_reason)
         elif first_reason == NO_FRAMES and rejected == 0:
             fix = _no_frames_fix(model.telemetry_setup)
     if fix is None:

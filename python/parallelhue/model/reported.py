@@ -238,9 +238,9 @@ def judge(
     says where a delta starts with a character of several bytes)."""
     timings = inputs.counts_of(_TIMINGS)
     drafting = any(t[2] is not None or t[3] is not None for t in timings)
-    if (inputs.lists or _no_verify_step(inputs)) and timings:
-        return Reported(None, reason="the stream carries both vLLM's lists and llama's timings")
     vllm = bool(inputs.lists) or _no_verify_step(inputs)
+    if vllm and timings:
+        return Reported(None, reason="the stream carries both vLLM's lists and llama's timings")
     engine = ENGINE_VLLM if vllm else ENGINE_LLAMACPP if drafting else None
     if engine is None:
         return Reported(None)  # nothing stated: a plain server, or one that reports nothing

@@ -120,8 +120,6 @@ impl Reconciler {
     }
 }
 
-/// `chunk_id` holds `request_id` (`ph1_<run>_<stream>`) not followed by
-/// another digit (`ph1_<run>_1` is not in `..._12`).
 /// Said after the reason when the chunk id is the one vllm-router's P/D mode gives
 /// both stages (docs/REACH.md): the router renamed the request, no server bug.
 const PD_ROUTER_NOTE: &str = " (a prefill/decode router renamed the request)";
@@ -133,6 +131,8 @@ fn is_pd_router_id(chunk_id: &str) -> bool {
         .is_some_and(|(_, rest)| rest.contains("___decode_addr_"))
 }
 
+/// `chunk_id` holds `request_id` (`ph1_<run>_<stream>`) not followed by
+/// another digit (`ph1_<run>_1` is not in `..._12`).
 pub(super) fn carries_request_id(chunk_id: &str, request_id: &str) -> bool {
     chunk_id.match_indices(request_id).any(|(i, m)| {
         !chunk_id[i + m.len()..]
