@@ -418,6 +418,11 @@ def test_a_sender_stopped_through_its_timeout_does_not_blame_a_client_that_reads
         datagrams.append(receiver.sock.recv(1 << 17))  # the hello: the sender runs
         time.sleep(0.3)  # it fills the queue at once and waits on the next frame
         os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        # SIGSTOP takes effect asynchronously: drain only once the sender is stopped.
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the sender never stopped"
+            time.sleep(0.01)
         receiver.sock.setblocking(False)
         while True:  # the client reads all along
             try:
@@ -425,8 +430,12 @@ def test_a_sender_stopped_through_its_timeout_does_not_blame_a_client_that_reads
             except BlockingIOError:
                 break
         time.sleep(1.0)  # twice the sender's timeout
-        for _ in range(qlen + 1):  # the other source fills the queue again (qlen + 1 fit)
-            other.sendto(b"other", str(receiver.path))
+        other.setblocking(False)
+        while True:  # the other source fills the queue again, to the brim
+            try:
+                other.sendto(b"other", str(receiver.path))
+            except BlockingIOError:
+                break
         os.kill(child.pid, signal.SIGCONT)
         time.sleep(0.02)  # the client reads on a moment later
         receiver.sock.settimeout(1.0)
@@ -436,6 +445,7 @@ def test_a_sender_stopped_through_its_timeout_does_not_blame_a_client_that_reads
             except TimeoutError:
                 if child.poll() is not None:
                     break
+                assert time.monotonic() < deadline + 30, "the sender never finished"
         out, _ = child.communicate(timeout=30)
     finally:
         if child.poll() is None:
