@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,14 @@ def test_straight_to_the_decode_worker_the_same_prefilled_streams_are_exact(
     """The decode worker loads the prompts' KV caches (written by the prefill worker)
     and emits every step: asked directly, with our request ids, every stream is EXACT."""
     decode = workers["decode"]
+    # The previous tests' requests (exact mode cancels them) may still be loading: start
+    # counting once the decode worker's log has been quiet for a second.
     loads = len(injected(decode))
+    for _ in range(60):
+        time.sleep(1.0)
+        if len(injected(decode)) == loads:
+            break
+        loads = len(injected(decode))
     done = parallelhue(
         hosts, hosts.server, decode.url, "--json", "--mode", "exact", "--telemetry", "http"
     )
