@@ -757,6 +757,40 @@ def test_the_banner_and_legend_say_what_the_tier_proves_and_when_colors_come() -
     assert "server-reported" not in " ".join(line_text(line) for line in banner_lines(model, 400))
 
 
+def test_before_any_statement_the_banner_says_colors_could_come_at_a_streams_end() -> None:
+    """Stock vLLM states its steps only in the final chunk: while a stream is open, with
+    text and no telemetry in the run, the banner says so, conditionally; it is silent
+    once a frame arrives, for chunk-mode and ended streams, and outside auto mode."""
+    backend = Backend("speculative (method unknown)", True, "/metrics counts drafts")
+    stream = StreamState(index=0, mode="auto")
+    model = RunModel([stream], "auto", backend, no_color=False)
+
+    def banner(width: int = 400) -> str:
+        return " ".join(line_text(line) for line in banner_lines(model, width))
+
+    said = (
+        "no plugin telemetry so far: if the server reports its steps "
+        "(vLLM --per-request-spec-decode-metrics detailed), each stream is colored when it ends"
+    )
+    assert "telemetry so far" not in banner()  # no text yet: nothing to say
+    stream.add_delta("Hello", [], 0.0)
+    assert stream.label == "VERIFYING" and said in banner()
+    assert "no telemetry so far: REPORTED steps, if any, at stream ends" in " ".join(
+        line_text(line) for line in banner_lines(model, 100, 2)
+    )
+    stream.plugin_silent = False  # a frame came: the plugin's evidence decides
+    assert "telemetry so far" not in banner()
+    stream.plugin_silent = True
+    stream.verdict, stream.reason = "failed", "stream 0: SSE chunk id does not carry the request id"
+    assert stream.label == LABEL_CHUNK and "telemetry so far" not in banner()
+    stream.verdict, stream.reason = "pending", None
+    model.mode = stream.mode = "exact"
+    assert "telemetry so far" not in banner()
+    model.mode = stream.mode = "auto"
+    stream.sse_finished = True
+    assert "telemetry so far" not in banner()
+
+
 @pytest.mark.parametrize("suffix", ["svg", "html"])
 def test_the_exports_carry_the_tier_marked_server_reported(suffix: str, tmp_path: Path) -> None:
     picture = tmp_path / f"run.{suffix}"

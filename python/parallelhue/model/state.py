@@ -704,6 +704,22 @@ class RunModel:
         )
         return shown, waiting
 
+    def reported_possible(self) -> bool:
+        """Auto mode, no telemetry in the run so far, no server statement yet, and an
+        open stream with text waits for its verdict: a server without our plugin may
+        still state that stream's steps in its final chunk (vLLM's per-request metrics
+        come only there), so the banner says the colors could come then."""
+        if self.mode != "auto":
+            return False
+        return any(
+            s.plugin_silent
+            and s.label == LABEL_VERIFYING
+            and not s.reported_pending
+            and bool(s.sse_utf8)
+            and not s.over
+            for s in self.shown_streams()
+        )
+
     def request_counts(self) -> tuple[int, int, int]:
         """(finished, open, queued) requests."""
         finished = open_ = queued = 0

@@ -53,7 +53,15 @@ def reported_text(model: RunModel, short: bool) -> str:
     which streams and why (no plugin telemetry), or that they will at a stream's end."""
     shown, waiting = model.reported_engines()
     if not shown and not waiting:
-        return ""
+        if not model.reported_possible():
+            return ""
+        # Nothing stated yet: say when colors could come rather than guess now.
+        if short:
+            return "no telemetry so far: REPORTED steps, if any, at stream ends"
+        return (
+            "no plugin telemetry so far: if the server reports its steps "
+            "(vLLM --per-request-spec-decode-metrics detailed), each stream is colored when it ends"
+        )
     if short:
         return "REPORTED steps" if shown else "REPORTED steps at stream ends"
     engines = " and ".join(shown) if shown else "the server"

@@ -270,15 +270,16 @@ class SimServer:
 
     async def _route(self, request: HttpRequest, responder: HttpResponder) -> None:
         path = request.path.rstrip("/") or "/"
-        routes = {
+        routes: dict[str, tuple[str, ...]] = {
             "/v1/models": ("GET",),
             "/health": ("GET",),
             "/metrics": ("GET",),
             "/v1/chat/completions": ("POST",),
             "/v1/completions": ("POST",),
             "/sim/stats": ("GET",),
-            route.PROBE_PATH: ("GET", "HEAD"),
         }
+        if self.config.stock is None:  # a stock server has no plugin, so no probe route
+            routes[route.PROBE_PATH] = ("GET", "HEAD")
         if path.startswith("/v1") and request.method != "OPTIONS" and not self._authorized(request):
             # vLLM's --api-key middleware answers exactly this.
             await responder.send(401, b'{"error":"Unauthorized"}')
