@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,8 @@ __all__ = [
     "NEEDS_ROUTER",
     "Proc",
     "answers",
+    "hub",
+    "hubs",
     "router_binary",
     "simulated_fleet",
     "start_nginx",
@@ -53,6 +56,29 @@ __all__ = [
     "throwaway_ca",
     "wait_until",
 ]
+
+
+def hub(hosts: Hosts, url: str) -> dict[str, Any]:
+    """The in-band hub counters (docs/PROTOCOL.md, the probe) of the API-server process
+    at `url` that answered, asked from the server host."""
+    got = hosts.call(hosts.server, lambda: rc.request(url, "GET", rc.PROBE_PATH))
+    assert got.status == 200, got
+    return dict(got.json()["hub"])
+
+
+def hubs(hosts: Hosts, url: str, processes: int) -> dict[int, dict[str, Any]]:
+    """The hub of each of the `processes` API-server processes at `url` (fresh
+    connections until all answered), by process id."""
+    seen: dict[int, dict[str, Any]] = {}
+    for attempt in range(400):
+        counters = hub(hosts, url)
+        seen[counters["process"]] = counters
+        if len(seen) == processes:
+            return seen
+        if attempt % 20 == 19:
+            time.sleep(0.2)  # the kernel spreads new connections; an idle moment helps
+    raise AssertionError(f"the probe reached {len(seen)} of {processes} API-server processes")
+
 
 ROUTER_VENV = Path.home() / ".cache" / "parallelhue" / "router-venv"
 

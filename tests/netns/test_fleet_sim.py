@@ -16,15 +16,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet import NEEDS_ROUTER, simulated_fleet
+from fleet import NEEDS_ROUTER, hub, simulated_fleet
 
-import reach_client as rc
 from netns import Hosts, require_root
 
 PYTHON = sys.executable
@@ -45,17 +43,11 @@ def fleet() -> Iterator[tuple[Hosts, str, list[str]]]:
         yield made
 
 
-def probe(hosts: Hosts, url: str) -> dict[str, Any]:
-    got = hosts.call(hosts.server, lambda: rc.request(url, "GET", rc.PROBE_PATH))
-    assert got.status == 200
-    return dict(got.json()["hub"])
-
-
 def test_64_streams_over_round_robin_are_all_exact_with_no_frame_lost(
     fleet: tuple[Hosts, str, list[str]],
 ) -> None:
     hosts, router_url, replicas = fleet
-    before = [probe(hosts, url) for url in replicas]
+    before = [hub(hosts, url) for url in replicas]
     home = tempfile.mkdtemp(prefix="phfleet-cli", dir="/tmp")
     try:
         argv = hosts.command(
@@ -75,7 +67,7 @@ def test_64_streams_over_round_robin_are_all_exact_with_no_frame_lost(
     assert counters["rejected_frames"] == 0
     # Another host, no probe needed: the banner says in-band.
     assert result["run_messages"] == []
-    after = [probe(hosts, url) for url in replicas]
+    after = [hub(hosts, url) for url in replicas]
     claims = [a["claims"] - b["claims"] for a, b in zip(after, before, strict=True)]
     # round_robin: every replica served its share (the router's own health checks
     # and model listing are not claims).

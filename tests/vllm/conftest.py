@@ -1,8 +1,8 @@
-"""Fixtures for the real-vLLM tier: the tiny model, servers (always killed), socket dirs."""
+"""Fixtures for the real-vLLM tier: the tiny model, servers (always killed), netns hosts
+(the marker and the socket and log folders: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -20,13 +20,6 @@ import server
 from netns import Hosts, require_root
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == here:
-            item.add_marker(pytest.mark.vllm)
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     python = server.vllm_python()
@@ -41,20 +34,6 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return server.build_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-@pytest.fixture(scope="session")
-def socket_dir() -> Iterator[str]:
-    # Short: pytest's tmp paths can exceed the AF_UNIX limit.
-    directory = tempfile.mkdtemp(prefix="phe2e-", dir="/tmp")
-    os.chmod(directory, 0o700)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def logs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("server-logs")
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,15 @@ class Server:
                 pass
 
 
+def generated_tokens(metrics: str) -> float:
+    """vLLM's count of the tokens it generated, from the text of its /metrics."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
 def install_cleanup() -> None:
     """Kill every server at exit and on SIGTERM; call from the main thread before
     starting servers from other threads (signal handlers are the main thread's)."""

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import server
-from fleet import NEEDS_ROUTER, start_nginx, start_router, throwaway_ca
+from fleet import NEEDS_ROUTER, hubs, start_nginx, start_router, throwaway_ca
 
 import reach_client as rc
 from netns import Hosts
@@ -110,24 +110,9 @@ def parallelhue(
         shutil.rmtree(home, ignore_errors=True)
 
 
-def hubs(hosts: Hosts, replica: server.Server, processes: int) -> dict[int, dict[str, Any]]:
-    """The hub of each API-server process of a replica (fresh connections until all answered)."""
-    seen: dict[int, dict[str, Any]] = {}
-    for attempt in range(400):
-        got = hosts.call(hosts.server, lambda: rc.request(replica.url, "GET", rc.PROBE_PATH))
-        assert got.status == 200
-        hub = got.json()["hub"]
-        seen[hub["process"]] = hub
-        if len(seen) == processes:
-            return seen
-        if attempt % 20 == 19:
-            time.sleep(0.2)  # the kernel spreads new connections; an idle moment helps
-    raise AssertionError(f"the probe reached {len(seen)} of {processes} API-server processes")
-
-
 def claims(hosts: Hosts, replicas: dict[str, server.Server]) -> dict[str, int]:
-    counts = {"a": sum(h["claims"] for h in hubs(hosts, replicas["a"], 1).values())}
-    counts["b"] = sum(h["claims"] for h in hubs(hosts, replicas["b"], 2).values())
+    counts = {"a": sum(h["claims"] for h in hubs(hosts, replicas["a"].url, 1).values())}
+    counts["b"] = sum(h["claims"] for h in hubs(hosts, replicas["b"].url, 2).values())
     return counts
 
 
@@ -179,7 +164,7 @@ def test_the_replica_with_two_api_server_processes_is_exact_in_each(
     """Straight to replica B from the server host: the client's connections land on
     both API-server processes (SO_REUSEPORT); each claims and serves its own."""
     b = replicas["b"]
-    before = hubs(hosts, b, 2)
+    before = hubs(hosts, b.url, 2)
     home = tempfile.mkdtemp(prefix="phfleet-cli", dir="/tmp")
     try:
         argv = hosts.command(
@@ -193,7 +178,7 @@ def test_the_replica_with_two_api_server_processes_is_exact_in_each(
     finally:
         shutil.rmtree(home, ignore_errors=True)
     exact_run(done)
-    after = hubs(hosts, b, 2)
+    after = hubs(hosts, b.url, 2)
     served = {pid: after[pid]["claims"] - before[pid]["claims"] for pid in after}
     assert sum(served.values()) == STREAMS
     assert all(count > 0 for count in served.values()), served
@@ -206,7 +191,7 @@ def test_a_replica_killed_mid_run_fails_its_streams_and_the_others_stay_exact(
     hosts: Hosts, replicas: dict[str, server.Server], router: str
 ) -> None:
     def hub_a() -> dict[str, Any]:
-        return next(iter(hubs(hosts, replicas["a"], 1).values()))
+        return next(iter(hubs(hosts, replicas["a"].url, 1).values()))
 
     before = int(hub_a()["accepted"])
     # 900 tokens (the most a 1024-token context holds after the prompt): a busy API

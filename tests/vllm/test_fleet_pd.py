@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 import server
-from fleet import NEEDS_ROUTER, start_router
+from fleet import NEEDS_ROUTER, hub, start_router
 
 import reach_client as rc
 from netns import Hosts
@@ -115,19 +115,7 @@ def parallelhue(hosts: Hosts, host: str, url: str, *args: str) -> subprocess.Com
 
 def generated(hosts: Hosts, worker: server.Server) -> float:
     """vLLM's count of the tokens a worker generated (its /metrics)."""
-    text = _on_server(hosts, worker.url, "/metrics").text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
-    )
-
-
-def claims(hosts: Hosts, worker: server.Server) -> int:
-    """Requests whose telemetry the worker's plugin claimed (its hub's count)."""
-    got = hosts.call(hosts.server, lambda: rc.request(worker.url, "GET", rc.PROBE_PATH))
-    assert got.status == 200
-    return int(got.json()["hub"]["claims"])
+    return server.generated_tokens(_on_server(hosts, worker.url, "/metrics").text)
 
 
 def injected(worker: server.Server) -> list[int]:
@@ -140,7 +128,7 @@ def test_through_the_router_every_stream_is_decoded_from_a_prefilled_cache_and_n
 ) -> None:
     prefill, decode = workers["prefill"], workers["decode"]
     made = {name: generated(hosts, w) for name, w in workers.items()}
-    claimed = {name: claims(hosts, w) for name, w in workers.items()}
+    claimed = {name: hub(hosts, w.url)["claims"] for name, w in workers.items()}
     loads = len(injected(decode))
     done = parallelhue(hosts, hosts.client, router, "--json")
     assert done.returncode == 0, done.stderr[-4000:]
@@ -156,7 +144,7 @@ def test_through_the_router_every_stream_is_decoded_from_a_prefilled_cache_and_n
     assert len(loaded) == STREAMS and min(loaded) >= BLOCK_SIZE, loaded
     # Neither plugin saw a request of ours (the router renamed it and dropped the ask);
     # every stream is served and says why it is not exact, and the fix names the router.
-    assert {name: claims(hosts, w) - claimed[name] for name, w in workers.items()} == {
+    assert {name: hub(hosts, w.url)["claims"] - claimed[name] for name, w in workers.items()} == {
         "prefill": 0,
         "decode": 0,
     }

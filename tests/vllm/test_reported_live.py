@@ -118,12 +118,7 @@ def _stall(srv: server.Server, after_tokens: float = 200.0, seconds: float = 2.0
         async with httpx.AsyncClient(timeout=10.0) as client:
 
             async def generated() -> float:
-                text = (await client.get(srv.url + "/metrics")).text
-                return sum(
-                    float(line.rsplit(" ", 1)[1])
-                    for line in text.splitlines()
-                    if line.startswith("vllm:generation_tokens_total")
-                )
+                return server.generated_tokens((await client.get(srv.url + "/metrics")).text)
 
             # The server outlives one test: count from what it had generated before.
             before = await generated()
