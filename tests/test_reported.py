@@ -759,8 +759,9 @@ def test_the_banner_and_legend_say_what_the_tier_proves_and_when_colors_come() -
 
 def test_before_any_statement_the_banner_says_colors_could_come_at_a_streams_end() -> None:
     """Stock vLLM states its steps only in the final chunk: while a stream is open, with
-    text and no telemetry in the run, the banner says so, conditionally; it is silent
-    once a frame arrives, for chunk-mode and ended streams, and outside auto mode."""
+    text, no telemetry in the run and a server that drafts, the banner says so,
+    conditionally; it is silent once a frame or a hello arrives, when nothing says the
+    server drafts, for chunk-mode and ended streams, and outside auto mode."""
     backend = Backend("speculative (method unknown)", True, "/metrics counts drafts")
     stream = StreamState(index=0, mode="auto")
     model = RunModel([stream], "auto", backend, no_color=False)
@@ -775,12 +776,18 @@ def test_before_any_statement_the_banner_says_colors_could_come_at_a_streams_end
     assert "telemetry so far" not in banner()  # no text yet: nothing to say
     stream.add_delta("Hello", [], 0.0)
     assert stream.label == "VERIFYING" and said in banner()
-    assert "no telemetry so far: REPORTED steps, if any, at stream ends" in " ".join(
+    assert "no telemetry so far: steps, if reported, at stream ends" in " ".join(
         line_text(line) for line in banner_lines(model, 100, 2)
     )
     stream.plugin_silent = False  # a frame came: the plugin's evidence decides
     assert "telemetry so far" not in banner()
     stream.plugin_silent = True
+    model.sources = [{"role": "scheduler"}]  # a hello: the plugin speaks
+    assert "telemetry so far" not in banner()
+    model.sources = []
+    model.backend = Backend("none", False, "/metrics counts no drafts")
+    assert "telemetry so far" not in banner()
+    model.backend = backend
     stream.verdict, stream.reason = "failed", "stream 0: SSE chunk id does not carry the request id"
     assert stream.label == LABEL_CHUNK and "telemetry so far" not in banner()
     stream.verdict, stream.reason = "pending", None

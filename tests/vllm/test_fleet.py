@@ -203,7 +203,7 @@ def test_a_replica_killed_mid_run_fails_its_streams_and_the_others_stay_exact(
         deadline = time.monotonic() + 120
         while True:
             hub = hub_a()
-            if hub["open_claims"] == STREAMS // 2 and hub["accepted"] >= before + STREAMS:
+            if hub["open_claims"] >= STREAMS // 2 and hub["accepted"] >= before + STREAMS:
                 break
             assert time.monotonic() < deadline, f"replica A never streamed telemetry: {hub}"
             time.sleep(0.05)

@@ -705,17 +705,20 @@ class RunModel:
         return shown, waiting
 
     def reported_possible(self) -> bool:
-        """Auto mode, no telemetry in the run so far, no server statement yet, and an
-        open stream with text waits for its verdict: a server without our plugin may
-        still state that stream's steps in its final chunk (vLLM's per-request metrics
-        come only there), so the banner says the colors could come then."""
-        if self.mode != "auto":
+        """Auto mode, a server that drafts (its /metrics), no telemetry in the run so
+        far, no server statement yet, and an open stream with text waits for its
+        verdict: a server without our plugin may still state that stream's steps in
+        its final chunk (vLLM's per-request metrics come only there), so the banner
+        says the colors could come then."""
+        if self.mode != "auto" or self.sources or not self.backend.speculative:
+            # A hello came (the plugin speaks), or nothing says the server drafts.
             return False
         return any(
             s.plugin_silent
             and s.label == LABEL_VERIFYING
             and not s.reported_pending
             and bool(s.sse_utf8)
+            and s.proven_bytes == 0  # a proven byte: its frames came
             and not s.over
             for s in self.shown_streams()
         )

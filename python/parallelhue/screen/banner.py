@@ -57,7 +57,7 @@ def reported_text(model: RunModel, short: bool) -> str:
             return ""
         # Nothing stated yet: say when colors could come rather than guess now.
         if short:
-            return "no telemetry so far: REPORTED steps, if any, at stream ends"
+            return "no telemetry so far: steps, if reported, at stream ends"
         return (
             "no plugin telemetry so far: if the server reports its steps "
             "(vLLM --per-request-spec-decode-metrics detailed), each stream is colored when it ends"
