@@ -296,13 +296,14 @@ def test_a_killed_client_frees_both_hubs_and_the_next_run_is_exact(
     assert all((h["open_claims"], h["buffered_bytes"]) == (0, 0) for h in before.values())
     running = parallelhue(
         hosts, hosts.client, url, client_home,
-        "--prompt-file", str(prompt_file(client_home, 8)), "--api-key", KEY,
+        "--prompt-file", str(prompt_file(client_home, 24)), "--api-key", KEY,
         "--max-tokens", "900", "--ignore-eos", wait=False,
     )  # fmt: skip
     try:
         # Kill it the moment a hub shows its claims open and its telemetry flowing. One
         # probe, whichever process answers: waiting for both (a process busy streaming
-        # loses accept races) could outlast the run, which takes a few seconds.
+        # loses accept races) could outlast the run. 24 streams of 900 tokens: 8 ended
+        # once before a probe reached the process holding their claims.
         deadline = time.monotonic() + 120
         latest: dict[int, tuple[float, dict[str, Any]]] = {}
         while True:
