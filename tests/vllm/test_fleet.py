@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import server
-from fleet import NEEDS_ROUTER, hubs, start_nginx, start_router, throwaway_ca
+from fleet import NEEDS_ROUTER, hub, hubs, start_nginx, start_router, throwaway_ca
 
 import reach_client as rc
 from netns import Hosts
@@ -111,7 +111,7 @@ def parallelhue(
 
 
 def claims(hosts: Hosts, replicas: dict[str, server.Server]) -> dict[str, int]:
-    counts = {"a": sum(h["claims"] for h in hubs(hosts, replicas["a"].url, 1).values())}
+    counts = {"a": int(hub(hosts, replicas["a"].url)["claims"])}
     counts["b"] = sum(h["claims"] for h in hubs(hosts, replicas["b"].url, 2).values())
     return counts
 
@@ -191,7 +191,7 @@ def test_a_replica_killed_mid_run_fails_its_streams_and_the_others_stay_exact(
     hosts: Hosts, replicas: dict[str, server.Server], router: str
 ) -> None:
     def hub_a() -> dict[str, Any]:
-        return next(iter(hubs(hosts, replicas["a"].url, 1).values()))
+        return hub(hosts, replicas["a"].url)
 
     before = int(hub_a()["accepted"])
     # 900 tokens (the most a 1024-token context holds after the prompt): a busy API
@@ -202,10 +202,10 @@ def test_a_replica_killed_mid_run_fails_its_streams_and_the_others_stay_exact(
         # frames flow, kill A outright (its whole process group, no goodbye).
         deadline = time.monotonic() + 120
         while True:
-            hub = hub_a()
-            if hub["open_claims"] >= STREAMS // 2 and hub["accepted"] >= before + STREAMS:
+            counters = hub_a()
+            if counters["open_claims"] >= STREAMS // 2 and counters["accepted"] >= before + STREAMS:
                 break
-            assert time.monotonic() < deadline, f"replica A never streamed telemetry: {hub}"
+            assert time.monotonic() < deadline, f"replica A never streamed telemetry: {counters}"
             time.sleep(0.05)
         killed_at = time.monotonic()
         os.killpg(replicas["a"].process.pid, signal.SIGKILL)
